@@ -1,0 +1,126 @@
+// Command sandbox-agentd is the daemon baked into every Bulkhead sandbox
+// image. It serves the agentd gRPC API (processes, files, patches) over a
+// unix socket or TCP, authenticated by a per-sandbox token.
+//
+// The main is thin: flags become a server.Config, then server.Run.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/server"
+)
+
+func main() {
+	cfg, logOpts, err := parseFlags(os.Args[1:])
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-agentd:", err)
+		os.Exit(2)
+	}
+	if logOpts.version {
+		fmt.Printf("sandbox-agentd %s (%s)\n", buildinfo.Version(), buildinfo.Commit())
+		return
+	}
+	log, err := newLogger(logOpts)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "sandbox-agentd:", err)
+		os.Exit(2)
+	}
+	defer log.Sync() //nolint:errcheck
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	if err := server.Run(ctx, cfg, log); err != nil {
+		log.Error("sandbox-agentd failed", zap.Error(err))
+		log.Sync() //nolint:errcheck
+		os.Exit(1)
+	}
+}
+
+type logOptions struct {
+	level, format string
+	version       bool
+}
+
+// listFlag collects a repeatable flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+func parseFlags(args []string) (server.Config, logOptions, error) {
+	cfg := server.DefaultConfig()
+	var lo logOptions
+	var listen, grants listFlag
+	fs := flag.NewFlagSet("sandbox-agentd", flag.ContinueOnError)
+	fs.Var(&listen, "listen", "address to serve on: unix:///path.sock or tcp://host:port (repeatable)")
+	fs.StringVar(&cfg.TokenFile, "token-file", "", "read the bearer token from this file, then remove it")
+	fs.IntVar(&cfg.TokenFD, "token-fd", -1, "read the bearer token from this inherited descriptor, then close it")
+	fs.BoolVar(&cfg.InsecureNoAuth, "insecure-no-auth", false, "serve without authentication (local development only)")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "TLS server certificate (PEM)")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "TLS server key (PEM)")
+	fs.StringVar(&cfg.ClientCAFile, "tls-client-ca", "", "require client certificates signed by this CA (mTLS)")
+	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long to drain on SIGTERM")
+	d := &cfg.Daemon
+	fs.StringVar(&d.WorkspaceRoot, "workspace", d.WorkspaceRoot, "workspace root directory")
+	fs.Var(&grants, "grant", "extra path outside the workspace: /abs/path or /abs/path:ro (repeatable)")
+	fs.StringVar(&d.DefaultUser, "default-user", d.DefaultUser, "run_as user for requests that name none (empty: the daemon's own user)")
+	fs.StringVar(&d.Shell, "shell", d.Shell, "shell for command lines")
+	fs.IntVar(&d.MaxProcesses, "max-processes", d.MaxProcesses, "maximum processes running at once")
+	fs.IntVar(&d.OutputBufferBytes, "output-buffer-bytes", d.OutputBufferBytes, "output kept per process")
+	fs.DurationVar(&d.ExitRetention, "exit-retention", d.ExitRetention, "how long an exited process's status and output are kept")
+	fs.Int64Var(&d.MaxFileBytes, "max-file-bytes", d.MaxFileBytes, "largest file accepted by WriteFile (0: no limit)")
+	fs.StringVar(&lo.level, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&lo.format, "log-format", "json", "json or console")
+	fs.BoolVar(&lo.version, "version", false, "print the version and exit")
+	if err := fs.Parse(args); err != nil {
+		return cfg, lo, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, lo, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	cfg.Listen = listen
+	for _, g := range grants {
+		grant, err := agentd.ParseGrant(g)
+		if err != nil {
+			return cfg, lo, err
+		}
+		d.Grants = append(d.Grants, grant)
+	}
+	return cfg, lo, nil
+}
+
+func newLogger(o logOptions) (*zap.Logger, error) {
+	level, err := zapcore.ParseLevel(o.level)
+	if err != nil {
+		return nil, fmt.Errorf("--log-level: %w", err)
+	}
+	var zc zap.Config
+	switch o.format {
+	case "json":
+		zc = zap.NewProductionConfig()
+	case "console":
+		zc = zap.NewDevelopmentConfig()
+	default:
+		return nil, fmt.Errorf("--log-format %q: want json or console", o.format)
+	}
+	zc.Level = zap.NewAtomicLevelAt(level)
+	zc.OutputPaths = []string{"stderr"}
+	zc.ErrorOutputPaths = []string{"stderr"}
+	zc.DisableStacktrace = true
+	return zc.Build(zap.Fields(zap.String("component", "sandbox-agentd")))
+}

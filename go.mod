@@ -1,0 +1,18 @@
+module github.com/bulkhead-dev/bulkhead
+
+go 1.26.0
+
+require (
+	github.com/creack/pty v1.1.24
+	go.uber.org/zap v1.28.0
+	golang.org/x/sys v0.49.0
+	google.golang.org/grpc v1.85.0
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	go.uber.org/multierr v1.10.0 // indirect
+	golang.org/x/net v0.60.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+	google.golang.org/genproto/googleapis/rpc v0.0.0-20260817212433-ac3dfec99bb1 // indirect
+)

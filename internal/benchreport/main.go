@@ -1,0 +1,364 @@
+// Command benchreport measures sandbox-agentd against baselines taken in the
+// same run on the same machine, and prints (and writes) a Markdown table of
+// figures and ratios. It is what `make bench` runs. It never fails on a
+// number: targets are shown for the reader, not enforced.
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+type config struct {
+	binDir     string
+	out        string
+	execN      int
+	streamSize int64
+	fileSize   int64
+	patchN     int
+}
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.binDir, "bin", "bin", "directory holding the built sandbox-agentd")
+	flag.StringVar(&cfg.out, "out", "bench-results.md", "where to write the Markdown table")
+	flag.IntVar(&cfg.execN, "exec-n", 500, "exec round trips per side")
+	flag.Int64Var(&cfg.streamSize, "stream-bytes", 1<<30, "bytes streamed through the daemon")
+	flag.Int64Var(&cfg.fileSize, "file-bytes", 1<<30, "size of the file written and read")
+	flag.IntVar(&cfg.patchN, "patch-n", 50, "apply_patch repetitions")
+	flag.Parse()
+	if err := run(context.Background(), cfg); err != nil {
+		fmt.Fprintln(os.Stderr, "benchreport:", err)
+		os.Exit(1)
+	}
+}
+
+// row is one line of the report.
+type row struct {
+	figure, value, baseline, ratio, target string
+}
+
+func run(ctx context.Context, cfg config) error {
+	agentd := filepath.Join(cfg.binDir, local.AgentdBinary)
+	sb, err := local.Start(ctx, local.Options{AgentdPath: agentd}, zap.NewNop())
+	if err != nil {
+		return err
+	}
+	defer sb.Close(context.Background())
+	c := sb.Client
+	var rows []row
+	add := func(r ...row) { rows = append(rows, r...) }
+
+	idle, err := rssKiB(sb.PID())
+	if err != nil {
+		return err
+	}
+	fi, err := os.Stat(agentd)
+	if err != nil {
+		return err
+	}
+	add(row{"sandbox-agentd binary size (static, stripped)", mib(fi.Size()), "", "", "small"})
+	add(row{"sandbox-agentd idle RSS", fmt.Sprintf("%.1f MiB", float64(idle)/1024), "", "", "< 10 MB"})
+
+	fmt.Fprintln(os.Stderr, "exec round trips ...")
+	r, err := benchExec(ctx, c, cfg.execN)
+	if err != nil {
+		return err
+	}
+	add(r...)
+	fmt.Fprintln(os.Stderr, "streaming ...")
+	r, err = benchStream(ctx, c, cfg.streamSize)
+	if err != nil {
+		return err
+	}
+	add(r...)
+	fmt.Fprintln(os.Stderr, "file transfer ...")
+	r, err = benchFiles(ctx, c, sb.Workspace, cfg.fileSize)
+	if err != nil {
+		return err
+	}
+	add(r...)
+	fmt.Fprintln(os.Stderr, "apply_patch ...")
+	r, err = benchPatch(ctx, c, sb.Workspace, cfg.patchN)
+	if err != nil {
+		return err
+	}
+	add(r...)
+	busy, err := rssKiB(sb.PID())
+	if err != nil {
+		return err
+	}
+	add(row{"sandbox-agentd RSS after the runs above", fmt.Sprintf("%.1f MiB", float64(busy)/1024), "", "", "bounded"})
+
+	var b strings.Builder
+	host, _ := os.Hostname()
+	fmt.Fprintf(&b, "Measured %s on %s (%d CPUs, %s/%s, %s). Ratios are bulkhead / baseline, same run.\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), runtime.GOOS, runtime.GOARCH, runtime.Version())
+	b.WriteString("| figure | bulkhead | baseline (same run) | ratio | target |\n|---|---|---|---|---|\n")
+	for _, r := range rows {
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s |\n", r.figure, r.value, r.baseline, r.ratio, r.target)
+	}
+	fmt.Print(b.String())
+	if cfg.out != "" {
+		if err := os.WriteFile(cfg.out, []byte(b.String()), 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func benchExec(ctx context.Context, c *agentclient.Client, n int) ([]row, error) {
+	daemon := make([]time.Duration, 0, n)
+	direct := make([]time.Duration, 0, n)
+	for i := 0; i < n+20; i++ { // interleave, first 20 are warm-up
+		start := time.Now()
+		res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, nil)
+		d := time.Since(start)
+		if err != nil {
+			return nil, err
+		}
+		if res.Exit.GetExitCode() != 0 {
+			return nil, fmt.Errorf("/bin/true exited %d", res.Exit.GetExitCode())
+		}
+		start = time.Now()
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			return nil, err
+		}
+		e := time.Since(start)
+		if i >= 20 {
+			daemon, direct = append(daemon, d), append(direct, e)
+		}
+	}
+	dp50, dp99 := percentiles(daemon)
+	ep50, ep99 := percentiles(direct)
+	return []row{
+		{"Exec /bin/true round trip, p50", us(dp50), us(ep50) + " (os/exec)", ratio(dp50, ep50), "<= 1.3x"},
+		{"Exec /bin/true round trip, p99", us(dp99), us(ep99) + " (os/exec)", ratio(dp99, ep99), ""},
+	}, nil
+}
+
+func benchStream(ctx context.Context, c *agentclient.Client, size int64) ([]row, error) {
+	cmd := "head -c " + strconv.FormatInt(size, 10) + " /dev/zero"
+	start := time.Now()
+	st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: cmd}})
+	if err != nil {
+		return nil, err
+	}
+	var got, dropped int64
+	if _, err := c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+		for _, ch := range m.GetChunks() {
+			got += int64(len(ch.GetData()))
+		}
+		dropped += m.GetDroppedBytes()
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	dd := time.Since(start)
+
+	start = time.Now()
+	p := exec.Command("sh", "-c", cmd)
+	out, err := p.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Start(); err != nil {
+		return nil, err
+	}
+	n, err := io.CopyBuffer(io.Discard, out, make([]byte, 1<<20))
+	if err != nil {
+		return nil, err
+	}
+	if err := p.Wait(); err != nil {
+		return nil, err
+	}
+	pd := time.Since(start)
+	dRate, pRate := rate(got, dd), rate(n, pd)
+	note := ""
+	if dropped > 0 {
+		note = fmt.Sprintf(" (%s dropped by the ring: reader slower than writer)", mib(dropped))
+	}
+	return []row{{
+		"stream `head -c " + mib(size) + " /dev/zero` output to the client", gibps(dRate) + note, gibps(pRate) + " (plain pipe)",
+		fmt.Sprintf("%.2fx", dRate/pRate), ">= 1 GiB/s",
+	}}, nil
+}
+
+func benchFiles(ctx context.Context, c *agentclient.Client, workspace string, size int64) ([]row, error) {
+	dir, err := os.MkdirTemp(filepath.Dir(workspace), "bench-files-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	src := filepath.Join(dir, "src.bin")
+	if err := makeFile(src, size); err != nil {
+		return nil, err
+	}
+	// Baseline: cp on the same disk.
+	start := time.Now()
+	if out, err := exec.Command("cp", src, filepath.Join(dir, "cp.bin")).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("cp: %v: %s", err, out)
+	}
+	cpTime := time.Since(start)
+	os.Remove(filepath.Join(dir, "cp.bin"))
+
+	f, err := os.Open(src)
+	if err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	_, err = c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "big.bin"}, f)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	writeTime := time.Since(start)
+
+	dst, err := os.Create(filepath.Join(dir, "read.bin"))
+	if err != nil {
+		return nil, err
+	}
+	start = time.Now()
+	_, err = c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "big.bin"}, dst)
+	if cerr := dst.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	readTime := time.Since(start)
+	_ = c.Remove(ctx, &agentdv1.RemoveRequest{Path: "big.bin"})
+	cpRate := rate(size, cpTime)
+	return []row{
+		{"WriteFile " + mib(size) + " into the workspace", gibps(rate(size, writeTime)), gibps(cpRate) + " (cp, same disk)", fmt.Sprintf("%.2fx", rate(size, writeTime)/cpRate), ">= 0.8x cp"},
+		{"ReadFile " + mib(size) + " out of the workspace", gibps(rate(size, readTime)), gibps(cpRate) + " (cp, same disk)", fmt.Sprintf("%.2fx", rate(size, readTime)/cpRate), ">= 0.8x cp"},
+	}, nil
+}
+
+func benchPatch(ctx context.Context, c *agentclient.Client, workspace string, n int) ([]row, error) {
+	var file strings.Builder
+	for i := 0; i < 10000; i++ {
+		fmt.Fprintf(&file, "line %d: the quick brown fox jumps over the lazy dog\n", i)
+	}
+	if _, err := c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "big.txt"}, strings.NewReader(file.String())); err != nil {
+		return nil, err
+	}
+	forward, backward := v4aPatches()
+	uniForward, uniBackward := unifiedPatches()
+	dir, err := os.MkdirTemp(filepath.Dir(workspace), "bench-patch-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	local := filepath.Join(dir, "big.txt")
+	if err := os.WriteFile(local, []byte(file.String()), 0o644); err != nil {
+		return nil, err
+	}
+	var ours, gnu []time.Duration
+	for i := 0; i < n; i++ {
+		p, u := forward, uniForward
+		if i%2 == 1 {
+			p, u = backward, uniBackward
+		}
+		start := time.Now()
+		if _, err := c.ApplyPatch(ctx, &agentdv1.ApplyPatchRequest{Input: &agentdv1.ApplyPatchRequest_Patch{Patch: p}}); err != nil {
+			return nil, fmt.Errorf("apply_patch round %d: %w", i, err)
+		}
+		ours = append(ours, time.Since(start))
+		start = time.Now()
+		cmd := exec.Command("patch", "-s", local)
+		cmd.Stdin = strings.NewReader(u)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return nil, fmt.Errorf("patch: %v: %s", err, out)
+		}
+		gnu = append(gnu, time.Since(start))
+	}
+	o50, _ := percentiles(ours)
+	g50, _ := percentiles(gnu)
+	return []row{{"ApplyPatch, 3 hunks on a 10,000-line file, p50", us(o50), us(g50) + " (GNU patch)", ratio(o50, g50), ""}}, nil
+}
+
+// v4aPatches change three lines across the file and back.
+func v4aPatches() (string, string) {
+	var f, b strings.Builder
+	f.WriteString("*** Begin Patch\n*** Update File: big.txt\n")
+	b.WriteString("*** Begin Patch\n*** Update File: big.txt\n")
+	for _, n := range []int{100, 5000, 9900} {
+		fmt.Fprintf(&f, "@@\n line %d: the quick brown fox jumps over the lazy dog\n-line %d: the quick brown fox jumps over the lazy dog\n+line %d: THE QUICK BROWN FOX\n line %d: the quick brown fox jumps over the lazy dog\n", n-1, n, n, n+1)
+		fmt.Fprintf(&b, "@@\n line %d: the quick brown fox jumps over the lazy dog\n-line %d: THE QUICK BROWN FOX\n+line %d: the quick brown fox jumps over the lazy dog\n line %d: the quick brown fox jumps over the lazy dog\n", n-1, n, n, n+1)
+	}
+	f.WriteString("*** End Patch\n")
+	b.WriteString("*** End Patch\n")
+	return f.String(), b.String()
+}
+
+// unifiedPatches are the same changes as unified diffs for GNU patch.
+func unifiedPatches() (string, string) {
+	var f, b strings.Builder
+	f.WriteString("--- a/big.txt\n+++ b/big.txt\n")
+	b.WriteString("--- a/big.txt\n+++ b/big.txt\n")
+	for _, n := range []int{100, 5000, 9900} {
+		fmt.Fprintf(&f, "@@ -%d,3 +%d,3 @@\n line %d: the quick brown fox jumps over the lazy dog\n-line %d: the quick brown fox jumps over the lazy dog\n+line %d: THE QUICK BROWN FOX\n line %d: the quick brown fox jumps over the lazy dog\n", n, n, n-1, n, n, n+1)
+		fmt.Fprintf(&b, "@@ -%d,3 +%d,3 @@\n line %d: the quick brown fox jumps over the lazy dog\n-line %d: THE QUICK BROWN FOX\n+line %d: the quick brown fox jumps over the lazy dog\n line %d: the quick brown fox jumps over the lazy dog\n", n, n, n-1, n, n, n+1)
+	}
+	return f.String(), b.String()
+}
+
+func makeFile(path string, size int64) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	block := bytes.Repeat([]byte("bulkhead benchmark data 0123456789abcdef\n"), (1<<20)/41+1)[:1<<20]
+	for written := int64(0); written < size; {
+		n := min(int64(len(block)), size-written)
+		if _, err := f.Write(block[:n]); err != nil {
+			f.Close()
+			return err
+		}
+		written += n
+	}
+	return f.Close()
+}
+
+func rssKiB(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			return strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+		}
+	}
+	return 0, fmt.Errorf("no VmRSS for pid %d", pid)
+}
+
+func percentiles(ds []time.Duration) (p50, p99 time.Duration) {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2], s[min(len(s)-1, len(s)*99/100)]
+}
+
+func rate(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() }
+func gibps(r float64) string                { return fmt.Sprintf("%.2f GiB/s", r/(1<<30)) }
+func mib(n int64) string                    { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+func us(d time.Duration) string             { return fmt.Sprintf("%d µs", d.Microseconds()) }
+func ratio(a, b time.Duration) string       { return fmt.Sprintf("%.2fx", float64(a)/float64(b)) }

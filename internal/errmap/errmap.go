@@ -1,0 +1,195 @@
+// Package errmap is the one table between compute's Go errors and the gRPC
+// status (code + ErrorDetail) that carries them over the wire. Only
+// pkg/compute/agentd/server (ToStatus) and pkg/compute/agentclient
+// (FromStatus) may use it: everywhere else errors are plain Go errors.
+package errmap
+
+import (
+	"context"
+	"errors"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// entry binds a sentinel to its wire form. Order matters: the first sentinel
+// an error matches wins, so more specific ones come first.
+type entry struct {
+	sentinel error
+	code     codes.Code
+	reason   agentdv1.ErrorReason
+}
+
+var table = [...]entry{
+	{compute.ErrPathEscape, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE},
+	{compute.ErrReadOnly, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_READ_ONLY},
+	{compute.ErrPatchRejected, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED},
+	{compute.ErrNoSpace, codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_NO_SPACE},
+	{compute.ErrNotFound, codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND},
+	{compute.ErrAlreadyExists, codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS},
+	{compute.ErrNotDirectory, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY},
+	{compute.ErrIsDirectory, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY},
+	{compute.ErrNotEmpty, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY},
+	{compute.ErrPermissionDenied, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED},
+	{compute.ErrResourceExhausted, codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED},
+	{compute.ErrConflict, codes.Aborted, agentdv1.ErrorReason_ERROR_REASON_CONFLICT},
+	{compute.ErrFailedPrecondition, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_FAILED_PRECONDITION},
+	{compute.ErrInvalidArgument, codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT},
+	{compute.ErrUnauthenticated, codes.Unauthenticated, agentdv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED},
+	{compute.ErrUnimplemented, codes.Unimplemented, agentdv1.ErrorReason_ERROR_REASON_UNIMPLEMENTED},
+	{compute.ErrUnavailable, codes.Unavailable, agentdv1.ErrorReason_ERROR_REASON_UNAVAILABLE},
+	{compute.ErrInternal, codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL},
+}
+
+// ToStatus turns a daemon error into a gRPC status error with an ErrorDetail
+// (and any extra details, such as a PatchRejection). A nil error stays nil.
+func ToStatus(err error, extra ...*agentdv1.PatchRejection) error {
+	if err == nil {
+		return nil
+	}
+	if _, ok := status.FromError(err); ok && !isCompute(err) {
+		return err // already a status (e.g. from an interceptor)
+	}
+	code, reason := codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL
+	switch {
+	case errors.Is(err, context.Canceled):
+		code, reason = codes.Canceled, agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED
+	case errors.Is(err, context.DeadlineExceeded):
+		code, reason = codes.DeadlineExceeded, agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED
+	default:
+		for _, e := range table {
+			if errors.Is(err, e.sentinel) {
+				code, reason = e.code, e.reason
+				break
+			}
+		}
+	}
+	detail := &agentdv1.ErrorDetail{Reason: reason, Message: err.Error()}
+	var pe *compute.PathError
+	if errors.As(err, &pe) {
+		detail.Op, detail.Path, detail.Message = pe.Op, pe.Path, pe.Err.Error()
+	}
+	var xe *compute.ProcessError
+	if errors.As(err, &xe) {
+		detail.Op, detail.ProcessId, detail.Message = xe.Op, xe.ProcessID, xe.Err.Error()
+	}
+	st := status.New(code, err.Error())
+	details := []protoadapt.MessageV1{protoadapt.MessageV1Of(detail)}
+	for _, x := range extra {
+		if x != nil {
+			details = append(details, protoadapt.MessageV1Of(x))
+		}
+	}
+	if withDetails, derr := st.WithDetails(details...); derr == nil {
+		st = withDetails
+	}
+	return st.Err()
+}
+
+// FromStatus turns a gRPC error back into a compute error that matches the
+// same sentinel under errors.Is, keeps the path or process it concerns, and
+// is marked retryable when the daemon was unavailable. The original status
+// stays in the chain for diagnosis.
+func FromStatus(err error) error {
+	if err == nil {
+		return nil
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return err
+	}
+	var detail *agentdv1.ErrorDetail
+	for _, d := range st.Details() {
+		if x, ok := d.(*agentdv1.ErrorDetail); ok {
+			detail = x
+		}
+	}
+	sentinel := sentinelFor(st.Code(), detail)
+	msg := st.Message()
+	if detail != nil && detail.GetMessage() != "" {
+		msg = detail.GetMessage()
+	}
+	var out error = &wireError{sentinel: sentinel, msg: msg, status: err}
+	switch {
+	case detail != nil && detail.GetPath() != "":
+		out = &compute.PathError{Op: detail.GetOp(), Path: detail.GetPath(), Err: out}
+	case detail != nil && detail.GetProcessId() != "":
+		out = &compute.ProcessError{Op: detail.GetOp(), ProcessID: detail.GetProcessId(), Err: out}
+	}
+	if st.Code() == codes.Unavailable {
+		out = compute.MarkRetryable(out)
+	}
+	return out
+}
+
+// PatchRejection returns the PatchRejection detail of a gRPC error, if any.
+func PatchRejection(err error) *agentdv1.PatchRejection {
+	var we *wireError
+	if errors.As(err, &we) {
+		err = we.status
+	}
+	st, ok := status.FromError(err)
+	if !ok {
+		return nil
+	}
+	for _, d := range st.Details() {
+		if x, ok := d.(*agentdv1.PatchRejection); ok {
+			return x
+		}
+	}
+	return nil
+}
+
+func sentinelFor(code codes.Code, detail *agentdv1.ErrorDetail) error {
+	if detail != nil {
+		for _, e := range table {
+			if e.reason == detail.GetReason() {
+				return e.sentinel
+			}
+		}
+	}
+	switch code {
+	case codes.Canceled:
+		return compute.ErrCanceled
+	case codes.DeadlineExceeded:
+		return compute.ErrDeadlineExceeded
+	case codes.Unavailable:
+		return compute.ErrUnavailable
+	}
+	for _, e := range table {
+		if e.code == code {
+			return e.sentinel
+		}
+	}
+	return compute.ErrInternal
+}
+
+// wireError is a compute error rebuilt from a status.
+type wireError struct {
+	sentinel error
+	msg      string
+	status   error
+}
+
+func (e *wireError) Error() string {
+	if e.msg == "" {
+		return e.sentinel.Error()
+	}
+	return e.msg
+}
+
+// Unwrap exposes both the sentinel (for errors.Is) and the status (for status.FromError).
+func (e *wireError) Unwrap() []error { return []error{e.sentinel, e.status} }
+
+func isCompute(err error) bool {
+	for _, e := range table {
+		if errors.Is(err, e.sentinel) {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,96 @@
+package errmap
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// Every sentinel survives the trip server -> wire -> client, with its code.
+func TestRoundTripEverySentinel(t *testing.T) {
+	for _, e := range table {
+		t.Run(e.sentinel.Error(), func(t *testing.T) {
+			orig := &compute.PathError{Op: "write", Path: "dir/a.txt", Err: fmt.Errorf("%w: details here", e.sentinel)}
+			wire := ToStatus(orig)
+			if got := status.Code(wire); got != e.code {
+				t.Fatalf("code %v, want %v", got, e.code)
+			}
+			back := FromStatus(wire)
+			if !errors.Is(back, e.sentinel) {
+				t.Fatalf("errors.Is(%v, %v) is false", back, e.sentinel)
+			}
+			var pe *compute.PathError
+			if !errors.As(back, &pe) || pe.Path != "dir/a.txt" || pe.Op != "write" {
+				t.Fatalf("path lost: %#v", back)
+			}
+			if back.Error() != orig.Error() {
+				t.Fatalf("message %q, want %q", back.Error(), orig.Error())
+			}
+			if compute.Retryable(back) != (e.sentinel == compute.ErrUnavailable) {
+				t.Fatalf("retryable=%v for %v", compute.Retryable(back), e.sentinel)
+			}
+			if st, ok := status.FromError(back); !ok || st.Code() != e.code {
+				t.Fatalf("the status is not kept for diagnosis: %v", st)
+			}
+		})
+	}
+}
+
+func TestSpecificBeforeGeneral(t *testing.T) {
+	// An escape is also a permission problem; the reason must say escape.
+	err := fmt.Errorf("%w: %w", compute.ErrPathEscape, compute.ErrPermissionDenied)
+	back := FromStatus(ToStatus(err))
+	if !errors.Is(back, compute.ErrPathEscape) {
+		t.Fatalf("got %v", back)
+	}
+}
+
+func TestProcessErrorKeepsID(t *testing.T) {
+	orig := &compute.ProcessError{Op: "signal", ProcessID: "p-7", Err: compute.ErrNotFound}
+	back := FromStatus(ToStatus(orig))
+	var xe *compute.ProcessError
+	if !errors.As(back, &xe) || xe.ProcessID != "p-7" || !errors.Is(back, compute.ErrNotFound) {
+		t.Fatalf("got %#v", back)
+	}
+}
+
+func TestContextAndUnknownErrors(t *testing.T) {
+	if c := status.Code(ToStatus(context.Canceled)); c != codes.Canceled {
+		t.Fatalf("canceled -> %v", c)
+	}
+	if c := status.Code(ToStatus(fmt.Errorf("x: %w", context.DeadlineExceeded))); c != codes.DeadlineExceeded {
+		t.Fatalf("deadline -> %v", c)
+	}
+	if c := status.Code(ToStatus(errors.New("boom"))); c != codes.Internal {
+		t.Fatalf("unknown -> %v", c)
+	}
+	if !errors.Is(FromStatus(status.Error(codes.Unavailable, "conn refused")), compute.ErrUnavailable) {
+		t.Fatal("a bare Unavailable must map to ErrUnavailable")
+	}
+	if !compute.Retryable(FromStatus(status.Error(codes.Unavailable, "conn refused"))) {
+		t.Fatal("Unavailable must be retryable")
+	}
+	if ToStatus(nil) != nil || FromStatus(nil) != nil {
+		t.Fatal("nil must stay nil")
+	}
+	plain := errors.New("not a status")
+	if FromStatus(plain) != plain {
+		t.Fatal("a non-status error passes through")
+	}
+}
+
+func TestPatchRejectionDetail(t *testing.T) {
+	rej := &agentdv1.PatchRejection{Path: "a.go", ExpectedLines: []string{"x"}, ClosestLine: 3, ClosestLines: []string{"y"}}
+	back := FromStatus(ToStatus(fmt.Errorf("%w: context not found", compute.ErrPatchRejected), rej))
+	got := PatchRejection(back)
+	if got == nil || got.GetPath() != "a.go" || got.GetClosestLine() != 3 {
+		t.Fatalf("got %v", got)
+	}
+}

@@ -1,0 +1,151 @@
+// Package agentclient is the typed gRPC client of sandbox-agentd, used by
+// every provider. It authenticates every call with the sandbox's token and
+// turns gRPC statuses back into compute errors, so callers test failures
+// with errors.Is(err, compute.ErrNotFound) and compute.Retryable(err).
+package agentclient
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/bulkhead-dev/bulkhead/internal/errmap"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// Options says how to reach a daemon.
+type Options struct {
+	// Address is unix:///path/to.sock, tcp://host:port or host:port.
+	Address string
+	// Token is the sandbox's bearer token. Empty only against a daemon
+	// started with --insecure-no-auth.
+	Token string
+	// TLS, when set, is used for the connection (add a client certificate for mTLS).
+	TLS *tls.Config
+	// DialOptions are appended (tests use them for bufconn dialers).
+	DialOptions []grpc.DialOption
+}
+
+// Client is a connection to one sandbox-agentd.
+type Client struct {
+	conn      *grpc.ClientConn
+	system    agentdv1.SystemServiceClient
+	process   agentdv1.ProcessServiceClient
+	file      agentdv1.FileServiceClient
+	workspace agentdv1.WorkspaceServiceClient
+}
+
+// Dial prepares a client. Like grpc.NewClient it does no I/O: the first call
+// connects, and a dropped connection is re-established on the next call.
+func Dial(opts Options) (*Client, error) {
+	target, err := grpcTarget(opts.Address)
+	if err != nil {
+		return nil, err
+	}
+	dial := []grpc.DialOption{
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
+	}
+	if opts.TLS != nil {
+		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(opts.TLS)))
+	} else {
+		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	}
+	if opts.Token != "" {
+		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: opts.Token, secure: opts.TLS != nil}))
+	}
+	dial = append(dial, opts.DialOptions...)
+	conn, err := grpc.NewClient(target, dial...)
+	if err != nil {
+		return nil, fmt.Errorf("agentclient: %s: %w", opts.Address, err)
+	}
+	return New(conn), nil
+}
+
+// New wraps an existing connection (whose credentials the caller set up).
+func New(conn *grpc.ClientConn) *Client {
+	return &Client{
+		conn:      conn,
+		system:    agentdv1.NewSystemServiceClient(conn),
+		process:   agentdv1.NewProcessServiceClient(conn),
+		file:      agentdv1.NewFileServiceClient(conn),
+		workspace: agentdv1.NewWorkspaceServiceClient(conn),
+	}
+}
+
+// Conn returns the underlying connection (for health checks and reflection).
+func (c *Client) Conn() *grpc.ClientConn { return c.conn }
+
+// Close closes the connection. Processes in the sandbox keep running.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Info describes the daemon.
+func (c *Client) Info(ctx context.Context) (*agentdv1.InfoResponse, error) {
+	resp, err := c.system.Info(ctx, &agentdv1.InfoRequest{})
+	return resp, wrap(err)
+}
+
+// BearerMetadata returns the metadata pair a raw gRPC client (grpcurl, a
+// test) must send: "authorization", "Bearer <token>".
+func BearerMetadata(token string) (key, value string) { return "authorization", "Bearer " + token }
+
+// bearer attaches the token to every call.
+type bearer struct {
+	token  string
+	secure bool
+}
+
+func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	k, v := BearerMetadata(b.token)
+	return map[string]string{k: v}, nil
+}
+
+// RequireTransportSecurity is false: unix sockets and loopback TCP carry the
+// token without TLS; remote sandboxes should use TLS.
+func (b bearer) RequireTransportSecurity() bool { return false }
+
+// wrap converts a gRPC error into a compute error.
+func wrap(err error) error {
+	if err == nil {
+		return nil
+	}
+	return errmap.FromStatus(err)
+}
+
+// PatchRejection returns the structured reason an ApplyPatch failed, if err carries one.
+func PatchRejection(err error) *agentdv1.PatchRejection { return errmap.PatchRejection(err) }
+
+func grpcTarget(address string) (string, error) {
+	if address == "" {
+		return "", fmt.Errorf("agentclient: %w: empty address", compute.ErrInvalidArgument)
+	}
+	u, err := url.Parse(address)
+	if err != nil || u.Scheme == "" || u.Opaque != "" {
+		return "passthrough:///" + address, nil // host:port
+	}
+	switch u.Scheme {
+	case "unix":
+		p := u.Path
+		if u.Host != "" {
+			p = u.Host + u.Path
+		}
+		return "unix://" + p, nil
+	case "tcp":
+		return "passthrough:///" + u.Host, nil
+	case "passthrough", "dns":
+		return address, nil
+	}
+	return "", fmt.Errorf("agentclient: %w: address %q: scheme must be unix:// or tcp://", compute.ErrInvalidArgument, address)
+}
+
+// errStreamEnded reports a server stream that closed without its final message.
+var errStreamEnded = errors.New("stream ended before the process exited")

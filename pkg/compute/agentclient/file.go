@@ -1,0 +1,124 @@
+package agentclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// fileChunkBytes is the size of each data message of WriteFile. Large data
+// always moves as a stream of chunks, never as one message.
+const fileChunkBytes = 256 << 10
+
+// ReadFile streams a file (from offset, at most limit bytes when limit > 0)
+// into w and returns the file's info.
+func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w io.Writer) (*agentdv1.FileInfo, error) {
+	stream, err := c.file.ReadFile(ctx, req)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	var info *agentdv1.FileInfo
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return info, nil
+		}
+		if err != nil {
+			return info, wrap(err)
+		}
+		if msg.GetInfo() != nil {
+			info = msg.GetInfo()
+		}
+		if len(msg.GetData()) > 0 {
+			if _, err := w.Write(msg.GetData()); err != nil {
+				return info, fmt.Errorf("read %s: write to destination: %w", req.GetPath(), err)
+			}
+		}
+	}
+}
+
+// WriteFile streams r into a file described by header. The daemon writes a
+// temporary file and renames it into place only when everything arrived, so
+// an interrupted call leaves the old file as it was.
+func (c *Client) WriteFile(ctx context.Context, header *agentdv1.WriteFileHeader, r io.Reader) (*agentdv1.WriteFileResponse, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // aborts the stream (and so the write) on an early return
+	stream, err := c.file.WriteFile(ctx)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	if err := stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Header{Header: header}}); err != nil {
+		return nil, streamSendError(stream.CloseAndRecv, err)
+	}
+	buf := make([]byte, fileChunkBytes)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			// Send copies nothing after it returns, but the message is
+			// serialized before Send returns, so buf can be reused.
+			if err := stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: buf[:n]}}); err != nil {
+				return nil, streamSendError(stream.CloseAndRecv, err)
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			break
+		}
+		if rerr != nil {
+			return nil, &compute.PathError{Op: "write", Path: header.GetPath(), Err: fmt.Errorf("read source: %w", rerr)}
+		}
+	}
+	resp, err := stream.CloseAndRecv()
+	return resp, wrap(err)
+}
+
+// streamSendError returns the server's real error when Send failed because
+// the server already ended the stream (Send then only reports io.EOF).
+func streamSendError[T any](closeAndRecv func() (T, error), sendErr error) error {
+	if errors.Is(sendErr, io.EOF) {
+		if _, err := closeAndRecv(); err != nil {
+			return wrap(err)
+		}
+	}
+	return wrap(sendErr)
+}
+
+// Stat describes a path without following a final symlink.
+func (c *Client) Stat(ctx context.Context, path, user string) (*agentdv1.FileInfo, error) {
+	resp, err := c.file.Stat(ctx, &agentdv1.StatRequest{Path: path, User: user})
+	return resp.GetInfo(), wrap(err)
+}
+
+// ListDir returns one page of a directory listing.
+func (c *Client) ListDir(ctx context.Context, req *agentdv1.ListDirRequest) (*agentdv1.ListDirResponse, error) {
+	resp, err := c.file.ListDir(ctx, req)
+	return resp, wrap(err)
+}
+
+// MakeDir creates a directory.
+func (c *Client) MakeDir(ctx context.Context, req *agentdv1.MakeDirRequest) (*agentdv1.FileInfo, error) {
+	resp, err := c.file.MakeDir(ctx, req)
+	return resp.GetInfo(), wrap(err)
+}
+
+// Remove removes a path (recursively only when asked).
+func (c *Client) Remove(ctx context.Context, req *agentdv1.RemoveRequest) error {
+	_, err := c.file.Remove(ctx, req)
+	return wrap(err)
+}
+
+// Rename moves a path.
+func (c *Client) Rename(ctx context.Context, req *agentdv1.RenameRequest) error {
+	_, err := c.file.Rename(ctx, req)
+	return wrap(err)
+}
+
+// ApplyPatch applies a patch all-or-nothing. On rejection the error matches
+// compute.ErrPatchRejected and PatchRejection(err) explains it.
+func (c *Client) ApplyPatch(ctx context.Context, req *agentdv1.ApplyPatchRequest) (*agentdv1.ApplyPatchResponse, error) {
+	resp, err := c.workspace.ApplyPatch(ctx, req)
+	return resp, wrap(err)
+}

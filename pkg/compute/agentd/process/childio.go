@@ -1,0 +1,151 @@
+package process
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/creack/pty"
+	"golang.org/x/sys/unix"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+)
+
+// outputPipeSize is the kernel buffer requested for output pipes.
+const outputPipeSize = 256 << 10
+
+// childIO holds the descriptors of a process being started: the child's
+// ends (raw, blocking, passed to ForkExec and closed in the parent right
+// after) and the parent's ends (non-blocking *os.File on the runtime
+// poller, so Close interrupts a blocked Read or Write).
+type childIO struct {
+	files      []uintptr // the child's fds 0, 1, 2
+	childFds   []int     // to close in the parent after fork
+	childFiles []*os.File
+	stdin      *os.File // parent's stdin writer (pipe or PTY master), nil for /dev/null
+	master     *os.File // PTY master, nil in pipe mode
+	outputs    []*os.File
+	streams    []Stream
+}
+
+func (c *childIO) closeChildEnds() {
+	for _, fd := range c.childFds {
+		unix.Close(fd)
+	}
+	for _, f := range c.childFiles {
+		f.Close()
+	}
+	c.childFds, c.childFiles = nil, nil
+}
+
+func (c *childIO) closeParentEnds() {
+	if c.stdin != nil && c.stdin != c.master {
+		c.stdin.Close()
+	}
+	for _, f := range c.outputs {
+		f.Close()
+	}
+}
+
+func (c *childIO) closeAll() {
+	c.closeChildEnds()
+	c.closeParentEnds()
+}
+
+func resourceErr(what string, err error) error {
+	return compute.MarkRetryable(compute.Errorf(compute.ErrResourceExhausted, "%s: %v", what, err))
+}
+
+// pipe returns a close-on-exec pipe with the parent's end as a non-blocking
+// *os.File: parentReads selects which end that is.
+func pipe(name string, parentReads bool) (parent *os.File, child int, err error) {
+	var fds [2]int
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+		return nil, -1, resourceErr("create "+name+" pipe", err)
+	}
+	p, c := fds[1], fds[0]
+	if parentReads {
+		p, c = fds[0], fds[1]
+	}
+	if err := unix.SetNonblock(p, true); err != nil {
+		unix.Close(p)
+		unix.Close(c)
+		return nil, -1, fmt.Errorf("%w: %s pipe: %v", compute.ErrInternal, name, err)
+	}
+	return os.NewFile(uintptr(p), name), c, nil
+}
+
+// openPipes prepares pipe-mode I/O: stdout and stderr pipes, and a stdin
+// pipe or /dev/null.
+func openPipes(withStdin bool) (_ *childIO, err error) {
+	c := &childIO{}
+	defer func() {
+		if err != nil {
+			c.closeAll()
+		}
+	}()
+	var in int
+	if withStdin {
+		var w *os.File
+		if w, in, err = pipe("stdin", false); err != nil {
+			return nil, err
+		}
+		c.stdin = w
+	} else if in, err = unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+		return nil, resourceErr("open "+os.DevNull, err)
+	}
+	c.childFds = append(c.childFds, in)
+	for _, s := range []Stream{Stdout, Stderr} {
+		r, w, err := pipe(s.String(), true)
+		if err != nil {
+			return nil, err
+		}
+		// A larger pipe lets a chatty process run ahead of the pump with
+		// fewer wake-ups; best effort (unprivileged pipe quotas may refuse).
+		_, _ = unix.FcntlInt(uintptr(w), unix.F_SETPIPE_SZ, outputPipeSize)
+		c.outputs, c.streams = append(c.outputs, r), append(c.streams, s)
+		c.childFds = append(c.childFds, w)
+	}
+	c.files = []uintptr{uintptr(c.childFds[0]), uintptr(c.childFds[1]), uintptr(c.childFds[2])}
+	return c, nil
+}
+
+// openPTY prepares TTY-mode I/O: a pseudo-terminal of rows x cols whose
+// slave is the child's fds 0-2 and controlling terminal.
+func openPTY(rows, cols uint16) (_ *childIO, err error) {
+	if rows == 0 {
+		rows = defaultRows
+	}
+	if cols == 0 {
+		cols = defaultCols
+	}
+	master, tty, err := pty.Open()
+	if err != nil {
+		return nil, resourceErr("open a pseudo-terminal", err)
+	}
+	c := &childIO{master: master, stdin: master, outputs: []*os.File{master}, streams: []Stream{PTY}, childFiles: []*os.File{tty}}
+	if err := setWinsize(master, rows, cols); err != nil {
+		c.closeAll()
+		return nil, fmt.Errorf("%w: set terminal size: %v", compute.ErrInternal, err)
+	}
+	// Fd puts the slave back into blocking mode, which is what the child
+	// needs (os.OpenFile made its file description non-blocking).
+	fd := tty.Fd()
+	c.files = []uintptr{fd, fd, fd}
+	return c, nil
+}
+
+// setWinsize sets a PTY's size without taking the master out of the
+// runtime poller (pty.Setsize would, through File.Fd).
+func setWinsize(master *os.File, rows, cols uint16) error {
+	rc, err := master.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var ierr error
+	if err := rc.Control(func(fd uintptr) {
+		ierr = unix.IoctlSetWinsize(int(fd), unix.TIOCSWINSZ, &unix.Winsize{Row: rows, Col: cols})
+	}); err != nil {
+		return err
+	}
+	return ierr
+}

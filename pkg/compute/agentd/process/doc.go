@@ -1,0 +1,42 @@
+// Package process is the sandbox daemon's process engine: it starts
+// model-directed processes (argv or shell command, pipes or PTY) as the
+// run_as user with a clean environment, keeps their output in a bounded
+// per-process log addressed by absolute byte offsets, and lets clients that
+// come and go read, attach, write stdin, resize, signal and wait.
+//
+// The package is pure Go logic with no gRPC imports; the gRPC shim in
+// agentd/server translates its errors (*compute.ProcessError wrapping
+// compute sentinels) to status codes.
+//
+// # Guarantees
+//
+//   - Every process runs in its own process group (a new session with a
+//     controlling terminal in PTY mode). Signals and kills go to the whole
+//     group; a timeout or Shutdown also kills every group of a PTY session.
+//   - The environment is built from Config.BaseEnv, the run_as user's
+//     HOME/USER/LOGNAME/SHELL and the request's Env, never from the daemon's
+//     own environment.
+//   - Output is kept in a ring of Config.OutputBufferBytes per process. A
+//     reader that fell behind is told how many bytes it lost (Dropped); the
+//     daemon never blocks a process on a slow or absent reader.
+//   - A process outlives the context and the client that started it. Its
+//     exit status and output stay readable for Config.ExitRetention after it
+//     exited.
+//
+// # Reaping
+//
+// Children are started with syscall.ForkExec, never waited for by os/exec.
+// A single Reaper collects exit statuses on SIGCHLD and hands them to the
+// process that registered the pid. In ReapAll mode (the daemon as PID 1 or a
+// child subreaper) it waits for any child and silently reaps orphans that
+// were reparented to the daemon; in that mode no other code in the process
+// may wait for its own children.
+//
+// # Exit and output draining
+//
+// A process is reported as exited once its group leader was reaped and its
+// output reached end of file, or, when something else still holds the
+// output open (a background job), DrainGrace after the leader was reaped.
+// Output written after that is read and discarded so that background jobs
+// are not killed by a broken pipe; the exit report is final.
+package process

@@ -1,0 +1,29 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+)
+
+// procErr wraps err as a *compute.ProcessError for op on process id.
+func procErr(op, id string, err error) error {
+	return &compute.ProcessError{Op: op, ProcessID: id, Err: err}
+}
+
+// procErrf is procErr with a "sentinel: detail" error.
+func procErrf(op, id string, sentinel error, format string, args ...any) error {
+	return procErr(op, id, compute.Errorf(sentinel, format, args...))
+}
+
+// ctxErr maps a finished context to compute.ErrCanceled or
+// compute.ErrDeadlineExceeded, keeping the context error wrapped.
+func ctxErr(ctx context.Context) error {
+	err := ctx.Err()
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("%w: %w", compute.ErrDeadlineExceeded, err)
+	}
+	return fmt.Errorf("%w: %w", compute.ErrCanceled, err)
+}

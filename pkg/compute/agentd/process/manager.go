@@ -1,0 +1,281 @@
+package process
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"maps"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+)
+
+// Manager starts and tracks processes. It is safe for concurrent use.
+type Manager struct {
+	cfg       Config
+	log       *zap.Logger
+	reaper    *Reaper
+	ownReaper bool
+	euid      int
+
+	mu          sync.Mutex
+	procs       map[string]*proc
+	byRequest   map[string]*proc
+	pumping     map[*proc]struct{}       // output still open, possibly after the record was forgotten
+	pending     map[string]*pendingStart // Starts in flight, by RequestID
+	npending    int                      // Starts in flight, with or without RequestID
+	running     int                      // started and not yet reported exited
+	closing     bool
+	inflight    sync.WaitGroup // Starts in flight; Shutdown waits for them
+	workers     sync.WaitGroup // output pumps and exit watchers
+	abandon     chan struct{}  // closed when Shutdown gives up waiting
+	abandonOnce sync.Once
+}
+
+// pendingStart is a Start in flight, so that a concurrent retry with the
+// same RequestID waits for it instead of starting a second process.
+type pendingStart struct {
+	opts StartOptions
+	done chan struct{}
+}
+
+// NewManager returns a Manager for cfg. When cfg.Reaper is nil it starts a
+// private Reaper, stopped by Shutdown.
+func NewManager(cfg Config, log *zap.Logger) (*Manager, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = zap.NewNop()
+	}
+	m := &Manager{
+		cfg:       cfg,
+		log:       log,
+		reaper:    cfg.Reaper,
+		euid:      os.Geteuid(),
+		procs:     make(map[string]*proc),
+		byRequest: make(map[string]*proc),
+		pumping:   make(map[*proc]struct{}),
+		pending:   make(map[string]*pendingStart),
+		abandon:   make(chan struct{}),
+	}
+	if m.reaper == nil {
+		r, err := NewReaper(ReaperOptions{}, log.Named("reaper"))
+		if err != nil {
+			return nil, err
+		}
+		m.reaper, m.ownReaper = r, true
+	}
+	return m, nil
+}
+
+// lookup returns the process with id or a not-found error for op.
+func (m *Manager) lookup(op, id string) (*proc, error) {
+	m.mu.Lock()
+	p := m.procs[id]
+	m.mu.Unlock()
+	if p == nil {
+		return nil, procErrf(op, id, compute.ErrNotFound, "no such process (it never existed or its exit retention passed)")
+	}
+	return p, nil
+}
+
+// Get describes one process.
+func (m *Manager) Get(id string) (Info, error) {
+	p, err := m.lookup("get", id)
+	if err != nil {
+		return Info{}, err
+	}
+	return p.info(), nil
+}
+
+// List describes every known process, running or exited, oldest first.
+func (m *Manager) List() []Info {
+	m.mu.Lock()
+	ps := slices.Collect(maps.Values(m.procs))
+	m.mu.Unlock()
+	out := make([]Info, 0, len(ps))
+	for _, p := range ps {
+		out = append(out, p.info())
+	}
+	slices.SortFunc(out, func(a, b Info) int {
+		if c := a.StartedAt.Compare(b.StartedAt); c != 0 {
+			return c
+		}
+		return compareStrings(a.ID, b.ID)
+	})
+	return out
+}
+
+func compareStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Wait blocks until the process has exited and returns its status.
+func (m *Manager) Wait(ctx context.Context, id string) (ExitStatus, error) {
+	p, err := m.lookup("wait", id)
+	if err != nil {
+		return ExitStatus{}, err
+	}
+	select {
+	case <-p.exited:
+		return *p.exitStatus(), nil
+	case <-ctx.Done():
+		return ExitStatus{}, procErr("wait", id, ctxErr(ctx))
+	}
+}
+
+// watch reports the exit of p once its leader was reaped and its output
+// drained (or the drain grace passed), then schedules its retention.
+func (m *Manager) watch(p *proc) {
+	defer m.workers.Done()
+	select {
+	case <-p.leaderReaped:
+	case <-m.abandon:
+		return
+	}
+	p.awaitDrain(m.cfg.DrainGrace)
+	// Free the slot before anyone can see the exit, so that a client that
+	// saw it can start the next process at once.
+	m.mu.Lock()
+	m.running--
+	m.mu.Unlock()
+	e := p.finish(time.Now())
+	m.log.Info("process exited", zap.String("id", p.id), zap.Int("pid", p.pid),
+		zap.Int("code", e.Code), zap.String("signal", e.Signal), zap.Bool("timed_out", e.TimedOut))
+
+	m.mu.Lock()
+	if !m.closing {
+		p.mu.Lock()
+		p.forget = time.AfterFunc(m.cfg.ExitRetention, func() { m.forget(p) })
+		p.mu.Unlock()
+		m.evictExitedLocked()
+	}
+	m.mu.Unlock()
+	close(p.exited) // last: Wait returns with the bookkeeping done
+}
+
+// evictExitedLocked forgets the oldest exited processes beyond MaxExited.
+func (m *Manager) evictExitedLocked() {
+	var exited []*proc
+	for _, p := range m.procs {
+		if p.exitStatus() != nil {
+			exited = append(exited, p)
+		}
+	}
+	if len(exited) <= m.cfg.MaxExited {
+		return
+	}
+	slices.SortFunc(exited, func(a, b *proc) int {
+		return a.exitStatus().ExitedAt.Compare(b.exitStatus().ExitedAt)
+	})
+	for _, p := range exited[:len(exited)-m.cfg.MaxExited] {
+		m.forgetLocked(p)
+	}
+}
+
+// forget drops an exited process; its id becomes unknown.
+func (m *Manager) forget(p *proc) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.forgetLocked(p)
+}
+
+func (m *Manager) forgetLocked(p *proc) {
+	if m.procs[p.id] == p {
+		delete(m.procs, p.id)
+	}
+	if p.requestID != "" && m.byRequest[p.requestID] == p {
+		delete(m.byRequest, p.requestID)
+	}
+	p.mu.Lock()
+	if p.forget != nil {
+		p.forget.Stop()
+	}
+	p.mu.Unlock()
+}
+
+// Shutdown refuses new Starts, kills every process group (and every group
+// of a PTY session) and waits until all exits are reported and all output
+// pumps stopped, or ctx is done. Output still held open by processes that
+// escaped their group is closed. It stops the Manager's own Reaper.
+func (m *Manager) Shutdown(ctx context.Context) error {
+	m.mu.Lock()
+	m.closing = true
+	m.mu.Unlock()
+	m.inflight.Wait() // Starts in flight finish quickly: they do not wait for the process
+
+	m.mu.Lock()
+	ps := slices.Collect(maps.Values(m.procs))
+	for p := range m.pumping {
+		if m.procs[p.id] != p {
+			ps = append(ps, p) // forgotten, but a background job holds its output
+		}
+	}
+	m.mu.Unlock()
+	for _, p := range ps {
+		p.mu.Lock()
+		if p.forget != nil {
+			p.forget.Stop()
+		}
+		if p.timeout != nil {
+			p.timeout.Stop()
+		}
+		p.mu.Unlock()
+		if p.groupMayBeAlive() {
+			p.kill(false)
+		}
+	}
+	var err error
+	for _, p := range ps {
+		select {
+		case <-p.exited:
+		case <-ctx.Done():
+			err = ctxErr(ctx)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if err != nil {
+		m.abandonOnce.Do(func() { close(m.abandon) })
+	}
+	for _, p := range ps {
+		p.closeOutputs()
+	}
+	waited := make(chan struct{})
+	go func() { m.workers.Wait(); close(waited) }()
+	if err == nil {
+		select {
+		case <-waited:
+		case <-ctx.Done():
+			err = ctxErr(ctx)
+		}
+	}
+	if m.ownReaper {
+		m.reaper.Close()
+	}
+	if err != nil {
+		return procErr("shutdown", "", err)
+	}
+	return nil
+}
+
+// newID returns a random process id.
+func newID() string {
+	var b [8]byte
+	rand.Read(b[:])
+	return "proc_" + hex.EncodeToString(b[:])
+}

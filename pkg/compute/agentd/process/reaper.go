@@ -1,0 +1,193 @@
+package process
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+)
+
+// reaperPoll is a safety net: the reaper also looks for exited children
+// this often, in case a SIGCHLD was consumed elsewhere.
+const reaperPoll = time.Second
+
+// ReaperOptions configure a Reaper.
+type ReaperOptions struct {
+	// ReapAll waits for any child (wait4(-1)), so orphans reparented to the
+	// daemon are reaped too. Use it when the daemon is PID 1 or a child
+	// subreaper; then no other code in the process may wait for its own
+	// children (os/exec's Cmd.Wait would fail with ECHILD), and there must
+	// be only one ReapAll Reaper in the process.
+	ReapAll bool
+	// Subreaper marks the whole process as a child subreaper
+	// (PR_SET_CHILD_SUBREAPER), so orphaned grandchildren are reparented to
+	// it instead of to PID 1. It implies ReapAll. It is process-wide and is
+	// not undone by Close.
+	Subreaper bool
+}
+
+// Reaper collects the exit status of children started through it and
+// dispatches each to the callback registered for its pid. It is safe for
+// concurrent use and can be shared by several Managers.
+type Reaper struct {
+	log     *zap.Logger
+	reapAll bool
+
+	// forkMu orders forks against wait4(-1): a spawn holds it shared from
+	// fork until its pid is registered, the reaper holds it exclusively
+	// while it waits, so a child is never reaped before it is registered.
+	forkMu sync.RWMutex
+
+	mu      sync.Mutex
+	waiters map[int]func(unix.WaitStatus)
+
+	sigCh chan os.Signal
+	poke  chan struct{}
+	stop  chan struct{}
+	done  chan struct{}
+	once  sync.Once
+}
+
+// NewReaper starts a reaper goroutine. Close stops it.
+func NewReaper(opts ReaperOptions, log *zap.Logger) (*Reaper, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if opts.Subreaper {
+		opts.ReapAll = true
+		if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+			return nil, fmt.Errorf("reaper: set child subreaper: %w", err)
+		}
+	}
+	r := &Reaper{
+		log:     log,
+		reapAll: opts.ReapAll,
+		waiters: make(map[int]func(unix.WaitStatus)),
+		sigCh:   make(chan os.Signal, 1),
+		poke:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	signal.Notify(r.sigCh, unix.SIGCHLD)
+	go r.run()
+	return r, nil
+}
+
+// Close stops the reaper. Exits that happen afterwards are not reported.
+func (r *Reaper) Close() error {
+	r.once.Do(func() {
+		signal.Stop(r.sigCh)
+		close(r.stop)
+	})
+	<-r.done
+	return nil
+}
+
+// spawn runs fork, registers the pid it returns with onExit and makes sure
+// an exit that happened meanwhile is collected. onExit runs on the reaper
+// goroutine and must not block.
+func (r *Reaper) spawn(fork func() (int, error), onExit func(unix.WaitStatus)) (int, error) {
+	select {
+	case <-r.stop:
+		return 0, errors.New("reaper is closed")
+	default:
+	}
+	r.forkMu.RLock()
+	pid, err := fork()
+	if err == nil {
+		r.mu.Lock()
+		r.waiters[pid] = onExit
+		r.mu.Unlock()
+	}
+	r.forkMu.RUnlock()
+	if err == nil {
+		r.wake()
+	}
+	return pid, err
+}
+
+// wake asks the reaper goroutine to look for exited children.
+func (r *Reaper) wake() {
+	select {
+	case r.poke <- struct{}{}:
+	default:
+	}
+}
+
+func (r *Reaper) run() {
+	defer close(r.done)
+	t := time.NewTicker(reaperPoll)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stop:
+			return
+		case <-r.sigCh:
+		case <-r.poke:
+		case <-t.C:
+		}
+		r.reap()
+	}
+}
+
+type reaped struct {
+	fn func(unix.WaitStatus)
+	ws unix.WaitStatus
+}
+
+// reap collects every exited child it may wait for and runs the callbacks
+// after releasing its locks.
+func (r *Reaper) reap() {
+	var out []reaped
+	r.forkMu.Lock()
+	if r.reapAll {
+		for {
+			var ws unix.WaitStatus
+			pid, err := unix.Wait4(-1, &ws, unix.WNOHANG, nil)
+			if err == unix.EINTR {
+				continue
+			}
+			if err != nil || pid <= 0 {
+				break
+			}
+			r.mu.Lock()
+			fn, ok := r.waiters[pid]
+			delete(r.waiters, pid)
+			r.mu.Unlock()
+			if ok {
+				out = append(out, reaped{fn, ws})
+			} else {
+				r.log.Debug("reaped orphan", zap.Int("pid", pid))
+			}
+		}
+	} else {
+		r.mu.Lock()
+		for pid, fn := range r.waiters {
+			var ws unix.WaitStatus
+			got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			for err == unix.EINTR {
+				got, err = unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+			}
+			switch {
+			case err == unix.ECHILD:
+				// Someone else waited for it: the status is lost.
+				r.log.Warn("child was reaped elsewhere", zap.Int("pid", pid))
+				delete(r.waiters, pid)
+				out = append(out, reaped{fn, unix.WaitStatus(0xff << 8)})
+			case err == nil && got == pid:
+				delete(r.waiters, pid)
+				out = append(out, reaped{fn, ws})
+			}
+		}
+		r.mu.Unlock()
+	}
+	r.forkMu.Unlock()
+	for _, x := range out {
+		x.fn(x.ws)
+	}
+}

@@ -1,0 +1,369 @@
+package process
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
+)
+
+// Default terminal size when StartOptions leave it zero.
+const (
+	defaultRows = 24
+	defaultCols = 80
+)
+
+// plan is a fully resolved start request.
+type plan struct {
+	argv []string
+	path string // what execve receives
+	env  []string
+	dir  string
+	user string
+	cred *syscall.Credential
+}
+
+// Start starts a process and returns as soon as it runs; the process is not
+// bound to ctx. With a RequestID, a retry of the same request returns the
+// process already started, and a concurrent retry waits for the first.
+//
+// Errors are *compute.ProcessError wrapping: ErrInvalidArgument (malformed
+// options, relative Dir, bad env), ErrNotFound (unknown run_as user, missing
+// Dir, missing program or interpreter, named in the message),
+// ErrNotDirectory (Dir is not a directory), ErrPermissionDenied (another
+// user while the daemon is not root, program not executable or Dir not
+// enterable by the user), ErrConflict (RequestID reused with other options),
+// ErrResourceExhausted (MaxProcesses, or the kernel out of processes/fds;
+// the latter retryable), ErrUnavailable (shutting down), ErrCanceled /
+// ErrDeadlineExceeded (ctx ended before the start).
+func (m *Manager) Start(ctx context.Context, opts StartOptions) (Info, error) {
+	info, _, err := m.StartOrFind(ctx, opts)
+	return info, err
+}
+
+// StartOrFind is Start that also reports whether opts.RequestID matched a
+// process started earlier (existing), in which case nothing new was started.
+func (m *Manager) StartOrFind(ctx context.Context, opts StartOptions) (info Info, existing bool, err error) {
+	const op = "start"
+	if err := validateOptions(opts); err != nil {
+		return Info{}, false, procErr(op, "", err)
+	}
+	var pend *pendingStart
+	for pend == nil {
+		if ctx.Err() != nil {
+			return Info{}, false, procErr(op, "", ctxErr(ctx))
+		}
+		m.mu.Lock()
+		if m.closing {
+			m.mu.Unlock()
+			return Info{}, false, procErrf(op, "", compute.ErrUnavailable, "the process manager is shutting down")
+		}
+		if rid := opts.RequestID; rid != "" {
+			if p := m.byRequest[rid]; p != nil {
+				m.mu.Unlock()
+				if !sameOptions(p.opts, opts) {
+					return Info{}, false, procErrf(op, p.id, compute.ErrConflict, "request_id %q was already used to start a different process", rid)
+				}
+				return p.info(), true, nil
+			}
+			if other := m.pending[rid]; other != nil {
+				m.mu.Unlock()
+				if !sameOptions(other.opts, opts) {
+					return Info{}, false, procErrf(op, "", compute.ErrConflict, "request_id %q is already starting a different process", rid)
+				}
+				select {
+				case <-other.done:
+				case <-ctx.Done():
+					return Info{}, false, procErr(op, "", ctxErr(ctx))
+				}
+				continue // it either started (found above) or failed (we try)
+			}
+		}
+		if m.running+m.npending >= m.cfg.MaxProcesses {
+			m.mu.Unlock()
+			return Info{}, false, procErrf(op, "", compute.ErrResourceExhausted, "%d processes are already running (the limit)", m.cfg.MaxProcesses)
+		}
+		pend = &pendingStart{opts: opts, done: make(chan struct{})}
+		if opts.RequestID != "" {
+			m.pending[opts.RequestID] = pend
+		}
+		m.npending++
+		m.inflight.Add(1)
+		m.mu.Unlock()
+	}
+
+	p, err := m.startPlanned(opts)
+
+	m.mu.Lock()
+	if opts.RequestID != "" {
+		delete(m.pending, opts.RequestID)
+	}
+	m.npending--
+	if err == nil {
+		m.procs[p.id] = p
+		if opts.RequestID != "" {
+			m.byRequest[opts.RequestID] = p
+		}
+		m.running++
+		// Watch only once registered, so that the exit bookkeeping
+		// (retention, eviction) always finds the process.
+		m.workers.Add(1)
+		go m.watch(p)
+	}
+	m.mu.Unlock()
+	close(pend.done)
+	m.inflight.Done()
+	if err != nil {
+		return Info{}, false, err
+	}
+	return p.info(), false, nil
+}
+
+// startPlanned resolves opts and launches the process.
+func (m *Manager) startPlanned(opts StartOptions) (*proc, error) {
+	pl, err := m.plan(opts)
+	if err != nil {
+		return nil, procErr("start", "", err)
+	}
+	p, err := m.launch(pl, opts)
+	if err != nil {
+		return nil, procErr("start", "", err)
+	}
+	m.log.Info("process started", zap.String("id", p.id), zap.Int("pid", p.pid),
+		zap.String("program", pl.argv[0]), zap.String("user", pl.user), zap.Bool("tty", opts.TTY))
+	return p, nil
+}
+
+// validateOptions checks what needs no lookup.
+func validateOptions(o StartOptions) error {
+	switch {
+	case len(o.Argv) > 0 && o.Command != "":
+		return compute.Errorf(compute.ErrInvalidArgument, "give either argv or a shell command, not both")
+	case len(o.Argv) == 0 && o.Command == "":
+		return compute.Errorf(compute.ErrInvalidArgument, "neither argv nor a shell command was given")
+	case len(o.Argv) > 0 && o.Argv[0] == "":
+		return compute.Errorf(compute.ErrInvalidArgument, "argv[0] is empty")
+	case o.Dir != "" && !filepath.IsAbs(o.Dir):
+		return compute.Errorf(compute.ErrInvalidArgument, "working directory %q is not absolute", o.Dir)
+	case o.Timeout < 0:
+		return compute.Errorf(compute.ErrInvalidArgument, "negative timeout %s", o.Timeout)
+	case !o.TTY && (o.Rows != 0 || o.Cols != 0):
+		return compute.Errorf(compute.ErrInvalidArgument, "a terminal size was given without tty")
+	}
+	for i, a := range o.Argv {
+		if strings.ContainsRune(a, 0) {
+			return compute.Errorf(compute.ErrInvalidArgument, "argv[%d] contains a NUL byte", i)
+		}
+	}
+	if strings.ContainsRune(o.Command, 0) || strings.ContainsRune(o.Shell, 0) || strings.ContainsRune(o.Dir, 0) {
+		return compute.Errorf(compute.ErrInvalidArgument, "command, shell or directory contains a NUL byte")
+	}
+	for k, v := range o.Env {
+		if err := checkEnvVar(k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sameOptions reports whether two requests describe the same process.
+func sameOptions(a, b StartOptions) bool {
+	return slices.Equal(a.Argv, b.Argv) && a.Command == b.Command && a.Shell == b.Shell &&
+		a.Login == b.Login && a.Dir == b.Dir && maps.Equal(a.Env, b.Env) && a.User == b.User &&
+		a.TTY == b.TTY && a.Rows == b.Rows && a.Cols == b.Cols && a.Stdin == b.Stdin &&
+		a.Timeout == b.Timeout
+}
+
+// plan resolves user, environment, directory and program.
+func (m *Manager) plan(o StartOptions) (*plan, error) {
+	pl := &plan{}
+	var u *userdb.User
+	name := o.User
+	if name == "" {
+		name = m.cfg.DefaultUser
+	}
+	if name != "" {
+		var err error
+		if u, err = m.cfg.Users.Lookup(name); err != nil {
+			return nil, fmt.Errorf("run_as user: %w", err)
+		}
+		switch {
+		case m.euid == 0:
+			groups := []uint32{u.GID}
+			for _, g := range u.Groups {
+				if !slices.Contains(groups, g) {
+					groups = append(groups, g)
+				}
+			}
+			pl.cred = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups}
+		case int(u.UID) != m.euid:
+			return nil, compute.Errorf(compute.ErrPermissionDenied,
+				"the daemon runs as uid %d, not root, and cannot start processes as user %q (uid %d)", m.euid, u.Name, u.UID)
+		}
+	} else if self, err := m.cfg.Users.Lookup(strconv.Itoa(m.euid)); err == nil {
+		u = self // only for HOME/USER; no credential change
+	}
+	if u != nil {
+		pl.user = u.Name
+	}
+	pl.env = buildEnv(m.cfg.BaseEnv, u, o.Env, o.TTY)
+
+	pl.dir = o.Dir
+	if pl.dir == "" {
+		pl.dir = "/"
+		if u != nil && filepath.IsAbs(u.Home) {
+			if fi, err := os.Stat(u.Home); err == nil && fi.IsDir() {
+				pl.dir = u.Home
+			}
+		}
+	}
+	fi, err := os.Stat(pl.dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, compute.Errorf(compute.ErrNotFound, "working directory %q does not exist", pl.dir)
+	case errors.Is(err, unix.ENOTDIR):
+		return nil, compute.Errorf(compute.ErrNotDirectory, "working directory %q: a parent is not a directory", pl.dir)
+	case err != nil:
+		return nil, compute.Errorf(compute.ErrPermissionDenied, "working directory %q: %v", pl.dir, err)
+	case !fi.IsDir():
+		return nil, compute.Errorf(compute.ErrNotDirectory, "working directory %q is not a directory", pl.dir)
+	}
+
+	if len(o.Argv) > 0 {
+		pl.argv = slices.Clone(o.Argv)
+	} else {
+		shell := o.Shell
+		if shell == "" {
+			shell = m.cfg.DefaultShell
+		}
+		flag := "-c"
+		if o.Login {
+			flag = "-lc"
+		}
+		pl.argv = []string{shell, flag, o.Command}
+	}
+	if pl.path, err = lookPath(pl.argv[0], envValue(pl.env, "PATH"), pl.dir); err != nil {
+		return nil, err
+	}
+	return pl, nil
+}
+
+// launch creates the process's descriptors, forks it through the reaper
+// and starts its output pumps. The caller starts its exit watcher.
+func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
+	o.Argv, o.Env = slices.Clone(o.Argv), maps.Clone(o.Env) // the caller may reuse them
+	p = &proc{
+		id: newID(), requestID: o.RequestID, opts: o, argv: pl.argv, dir: pl.dir, user: pl.user,
+		tty: o.TTY, out: newOutputLog(m.cfg.OutputBufferBytes),
+		drained: make(chan struct{}), leaderReaped: make(chan struct{}), exited: make(chan struct{}),
+	}
+	var ch *childIO
+	if o.TTY {
+		ch, err = openPTY(o.Rows, o.Cols)
+	} else {
+		ch, err = openPipes(o.Stdin)
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer ch.closeChildEnds() // the child has its copies; ours must go for EOF to work
+	attr := &syscall.ProcAttr{
+		Dir:   pl.dir,
+		Env:   pl.env,
+		Files: ch.files,
+		Sys:   &syscall.SysProcAttr{Credential: pl.cred},
+	}
+	if o.TTY {
+		attr.Sys.Setsid, attr.Sys.Setctty, attr.Sys.Ctty = true, true, 0
+	} else {
+		attr.Sys.Setpgid = true
+	}
+
+	p.startedAt = time.Now()
+	pid, err := m.reaper.spawn(func() (int, error) {
+		pid, err := syscall.ForkExec(pl.path, pl.argv, attr)
+		if err == nil {
+			p.pid = pid
+		}
+		return pid, err
+	}, func(ws unix.WaitStatus) {
+		p.leaderDone(ws)
+	})
+	if err != nil {
+		ch.closeParentEnds()
+		return nil, execError(err, pl)
+	}
+	p.pid = pid
+	p.master, p.stdin, p.outputs = ch.master, ch.stdin, ch.outputs
+
+	m.workers.Add(len(ch.outputs))
+	var left atomic.Int32
+	left.Store(int32(len(ch.outputs)))
+	done := func() {
+		if left.Add(-1) == 0 {
+			close(p.drained)
+			m.mu.Lock()
+			delete(m.pumping, p)
+			m.mu.Unlock()
+		}
+		m.workers.Done()
+	}
+	m.mu.Lock()
+	m.pumping[p] = struct{}{}
+	m.mu.Unlock()
+	for i, f := range ch.outputs {
+		go p.pump(f, ch.streams[i], done)
+	}
+	if o.Timeout > 0 {
+		p.mu.Lock()
+		if !p.leaderExited {
+			p.timeout = time.AfterFunc(o.Timeout, p.onTimeout)
+		}
+		p.mu.Unlock()
+	}
+	return p, nil
+}
+
+// execError turns a fork/exec failure into a precise compute error.
+func execError(err error, pl *plan) error {
+	var errno syscall.Errno
+	if !errors.As(err, &errno) {
+		return compute.Errorf(compute.ErrInternal, "start %q: %v", pl.argv[0], err)
+	}
+	who := pl.user
+	if who == "" {
+		who = "the daemon's user"
+	}
+	switch errno {
+	case unix.ENOENT:
+		return compute.Errorf(compute.ErrNotFound, "start %q: the program or its interpreter does not exist", pl.argv[0])
+	case unix.EACCES:
+		return compute.Errorf(compute.ErrPermissionDenied, "start %q: %s may not execute it or enter %q", pl.argv[0], who, pl.dir)
+	case unix.EPERM:
+		return compute.Errorf(compute.ErrPermissionDenied, "start %q: cannot switch to %s: %v", pl.argv[0], who, errno)
+	case unix.ENOEXEC:
+		return compute.Errorf(compute.ErrInvalidArgument, "start %q: not an executable format", pl.argv[0])
+	case unix.ENOTDIR:
+		return compute.Errorf(compute.ErrNotDirectory, "start %q: a path component is not a directory", pl.argv[0])
+	case unix.E2BIG:
+		return compute.Errorf(compute.ErrInvalidArgument, "start %q: argument list and environment too long", pl.argv[0])
+	case unix.EAGAIN, unix.ENOMEM, unix.EMFILE, unix.ENFILE:
+		return compute.MarkRetryable(compute.Errorf(compute.ErrResourceExhausted, "start %q: %v", pl.argv[0], errno))
+	}
+	return compute.Errorf(compute.ErrInternal, "start %q: %v", pl.argv[0], errno)
+}

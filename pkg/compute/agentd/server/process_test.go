@@ -1,0 +1,555 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+func sh(cmd string) *agentdv1.ProcessSpec { return &agentdv1.ProcessSpec{Command: cmd} }
+
+func TestExecOutputStreamsAndExit(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	res, err := td.client.Exec(ctxT(t), &agentdv1.ExecRequest{Spec: sh("echo out; echo err >&2; exit 7")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" || res.Exit.GetExitCode() != 7 {
+		t.Fatalf("stdout %q stderr %q exit %v", res.Stdout, res.Stderr, res.Exit)
+	}
+	if res.Process.GetProcessId() == "" || res.Process.GetPid() <= 0 {
+		t.Fatalf("no process info: %v", res.Process)
+	}
+}
+
+func TestExecStdinAndTTY(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"tr", "a-z", "A-Z"}}, Stdin: []byte("shout\n")}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(res.Stdout) != "SHOUT\n" {
+		t.Fatalf("stdout %q", res.Stdout)
+	}
+	res, err = td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "stty size; test -t 0 && echo tty", Tty: true, Size: &agentdv1.TerminalSize{Rows: 33, Cols: 101}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.ReplaceAll(string(res.Stdout), "\r", ""); got != "33 101\ntty\n" {
+		t.Fatalf("tty output %q", got)
+	}
+}
+
+func TestCleanEnvironment(t *testing.T) {
+	t.Setenv("BULKHEAD_TEST_SECRET", "sk-do-not-leak")
+	td := newTestDaemon(t, nil)
+	res, err := td.client.Exec(ctxT(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"env"}, Env: map[string]string{"MINE": "yes"}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env := string(res.Stdout)
+	if strings.Contains(env, "sk-do-not-leak") || strings.Contains(env, "BULKHEAD_TEST_SECRET") {
+		t.Fatalf("the daemon's environment leaked into a process:\n%s", env)
+	}
+	if !strings.Contains(env, "MINE=yes\n") || !strings.Contains(env, "PATH=") {
+		t.Fatalf("the request's env or the defaults are missing:\n%s", env)
+	}
+}
+
+func TestCwdIsConfined(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	if err := os.MkdirAll(filepath.Join(td.workspace, "sub/dir"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: "sub/dir"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(res.Stdout)); got != filepath.Join(td.workspace, "sub/dir") {
+		t.Fatalf("pwd %q", got)
+	}
+	for _, cwd := range []string{"../..", "/etc", "sub/../../.."} {
+		_, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: cwd}}, nil)
+		if !errors.Is(err, compute.ErrPathEscape) {
+			t.Errorf("cwd %q: want ErrPathEscape, got %v", cwd, err)
+		}
+	}
+	// A symlink inside the workspace pointing out is refused too.
+	if err := os.Symlink("/etc", filepath.Join(td.workspace, "out")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: "out"}}, nil); !errors.Is(err, compute.ErrPathEscape) {
+		t.Errorf("cwd through symlink: want ErrPathEscape, got %v", err)
+	}
+}
+
+func TestStartFailuresAreSpecific(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	if err := os.WriteFile(filepath.Join(td.workspace, "file"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		spec *agentdv1.ProcessSpec
+		want error
+	}{
+		{"missing binary", &agentdv1.ProcessSpec{Argv: []string{"no-such-binary-xyz"}}, compute.ErrNotFound},
+		{"missing absolute binary", &agentdv1.ProcessSpec{Argv: []string{"/nonexistent/bin"}}, compute.ErrNotFound},
+		{"missing cwd", &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "nope"}, compute.ErrNotFound},
+		{"cwd is a file", &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "file"}, compute.ErrNotDirectory},
+		{"unknown user", &agentdv1.ProcessSpec{Argv: []string{"true"}, User: "no-such-user"}, compute.ErrNotFound},
+		{"argv and command", &agentdv1.ProcessSpec{Argv: []string{"true"}, Command: "true"}, compute.ErrInvalidArgument},
+		{"nothing to run", &agentdv1.ProcessSpec{}, compute.ErrInvalidArgument},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: c.spec})
+			if !errors.Is(err, c.want) {
+				t.Fatalf("want %v, got %v", c.want, err)
+			}
+			if compute.Retryable(err) {
+				t.Fatalf("a bad request must not be retryable: %v", err)
+			}
+		})
+	}
+	list, err := td.client.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(list) != 0 {
+		t.Fatalf("failed starts left processes: %v", list)
+	}
+}
+
+func TestProcessStateErrors(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("exit 0")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := st.GetProcess().GetProcessId()
+	if _, err := td.client.Wait(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := td.client.WriteStdin(ctx, id, 0, []byte("x")); !errors.Is(err, compute.ErrFailedPrecondition) {
+		t.Errorf("stdin to an exited process: want ErrFailedPrecondition, got %v", err)
+	}
+	if err := td.client.Resize(ctx, id, 10, 10); !errors.Is(err, compute.ErrFailedPrecondition) {
+		t.Errorf("resize without a tty: want ErrFailedPrecondition, got %v", err)
+	}
+	if err := td.client.Signal(ctx, id, "NOPE"); !errors.Is(err, compute.ErrInvalidArgument) {
+		t.Errorf("unknown signal: want ErrInvalidArgument, got %v", err)
+	}
+	if _, err := td.client.Wait(ctx, "no-such-process"); !errors.Is(err, compute.ErrNotFound) {
+		t.Errorf("unknown process: want ErrNotFound, got %v", err)
+	}
+	var pe *compute.ProcessError
+	if _, err := td.client.ReadOutput(ctx, "no-such-process", 0, 0, 0); !errors.As(err, &pe) || pe.ProcessID != "no-such-process" {
+		t.Errorf("error should name the process: %#v", err)
+	}
+}
+
+func TestMaxProcesses(t *testing.T) {
+	td := newTestDaemon(t, func(c *agentd.Config) { c.MaxProcesses = 2 })
+	ctx := ctxT(t)
+	for i := 0; i < 2; i++ {
+		if _, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 100")}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 100")})
+	if !errors.Is(err, compute.ErrResourceExhausted) {
+		t.Fatalf("want ErrResourceExhausted, got %v", err)
+	}
+}
+
+func TestStartIsIdempotentByRequestID(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	spec := sh("echo ran >> count.txt")
+	a, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec, RequestId: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := td.client.Wait(ctx, a.GetProcess().GetProcessId()); err != nil {
+		t.Fatal(err)
+	}
+	b, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec, RequestId: "req-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !b.GetExisting() || b.GetProcess().GetProcessId() != a.GetProcess().GetProcessId() {
+		t.Fatalf("retried start should return the same process: %v vs %v", a, b)
+	}
+	data, _ := os.ReadFile(filepath.Join(td.workspace, "count.txt"))
+	if string(data) != "ran\n" {
+		t.Fatalf("the command ran %d times", strings.Count(string(data), "ran"))
+	}
+	_, err = td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("echo other"), RequestId: "req-1"})
+	if !errors.Is(err, compute.ErrConflict) {
+		t.Fatalf("same request id, different command: want ErrConflict, got %v", err)
+	}
+}
+
+func TestStdinOffsetsAreIdempotent(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"cat"}, Stdin: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := st.GetProcess().GetProcessId()
+	steps := []struct {
+		offset int64
+		data   string
+		next   int64
+		err    error
+	}{
+		{0, "abc", 3, nil},
+		{0, "abc", 3, nil},  // resent: nothing applied twice
+		{1, "bcde", 5, nil}, // overlapping resend: only "de" is new
+		{5, "f", 6, nil},    // continues
+		{10, "zz", 0, compute.ErrConflict},
+	}
+	for i, s := range steps {
+		next, err := td.client.WriteStdin(ctx, id, s.offset, []byte(s.data))
+		if !errors.Is(err, s.err) || (s.err == nil && next != s.next) {
+			t.Fatalf("step %d: next %d err %v, want %d %v", i, next, err, s.next, s.err)
+		}
+	}
+	if err := td.client.CloseStdin(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	out := readAll(t, td.client, id)
+	if out != "abcdef" {
+		t.Fatalf("cat saw %q", out)
+	}
+}
+
+func TestPTYInterrupt(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"sleep", "100"}, Tty: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := st.GetProcess().GetProcessId()
+	time.Sleep(100 * time.Millisecond)
+	if _, err := td.client.WriteStdin(ctx, id, 0, []byte{0x03}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	exit, err := td.client.Wait(wctx, id)
+	if err != nil {
+		t.Fatalf("Ctrl-C did not stop sleep: %v", err)
+	}
+	if exit.GetSignal() != "SIGINT" {
+		t.Fatalf("want SIGINT, got %v", exit)
+	}
+	if err := td.client.Resize(ctx, id, 40, 120); !errors.Is(err, compute.ErrFailedPrecondition) && !errors.Is(err, compute.ErrNotFound) && err != nil {
+		t.Fatalf("resize after exit: %v", err)
+	}
+}
+
+func TestSignalKillsWholeGroup(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 1000 & echo $!; sleep 1000")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := st.GetProcess().GetProcessId()
+	res, err := td.client.ReadOutput(ctx, id, 0, 5*time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bg, err := strconv.Atoi(strings.TrimSpace(joinData(res.GetChunks())))
+	if err != nil {
+		t.Fatalf("background pid: %v", err)
+	}
+	if err := td.client.Signal(ctx, id, "TERM"); err != nil {
+		t.Fatal(err)
+	}
+	exit, err := td.client.Wait(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if exit.GetSignal() != "SIGTERM" {
+		t.Fatalf("exit %v", exit)
+	}
+	waitGone(t, bg)
+	waitGone(t, int(st.GetProcess().GetPid()))
+}
+
+func TestProcessSurvivesDisconnectAndReplays(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("for i in $(seq 1 40); do echo line $i; sleep 0.005; done")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := st.GetProcess().GetProcessId()
+	first, err := td.client.ReadOutput(ctx, id, 0, time.Second, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	td.client.Close() // the harness goes away
+	time.Sleep(300 * time.Millisecond)
+	again, err := agentclient.Dial(agentclient.Options{Address: "unix://" + td.socket, Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	rest := readFrom(t, again, id, first.GetNextCursor())
+	got := joinData(first.GetChunks()) + rest
+	if got != expectedLines(40) {
+		t.Fatalf("replayed output differs:\n%s", got)
+	}
+}
+
+// TestConnectionCutMidStream cuts the TCP connection under a running Follow
+// several times; the client reconnects and resumes from its cursor, and the
+// output arrives complete, in order, exactly once.
+func TestConnectionCutMidStream(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	proxy := newCutProxy(t, td.socket)
+	c, err := agentclient.Dial(agentclient.Options{Address: "tcp://" + proxy.addr(), Token: testToken})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	const n = 300
+	st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: sh(fmt.Sprintf("for i in $(seq 1 %d); do echo line $i; sleep 0.002; done", n))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	cuts := 0
+	exit, err := c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+		got.WriteString(joinData(m.GetChunks()))
+		if m.GetDroppedBytes() != 0 {
+			t.Errorf("dropped %d bytes", m.GetDroppedBytes())
+		}
+		if cuts < 3 && got.Len() > (cuts+1)*800 {
+			cuts++
+			proxy.cut()
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cuts == 0 {
+		t.Fatal("the connection was never cut")
+	}
+	if exit.GetExitCode() != 0 || got.String() != expectedLines(n) {
+		t.Fatalf("after %d cuts: exit %v, output intact=%v", cuts, exit, got.String() == expectedLines(n))
+	}
+}
+
+func TestShutdownKillsProcesses(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 1000 & sleep 1000")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	td.srv.Shutdown(sctx)
+	waitGone(t, int(st.GetProcess().GetPid()))
+	if alive := liveGroupMembers(int(st.GetProcess().GetPid())); len(alive) > 0 {
+		t.Fatalf("process group members survived shutdown: %v", alive)
+	}
+}
+
+// liveGroupMembers lists the pids of process group pgid that are not zombies.
+func liveGroupMembers(pgid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		// fields after the command: state, ppid, pgrp, ...
+		if len(f) > 2 && f[0] != "Z" && f[2] == strconv.Itoa(pgid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+func TestReadOutputYield(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 0.3; echo late")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := st.GetProcess().GetProcessId()
+	// Nothing yet: returns empty after the yield, not an error.
+	res, err := td.client.ReadOutput(ctx, id, 0, 20*time.Millisecond, 0)
+	if err != nil || len(res.GetChunks()) != 0 || res.GetExit() != nil {
+		t.Fatalf("early read: %v %v", res, err)
+	}
+	// A long yield returns as soon as output arrives (not after the full yield).
+	res, err = td.client.ReadOutput(ctx, id, 0, 20*time.Second, 0)
+	if err != nil || joinData(res.GetChunks()) != "late\n" {
+		t.Fatalf("read: %v %v", res, err)
+	}
+	// Reading past the end of an exited process reports the exit.
+	res, err = td.client.ReadOutput(ctx, id, res.GetNextCursor(), 5*time.Second, 0)
+	if err != nil || res.GetExit() == nil {
+		t.Fatalf("final read: %v %v", res, err)
+	}
+}
+
+func TestOutputBufferWrapReportsDropped(t *testing.T) {
+	td := newTestDaemon(t, func(c *agentd.Config) { c.OutputBufferBytes = 64 << 10 })
+	ctx := ctxT(t)
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("head -c 1000000 /dev/zero")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := st.GetProcess().GetProcessId()
+	if _, err := td.client.Wait(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	var got, dropped int64
+	exit, err := td.client.Follow(ctx, id, 0, func(m *agentdv1.AttachResponse) error {
+		for _, c := range m.GetChunks() {
+			got += int64(len(c.GetData()))
+		}
+		dropped += m.GetDroppedBytes()
+		return nil
+	})
+	if err != nil || exit == nil {
+		t.Fatal(err)
+	}
+	if got+dropped != 1000000 || got > 64<<10 {
+		t.Fatalf("got %d + dropped %d, want 1000000 with at most 64 KiB kept", got, dropped)
+	}
+}
+
+// --- helpers ---
+
+func readAll(t *testing.T, c *agentclient.Client, id string) string { return readFrom(t, c, id, 0) }
+
+func readFrom(t *testing.T, c *agentclient.Client, id string, cursor int64) string {
+	t.Helper()
+	var b strings.Builder
+	if _, err := c.Follow(ctxT(t), id, cursor, func(m *agentdv1.AttachResponse) error {
+		b.WriteString(joinData(m.GetChunks()))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return b.String()
+}
+
+func joinData(chunks []*agentdv1.OutputChunk) string {
+	var b strings.Builder
+	for _, c := range chunks {
+		b.Write(c.GetData())
+	}
+	return b.String()
+}
+
+func expectedLines(n int) string {
+	var b strings.Builder
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "line %d\n", i)
+	}
+	return b.String()
+}
+
+// waitGone waits until pid no longer names a live process (gone or a zombie
+// awaiting its reaper).
+func waitGone(t *testing.T, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return
+		}
+		if f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])); len(f) > 0 && f[0] == "Z" {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("process %d survived", pid)
+}
+
+// cutProxy forwards TCP connections to a unix socket and can cut them all.
+type cutProxy struct {
+	l     net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newCutProxy(t *testing.T, socket string) *cutProxy {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &cutProxy{l: l}
+	t.Cleanup(func() { l.Close(); p.cut() })
+	go func() {
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			out, err := net.Dial("unix", socket)
+			if err != nil {
+				in.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, in, out)
+			p.mu.Unlock()
+			go func() { _, _ = io.Copy(out, in); out.Close() }()
+			go func() { _, _ = io.Copy(in, out); in.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *cutProxy) addr() string { return p.l.Addr().String() }
+
+func (p *cutProxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}

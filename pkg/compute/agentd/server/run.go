@@ -1,0 +1,232 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// Keepalive settings. Processes and Attach streams are long-lived, so the
+// server pings idle connections to notice dead clients (their processes keep
+// running; only the stream ends), and lets clients ping it every 10s so a
+// harness can notice a dead sandbox quickly.
+const (
+	keepaliveTime     = 30 * time.Second
+	keepaliveTimeout  = 10 * time.Second
+	clientMinPingTime = 10 * time.Second
+	// maxMessageBytes bounds one message; large data moves as streams of chunks.
+	maxMessageBytes = 8 << 20
+)
+
+// Server is a configured gRPC server over a Daemon.
+type Server struct {
+	GRPC   *grpc.Server
+	Health *health.Server
+	Daemon *agentd.Daemon
+	drain  *drainGate
+	log    *zap.Logger
+}
+
+// New builds the gRPC server with auth, logging, panic recovery and the
+// drain gate, and registers every service plus health and reflection.
+// token may be nil only with insecureNoAuth.
+func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.TransportCredentials, log *zap.Logger) (*Server, error) {
+	if len(token) == 0 && !insecureNoAuth {
+		return nil, errors.New("refusing to serve without a token")
+	}
+	auth := newTokenAuth(token, insecureNoAuth)
+	gate := &drainGate{}
+	logU, logS := requestLog(log)
+	recU, recS := recovery(log)
+	opts := []grpc.ServerOption{
+		// Order: recover everything, log everything (including auth
+		// failures), then authenticate, then refuse new work while draining.
+		grpc.ChainUnaryInterceptor(recU, logU, auth.unary, gate.unary),
+		grpc.ChainStreamInterceptor(recS, logS, auth.stream, gate.stream),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: clientMinPingTime, PermitWithoutStream: true}),
+		grpc.MaxRecvMsgSize(maxMessageBytes),
+		grpc.MaxSendMsgSize(maxMessageBytes),
+	}
+	if creds != nil {
+		opts = append(opts, grpc.Creds(creds))
+	}
+	gs := grpc.NewServer(opts...)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	reflection.Register(gs)
+	agentdv1.RegisterSystemServiceServer(gs, &systemService{d: d})
+	agentdv1.RegisterProcessServiceServer(gs, &processService{d: d})
+	agentdv1.RegisterFileServiceServer(gs, &fileService{d: d})
+	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d})
+	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
+	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, log: log}, nil
+}
+
+// Shutdown drains: health says NOT_SERVING, new work is refused, every
+// process group is killed (which ends Attach and Exec streams), then the
+// server stops gracefully, or forcibly once ctx is done.
+func (s *Server) Shutdown(ctx context.Context) {
+	s.Health.Shutdown()
+	s.drain.draining.Store(true)
+	if err := s.Daemon.Shutdown(ctx); err != nil {
+		s.log.Warn("shutdown: stopping processes", zap.Error(err))
+	}
+	done := make(chan struct{})
+	go func() { s.GRPC.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		s.log.Warn("shutdown: drain timed out; closing remaining streams")
+		s.GRPC.Stop()
+		<-done
+	}
+}
+
+// Run starts sandbox-agentd and serves until ctx is canceled (SIGTERM in the
+// main), then shuts down gracefully.
+func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	// The token is read (and its file removed) before anything listens, so
+	// there is no window in which calls go unauthenticated.
+	token, err := cfg.loadToken()
+	if err != nil {
+		return err
+	}
+	if cfg.InsecureNoAuth {
+		log.Warn("AUTHENTICATION IS DISABLED (--insecure-no-auth): anyone who can reach the listen address controls this sandbox; use only for local development")
+	}
+	creds, err := cfg.transportCredentials()
+	if err != nil {
+		return err
+	}
+	d, err := agentd.New(cfg.Daemon, log)
+	if err != nil {
+		return err
+	}
+	srv, err := New(d, token, cfg.InsecureNoAuth, creds, log)
+	if err != nil {
+		return err
+	}
+	listeners, err := listenAll(cfg.Listen)
+	if err != nil {
+		_ = d.Shutdown(context.Background())
+		return err
+	}
+	serveErr := make(chan error, len(listeners))
+	for _, l := range listeners {
+		log.Info("listening", zap.String("address", l.Addr().Network()+"://"+l.Addr().String()))
+		go func(l net.Listener) { serveErr <- srv.GRPC.Serve(l) }(l)
+	}
+	log.Info("sandbox-agentd ready", zap.String("workspace", cfg.Daemon.WorkspaceRoot), zap.Bool("tls", creds != nil), zap.Bool("auth", !cfg.InsecureNoAuth))
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err := <-serveErr:
+		runErr = fmt.Errorf("serve: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
+	defer cancel()
+	srv.Shutdown(sctx)
+	for _, l := range cfg.Listen {
+		if network, addr, _ := parseListen(l); network == "unix" {
+			_ = os.Remove(addr)
+		}
+	}
+	return runErr
+}
+
+func listenAll(addresses []string) ([]net.Listener, error) {
+	var out []net.Listener
+	fail := func(err error) ([]net.Listener, error) {
+		for _, l := range out {
+			l.Close()
+		}
+		return nil, err
+	}
+	for _, a := range addresses {
+		network, addr, err := parseListen(a)
+		if err != nil {
+			return fail(err)
+		}
+		if network == "unix" {
+			if err := removeStaleSocket(addr); err != nil {
+				return fail(err)
+			}
+		}
+		l, err := net.Listen(network, addr)
+		if err != nil {
+			return fail(fmt.Errorf("listen %s: %w", a, err))
+		}
+		if network == "unix" {
+			// Only the daemon's user (and root) may connect; the token is
+			// still required.
+			if err := os.Chmod(addr, 0o600); err != nil {
+				l.Close()
+				return fail(fmt.Errorf("restrict socket %s: %w", addr, err))
+			}
+		}
+		out = append(out, l)
+	}
+	return out, nil
+}
+
+// removeStaleSocket removes a socket left by a daemon that died, and refuses
+// to remove anything that is not a socket.
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("check socket path %s: %w", path, err)
+	}
+	if fi.Mode()&os.ModeSocket == 0 {
+		return fmt.Errorf("socket path %s exists and is not a socket", path)
+	}
+	return os.Remove(path)
+}
+
+func (c *Config) transportCredentials() (credentials.TransportCredentials, error) {
+	if c.TLSCertFile == "" {
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.TLSCertFile, c.TLSKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("load TLS certificate: %w", err)
+	}
+	tc := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.ClientCAFile != "" {
+		pem, err := os.ReadFile(c.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read client CA: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client CA %s holds no PEM certificate", c.ClientCAFile)
+		}
+		tc.ClientCAs = pool
+		tc.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return credentials.NewTLS(tc), nil
+}

@@ -1,0 +1,12 @@
+//go:build linux && !386 && !arm
+
+package workspace
+
+import "golang.org/x/sys/unix"
+
+// System calls taking 32-bit ids.
+const (
+	sysSetgroups = unix.SYS_SETGROUPS
+	sysSetfsuid  = unix.SYS_SETFSUID
+	sysSetfsgid  = unix.SYS_SETFSGID
+)

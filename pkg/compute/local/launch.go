@@ -1,0 +1,197 @@
+// Package local runs sandboxes as local processes: sandbox-agentd started as
+// a child of the harness on a unix socket in a private directory, with the
+// workspace in a directory the harness owns.
+//
+// This file is the launcher every local sandbox is built on; the full
+// compute.Client provider (state, resume, snapshots, bubblewrap isolation)
+// grows on top of it.
+package local
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+)
+
+// AgentdBinary is the daemon's executable name.
+const AgentdBinary = "sandbox-agentd"
+
+// Options configures a local daemon.
+type Options struct {
+	// AgentdPath is the daemon binary; empty means FindAgentd.
+	AgentdPath string
+	// Workspace is the workspace directory; empty means a fresh directory
+	// inside the sandbox's private directory.
+	Workspace string
+	// Args are extra daemon flags (limits, --default-user, --grant ...).
+	Args []string
+	// Stderr receives the daemon's log (nil: discarded).
+	Stderr io.Writer
+	// ReadyTimeout bounds the wait for the daemon to answer health checks.
+	ReadyTimeout time.Duration
+}
+
+// Sandbox is a running local daemon and a client connected to it.
+type Sandbox struct {
+	Client    *agentclient.Client
+	Dir       string // private directory: socket, and workspace when not given
+	Workspace string
+	Socket    string
+	cmd       *exec.Cmd
+	exited    chan struct{}
+	log       *zap.Logger
+}
+
+// FindAgentd looks for sandbox-agentd next to the running executable, then
+// on PATH.
+func FindAgentd() (string, error) {
+	if exe, err := os.Executable(); err == nil {
+		p := filepath.Join(filepath.Dir(exe), AgentdBinary)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	p, err := exec.LookPath(AgentdBinary)
+	if err != nil {
+		return "", fmt.Errorf("%w: %s is neither next to this program nor on PATH (run `make build`)", compute.ErrNotFound, AgentdBinary)
+	}
+	return p, nil
+}
+
+// Start launches sandbox-agentd with a fresh random token passed through an
+// inherited pipe (never argv or environment), waits until it serves, and
+// returns a connected client.
+func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error) {
+	bin := opts.AgentdPath
+	if bin == "" {
+		var err error
+		if bin, err = FindAgentd(); err != nil {
+			return nil, err
+		}
+	}
+	if opts.ReadyTimeout <= 0 {
+		opts.ReadyTimeout = 10 * time.Second
+	}
+	dir, err := os.MkdirTemp("", "bulkhead-sandbox-")
+	if err != nil {
+		return nil, fmt.Errorf("create sandbox directory: %w", err)
+	}
+	s := &Sandbox{Dir: dir, Workspace: opts.Workspace, Socket: filepath.Join(dir, "agentd.sock"), exited: make(chan struct{}), log: log}
+	if s.Workspace == "" {
+		s.Workspace = filepath.Join(dir, "workspace")
+	}
+	fail := func(err error) (*Sandbox, error) {
+		s.kill()
+		_ = os.RemoveAll(dir)
+		return nil, err
+	}
+	tokenBytes := make([]byte, 32)
+	if _, err := rand.Read(tokenBytes); err != nil {
+		return fail(fmt.Errorf("generate token: %w", err))
+	}
+	token := hex.EncodeToString(tokenBytes)
+	tokenR, tokenW, err := os.Pipe()
+	if err != nil {
+		return fail(fmt.Errorf("token pipe: %w", err))
+	}
+	args := append([]string{"--listen", "unix://" + s.Socket, "--token-fd", "3", "--workspace", s.Workspace}, opts.Args...)
+	cmd := exec.Command(bin, args...)
+	cmd.ExtraFiles = []*os.File{tokenR}
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the daemon gets no harness secrets
+	cmd.Stdout = opts.Stderr
+	cmd.Stderr = opts.Stderr
+	// Its own process group: a Ctrl-C meant for the harness does not hit the
+	// sandbox, and Close can kill the whole group. No Pdeathsig: a local
+	// sandbox may outlive the harness, to be resumed by the next one.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		tokenR.Close()
+		tokenW.Close()
+		return fail(fmt.Errorf("start %s: %w", bin, err))
+	}
+	tokenR.Close()
+	s.cmd = cmd
+	go func() { _ = cmd.Wait(); close(s.exited) }()
+	_, werr := io.WriteString(tokenW, token)
+	tokenW.Close()
+	if werr != nil {
+		return fail(fmt.Errorf("send token to daemon: %w", werr))
+	}
+	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + s.Socket, Token: token})
+	if err != nil {
+		return fail(err)
+	}
+	s.Client = client
+	if err := s.waitReady(ctx, opts.ReadyTimeout); err != nil {
+		return fail(err)
+	}
+	return s, nil
+}
+
+func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	health := healthpb.NewHealthClient(s.Client.Conn())
+	for {
+		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
+			return nil
+		}
+		select {
+		case <-s.exited:
+			return fmt.Errorf("%w: sandbox-agentd exited during start-up: %s", compute.ErrUnavailable, s.cmd.ProcessState)
+		case <-ctx.Done():
+			return fmt.Errorf("%w: sandbox-agentd did not become ready within %s", compute.ErrUnavailable, timeout)
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// PID is the daemon's process id.
+func (s *Sandbox) PID() int { return s.cmd.Process.Pid }
+
+// Exited is closed when the daemon process has exited.
+func (s *Sandbox) Exited() <-chan struct{} { return s.exited }
+
+// Close stops the daemon gracefully (SIGTERM: it kills its process groups
+// and drains), force-kills it if ctx ends first, and removes the private
+// directory (and the workspace, when it lives there).
+func (s *Sandbox) Close(ctx context.Context) error {
+	var errs []error
+	if s.Client != nil {
+		errs = append(errs, s.Client.Close())
+	}
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-s.exited:
+		case <-ctx.Done():
+			s.kill()
+			errs = append(errs, fmt.Errorf("sandbox-agentd did not stop in time; killed"))
+		}
+	}
+	errs = append(errs, os.RemoveAll(s.Dir))
+	return errors.Join(errs...)
+}
+
+func (s *Sandbox) kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.exited
+}
