@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
@@ -52,8 +53,21 @@ func Dial(opts Options) (*Client, error) {
 		return nil, err
 	}
 	dial := []grpc.DialOption{
+		// Re-dial quickly: a sandbox's daemon is usually local or one hop
+		// away, and a reconnecting harness should not sit out gRPC's
+		// default one-second first backoff.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 20 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: 2 * time.Second},
+			MinConnectTimeout: 5 * time.Second,
+		}),
 		grpc.WithKeepaliveParams(keepalive.ClientParameters{Time: 15 * time.Second, Timeout: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20), grpc.MaxCallSendMsgSize(16<<20)),
+		// Large windows and buffers: output and file streams are bulk
+		// transfers (see the server's settings).
+		grpc.WithInitialWindowSize(8 << 20),
+		grpc.WithInitialConnWindowSize(16 << 20),
+		grpc.WithReadBufferSize(256 << 10),
+		grpc.WithWriteBufferSize(256 << 10),
 	}
 	if opts.TLS != nil {
 		dial = append(dial, grpc.WithTransportCredentials(credentials.NewTLS(opts.TLS)))

@@ -51,39 +51,68 @@ func (c *Client) WriteFile(ctx context.Context, header *agentdv1.WriteFileHeader
 	if err != nil {
 		return nil, wrap(err)
 	}
-	if err := stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Header{Header: header}}); err != nil {
-		return nil, streamSendError(stream.CloseAndRecv, err)
-	}
-	buf := make([]byte, fileChunkBytes)
-	for {
-		n, rerr := r.Read(buf)
-		if n > 0 {
-			// Send copies nothing after it returns, but the message is
-			// serialized before Send returns, so buf can be reused.
-			if err := stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: buf[:n]}}); err != nil {
-				return nil, streamSendError(stream.CloseAndRecv, err)
-			}
-		}
-		if errors.Is(rerr, io.EOF) {
-			break
-		}
-		if rerr != nil {
-			return nil, &compute.PathError{Op: "write", Path: header.GetPath(), Err: fmt.Errorf("read source: %w", rerr)}
-		}
+	err = upload(r,
+		func() error {
+			return stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Header{Header: header}})
+		},
+		func(p []byte) error {
+			return stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: p}})
+		})
+	if err != nil {
+		return nil, uploadError(stream.CloseAndRecv, err, "write", header.GetPath())
 	}
 	resp, err := stream.CloseAndRecv()
 	return resp, wrap(err)
 }
 
-// streamSendError returns the server's real error when Send failed because
-// the server already ended the stream (Send then only reports io.EOF).
-func streamSendError[T any](closeAndRecv func() (T, error), sendErr error) error {
-	if errors.Is(sendErr, io.EOF) {
-		if _, err := closeAndRecv(); err != nil {
-			return wrap(err)
+// upload sends a client stream's header, then r's bytes in chunks. Large
+// data always moves as a stream of chunks, never as one message.
+func upload(r io.Reader, sendHeader func() error, sendData func([]byte) error) error {
+	if err := sendHeader(); err != nil {
+		return &sendError{err}
+	}
+	buf := make([]byte, fileChunkBytes)
+	for {
+		n, rerr := r.Read(buf)
+		if n > 0 {
+			// The message is serialized before Send returns, so buf is reused.
+			if err := sendData(buf[:n]); err != nil {
+				return &sendError{err}
+			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return nil
+		}
+		if rerr != nil {
+			return fmt.Errorf("read source: %w", rerr)
 		}
 	}
-	return wrap(sendErr)
+}
+
+// sendError marks a failure of the stream (not of the source).
+type sendError struct{ err error }
+
+func (e *sendError) Error() string { return e.err.Error() }
+func (e *sendError) Unwrap() error { return e.err }
+
+// uploadError turns an upload failure into the error to return: the
+// server's own error when it ended the stream (Send then only reports
+// io.EOF), a compute error for a broken stream, or a PathError for a source
+// that failed to read.
+func uploadError[T any](closeAndRecv func() (T, error), err error, op, path string) error {
+	var se *sendError
+	if !errors.As(err, &se) {
+		if path == "" {
+			return fmt.Errorf("%s: %w", op, err)
+		}
+		return &compute.PathError{Op: op, Path: path, Err: err}
+	}
+	if errors.Is(se.err, io.EOF) {
+		if _, rerr := closeAndRecv(); rerr != nil {
+			return wrap(rerr)
+		}
+	}
+	return wrap(se.err)
 }
 
 // Stat describes a path without following a final symlink.

@@ -5,13 +5,18 @@
 package agentd
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"math"
 	"os"
 	"runtime"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/process"
@@ -26,6 +31,7 @@ func Features() []string {
 		"process.pty", "process.stdin_offsets", "process.request_id", "process.attach", "process.timeout",
 		"file.atomic_write", "file.run_as", "file.grants",
 		"workspace.apply_patch", "workspace.apply_patch.atomic",
+		"workspace.archive", "workspace.restore", "workspace.fingerprint",
 	}
 }
 
@@ -47,6 +53,11 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 	}
 	if err := os.MkdirAll(cfg.WorkspaceRoot, 0o755); err != nil {
 		return nil, fmt.Errorf("create workspace root: %w", err)
+	}
+	// Descriptors inherited from whoever started the daemon must not reach
+	// the processes it runs.
+	if err := markInheritedCloseOnExec(); err != nil {
+		log.Warn("marking inherited descriptors close-on-exec", zap.Error(err))
 	}
 	users := userdb.New(cfg.EtcRoot)
 	d := &Daemon{cfg: cfg, log: log, users: users, startedAt: time.Now()}
@@ -157,13 +168,91 @@ func (d *Daemon) User(name string) (*userdb.User, error) {
 	return u, nil
 }
 
-// Shutdown kills every process group, waits for them, and releases the
-// workspace.
+// Shutdown kills every process group, waits for them, kills what escaped
+// its group, and releases the workspace.
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	err := d.procs.Shutdown(ctx)
+	if d.cfg.ReapAll {
+		if kerr := killChildren(ctx); kerr != nil && err == nil {
+			err = kerr
+		}
+	}
 	if cerr := d.ws.Close(); cerr != nil && err == nil {
 		err = cerr
 	}
 	d.reaper.Close()
 	return err
+}
+
+// markInheritedCloseOnExec marks every descriptor above stderr close-on-exec.
+// The Go runtime opens its own descriptors that way; this catches those the
+// daemon inherited without it, which every process it starts would
+// otherwise inherit in turn.
+func markInheritedCloseOnExec() error {
+	if unix.CloseRange(3, math.MaxUint32, unix.CLOSE_RANGE_CLOEXEC) == nil {
+		return nil
+	}
+	ents, err := os.ReadDir("/proc/self/fd") // kernels before 5.11
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		if fd, err := strconv.Atoi(e.Name()); err == nil && fd > 2 {
+			_, _ = unix.FcntlInt(uintptr(fd), unix.F_SETFD, unix.FD_CLOEXEC)
+		}
+	}
+	return nil
+}
+
+// killChildren kills the daemon's remaining children until none is left.
+// As PID 1 or a child subreaper the daemon inherits every orphaned
+// descendant, so a background job whose group was not killed (its leader
+// exited and its output was closed, or it left the group) ends here instead
+// of outliving the sandbox. The reaper collects them.
+func killChildren(ctx context.Context) error {
+	self := os.Getpid()
+	for {
+		kids := childPIDs(self)
+		if len(kids) == 0 {
+			return nil
+		}
+		for _, pid := range kids {
+			_ = unix.Kill(pid, unix.SIGKILL)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kill %d remaining processes: %w", len(kids), ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// childPIDs lists the processes whose parent is ppid (zombies included).
+// It lists none when /proc belongs to another PID namespace (a daemon that
+// is PID 1 under the host's /proc would otherwise see init's children).
+func childPIDs(ppid int) []int {
+	if self, err := os.Readlink("/proc/self"); err != nil || self != strconv.Itoa(os.Getpid()) {
+		return nil
+	}
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...; comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		if f := strings.Fields(string(b[i+1:])); len(f) > 1 && f[1] == strconv.Itoa(ppid) {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

@@ -97,6 +97,8 @@ func (d *Daemon) commitPlan(ctx context.Context, user *userdb.User, cwd string, 
 		deleted bool
 		modeOf  string // path whose mode a moved file keeps
 		existed bool
+		present bool // a file is at this path at this point of the patch
+		fresh   bool // that file was created by this patch: it gets the default mode
 	}
 	resolved := map[string]string{} // joined path -> resolved absolute path
 	resolve := func(p string) (string, error) {
@@ -157,7 +159,7 @@ func (d *Daemon) commitPlan(ctx context.Context, user *userdb.User, cwd string, 
 		t, ok := final[r]
 		if !ok {
 			_, serr := d.ws.Stat(ctx, user, joinCwd(cwd, p))
-			t = &target{display: joinCwd(cwd, p), existed: serr == nil}
+			t = &target{display: joinCwd(cwd, p), existed: serr == nil, present: serr == nil}
 			final[r] = t
 			order = append(order, r)
 		}
@@ -170,20 +172,31 @@ func (d *Daemon) commitPlan(ctx context.Context, user *userdb.User, cwd string, 
 		}
 		switch {
 		case c.Kind == patch.OpDelete:
-			src.content, src.deleted, src.modeOf = nil, true, ""
+			src.content, src.deleted, src.modeOf, src.present, src.fresh = nil, true, "", false, false
 		case c.MoveTo != "":
 			dst, err := get(c.MoveTo)
 			if err != nil {
 				return nil, err
 			}
+			if dst == src {
+				// A move onto the same file under another spelling is an
+				// update: removing the source would remove the file.
+				src.content, src.deleted, src.present = c.Content, false, true
+				break
+			}
 			modeOf := src.modeOf
-			if modeOf == "" && src.existed {
+			if modeOf == "" && src.existed && !src.fresh {
 				modeOf = src.display
 			}
-			dst.content, dst.deleted, dst.modeOf = c.Content, false, modeOf
-			src.content, src.deleted, src.modeOf = nil, true, ""
+			dst.content, dst.deleted, dst.modeOf, dst.present, dst.fresh = c.Content, false, modeOf, true, src.fresh
+			src.content, src.deleted, src.modeOf, src.present, src.fresh = nil, true, "", false, false
 		default:
-			src.content, src.deleted = c.Content, false
+			if c.Kind == patch.OpAdd && !src.present {
+				// A new file where none is now (deleted or moved away
+				// earlier in the patch) does not inherit the old file's mode.
+				src.modeOf, src.fresh = "", true
+			}
+			src.content, src.deleted, src.present = c.Content, false, true
 		}
 	}
 	var out []workspace.FileChange
@@ -194,7 +207,9 @@ func (d *Daemon) commitPlan(ctx context.Context, user *userdb.User, cwd string, 
 			out = append(out, workspace.FileChange{Kind: workspace.ChangeDelete, Path: t.display})
 		case !t.deleted:
 			fc := workspace.FileChange{Kind: workspace.ChangeWrite, Path: t.display, Content: t.content}
-			if t.modeOf != "" && t.modeOf != t.display {
+			if t.fresh {
+				fc.Mode = workspace.DefaultFileMode
+			} else if t.modeOf != "" && t.modeOf != t.display {
 				if fi, err := d.ws.Stat(ctx, user, t.modeOf); err == nil {
 					fc.Mode = fi.Mode
 				}

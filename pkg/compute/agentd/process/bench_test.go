@@ -76,6 +76,33 @@ func BenchmarkStreamRead(b *testing.B) {
 	b.ReportMetric(float64(dropped)/float64(b.N), "dropped/op")
 }
 
+// BenchmarkStreamAttach moves 256 MiB of output through the ring to an
+// attached follower (flow control: nothing may be dropped).
+func BenchmarkStreamAttach(b *testing.B) {
+	m := benchManager(b)
+	ctx := context.Background()
+	b.SetBytes(streamBytes)
+	for b.Loop() {
+		info, err := m.Start(ctx, StartOptions{Argv: []string{"head", "-c", "268435456", "/dev/zero"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		var got, dropped int64
+		if err := m.Attach(ctx, info.ID, 0, func(r ReadResult) error {
+			dropped += r.Dropped
+			for _, c := range r.Chunks {
+				got += int64(len(c.Data))
+			}
+			return nil
+		}); err != nil {
+			b.Fatal(err)
+		}
+		if got != streamBytes || dropped != 0 {
+			b.Fatalf("got %d, dropped %d", got, dropped)
+		}
+	}
+}
+
 // BenchmarkStreamPipe is the baseline: the same output read from a plain
 // pipe by os/exec.
 func BenchmarkStreamPipe(b *testing.B) {

@@ -10,7 +10,8 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 )
 
-// outputPipeSize is the kernel buffer requested for output pipes.
+// outputPipeSize is the kernel buffer requested for the output pipes of a
+// chatty process (see proc.pump).
 const outputPipeSize = 256 << 10
 
 // childIO holds the descriptors of a process being started: the child's
@@ -75,37 +76,40 @@ func pipe(name string, parentReads bool) (parent *os.File, child int, err error)
 }
 
 // openPipes prepares pipe-mode I/O: stdout and stderr pipes, and a stdin
-// pipe or /dev/null.
-func openPipes(withStdin bool) (_ *childIO, err error) {
+// pipe or /dev/null (devNull, when not negative, is an open read-only
+// /dev/null that stays open).
+func openPipes(withStdin bool, devNull int) (_ *childIO, err error) {
 	c := &childIO{}
 	defer func() {
 		if err != nil {
 			c.closeAll()
 		}
 	}()
-	var in int
-	if withStdin {
+	in := devNull
+	switch {
+	case withStdin:
 		var w *os.File
 		if w, in, err = pipe("stdin", false); err != nil {
 			return nil, err
 		}
 		c.stdin = w
-	} else if in, err = unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
-		return nil, resourceErr("open "+os.DevNull, err)
+		c.childFds = append(c.childFds, in)
+	case in < 0:
+		if in, err = unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0); err != nil {
+			return nil, resourceErr("open "+os.DevNull, err)
+		}
+		c.childFds = append(c.childFds, in)
 	}
-	c.childFds = append(c.childFds, in)
+	c.files = []uintptr{uintptr(in)}
 	for _, s := range []Stream{Stdout, Stderr} {
 		r, w, err := pipe(s.String(), true)
 		if err != nil {
 			return nil, err
 		}
-		// A larger pipe lets a chatty process run ahead of the pump with
-		// fewer wake-ups; best effort (unprivileged pipe quotas may refuse).
-		_, _ = unix.FcntlInt(uintptr(w), unix.F_SETPIPE_SZ, outputPipeSize)
 		c.outputs, c.streams = append(c.outputs, r), append(c.streams, s)
 		c.childFds = append(c.childFds, w)
+		c.files = append(c.files, uintptr(w))
 	}
-	c.files = []uintptr{uintptr(c.childFds[0]), uintptr(c.childFds[1]), uintptr(c.childFds[2])}
 	return c, nil
 }
 

@@ -16,7 +16,9 @@ const (
 	DefaultOutputBufferBytes = 4 << 20
 	DefaultExitRetention     = 10 * time.Minute
 	DefaultDrainGrace        = 500 * time.Millisecond
-	DefaultShell             = "/bin/sh"
+	// DefaultFollowerStallTimeout is Config.FollowerStallTimeout's default.
+	DefaultFollowerStallTimeout = 2 * time.Second
+	DefaultShell                = "/bin/sh"
 	// DefaultPath is the PATH of BaseEnv when the caller gives none.
 	DefaultPath = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 	// DefaultReadBytes bounds a Read whose maxBytes is not positive.
@@ -31,8 +33,10 @@ type Config struct {
 	// MaxExited bounds the exited processes kept for their status and
 	// output; beyond it the oldest exited ones are forgotten early.
 	MaxExited int
-	// OutputBufferBytes is the output ring of each process. The ring grows
-	// on demand up to this size and shrinks to its content at exit.
+	// OutputBufferBytes is the output kept per process: the newest this
+	// many bytes. The ring grows on demand up to this size plus one pipe
+	// read (at most 256 KiB, where the next read lands) and shrinks to its
+	// content at exit.
 	OutputBufferBytes int
 	// ExitRetention is how long an exited process (status and output) is
 	// kept after its exit, whether or not anyone read it. Reads do not
@@ -40,8 +44,19 @@ type Config struct {
 	ExitRetention time.Duration
 	// DrainGrace is how long after the group leader was reaped the exit
 	// report waits for the output to reach end of file (a background job
-	// may hold it open forever).
+	// may hold it open forever). Time during which an attached follower
+	// holds the output back (see FollowerStallTimeout) does not count.
 	DrainGrace time.Duration
+	// FollowerStallTimeout bounds flow control. While a follower is
+	// attached (Attach, and so Exec), a process's output is not read
+	// faster than the slowest live follower consumes it: the ring never
+	// overwrites output such a follower has not consumed, and the process
+	// blocks writing to its full pipe. A follower that holds the output
+	// back this long without consuming anything stops holding it back
+	// (it later sees Dropped) until it consumes output again, so a stuck
+	// or vanished client cannot freeze a process. Processes without a
+	// follower never wait.
+	FollowerStallTimeout time.Duration
 	// DefaultShell runs StartOptions.Command when no Shell is given.
 	DefaultShell string
 	// BaseEnv is the environment every process starts from. Nil means
@@ -65,7 +80,7 @@ type Config struct {
 func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.MaxProcesses < 0, c.MaxExited < 0, c.OutputBufferBytes < 0,
-		c.ExitRetention < 0, c.DrainGrace < 0:
+		c.ExitRetention < 0, c.DrainGrace < 0, c.FollowerStallTimeout < 0:
 		return c, compute.Errorf(compute.ErrInvalidArgument, "process config: negative limit")
 	}
 	if c.MaxProcesses == 0 {
@@ -82,6 +97,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.DrainGrace == 0 {
 		c.DrainGrace = DefaultDrainGrace
+	}
+	if c.FollowerStallTimeout == 0 {
+		c.FollowerStallTimeout = DefaultFollowerStallTimeout
 	}
 	if c.DefaultShell == "" {
 		c.DefaultShell = DefaultShell

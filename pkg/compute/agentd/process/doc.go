@@ -17,8 +17,18 @@
 //     HOME/USER/LOGNAME/SHELL and the request's Env, never from the daemon's
 //     own environment.
 //   - Output is kept in a ring of Config.OutputBufferBytes per process. A
-//     reader that fell behind is told how many bytes it lost (Dropped); the
-//     daemon never blocks a process on a slow or absent reader.
+//     reader that fell behind is told how many bytes it lost (Dropped).
+//   - Flow control: while a follower is attached (Attach, and Exec, which
+//     attaches), the output pumps never overwrite output the slowest live
+//     follower has not consumed: they stop reading, the pipe fills and the
+//     process blocks in write, as on a slow terminal. A follower that holds
+//     the output back for Config.FollowerStallTimeout without consuming
+//     anything stops holding it back (it later sees Dropped) until it
+//     consumes again, so a stuck or vanished client never freezes a process.
+//     A process without a follower (nobody attached, or only Read polling)
+//     is never blocked. Memory stays bounded either way. A held-back
+//     process can still be signalled, killed or timed out; Shutdown stops
+//     all holding back at once.
 //   - A process outlives the context and the client that started it. Its
 //     exit status and output stay readable for Config.ExitRetention after it
 //     exited.
@@ -26,17 +36,32 @@
 // # Reaping
 //
 // Children are started with syscall.ForkExec, never waited for by os/exec.
-// A single Reaper collects exit statuses on SIGCHLD and hands them to the
-// process that registered the pid. In ReapAll mode (the daemon as PID 1 or a
+// A single Reaper collects exit statuses (on SIGCHLD, or when asked by the
+// owner of a child's pidfd) and hands them to the process that registered
+// the pid. In ReapAll mode (the daemon as PID 1 or a
 // child subreaper) it waits for any child and silently reaps orphans that
 // were reparented to the daemon; in that mode no other code in the process
 // may wait for its own children.
+//
+// # Output path
+//
+// One pump goroutine per output (stdout and stderr, or the PTY master)
+// reads the non-blocking descriptor through the runtime poller straight into
+// the ring's free space (see outputLog.landing), so output is copied once
+// from the kernel into the ring and once out of it for a reader. Attach
+// copies into a buffer it reuses for every callback.
 //
 // # Exit and output draining
 //
 // A process is reported as exited once its group leader was reaped and its
 // output reached end of file, or, when something else still holds the
-// output open (a background job), DrainGrace after the leader was reaped.
+// output open (a background job), DrainGrace after the leader was reaped
+// (time during which a follower held the output back does not count).
 // Output written after that is read and discarded so that background jobs
 // are not killed by a broken pipe; the exit report is final.
+//
+// The leader's exit is noticed through its pidfd (readable when it exits),
+// waited for by the goroutine that then reports the exit; the Reaper's
+// SIGCHLD relay remains for ReapAll mode (orphans) and for kernels without
+// pidfds.
 package process

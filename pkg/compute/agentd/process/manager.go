@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 )
@@ -22,11 +23,13 @@ type Manager struct {
 	reaper    *Reaper
 	ownReaper bool
 	euid      int
+	devNull   int // read-only /dev/null for the children's stdin; -1 once closed
 
 	mu          sync.Mutex
 	procs       map[string]*proc
 	byRequest   map[string]*proc
 	pumping     map[*proc]struct{}       // output still open, possibly after the record was forgotten
+	exitedQ     []exitedProc             // known exited processes, oldest exit first
 	pending     map[string]*pendingStart // Starts in flight, by RequestID
 	npending    int                      // Starts in flight, with or without RequestID
 	running     int                      // started and not yet reported exited
@@ -35,6 +38,12 @@ type Manager struct {
 	workers     sync.WaitGroup // output pumps and exit watchers
 	abandon     chan struct{}  // closed when Shutdown gives up waiting
 	abandonOnce sync.Once
+}
+
+// exitedProc is an entry of Manager.exitedQ.
+type exitedProc struct {
+	p  *proc
+	at time.Time
 }
 
 // pendingStart is a Start in flight, so that a concurrent retry with the
@@ -59,6 +68,7 @@ func NewManager(cfg Config, log *zap.Logger) (*Manager, error) {
 		log:       log,
 		reaper:    cfg.Reaper,
 		euid:      os.Geteuid(),
+		devNull:   -1,
 		procs:     make(map[string]*proc),
 		byRequest: make(map[string]*proc),
 		pumping:   make(map[*proc]struct{}),
@@ -71,6 +81,10 @@ func NewManager(cfg Config, log *zap.Logger) (*Manager, error) {
 			return nil, err
 		}
 		m.reaper, m.ownReaper = r, true
+	}
+	// Best effort: without it every Start opens /dev/null itself.
+	if fd, err := unix.Open(os.DevNull, unix.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
+		m.devNull = fd
 	}
 	return m, nil
 }
@@ -141,6 +155,13 @@ func (m *Manager) Wait(ctx context.Context, id string) (ExitStatus, error) {
 // drained (or the drain grace passed), then schedules its retention.
 func (m *Manager) watch(p *proc) {
 	defer m.workers.Done()
+	if p.pidfd != nil {
+		// Collect the exit here, without waiting for the reaper to be
+		// woken by SIGCHLD (it collects it when it gets there first).
+		defer p.pidfd.Close() // after the exit report
+		p.awaitExit()
+		m.reaper.collect(p.pid)
+	}
 	select {
 	case <-p.leaderReaped:
 	case <-m.abandon:
@@ -161,6 +182,11 @@ func (m *Manager) watch(p *proc) {
 		p.mu.Lock()
 		p.forget = time.AfterFunc(m.cfg.ExitRetention, func() { m.forget(p) })
 		p.mu.Unlock()
+		i := len(m.exitedQ) // usually the end: exits are recorded in order
+		for i > 0 && m.exitedQ[i-1].at.After(e.ExitedAt) {
+			i--
+		}
+		m.exitedQ = slices.Insert(m.exitedQ, i, exitedProc{p, e.ExitedAt})
 		m.evictExitedLocked()
 	}
 	m.mu.Unlock()
@@ -169,20 +195,8 @@ func (m *Manager) watch(p *proc) {
 
 // evictExitedLocked forgets the oldest exited processes beyond MaxExited.
 func (m *Manager) evictExitedLocked() {
-	var exited []*proc
-	for _, p := range m.procs {
-		if p.exitStatus() != nil {
-			exited = append(exited, p)
-		}
-	}
-	if len(exited) <= m.cfg.MaxExited {
-		return
-	}
-	slices.SortFunc(exited, func(a, b *proc) int {
-		return a.exitStatus().ExitedAt.Compare(b.exitStatus().ExitedAt)
-	})
-	for _, p := range exited[:len(exited)-m.cfg.MaxExited] {
-		m.forgetLocked(p)
+	for len(m.exitedQ) > m.cfg.MaxExited {
+		m.forgetLocked(m.exitedQ[0].p)
 	}
 }
 
@@ -196,6 +210,9 @@ func (m *Manager) forget(p *proc) {
 func (m *Manager) forgetLocked(p *proc) {
 	if m.procs[p.id] == p {
 		delete(m.procs, p.id)
+	}
+	if i := slices.IndexFunc(m.exitedQ, func(x exitedProc) bool { return x.p == p }); i >= 0 {
+		m.exitedQ = slices.Delete(m.exitedQ, i, i+1)
 	}
 	if p.requestID != "" && m.byRequest[p.requestID] == p {
 		delete(m.byRequest, p.requestID)
@@ -216,6 +233,12 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.closing = true
 	m.mu.Unlock()
 	m.inflight.Wait() // Starts in flight finish quickly: they do not wait for the process
+	m.mu.Lock()
+	if m.devNull >= 0 {
+		unix.Close(m.devNull) // no Start uses it any more
+		m.devNull = -1
+	}
+	m.mu.Unlock()
 
 	m.mu.Lock()
 	ps := slices.Collect(maps.Values(m.procs))
@@ -226,6 +249,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	}
 	m.mu.Unlock()
 	for _, p := range ps {
+		p.release() // exits must not wait for attached readers
 		p.mu.Lock()
 		if p.forget != nil {
 			p.forget.Stop()

@@ -1,6 +1,7 @@
 package process
 
 import (
+	"errors"
 	"os"
 	"slices"
 	"sync"
@@ -9,8 +10,17 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// outputReadSize is the read size of the output pumps: a full default pipe.
-const outputReadSize = 64 << 10
+// outputReadSize bounds one read of an output pump: a full output pipe.
+const outputReadSize = outputPipeSize
+
+// firstReadSize is the size of a pump's reads before the process printed
+// anything: they go through proc.first, so a process that prints nothing
+// allocates no ring.
+const firstReadSize = 512
+
+// discardReadSize is the read size of a pump discarding output after the
+// exit was reported.
+const discardReadSize = 32 << 10
 
 // proc is one started process. Fields above mu are immutable after Start.
 type proc struct {
@@ -24,15 +34,31 @@ type proc struct {
 	startedAt time.Time
 	pid       int // also the process group id (and session id with a TTY)
 	master    *os.File
+	pidfd     *os.File      // the leader's pidfd (non-blocking, on the poller); nil when unsupported
 	outputs   []*os.File    // read ends of the output pipes, or the PTY master
 	drained   chan struct{} // closed when every output reached end of file
 	// leaderReaped is closed when the group leader's status was collected.
 	leaderReaped chan struct{}
 	exited       chan struct{} // closed once exit is set and the Manager's bookkeeping done
 
+	stallTimeout time.Duration // Config.FollowerStallTimeout
+
+	// landMu serializes the pumps' reads into the ring (stdout and stderr
+	// share it). It is held only around a non-blocking read, never while a
+	// pump waits, and is taken before mu.
+	landMu  sync.Mutex
+	first   [firstReadSize]byte // landMu; see firstReadSize
+	discard []byte              // landMu; lazily allocated, see discardReadSize
+
 	mu           sync.Mutex
 	out          *outputLog
 	changed      chan struct{} // closed and cleared on every change; nil when nobody waits
+	followers    []*follower   // attached readers holding the pumps back
+	space        chan struct{} // closed and cleared when a waiting pump should look again; nil when none waits
+	released     bool          // followers no longer hold the pumps back (shutting down)
+	held         int           // pumps waiting for a follower
+	heldSince    time.Time     // when held became positive
+	heldTotal    time.Duration // time held was positive, up to heldSince
 	leaderExited bool
 	leaderStatus unix.WaitStatus
 	timedOut     bool
@@ -78,28 +104,270 @@ func (p *proc) notify() {
 	}
 }
 
-// pump copies one output into the log until end of file. After the exit
-// was reported the log is sealed and further bytes are read and discarded,
-// so a background job still holding the output is not killed by SIGPIPE.
-func (p *proc) pump(f *os.File, s Stream, done func()) {
-	defer done()
-	defer f.Close()
-	buf := make([]byte, outputReadSize)
-	for {
-		n, err := f.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			if p.out.append(s, buf[:n]) {
-				p.notify()
-			}
-			p.mu.Unlock()
-		}
-		if err != nil {
-			// io.EOF for a pipe; EIO for a PTY whose slave side is closed;
-			// os.ErrClosed when Shutdown or Start's cleanup closed it.
-			return
+// follower is an attached reader (Attach, Exec). While it is live, the
+// pumps do not overwrite output it has not consumed yet.
+type follower struct {
+	cursor   int64     // output before it was consumed (copied out for delivery)
+	progress time.Time // when it attached or last consumed output
+	// stalled is set when it held the pumps back without progress for the
+	// stall timeout; it then no longer holds them back (and may see
+	// Dropped) until it consumes output again.
+	stalled bool
+}
+
+// addFollower attaches a follower at cursor.
+func (p *proc) addFollower(cursor int64) *follower {
+	f := &follower{cursor: cursor, progress: time.Now()}
+	p.mu.Lock()
+	p.followers = append(p.followers, f)
+	p.mu.Unlock()
+	return f
+}
+
+// removeFollower detaches f; the pumps no longer wait for it.
+func (p *proc) removeFollower(f *follower) {
+	p.mu.Lock()
+	if i := slices.Index(p.followers, f); i >= 0 {
+		p.followers = slices.Delete(p.followers, i, i+1)
+	}
+	p.wakePumpsLocked()
+	p.mu.Unlock()
+}
+
+// consumedLocked records that f consumed the output up to next. p.mu must
+// be held.
+func (p *proc) consumedLocked(f *follower, next int64, now time.Time) {
+	if next != f.cursor || f.stalled {
+		f.cursor, f.progress, f.stalled = next, now, false
+		p.wakePumpsLocked()
+	}
+}
+
+// wakePumpsLocked wakes the pumps waiting for room. p.mu must be held.
+func (p *proc) wakePumpsLocked() {
+	if p.space != nil {
+		close(p.space)
+		p.space = nil
+	}
+}
+
+// release stops followers from holding the pumps back (Shutdown).
+func (p *proc) release() {
+	p.mu.Lock()
+	p.released = true
+	p.wakePumpsLocked()
+	p.mu.Unlock()
+}
+
+// slowestLocked returns the lowest cursor of the live followers (a cursor
+// before the oldest retained byte counts as that byte), or false when no
+// live follower holds the pumps back. p.mu must be held.
+func (p *proc) slowestLocked() (int64, bool) {
+	var cur int64
+	found := false
+	if p.released || p.out.sealed {
+		return 0, false
+	}
+	for _, f := range p.followers {
+		if c := max(f.cursor, p.out.start); !f.stalled && (!found || c < cur) {
+			cur, found = c, true
 		}
 	}
+	return cur, found
+}
+
+// roomLocked returns how many bytes of stream s the pump may add now
+// (at most outputReadSize): without live followers any amount, with them
+// as many as evict none of the output the slowest one has not consumed.
+// p.mu must be held.
+func (p *proc) roomLocked(s Stream) int64 {
+	cur, ok := p.slowestLocked()
+	if !ok {
+		return outputReadSize
+	}
+	room := min(cur+int64(p.out.max)-p.out.end, outputReadSize)
+	if room <= 0 || p.out.appendStart(s, room) > cur {
+		return 0 // full, or a new segment would drop the oldest one
+	}
+	return room
+}
+
+// stallLocked marks as stalled the followers at the slowest cursor cur
+// that made no progress for the stall timeout since they started holding
+// the pump back (at waitStart at the earliest). It reports whether it
+// marked any, and otherwise when the next one would stall. p.mu must be
+// held.
+func (p *proc) stallLocked(cur int64, waitStart, now time.Time) (next time.Time, marked bool) {
+	for _, f := range p.followers {
+		if f.stalled || max(f.cursor, p.out.start) != cur {
+			continue
+		}
+		due := f.progress
+		if due.Before(waitStart) {
+			due = waitStart
+		}
+		due = due.Add(p.stallTimeout)
+		if !now.Before(due) {
+			f.stalled, marked = true, true
+		} else if next.IsZero() || due.Before(next) {
+			next = due
+		}
+	}
+	return next, marked
+}
+
+// waitRoom returns once the pump of stream s may add output: at once when
+// no live follower is behind, else when the slowest follower consumed
+// output, detached or stalled, or flow control was released. While it
+// waits the pump does not read, so the pipe fills and the writer blocks.
+func (p *proc) waitRoom(s Stream) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.roomLocked(s) > 0 {
+		return
+	}
+	start := time.Now()
+	p.holdLocked(start, 1)
+	var t *time.Timer
+	now := start
+	for {
+		if p.roomLocked(s) > 0 {
+			break
+		}
+		cur, _ := p.slowestLocked()
+		next, marked := p.stallLocked(cur, start, now)
+		if marked {
+			continue
+		}
+		if p.space == nil {
+			p.space = make(chan struct{})
+		}
+		space := p.space
+		p.mu.Unlock()
+		if t == nil {
+			t = time.NewTimer(next.Sub(now))
+		} else {
+			t.Reset(next.Sub(now))
+		}
+		select {
+		case <-space:
+		case <-t.C:
+		}
+		p.mu.Lock()
+		now = time.Now()
+	}
+	if t != nil {
+		t.Stop()
+	}
+	p.holdLocked(time.Now(), -1)
+}
+
+// holdLocked counts pumps that wait for a follower (delta +1 or -1) and the
+// time any did. p.mu must be held.
+func (p *proc) holdLocked(now time.Time, delta int) {
+	if p.held == 0 {
+		p.heldSince = now
+	}
+	p.held += delta
+	if p.held == 0 {
+		p.heldTotal += now.Sub(p.heldSince)
+	}
+}
+
+// heldTimeLocked is the total time any pump waited for a follower, up to
+// now. p.mu must be held.
+func (p *proc) heldTimeLocked(now time.Time) time.Duration {
+	if p.held > 0 {
+		return p.heldTotal + now.Sub(p.heldSince)
+	}
+	return p.heldTotal
+}
+
+// errNoRoom is readOnce's answer when the room was taken meanwhile.
+var errNoRoom = errors.New("no room")
+
+// pump copies one output into the log until end of file, reading straight
+// into the ring and never overwriting output that a live follower has not
+// consumed. After the exit was reported the log is sealed and further bytes
+// are read and discarded, so a background job still holding the output is
+// not killed by SIGPIPE.
+func (p *proc) pump(f *os.File, s Stream, eof, done func()) {
+	defer done()
+	defer f.Close()
+	defer eof() // before closing: the exit report may be waiting for it
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
+	var total int64
+	for {
+		p.waitRoom(s)
+		var n int
+		var rerr error
+		if err := rc.Read(func(fd uintptr) bool {
+			n, rerr = p.readOnce(int(fd), s)
+			return rerr != unix.EAGAIN
+		}); err != nil {
+			return // os.ErrClosed: Shutdown or Start's cleanup closed it
+		}
+		switch {
+		case rerr == errNoRoom, rerr == unix.EINTR:
+		case rerr != nil:
+			return // EIO for a PTY whose slave side is closed
+		case n == 0:
+			return // end of file
+		}
+		if limit := int64(outputPipeSize); total < limit && total+int64(n) >= limit && s != PTY {
+			// A chatty process: a larger pipe lets it run further ahead
+			// of the pump, with fewer wake-ups on both sides. Best effort
+			// (unprivileged pipe quotas may refuse); quiet processes keep
+			// the default pipe and save the system call.
+			_ = rc.Control(func(fd uintptr) { _, _ = unix.FcntlInt(fd, unix.F_SETPIPE_SZ, outputPipeSize) })
+		}
+		total += int64(n)
+	}
+}
+
+// readOnce does one non-blocking read of the output fd into the ring (or,
+// before the first output, into p.first; after the exit into p.discard)
+// and records it. It returns 0, nil at end of file.
+func (p *proc) readOnce(fd int, s Stream) (int, error) {
+	p.landMu.Lock()
+	defer p.landMu.Unlock()
+	p.mu.Lock()
+	var dst []byte
+	landed := false
+	switch room := p.roomLocked(s); {
+	case p.out.sealed:
+		if p.discard == nil {
+			p.discard = make([]byte, discardReadSize)
+		}
+		dst = p.discard
+	case room == 0:
+		p.mu.Unlock()
+		return 0, errNoRoom
+	case len(p.out.buf) == 0:
+		dst = p.first[:min(room, firstReadSize)]
+	default:
+		dst, landed = p.out.landing(int(room)), true
+	}
+	p.mu.Unlock()
+	n, err := unix.Read(fd, dst)
+	if n <= 0 {
+		return 0, err
+	}
+	p.mu.Lock()
+	var ok bool
+	if landed {
+		ok = p.out.commit(s, n)
+	} else {
+		ok = p.out.append(s, dst[:n])
+	}
+	if ok {
+		p.notify()
+	}
+	p.mu.Unlock()
+	return n, nil
 }
 
 // leaderDone records the group leader's wait status. It runs on the reaper
@@ -116,13 +384,36 @@ func (p *proc) leaderDone(ws unix.WaitStatus) {
 }
 
 // awaitDrain waits, once the leader was reaped, until the output reached
-// end of file or grace passed.
+// end of file or grace passed. Time during which a follower held the pumps
+// back does not count towards grace, so output still in the pipe reaches a
+// live follower; a stalled follower stops holding them back.
 func (p *proc) awaitDrain(grace time.Duration) {
-	t := time.NewTimer(grace)
-	defer t.Stop()
 	select {
 	case <-p.drained:
-	case <-t.C:
+		return
+	default:
+	}
+	begin := time.Now()
+	p.mu.Lock()
+	held0 := p.heldTimeLocked(begin)
+	p.mu.Unlock()
+	t := time.NewTimer(grace)
+	defer t.Stop()
+	for {
+		select {
+		case <-p.drained:
+			return
+		case <-t.C:
+		}
+		now := time.Now()
+		p.mu.Lock()
+		held := p.heldTimeLocked(now) - held0
+		p.mu.Unlock()
+		left := grace - (now.Sub(begin) - held)
+		if left <= 0 {
+			return
+		}
+		t.Reset(left)
 	}
 }
 
@@ -141,6 +432,7 @@ func (p *proc) finish(now time.Time) ExitStatus {
 	p.exit = &e
 	p.out.seal()
 	p.notify()
+	p.wakePumpsLocked() // they discard from now on
 	p.mu.Unlock()
 
 	// Not under stdinMu: a write blocked on a full pipe must not delay the
@@ -162,8 +454,29 @@ func (p *proc) exitStatus() *ExitStatus {
 	return &e
 }
 
-// closeOutputs stops the output pumps by closing what they read.
+// awaitExit blocks until the group leader has exited (it is a zombie or
+// was reaped) or its pidfd was closed. The pidfd becomes readable at the
+// same time SIGCHLD is sent, but waking on it takes one goroutine hand-off
+// instead of the signal's three.
+func (p *proc) awaitExit() {
+	rc, err := p.pidfd.SyscallConn()
+	if err != nil {
+		return
+	}
+	_ = rc.Read(func(fd uintptr) bool {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
+		return err != unix.EINTR && (err != nil || info.Signo != 0)
+	})
+}
+
+// closeOutputs stops the output pumps by closing what they read, and the
+// exit watcher by closing the pidfd.
 func (p *proc) closeOutputs() {
+	p.release()
+	if p.pidfd != nil {
+		p.pidfd.Close()
+	}
 	for _, f := range p.outputs {
 		f.Close()
 	}

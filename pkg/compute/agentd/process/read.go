@@ -7,12 +7,11 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 )
 
-// attachYield is how long one Attach step waits for output before it
-// waits again (nothing is delivered for an empty step).
-const attachYield = 30 * time.Second
-
-// attachBytes bounds the output delivered by one Attach callback.
-const attachBytes = 256 << 10
+// attachBytes bounds the output delivered by one Attach callback: 1 MiB
+// less room for the message's other fields, so that a full message still
+// fits the 1 MiB tier of gRPC's buffer pools (1 MiB and a few bytes would
+// take, and clear, a 2 MiB buffer on both sides).
+const attachBytes = 1<<20 - 4<<10
 
 // Read returns up to maxBytes of output from cursor (an absolute offset;
 // 0 is the first byte ever written). It returns as soon as there is output
@@ -63,7 +62,13 @@ func (m *Manager) Read(ctx context.Context, id string, cursor int64, yield time.
 
 // readLocked builds a ReadResult from cursor; p.mu must be held.
 func (p *proc) readLocked(cursor int64, maxBytes int) ReadResult {
-	chunks, next, dropped := p.out.read(cursor, maxBytes)
+	return p.readIntoLocked(cursor, maxBytes, nil, nil)
+}
+
+// readIntoLocked is readLocked that copies the data into buf and appends
+// the chunks to chunks[:0] when they are large enough.
+func (p *proc) readIntoLocked(cursor int64, maxBytes int, buf []byte, chunks []Chunk) ReadResult {
+	chunks, next, dropped := p.out.readInto(cursor, maxBytes, buf, chunks)
 	r := ReadResult{Chunks: chunks, NextCursor: next, Dropped: dropped, Exited: p.exit != nil}
 	if p.exit != nil && next == p.out.end {
 		e := *p.exit
@@ -75,21 +80,102 @@ func (p *proc) readLocked(cursor int64, maxBytes int) ReadResult {
 // Attach streams output from cursor to fn until the process has exited and
 // all its output was delivered (the last call carries Exit), fn returns an
 // error (returned as is) or ctx is done. fn is called only when there is
-// something to deliver: output, dropped bytes or the exit.
+// something to deliver: output, dropped bytes or the exit. The chunks'
+// Data is valid only until fn returns: Attach reuses its buffer.
+//
+// Flow control: while Attach runs, the process's output pumps never
+// overwrite output it has not consumed (copied out for the next fn call),
+// whatever the ring size: they stop reading, the pipe fills and the
+// process blocks in write, as it would on a slow terminal. With several
+// followers the slowest one sets the pace. A follower that holds the pumps
+// back without consuming anything for Config.FollowerStallTimeout (fn
+// blocked, a client that stopped reading) no longer holds them back: the
+// process runs on and the follower later sees Dropped, until it consumes
+// output again. Read (polling) never holds a process back.
 func (m *Manager) Attach(ctx context.Context, id string, cursor int64, fn func(ReadResult) error) error {
+	return m.AttachWith(ctx, id, cursor, AttachOptions{}, fn)
+}
+
+// AttachOptions tune AttachWith.
+type AttachOptions struct {
+	// FirstWithin, when positive, bounds the wait for fn's first call:
+	// when there is nothing to deliver by then, fn is called once with an
+	// empty result (no chunks, no drop, no exit, NextCursor = cursor).
+	// Exec uses it to send the started process together with a quick
+	// command's output and exit, yet promptly for a slow one.
+	FirstWithin time.Duration
+}
+
+// AttachWith is Attach with options.
+func (m *Manager) AttachWith(ctx context.Context, id string, cursor int64, opts AttachOptions, fn func(ReadResult) error) error {
+	const op = "read"
+	if cursor < 0 {
+		return procErrf(op, id, compute.ErrInvalidArgument, "negative cursor or yield")
+	}
+	p, err := m.lookup(op, id)
+	if err != nil {
+		return err
+	}
+	f := p.addFollower(cursor)
+	defer p.removeFollower(f)
+	var buf []byte
+	var chunks []Chunk
+	var first <-chan time.Time
+	if opts.FirstWithin > 0 {
+		t := time.NewTimer(opts.FirstWithin)
+		defer t.Stop()
+		first = t.C
+	}
 	for {
-		r, err := m.Read(ctx, id, cursor, attachYield, attachBytes)
+		r, err := p.next(ctx, op, f, &buf, chunks, first)
+		first = nil
 		if err != nil {
 			return err
 		}
-		if len(r.Chunks) > 0 || r.Dropped > 0 || r.Exit != nil {
-			if err := fn(r); err != nil {
-				return err
-			}
+		chunks = r.Chunks
+		if err := fn(r); err != nil {
+			return err
 		}
 		if r.Exit != nil {
 			return nil
 		}
-		cursor = r.NextCursor
+	}
+}
+
+// next waits until there is something to deliver to f (output, dropped
+// bytes or the exit), copies it out (into *buf, grown as needed) and
+// advances f past it. When giveUp fires first it returns an empty result.
+func (p *proc) next(ctx context.Context, op string, f *follower, buf *[]byte, chunks []Chunk, giveUp <-chan time.Time) (ReadResult, error) {
+	p.mu.Lock()
+	for {
+		cursor := f.cursor
+		if cursor > p.out.end {
+			end := p.out.end
+			p.mu.Unlock()
+			return ReadResult{}, procErrf(op, p.id, compute.ErrConflict, "cursor %d is past the end of the output (%d bytes so far)", cursor, end)
+		}
+		if cursor < p.out.end || p.exit != nil {
+			if n := int(min(p.out.end-max(cursor, p.out.start), attachBytes)); cap(*buf) < n {
+				c := max(4<<10, cap(*buf))
+				for c < n {
+					c *= 2
+				}
+				*buf = make([]byte, min(c, attachBytes))
+			}
+			r := p.readIntoLocked(cursor, attachBytes, *buf, chunks)
+			p.consumedLocked(f, r.NextCursor, time.Now())
+			p.mu.Unlock()
+			return r, nil
+		}
+		changed := p.waitChanged()
+		p.mu.Unlock()
+		select {
+		case <-changed:
+		case <-giveUp:
+			return ReadResult{NextCursor: cursor}, nil
+		case <-ctx.Done():
+			return ReadResult{}, procErr(op, p.id, ctxErr(ctx))
+		}
+		p.mu.Lock()
 	}
 }

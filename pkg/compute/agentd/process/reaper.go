@@ -13,7 +13,8 @@ import (
 )
 
 // reaperPoll is a safety net: the reaper also looks for exited children
-// this often, in case a SIGCHLD was consumed elsewhere.
+// this often, in case a SIGCHLD was consumed elsewhere or a status was
+// taken by someone else.
 const reaperPoll = time.Second
 
 // ReaperOptions configure a Reaper.
@@ -34,6 +35,14 @@ type ReaperOptions struct {
 // Reaper collects the exit status of children started through it and
 // dispatches each to the callback registered for its pid. It is safe for
 // concurrent use and can be shared by several Managers.
+//
+// A child spawned with a pidfd is "watched": its owner waits for the pidfd
+// to become readable (through the runtime poller) and collects the status
+// itself (collect), which is quicker and cheaper than relaying SIGCHLD
+// through os/signal. The reaper goroutine handles the rest: in ReapAll
+// mode it always listens to SIGCHLD (orphans have no pidfd); otherwise it
+// starts listening when the first unwatched child is spawned, and it looks
+// for exited children every reaperPoll in any case.
 type Reaper struct {
 	log     *zap.Logger
 	reapAll bool
@@ -46,11 +55,12 @@ type Reaper struct {
 	mu      sync.Mutex
 	waiters map[int]func(unix.WaitStatus)
 
-	sigCh chan os.Signal
-	poke  chan struct{}
-	stop  chan struct{}
-	done  chan struct{}
-	once  sync.Once
+	sigCh      chan os.Signal
+	notifyOnce sync.Once // signal.Notify(sigCh, SIGCHLD), when first needed
+	poke       chan struct{}
+	stop       chan struct{}
+	done       chan struct{}
+	once       sync.Once
 }
 
 // NewReaper starts a reaper goroutine. Close stops it.
@@ -73,9 +83,16 @@ func NewReaper(opts ReaperOptions, log *zap.Logger) (*Reaper, error) {
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	signal.Notify(r.sigCh, unix.SIGCHLD)
+	if r.reapAll {
+		r.listen()
+	}
 	go r.run()
 	return r, nil
+}
+
+// listen starts relaying SIGCHLD to the reaper goroutine.
+func (r *Reaper) listen() {
+	r.notifyOnce.Do(func() { signal.Notify(r.sigCh, unix.SIGCHLD) })
 }
 
 // Close stops the reaper. Exits that happen afterwards are not reported.
@@ -90,23 +107,26 @@ func (r *Reaper) Close() error {
 
 // spawn runs fork, registers the pid it returns with onExit and makes sure
 // an exit that happened meanwhile is collected. onExit runs on the reaper
-// goroutine and must not block.
-func (r *Reaper) spawn(fork func() (int, error), onExit func(unix.WaitStatus)) (int, error) {
+// goroutine (or the goroutine calling collect) and must not block. fork
+// reports whether the child is watched: its owner calls collect once the
+// child exited (see Reaper).
+func (r *Reaper) spawn(fork func() (pid int, watched bool, err error), onExit func(unix.WaitStatus)) (int, error) {
 	select {
 	case <-r.stop:
 		return 0, errors.New("reaper is closed")
 	default:
 	}
 	r.forkMu.RLock()
-	pid, err := fork()
+	pid, watched, err := fork()
 	if err == nil {
 		r.mu.Lock()
 		r.waiters[pid] = onExit
 		r.mu.Unlock()
 	}
 	r.forkMu.RUnlock()
-	if err == nil {
-		r.wake()
+	if err == nil && !watched {
+		r.listen()
+		r.wake() // it may have exited before it was registered
 	}
 	return pid, err
 }
@@ -133,6 +153,35 @@ func (r *Reaper) run() {
 		}
 		r.reap()
 	}
+}
+
+// collect reaps pid, registered with spawn, if it has exited and nobody
+// reaped it yet, and runs its callback on the calling goroutine. The reaper
+// goroutine may get there first; the status is dispatched exactly once.
+func (r *Reaper) collect(pid int) {
+	r.mu.Lock()
+	fn, ok := r.waiters[pid]
+	if !ok {
+		r.mu.Unlock()
+		return
+	}
+	var ws unix.WaitStatus
+	got, err := unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+	for err == unix.EINTR {
+		got, err = unix.Wait4(pid, &ws, unix.WNOHANG, nil)
+	}
+	if err != nil || got != pid {
+		// Not exited, or reaped by a wait4(-1) that has yet to take r.mu
+		// (it dispatches), or by someone else (reap reports it).
+		r.mu.Unlock()
+		if err == unix.ECHILD {
+			r.wake()
+		}
+		return
+	}
+	delete(r.waiters, pid)
+	r.mu.Unlock()
+	fn(ws)
 }
 
 type reaped struct {

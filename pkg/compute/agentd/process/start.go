@@ -269,14 +269,14 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	o.Argv, o.Env = slices.Clone(o.Argv), maps.Clone(o.Env) // the caller may reuse them
 	p = &proc{
 		id: newID(), requestID: o.RequestID, opts: o, argv: pl.argv, dir: pl.dir, user: pl.user,
-		tty: o.TTY, out: newOutputLog(m.cfg.OutputBufferBytes),
+		tty: o.TTY, out: newOutputLog(m.cfg.OutputBufferBytes), stallTimeout: m.cfg.FollowerStallTimeout,
 		drained: make(chan struct{}), leaderReaped: make(chan struct{}), exited: make(chan struct{}),
 	}
 	var ch *childIO
 	if o.TTY {
 		ch, err = openPTY(o.Rows, o.Cols)
 	} else {
-		ch, err = openPipes(o.Stdin)
+		ch, err = openPipes(o.Stdin, m.devNull)
 	}
 	if err != nil {
 		return nil, err
@@ -294,13 +294,24 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 		attr.Sys.Setpgid = true
 	}
 
+	pidfd := -1
+	attr.Sys.PidFD = &pidfd // exit notification through the poller, see watch
+
 	p.startedAt = time.Now()
-	pid, err := m.reaper.spawn(func() (int, error) {
+	pid, err := m.reaper.spawn(func() (int, bool, error) {
 		pid, err := syscall.ForkExec(pl.path, pl.argv, attr)
-		if err == nil {
-			p.pid = pid
+		if err != nil {
+			return pid, false, err
 		}
-		return pid, err
+		p.pid = pid
+		if pidfd >= 0 {
+			if unix.SetNonblock(pidfd, true) == nil {
+				p.pidfd = os.NewFile(uintptr(pidfd), "pidfd")
+			} else {
+				unix.Close(pidfd)
+			}
+		}
+		return pid, p.pidfd != nil, nil
 	}, func(ws unix.WaitStatus) {
 		p.leaderDone(ws)
 	})
@@ -312,11 +323,16 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	p.master, p.stdin, p.outputs = ch.master, ch.stdin, ch.outputs
 
 	m.workers.Add(len(ch.outputs))
-	var left atomic.Int32
+	var left, open atomic.Int32
 	left.Store(int32(len(ch.outputs)))
-	done := func() {
+	open.Store(int32(len(ch.outputs)))
+	eof := func() {
 		if left.Add(-1) == 0 {
 			close(p.drained)
+		}
+	}
+	done := func() { // after eof and closing the output
+		if open.Add(-1) == 0 {
 			m.mu.Lock()
 			delete(m.pumping, p)
 			m.mu.Unlock()
@@ -327,7 +343,7 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	m.pumping[p] = struct{}{}
 	m.mu.Unlock()
 	for i, f := range ch.outputs {
-		go p.pump(f, ch.streams[i], done)
+		go p.pump(f, ch.streams[i], eof, done)
 	}
 	if o.Timeout > 0 {
 		p.mu.Lock()

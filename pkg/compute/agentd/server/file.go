@@ -92,30 +92,35 @@ func (s *fileService) WriteFile(stream agentdv1.FileService_WriteFileServer) err
 	if h.ExpectedSize != nil {
 		opts.ExpectedSize = h.GetExpectedSize()
 	}
-	res, err := s.d.Workspace().WriteFile(stream.Context(), user, opts, &chunkReader{recv: stream.Recv})
+	next := func() ([]byte, bool, error) {
+		m, err := stream.Recv()
+		return m.GetData(), m.GetHeader() != nil, err
+	}
+	res, err := s.d.Workspace().WriteFile(stream.Context(), user, opts, &chunkReader{next: next})
 	if err != nil {
 		return errmap.ToStatus(err)
 	}
 	return stream.SendAndClose(&agentdv1.WriteFileResponse{Info: fileInfo(res.Info), Sha256: res.SHA256[:]})
 }
 
-// chunkReader reads the data messages of a WriteFile stream as one byte
-// stream. A second header is a protocol error.
+// chunkReader reads the data messages of a client stream (WriteFile,
+// Restore) as one byte stream. next returns the next message's data, whether
+// it was a header instead (a protocol error), and io.EOF at the end.
 type chunkReader struct {
-	recv func() (*agentdv1.WriteFileRequest, error)
+	next func() (data []byte, header bool, err error)
 	buf  []byte
 }
 
 func (c *chunkReader) Read(p []byte) (int, error) {
 	for len(c.buf) == 0 {
-		msg, err := c.recv()
+		data, header, err := c.next()
 		if err != nil {
 			return 0, err // io.EOF at the end of the stream
 		}
-		if msg.GetHeader() != nil {
-			return 0, compute.Errorf(compute.ErrInvalidArgument, "WriteFile: a second header arrived")
+		if header {
+			return 0, compute.Errorf(compute.ErrInvalidArgument, "a second header arrived")
 		}
-		c.buf = msg.GetData()
+		c.buf = data
 	}
 	n := copy(p, c.buf)
 	c.buf = c.buf[n:]

@@ -77,7 +77,7 @@ func (g *drainGate) refuses(method string) bool {
 	if !g.draining.Load() {
 		return false
 	}
-	for _, m := range []string{"/Start", "/Exec", "/WriteFile", "/ApplyPatch", "/MakeDir", "/Remove", "/Rename"} {
+	for _, m := range []string{"/Start", "/Exec", "/WriteFile", "/ApplyPatch", "/Restore", "/MakeDir", "/Remove", "/Rename"} {
 		if strings.HasSuffix(method, m) {
 			return true
 		}

@@ -93,10 +93,19 @@ func (s *processService) List(context.Context, *agentdv1.ListRequest) (*agentdv1
 	return &agentdv1.ListResponse{Processes: out}, nil
 }
 
+// execStartedWithin is how long Exec may hold back the message announcing
+// the started process, so that a quick command's started process, output
+// and exit travel in one message.
+const execStartedWithin = 2 * time.Millisecond
+
 // Exec starts a process, streams its output and ends with its exit. If the
 // client goes away first, the process group is killed: Exec is for commands
 // whose caller waits for them; Start + Attach is for processes that must
 // outlive a connection.
+//
+// The first message carries the started process, together with the output
+// and exit that arrived within execStartedWithin (a quick command is one
+// message); it is not held back when stdin is written.
 func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.ProcessService_ExecServer) error {
 	ctx := stream.Context()
 	opts := startOptions(req.GetSpec(), req.GetRequestId())
@@ -114,10 +123,13 @@ func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.Process
 			_ = procs.Signal(info.ID, "KILL")
 		}
 	}()
-	if err := stream.Send(&agentdv1.ExecResponse{Started: processInfo(info)}); err != nil {
-		return err
-	}
+	started := processInfo(info)
+	var attach process.AttachOptions
 	if len(req.GetStdin()) > 0 {
+		if err := stream.Send(&agentdv1.ExecResponse{Started: started}); err != nil {
+			return err
+		}
+		started = nil
 		if _, err := procs.WriteStdin(ctx, info.ID, 0, req.GetStdin()); err != nil {
 			return errmap.ToStatus(err)
 		}
@@ -126,12 +138,16 @@ func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.Process
 				return errmap.ToStatus(err)
 			}
 		}
+	} else {
+		attach.FirstWithin = execStartedWithin
 	}
-	err = procs.Attach(ctx, info.ID, 0, func(res process.ReadResult) error {
+	err = procs.AttachWith(ctx, info.ID, 0, attach, func(res process.ReadResult) error {
 		if res.Exit != nil {
 			exited = true
 		}
-		return stream.Send(&agentdv1.ExecResponse{Chunks: chunks(res.Chunks), DroppedBytes: res.Dropped, Exit: exitStatus(res.Exit)})
+		msg := &agentdv1.ExecResponse{Started: started, Chunks: chunks(res.Chunks), DroppedBytes: res.Dropped, Exit: exitStatus(res.Exit)}
+		started = nil
+		return stream.Send(msg)
 	})
 	return errmap.ToStatus(err)
 }

@@ -32,6 +32,12 @@ const (
 	clientMinPingTime = 10 * time.Second
 	// maxMessageBytes bounds one message; large data moves as streams of chunks.
 	maxMessageBytes = 8 << 20
+	// Flow-control windows sized for bulk output and file streams over a
+	// local socket: gRPC's default 64 KiB start (grown slowly by its BDP
+	// estimator) caps a single stream far below what a pipe delivers.
+	streamWindowBytes = 8 << 20
+	connWindowBytes   = 16 << 20
+	ioBufferBytes     = 256 << 10
 )
 
 // Server is a configured gRPC server over a Daemon.
@@ -55,14 +61,19 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	logU, logS := requestLog(log)
 	recU, recS := recovery(log)
 	opts := []grpc.ServerOption{
-		// Order: recover everything, log everything (including auth
-		// failures), then authenticate, then refuse new work while draining.
-		grpc.ChainUnaryInterceptor(recU, logU, auth.unary, gate.unary),
-		grpc.ChainStreamInterceptor(recS, logS, auth.stream, gate.stream),
+		// Order: log every call (including auth failures and recovered
+		// panics, which the recovery below turns into Internal), then
+		// authenticate, then refuse new work while draining.
+		grpc.ChainUnaryInterceptor(logU, recU, auth.unary, gate.unary),
+		grpc.ChainStreamInterceptor(logS, recS, auth.stream, gate.stream),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: clientMinPingTime, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(maxMessageBytes),
 		grpc.MaxSendMsgSize(maxMessageBytes),
+		grpc.InitialWindowSize(streamWindowBytes),
+		grpc.InitialConnWindowSize(connWindowBytes),
+		grpc.ReadBufferSize(ioBufferBytes),
+		grpc.WriteBufferSize(ioBufferBytes),
 	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))

@@ -35,7 +35,7 @@ type testDaemon struct {
 	client    *agentclient.Client
 }
 
-func newTestDaemon(t *testing.T, mutate func(*agentd.Config)) *testDaemon {
+func newTestDaemon(t testing.TB, mutate func(*agentd.Config)) *testDaemon {
 	t.Helper()
 	dir := t.TempDir()
 	cfg := agentd.DefaultConfig()
@@ -171,9 +171,12 @@ func TestDrainRefusesNewWork(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
 	td.srv.drain.draining.Store(true)
-	_, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"true"}}})
-	if !errors.Is(err, compute.ErrUnavailable) {
-		t.Fatalf("Start while draining: want ErrUnavailable, got %v", err)
+	// A raw call: agentclient would retry Unavailable (a restarting daemon
+	// comes back) until its budget ends.
+	authed := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+testToken)
+	_, err := agentdv1.NewProcessServiceClient(rawConn(t, td.socket)).Start(authed, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"true"}}})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Start while draining: want Unavailable, got %v", err)
 	}
 	if _, err := td.client.Info(ctx); err != nil {
 		t.Fatalf("Info while draining should still work: %v", err)

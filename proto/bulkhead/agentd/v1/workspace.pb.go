@@ -21,6 +21,57 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// ArchiveCompression is how an archive is encoded.
+type ArchiveCompression int32
+
+const (
+	// zstd.
+	ArchiveCompression_ARCHIVE_COMPRESSION_UNSPECIFIED ArchiveCompression = 0
+	ArchiveCompression_ARCHIVE_COMPRESSION_ZSTD        ArchiveCompression = 1
+	ArchiveCompression_ARCHIVE_COMPRESSION_NONE        ArchiveCompression = 2
+)
+
+// Enum value maps for ArchiveCompression.
+var (
+	ArchiveCompression_name = map[int32]string{
+		0: "ARCHIVE_COMPRESSION_UNSPECIFIED",
+		1: "ARCHIVE_COMPRESSION_ZSTD",
+		2: "ARCHIVE_COMPRESSION_NONE",
+	}
+	ArchiveCompression_value = map[string]int32{
+		"ARCHIVE_COMPRESSION_UNSPECIFIED": 0,
+		"ARCHIVE_COMPRESSION_ZSTD":        1,
+		"ARCHIVE_COMPRESSION_NONE":        2,
+	}
+)
+
+func (x ArchiveCompression) Enum() *ArchiveCompression {
+	p := new(ArchiveCompression)
+	*p = x
+	return p
+}
+
+func (x ArchiveCompression) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ArchiveCompression) Descriptor() protoreflect.EnumDescriptor {
+	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[0].Descriptor()
+}
+
+func (ArchiveCompression) Type() protoreflect.EnumType {
+	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[0]
+}
+
+func (x ArchiveCompression) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ArchiveCompression.Descriptor instead.
+func (ArchiveCompression) EnumDescriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{0}
+}
+
 // PatchOperationType is the kind of one file operation.
 type PatchOperationType int32
 
@@ -58,11 +109,11 @@ func (x PatchOperationType) String() string {
 }
 
 func (PatchOperationType) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[0].Descriptor()
+	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[1].Descriptor()
 }
 
 func (PatchOperationType) Type() protoreflect.EnumType {
-	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[0]
+	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[1]
 }
 
 func (x PatchOperationType) Number() protoreflect.EnumNumber {
@@ -71,7 +122,7 @@ func (x PatchOperationType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PatchOperationType.Descriptor instead.
 func (PatchOperationType) EnumDescriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{0}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{1}
 }
 
 // PatchChangeKind is what happened to one file.
@@ -114,11 +165,11 @@ func (x PatchChangeKind) String() string {
 }
 
 func (PatchChangeKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[1].Descriptor()
+	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[2].Descriptor()
 }
 
 func (PatchChangeKind) Type() protoreflect.EnumType {
-	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[1]
+	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[2]
 }
 
 func (x PatchChangeKind) Number() protoreflect.EnumNumber {
@@ -127,7 +178,512 @@ func (x PatchChangeKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PatchChangeKind.Descriptor instead.
 func (PatchChangeKind) EnumDescriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{2}
+}
+
+// ArchiveStats counts what an Archive or Restore did.
+type ArchiveStats struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Members   int64                  `protobuf:"varint,1,opt,name=members,proto3" json:"members,omitempty"`
+	Files     int64                  `protobuf:"varint,2,opt,name=files,proto3" json:"files,omitempty"`
+	Dirs      int64                  `protobuf:"varint,3,opt,name=dirs,proto3" json:"dirs,omitempty"`
+	Symlinks  int64                  `protobuf:"varint,4,opt,name=symlinks,proto3" json:"symlinks,omitempty"`
+	HardLinks int64                  `protobuf:"varint,5,opt,name=hard_links,json=hardLinks,proto3" json:"hard_links,omitempty"`
+	// File content bytes.
+	Bytes int64 `protobuf:"varint,6,opt,name=bytes,proto3" json:"bytes,omitempty"`
+	// Entries left out (devices, sockets, excluded members on restore).
+	Skipped       int64 `protobuf:"varint,7,opt,name=skipped,proto3" json:"skipped,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveStats) Reset() {
+	*x = ArchiveStats{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveStats) ProtoMessage() {}
+
+func (x *ArchiveStats) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveStats.ProtoReflect.Descriptor instead.
+func (*ArchiveStats) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *ArchiveStats) GetMembers() int64 {
+	if x != nil {
+		return x.Members
+	}
+	return 0
+}
+
+func (x *ArchiveStats) GetFiles() int64 {
+	if x != nil {
+		return x.Files
+	}
+	return 0
+}
+
+func (x *ArchiveStats) GetDirs() int64 {
+	if x != nil {
+		return x.Dirs
+	}
+	return 0
+}
+
+func (x *ArchiveStats) GetSymlinks() int64 {
+	if x != nil {
+		return x.Symlinks
+	}
+	return 0
+}
+
+func (x *ArchiveStats) GetHardLinks() int64 {
+	if x != nil {
+		return x.HardLinks
+	}
+	return 0
+}
+
+func (x *ArchiveStats) GetBytes() int64 {
+	if x != nil {
+		return x.Bytes
+	}
+	return 0
+}
+
+func (x *ArchiveStats) GetSkipped() int64 {
+	if x != nil {
+		return x.Skipped
+	}
+	return 0
+}
+
+// ArchiveRequest archives the workspace.
+type ArchiveRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Workspace-relative paths left out with everything below them
+	// (ephemeral entries, mounts, skip paths).
+	Exclude     []string           `protobuf:"bytes,1,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	Compression ArchiveCompression `protobuf:"varint,2,opt,name=compression,proto3,enum=bulkhead.agentd.v1.ArchiveCompression" json:"compression,omitempty"`
+	// zstd level 1-22; zero means the default (3).
+	Level         int32 `protobuf:"varint,3,opt,name=level,proto3" json:"level,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveRequest) Reset() {
+	*x = ArchiveRequest{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveRequest) ProtoMessage() {}
+
+func (x *ArchiveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveRequest.ProtoReflect.Descriptor instead.
+func (*ArchiveRequest) Descriptor() ([]byte, []int) {
 	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *ArchiveRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+func (x *ArchiveRequest) GetCompression() ArchiveCompression {
+	if x != nil {
+		return x.Compression
+	}
+	return ArchiveCompression_ARCHIVE_COMPRESSION_UNSPECIFIED
+}
+
+func (x *ArchiveRequest) GetLevel() int32 {
+	if x != nil {
+		return x.Level
+	}
+	return 0
+}
+
+// ArchiveResponse is a chunk of the archive; the last message carries stats.
+type ArchiveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Data          []byte                 `protobuf:"bytes,1,opt,name=data,proto3" json:"data,omitempty"`
+	Stats         *ArchiveStats          `protobuf:"bytes,2,opt,name=stats,proto3" json:"stats,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveResponse) Reset() {
+	*x = ArchiveResponse{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveResponse) ProtoMessage() {}
+
+func (x *ArchiveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveResponse.ProtoReflect.Descriptor instead.
+func (*ArchiveResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ArchiveResponse) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *ArchiveResponse) GetStats() *ArchiveStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+// RestoreHeader opens a Restore stream.
+type RestoreHeader struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Workspace-relative paths kept from the current workspace: archive
+	// members there are ignored.
+	Exclude []string `protobuf:"bytes,1,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	// Give restored entries the archive's uid/gid (when the daemon is root).
+	PreserveOwnership bool `protobuf:"varint,2,opt,name=preserve_ownership,json=preserveOwnership,proto3" json:"preserve_ownership,omitempty"`
+	// Accept symlinks that point outside the workspace (virtualenvs).
+	AllowExternalSymlinks bool `protobuf:"varint,3,opt,name=allow_external_symlinks,json=allowExternalSymlinks,proto3" json:"allow_external_symlinks,omitempty"`
+	unknownFields         protoimpl.UnknownFields
+	sizeCache             protoimpl.SizeCache
+}
+
+func (x *RestoreHeader) Reset() {
+	*x = RestoreHeader{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreHeader) ProtoMessage() {}
+
+func (x *RestoreHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreHeader.ProtoReflect.Descriptor instead.
+func (*RestoreHeader) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *RestoreHeader) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+func (x *RestoreHeader) GetPreserveOwnership() bool {
+	if x != nil {
+		return x.PreserveOwnership
+	}
+	return false
+}
+
+func (x *RestoreHeader) GetAllowExternalSymlinks() bool {
+	if x != nil {
+		return x.AllowExternalSymlinks
+	}
+	return false
+}
+
+// RestoreRequest is the header (first message) or a chunk of the archive.
+type RestoreRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Message:
+	//
+	//	*RestoreRequest_Header
+	//	*RestoreRequest_Data
+	Message       isRestoreRequest_Message `protobuf_oneof:"message"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreRequest) Reset() {
+	*x = RestoreRequest{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreRequest) ProtoMessage() {}
+
+func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
+func (*RestoreRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *RestoreRequest) GetMessage() isRestoreRequest_Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *RestoreRequest) GetHeader() *RestoreHeader {
+	if x != nil {
+		if x, ok := x.Message.(*RestoreRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *RestoreRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Message.(*RestoreRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isRestoreRequest_Message interface {
+	isRestoreRequest_Message()
+}
+
+type RestoreRequest_Header struct {
+	Header *RestoreHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type RestoreRequest_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*RestoreRequest_Header) isRestoreRequest_Message() {}
+
+func (*RestoreRequest_Data) isRestoreRequest_Message() {}
+
+// RestoreResponse reports what was restored.
+type RestoreResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stats         *ArchiveStats          `protobuf:"bytes,1,opt,name=stats,proto3" json:"stats,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RestoreResponse) Reset() {
+	*x = RestoreResponse{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RestoreResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RestoreResponse) ProtoMessage() {}
+
+func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RestoreResponse.ProtoReflect.Descriptor instead.
+func (*RestoreResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *RestoreResponse) GetStats() *ArchiveStats {
+	if x != nil {
+		return x.Stats
+	}
+	return nil
+}
+
+// FingerprintRequest hashes the workspace.
+type FingerprintRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Paths left out, as for Archive.
+	Exclude []string `protobuf:"bytes,1,rep,name=exclude,proto3" json:"exclude,omitempty"`
+	// Hashed after the tree, e.g. the canonical manifest.
+	Extra         []byte `protobuf:"bytes,2,opt,name=extra,proto3" json:"extra,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FingerprintRequest) Reset() {
+	*x = FingerprintRequest{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FingerprintRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FingerprintRequest) ProtoMessage() {}
+
+func (x *FingerprintRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FingerprintRequest.ProtoReflect.Descriptor instead.
+func (*FingerprintRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *FingerprintRequest) GetExclude() []string {
+	if x != nil {
+		return x.Exclude
+	}
+	return nil
+}
+
+func (x *FingerprintRequest) GetExtra() []byte {
+	if x != nil {
+		return x.Extra
+	}
+	return nil
+}
+
+// FingerprintResponse is the workspace's fingerprint ("v1:<sha256 hex>").
+type FingerprintResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Fingerprint   string                 `protobuf:"bytes,1,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *FingerprintResponse) Reset() {
+	*x = FingerprintResponse{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *FingerprintResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*FingerprintResponse) ProtoMessage() {}
+
+func (x *FingerprintResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use FingerprintResponse.ProtoReflect.Descriptor instead.
+func (*FingerprintResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *FingerprintResponse) GetFingerprint() string {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return ""
 }
 
 // PatchOperation is the per-file JSON form of a patch.
@@ -145,7 +701,7 @@ type PatchOperation struct {
 
 func (x *PatchOperation) Reset() {
 	*x = PatchOperation{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[0]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -157,7 +713,7 @@ func (x *PatchOperation) String() string {
 func (*PatchOperation) ProtoMessage() {}
 
 func (x *PatchOperation) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[0]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -170,7 +726,7 @@ func (x *PatchOperation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchOperation.ProtoReflect.Descriptor instead.
 func (*PatchOperation) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{0}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PatchOperation) GetType() PatchOperationType {
@@ -211,7 +767,7 @@ type PatchOperations struct {
 
 func (x *PatchOperations) Reset() {
 	*x = PatchOperations{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[1]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -223,7 +779,7 @@ func (x *PatchOperations) String() string {
 func (*PatchOperations) ProtoMessage() {}
 
 func (x *PatchOperations) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[1]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -236,7 +792,7 @@ func (x *PatchOperations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchOperations.ProtoReflect.Descriptor instead.
 func (*PatchOperations) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{1}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PatchOperations) GetOperations() []*PatchOperation {
@@ -266,7 +822,7 @@ type ApplyPatchRequest struct {
 
 func (x *ApplyPatchRequest) Reset() {
 	*x = ApplyPatchRequest{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[2]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -278,7 +834,7 @@ func (x *ApplyPatchRequest) String() string {
 func (*ApplyPatchRequest) ProtoMessage() {}
 
 func (x *ApplyPatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[2]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -291,7 +847,7 @@ func (x *ApplyPatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPatchRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPatchRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{2}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ApplyPatchRequest) GetInput() isApplyPatchRequest_Input {
@@ -371,7 +927,7 @@ type PatchChange struct {
 
 func (x *PatchChange) Reset() {
 	*x = PatchChange{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[3]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -383,7 +939,7 @@ func (x *PatchChange) String() string {
 func (*PatchChange) ProtoMessage() {}
 
 func (x *PatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[3]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -396,7 +952,7 @@ func (x *PatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchChange.ProtoReflect.Descriptor instead.
 func (*PatchChange) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{3}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *PatchChange) GetKind() PatchChangeKind {
@@ -430,7 +986,7 @@ type ApplyPatchResponse struct {
 
 func (x *ApplyPatchResponse) Reset() {
 	*x = ApplyPatchResponse{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[4]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +998,7 @@ func (x *ApplyPatchResponse) String() string {
 func (*ApplyPatchResponse) ProtoMessage() {}
 
 func (x *ApplyPatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[4]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +1011,7 @@ func (x *ApplyPatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPatchResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPatchResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{4}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *ApplyPatchResponse) GetChanges() []*PatchChange {
@@ -469,7 +1025,38 @@ var File_bulkhead_agentd_v1_workspace_proto protoreflect.FileDescriptor
 
 const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\n" +
-	"\"bulkhead/agentd/v1/workspace.proto\x12\x12bulkhead.agentd.v1\"\x8d\x01\n" +
+	"\"bulkhead/agentd/v1/workspace.proto\x12\x12bulkhead.agentd.v1\"\xbd\x01\n" +
+	"\fArchiveStats\x12\x18\n" +
+	"\amembers\x18\x01 \x01(\x03R\amembers\x12\x14\n" +
+	"\x05files\x18\x02 \x01(\x03R\x05files\x12\x12\n" +
+	"\x04dirs\x18\x03 \x01(\x03R\x04dirs\x12\x1a\n" +
+	"\bsymlinks\x18\x04 \x01(\x03R\bsymlinks\x12\x1d\n" +
+	"\n" +
+	"hard_links\x18\x05 \x01(\x03R\thardLinks\x12\x14\n" +
+	"\x05bytes\x18\x06 \x01(\x03R\x05bytes\x12\x18\n" +
+	"\askipped\x18\a \x01(\x03R\askipped\"\x8a\x01\n" +
+	"\x0eArchiveRequest\x12\x18\n" +
+	"\aexclude\x18\x01 \x03(\tR\aexclude\x12H\n" +
+	"\vcompression\x18\x02 \x01(\x0e2&.bulkhead.agentd.v1.ArchiveCompressionR\vcompression\x12\x14\n" +
+	"\x05level\x18\x03 \x01(\x05R\x05level\"]\n" +
+	"\x0fArchiveResponse\x12\x12\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\x126\n" +
+	"\x05stats\x18\x02 \x01(\v2 .bulkhead.agentd.v1.ArchiveStatsR\x05stats\"\x90\x01\n" +
+	"\rRestoreHeader\x12\x18\n" +
+	"\aexclude\x18\x01 \x03(\tR\aexclude\x12-\n" +
+	"\x12preserve_ownership\x18\x02 \x01(\bR\x11preserveOwnership\x126\n" +
+	"\x17allow_external_symlinks\x18\x03 \x01(\bR\x15allowExternalSymlinks\"n\n" +
+	"\x0eRestoreRequest\x12;\n" +
+	"\x06header\x18\x01 \x01(\v2!.bulkhead.agentd.v1.RestoreHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\t\n" +
+	"\amessage\"I\n" +
+	"\x0fRestoreResponse\x126\n" +
+	"\x05stats\x18\x01 \x01(\v2 .bulkhead.agentd.v1.ArchiveStatsR\x05stats\"D\n" +
+	"\x12FingerprintRequest\x12\x18\n" +
+	"\aexclude\x18\x01 \x03(\tR\aexclude\x12\x14\n" +
+	"\x05extra\x18\x02 \x01(\fR\x05extra\"7\n" +
+	"\x13FingerprintResponse\x12 \n" +
+	"\vfingerprint\x18\x01 \x01(\tR\vfingerprint\"\x8d\x01\n" +
 	"\x0ePatchOperation\x12:\n" +
 	"\x04type\x18\x01 \x01(\x0e2&.bulkhead.agentd.v1.PatchOperationTypeR\x04type\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
@@ -493,7 +1080,11 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x19\n" +
 	"\bnew_path\x18\x03 \x01(\tR\anewPath\"O\n" +
 	"\x12ApplyPatchResponse\x129\n" +
-	"\achanges\x18\x01 \x03(\v2\x1f.bulkhead.agentd.v1.PatchChangeR\achanges*\xac\x01\n" +
+	"\achanges\x18\x01 \x03(\v2\x1f.bulkhead.agentd.v1.PatchChangeR\achanges*u\n" +
+	"\x12ArchiveCompression\x12#\n" +
+	"\x1fARCHIVE_COMPRESSION_UNSPECIFIED\x10\x00\x12\x1c\n" +
+	"\x18ARCHIVE_COMPRESSION_ZSTD\x10\x01\x12\x1c\n" +
+	"\x18ARCHIVE_COMPRESSION_NONE\x10\x02*\xac\x01\n" +
 	"\x12PatchOperationType\x12$\n" +
 	" PATCH_OPERATION_TYPE_UNSPECIFIED\x10\x00\x12$\n" +
 	" PATCH_OPERATION_TYPE_CREATE_FILE\x10\x01\x12$\n" +
@@ -504,10 +1095,13 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\x19PATCH_CHANGE_KIND_CREATED\x10\x01\x12\x1d\n" +
 	"\x19PATCH_CHANGE_KIND_UPDATED\x10\x02\x12\x1b\n" +
 	"\x17PATCH_CHANGE_KIND_MOVED\x10\x03\x12\x1d\n" +
-	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042o\n" +
+	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042\xfb\x02\n" +
 	"\x10WorkspaceService\x12[\n" +
 	"\n" +
-	"ApplyPatch\x12%.bulkhead.agentd.v1.ApplyPatchRequest\x1a&.bulkhead.agentd.v1.ApplyPatchResponseBDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
+	"ApplyPatch\x12%.bulkhead.agentd.v1.ApplyPatchRequest\x1a&.bulkhead.agentd.v1.ApplyPatchResponse\x12T\n" +
+	"\aArchive\x12\".bulkhead.agentd.v1.ArchiveRequest\x1a#.bulkhead.agentd.v1.ArchiveResponse0\x01\x12T\n" +
+	"\aRestore\x12\".bulkhead.agentd.v1.RestoreRequest\x1a#.bulkhead.agentd.v1.RestoreResponse(\x01\x12^\n" +
+	"\vFingerprint\x12&.bulkhead.agentd.v1.FingerprintRequest\x1a'.bulkhead.agentd.v1.FingerprintResponseBDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
 
 var (
 	file_bulkhead_agentd_v1_workspace_proto_rawDescOnce sync.Once
@@ -521,30 +1115,49 @@ func file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP() []byte {
 	return file_bulkhead_agentd_v1_workspace_proto_rawDescData
 }
 
-var file_bulkhead_agentd_v1_workspace_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_bulkhead_agentd_v1_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 5)
+var file_bulkhead_agentd_v1_workspace_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
+var file_bulkhead_agentd_v1_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_bulkhead_agentd_v1_workspace_proto_goTypes = []any{
-	(PatchOperationType)(0),    // 0: bulkhead.agentd.v1.PatchOperationType
-	(PatchChangeKind)(0),       // 1: bulkhead.agentd.v1.PatchChangeKind
-	(*PatchOperation)(nil),     // 2: bulkhead.agentd.v1.PatchOperation
-	(*PatchOperations)(nil),    // 3: bulkhead.agentd.v1.PatchOperations
-	(*ApplyPatchRequest)(nil),  // 4: bulkhead.agentd.v1.ApplyPatchRequest
-	(*PatchChange)(nil),        // 5: bulkhead.agentd.v1.PatchChange
-	(*ApplyPatchResponse)(nil), // 6: bulkhead.agentd.v1.ApplyPatchResponse
+	(ArchiveCompression)(0),     // 0: bulkhead.agentd.v1.ArchiveCompression
+	(PatchOperationType)(0),     // 1: bulkhead.agentd.v1.PatchOperationType
+	(PatchChangeKind)(0),        // 2: bulkhead.agentd.v1.PatchChangeKind
+	(*ArchiveStats)(nil),        // 3: bulkhead.agentd.v1.ArchiveStats
+	(*ArchiveRequest)(nil),      // 4: bulkhead.agentd.v1.ArchiveRequest
+	(*ArchiveResponse)(nil),     // 5: bulkhead.agentd.v1.ArchiveResponse
+	(*RestoreHeader)(nil),       // 6: bulkhead.agentd.v1.RestoreHeader
+	(*RestoreRequest)(nil),      // 7: bulkhead.agentd.v1.RestoreRequest
+	(*RestoreResponse)(nil),     // 8: bulkhead.agentd.v1.RestoreResponse
+	(*FingerprintRequest)(nil),  // 9: bulkhead.agentd.v1.FingerprintRequest
+	(*FingerprintResponse)(nil), // 10: bulkhead.agentd.v1.FingerprintResponse
+	(*PatchOperation)(nil),      // 11: bulkhead.agentd.v1.PatchOperation
+	(*PatchOperations)(nil),     // 12: bulkhead.agentd.v1.PatchOperations
+	(*ApplyPatchRequest)(nil),   // 13: bulkhead.agentd.v1.ApplyPatchRequest
+	(*PatchChange)(nil),         // 14: bulkhead.agentd.v1.PatchChange
+	(*ApplyPatchResponse)(nil),  // 15: bulkhead.agentd.v1.ApplyPatchResponse
 }
 var file_bulkhead_agentd_v1_workspace_proto_depIdxs = []int32{
-	0, // 0: bulkhead.agentd.v1.PatchOperation.type:type_name -> bulkhead.agentd.v1.PatchOperationType
-	2, // 1: bulkhead.agentd.v1.PatchOperations.operations:type_name -> bulkhead.agentd.v1.PatchOperation
-	3, // 2: bulkhead.agentd.v1.ApplyPatchRequest.operations:type_name -> bulkhead.agentd.v1.PatchOperations
-	1, // 3: bulkhead.agentd.v1.PatchChange.kind:type_name -> bulkhead.agentd.v1.PatchChangeKind
-	5, // 4: bulkhead.agentd.v1.ApplyPatchResponse.changes:type_name -> bulkhead.agentd.v1.PatchChange
-	4, // 5: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:input_type -> bulkhead.agentd.v1.ApplyPatchRequest
-	6, // 6: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:output_type -> bulkhead.agentd.v1.ApplyPatchResponse
-	6, // [6:7] is the sub-list for method output_type
-	5, // [5:6] is the sub-list for method input_type
-	5, // [5:5] is the sub-list for extension type_name
-	5, // [5:5] is the sub-list for extension extendee
-	0, // [0:5] is the sub-list for field type_name
+	0,  // 0: bulkhead.agentd.v1.ArchiveRequest.compression:type_name -> bulkhead.agentd.v1.ArchiveCompression
+	3,  // 1: bulkhead.agentd.v1.ArchiveResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
+	6,  // 2: bulkhead.agentd.v1.RestoreRequest.header:type_name -> bulkhead.agentd.v1.RestoreHeader
+	3,  // 3: bulkhead.agentd.v1.RestoreResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
+	1,  // 4: bulkhead.agentd.v1.PatchOperation.type:type_name -> bulkhead.agentd.v1.PatchOperationType
+	11, // 5: bulkhead.agentd.v1.PatchOperations.operations:type_name -> bulkhead.agentd.v1.PatchOperation
+	12, // 6: bulkhead.agentd.v1.ApplyPatchRequest.operations:type_name -> bulkhead.agentd.v1.PatchOperations
+	2,  // 7: bulkhead.agentd.v1.PatchChange.kind:type_name -> bulkhead.agentd.v1.PatchChangeKind
+	14, // 8: bulkhead.agentd.v1.ApplyPatchResponse.changes:type_name -> bulkhead.agentd.v1.PatchChange
+	13, // 9: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:input_type -> bulkhead.agentd.v1.ApplyPatchRequest
+	4,  // 10: bulkhead.agentd.v1.WorkspaceService.Archive:input_type -> bulkhead.agentd.v1.ArchiveRequest
+	7,  // 11: bulkhead.agentd.v1.WorkspaceService.Restore:input_type -> bulkhead.agentd.v1.RestoreRequest
+	9,  // 12: bulkhead.agentd.v1.WorkspaceService.Fingerprint:input_type -> bulkhead.agentd.v1.FingerprintRequest
+	15, // 13: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:output_type -> bulkhead.agentd.v1.ApplyPatchResponse
+	5,  // 14: bulkhead.agentd.v1.WorkspaceService.Archive:output_type -> bulkhead.agentd.v1.ArchiveResponse
+	8,  // 15: bulkhead.agentd.v1.WorkspaceService.Restore:output_type -> bulkhead.agentd.v1.RestoreResponse
+	10, // 16: bulkhead.agentd.v1.WorkspaceService.Fingerprint:output_type -> bulkhead.agentd.v1.FingerprintResponse
+	13, // [13:17] is the sub-list for method output_type
+	9,  // [9:13] is the sub-list for method input_type
+	9,  // [9:9] is the sub-list for extension type_name
+	9,  // [9:9] is the sub-list for extension extendee
+	0,  // [0:9] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_agentd_v1_workspace_proto_init() }
@@ -552,7 +1165,11 @@ func file_bulkhead_agentd_v1_workspace_proto_init() {
 	if File_bulkhead_agentd_v1_workspace_proto != nil {
 		return
 	}
-	file_bulkhead_agentd_v1_workspace_proto_msgTypes[2].OneofWrappers = []any{
+	file_bulkhead_agentd_v1_workspace_proto_msgTypes[4].OneofWrappers = []any{
+		(*RestoreRequest_Header)(nil),
+		(*RestoreRequest_Data)(nil),
+	}
+	file_bulkhead_agentd_v1_workspace_proto_msgTypes[10].OneofWrappers = []any{
 		(*ApplyPatchRequest_Patch)(nil),
 		(*ApplyPatchRequest_Operations)(nil),
 	}
@@ -561,8 +1178,8 @@ func file_bulkhead_agentd_v1_workspace_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_agentd_v1_workspace_proto_rawDesc), len(file_bulkhead_agentd_v1_workspace_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   5,
+			NumEnums:      3,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

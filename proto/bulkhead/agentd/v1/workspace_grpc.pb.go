@@ -19,7 +19,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	WorkspaceService_ApplyPatch_FullMethodName = "/bulkhead.agentd.v1.WorkspaceService/ApplyPatch"
+	WorkspaceService_ApplyPatch_FullMethodName  = "/bulkhead.agentd.v1.WorkspaceService/ApplyPatch"
+	WorkspaceService_Archive_FullMethodName     = "/bulkhead.agentd.v1.WorkspaceService/Archive"
+	WorkspaceService_Restore_FullMethodName     = "/bulkhead.agentd.v1.WorkspaceService/Restore"
+	WorkspaceService_Fingerprint_FullMethodName = "/bulkhead.agentd.v1.WorkspaceService/Fingerprint"
 )
 
 // WorkspaceServiceClient is the client API for WorkspaceService service.
@@ -31,6 +34,18 @@ type WorkspaceServiceClient interface {
 	// ApplyPatch applies a V4A patch all-or-nothing: if any operation fails,
 	// no file is changed.
 	ApplyPatch(ctx context.Context, in *ApplyPatchRequest, opts ...grpc.CallOption) (*ApplyPatchResponse, error)
+	// Archive streams the workspace as a tar archive (zstd-compressed by
+	// default): deterministic member order, links kept as links, excluded
+	// paths left out.
+	Archive(ctx context.Context, in *ArchiveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ArchiveResponse], error)
+	// Restore replaces the workspace's contents with an archive: a header,
+	// then the archive's bytes. The archive is extracted safely (no escapes,
+	// no devices, bounded size and expansion) into a staging directory and
+	// swapped in at once: on any failure the workspace is left as it was.
+	Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreRequest, RestoreResponse], error)
+	// Fingerprint hashes the workspace's content and metadata (not times), so
+	// a harness can tell whether a restore would change anything.
+	Fingerprint(ctx context.Context, in *FingerprintRequest, opts ...grpc.CallOption) (*FingerprintResponse, error)
 }
 
 type workspaceServiceClient struct {
@@ -51,6 +66,48 @@ func (c *workspaceServiceClient) ApplyPatch(ctx context.Context, in *ApplyPatchR
 	return out, nil
 }
 
+func (c *workspaceServiceClient) Archive(ctx context.Context, in *ArchiveRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ArchiveResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &WorkspaceService_ServiceDesc.Streams[0], WorkspaceService_Archive_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ArchiveRequest, ArchiveResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkspaceService_ArchiveClient = grpc.ServerStreamingClient[ArchiveResponse]
+
+func (c *workspaceServiceClient) Restore(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[RestoreRequest, RestoreResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &WorkspaceService_ServiceDesc.Streams[1], WorkspaceService_Restore_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[RestoreRequest, RestoreResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkspaceService_RestoreClient = grpc.ClientStreamingClient[RestoreRequest, RestoreResponse]
+
+func (c *workspaceServiceClient) Fingerprint(ctx context.Context, in *FingerprintRequest, opts ...grpc.CallOption) (*FingerprintResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(FingerprintResponse)
+	err := c.cc.Invoke(ctx, WorkspaceService_Fingerprint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // WorkspaceServiceServer is the server API for WorkspaceService service.
 // All implementations must embed UnimplementedWorkspaceServiceServer
 // for forward compatibility.
@@ -60,6 +117,18 @@ type WorkspaceServiceServer interface {
 	// ApplyPatch applies a V4A patch all-or-nothing: if any operation fails,
 	// no file is changed.
 	ApplyPatch(context.Context, *ApplyPatchRequest) (*ApplyPatchResponse, error)
+	// Archive streams the workspace as a tar archive (zstd-compressed by
+	// default): deterministic member order, links kept as links, excluded
+	// paths left out.
+	Archive(*ArchiveRequest, grpc.ServerStreamingServer[ArchiveResponse]) error
+	// Restore replaces the workspace's contents with an archive: a header,
+	// then the archive's bytes. The archive is extracted safely (no escapes,
+	// no devices, bounded size and expansion) into a staging directory and
+	// swapped in at once: on any failure the workspace is left as it was.
+	Restore(grpc.ClientStreamingServer[RestoreRequest, RestoreResponse]) error
+	// Fingerprint hashes the workspace's content and metadata (not times), so
+	// a harness can tell whether a restore would change anything.
+	Fingerprint(context.Context, *FingerprintRequest) (*FingerprintResponse, error)
 	mustEmbedUnimplementedWorkspaceServiceServer()
 }
 
@@ -72,6 +141,15 @@ type UnimplementedWorkspaceServiceServer struct{}
 
 func (UnimplementedWorkspaceServiceServer) ApplyPatch(context.Context, *ApplyPatchRequest) (*ApplyPatchResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ApplyPatch not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) Archive(*ArchiveRequest, grpc.ServerStreamingServer[ArchiveResponse]) error {
+	return status.Error(codes.Unimplemented, "method Archive not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) Restore(grpc.ClientStreamingServer[RestoreRequest, RestoreResponse]) error {
+	return status.Error(codes.Unimplemented, "method Restore not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) Fingerprint(context.Context, *FingerprintRequest) (*FingerprintResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method Fingerprint not implemented")
 }
 func (UnimplementedWorkspaceServiceServer) mustEmbedUnimplementedWorkspaceServiceServer() {}
 func (UnimplementedWorkspaceServiceServer) testEmbeddedByValue()                          {}
@@ -112,6 +190,42 @@ func _WorkspaceService_ApplyPatch_Handler(srv interface{}, ctx context.Context, 
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkspaceService_Archive_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(ArchiveRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(WorkspaceServiceServer).Archive(m, &grpc.GenericServerStream[ArchiveRequest, ArchiveResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkspaceService_ArchiveServer = grpc.ServerStreamingServer[ArchiveResponse]
+
+func _WorkspaceService_Restore_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(WorkspaceServiceServer).Restore(&grpc.GenericServerStream[RestoreRequest, RestoreResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkspaceService_RestoreServer = grpc.ClientStreamingServer[RestoreRequest, RestoreResponse]
+
+func _WorkspaceService_Fingerprint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(FingerprintRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkspaceServiceServer).Fingerprint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkspaceService_Fingerprint_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkspaceServiceServer).Fingerprint(ctx, req.(*FingerprintRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkspaceService_ServiceDesc is the grpc.ServiceDesc for WorkspaceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -123,7 +237,22 @@ var WorkspaceService_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "ApplyPatch",
 			Handler:    _WorkspaceService_ApplyPatch_Handler,
 		},
+		{
+			MethodName: "Fingerprint",
+			Handler:    _WorkspaceService_Fingerprint_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Archive",
+			Handler:       _WorkspaceService_Archive_Handler,
+			ServerStreams: true,
+		},
+		{
+			StreamName:    "Restore",
+			Handler:       _WorkspaceService_Restore_Handler,
+			ClientStreams: true,
+		},
+	},
 	Metadata: "bulkhead/agentd/v1/workspace.proto",
 }

@@ -1,0 +1,71 @@
+package agentclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// Archive streams the workspace as an archive into w and returns what it holds.
+func (c *Client) Archive(ctx context.Context, req *agentdv1.ArchiveRequest, w io.Writer) (*agentdv1.ArchiveStats, error) {
+	stream, err := c.workspace.Archive(ctx, req)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	for {
+		msg, err := stream.Recv()
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("archive: %w", errStreamEnded)
+		}
+		if err != nil {
+			return nil, wrap(err)
+		}
+		if len(msg.GetData()) > 0 {
+			if _, err := w.Write(msg.GetData()); err != nil {
+				return nil, fmt.Errorf("archive: write to destination: %w", err)
+			}
+		}
+		if msg.GetStats() != nil {
+			return msg.GetStats(), nil
+		}
+	}
+}
+
+// Restore replaces the workspace's contents with the archive read from r.
+// On any failure (a malicious member, a limit, a dropped connection) the
+// workspace is left exactly as it was.
+func (c *Client) Restore(ctx context.Context, header *agentdv1.RestoreHeader, r io.Reader) (*agentdv1.ArchiveStats, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.workspace.Restore(ctx)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	err = upload(r,
+		func() error {
+			return stream.Send(&agentdv1.RestoreRequest{Message: &agentdv1.RestoreRequest_Header{Header: header}})
+		},
+		func(p []byte) error {
+			return stream.Send(&agentdv1.RestoreRequest{Message: &agentdv1.RestoreRequest_Data{Data: p}})
+		})
+	if err != nil {
+		return nil, uploadError(stream.CloseAndRecv, err, "restore", "")
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return resp.GetStats(), nil
+}
+
+// Fingerprint returns the workspace's fingerprint.
+func (c *Client) Fingerprint(ctx context.Context, req *agentdv1.FingerprintRequest) (string, error) {
+	resp, err := c.workspace.Fingerprint(ctx, req)
+	if err != nil {
+		return "", wrap(err)
+	}
+	return resp.GetFingerprint(), nil
+}

@@ -1,0 +1,161 @@
+package archive
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strconv"
+	"syscall"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+)
+
+// Operation names used in *compute.PathError values.
+const (
+	opArchive     = "archive"
+	opRestore     = "restore"
+	opFingerprint = "fingerprint"
+)
+
+// streamName is the Path of a restore error that concerns the stream as a
+// whole rather than one member (garbage before the first header, a missing
+// end-of-archive marker, ...).
+const streamName = "(archive)"
+
+// maxShownName bounds how much of a member name an error repeats.
+const maxShownName = 200
+
+// classify maps err to one wrapping a compute sentinel. Errors that already
+// wrap one (any of those listed below) are returned unchanged. Host paths carried by *fs.PathError and
+// *os.LinkError are dropped; the errno survives.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	for _, s := range [...]error{
+		compute.ErrNotFound, compute.ErrAlreadyExists, compute.ErrInvalidArgument,
+		compute.ErrPermissionDenied, compute.ErrPathEscape, compute.ErrReadOnly,
+		compute.ErrNotDirectory, compute.ErrIsDirectory, compute.ErrNotEmpty,
+		compute.ErrNoSpace, compute.ErrResourceExhausted, compute.ErrFailedPrecondition,
+		compute.ErrConflict, compute.ErrUnavailable, compute.ErrUnimplemented,
+		compute.ErrCanceled, compute.ErrDeadlineExceeded, compute.ErrInternal,
+	} {
+		if errors.Is(err, s) {
+			return err
+		}
+	}
+	switch {
+	case errors.Is(err, context.Canceled):
+		return fmt.Errorf("%w: %w", compute.ErrCanceled, context.Canceled)
+	case errors.Is(err, context.DeadlineExceeded):
+		return fmt.Errorf("%w: %w", compute.ErrDeadlineExceeded, context.DeadlineExceeded)
+	}
+	var errno syscall.Errno
+	if errors.As(err, &errno) {
+		return fmt.Errorf("%w (%w)", errnoSentinel(errno), errno)
+	}
+	var pe *fs.PathError
+	var le *os.LinkError
+	if errors.As(err, &pe) || errors.As(err, &le) {
+		// os.Root reports an escape without an errno.
+		if pe != nil && pe.Err != nil && pe.Err.Error() == "path escapes from parent" {
+			return fmt.Errorf("%w: the path leads outside its root", compute.ErrPathEscape)
+		}
+		return fmt.Errorf("%w: unexpected filesystem failure", compute.ErrInternal)
+	}
+	return fmt.Errorf("%w: %w", compute.ErrInternal, err)
+}
+
+// errnoSentinel is the compute sentinel for an errno.
+func errnoSentinel(errno syscall.Errno) error {
+	switch errno {
+	case syscall.ENOENT:
+		return compute.ErrNotFound
+	case syscall.ENOTDIR:
+		return compute.ErrNotDirectory
+	case syscall.EISDIR:
+		return compute.ErrIsDirectory
+	case syscall.EACCES, syscall.EPERM:
+		return compute.ErrPermissionDenied
+	case syscall.EROFS:
+		return compute.ErrReadOnly
+	case syscall.ENOSPC, syscall.EDQUOT:
+		return compute.ErrNoSpace
+	case syscall.EEXIST:
+		return compute.ErrAlreadyExists
+	case syscall.ENOTEMPTY:
+		return compute.ErrNotEmpty
+	case syscall.ELOOP, syscall.EXDEV:
+		return compute.ErrPathEscape
+	case syscall.ENAMETOOLONG, syscall.EINVAL:
+		return compute.ErrInvalidArgument
+	case syscall.EFBIG, syscall.EMLINK, syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM:
+		return compute.ErrResourceExhausted
+	case syscall.EBUSY, syscall.ETXTBSY:
+		return compute.ErrFailedPrecondition
+	case syscall.EINTR, syscall.EAGAIN:
+		return compute.ErrUnavailable
+	default:
+		return compute.ErrInternal
+	}
+}
+
+// pathErr returns a *compute.PathError for name with err classified. A nil
+// err stays nil; an error that already is a *compute.PathError is kept.
+func pathErr(op, name string, err error) error {
+	if err == nil {
+		return nil
+	}
+	var pe *compute.PathError
+	if errors.As(err, &pe) {
+		return err
+	}
+	return &compute.PathError{Op: op, Path: name, Err: classify(err)}
+}
+
+// refuse returns a *compute.PathError for name wrapping sentinel with a
+// reason.
+func refuse(op, name string, sentinel error, format string, args ...any) error {
+	return &compute.PathError{Op: op, Path: name, Err: compute.Errorf(sentinel, format, args...)}
+}
+
+// shown renders an untrusted name for an error message: names that are
+// valid UTF-8 without control characters are kept as they are, others are
+// quoted; very long names are cut.
+func shown(name string) string {
+	plain := utf8.ValidString(name)
+	for _, r := range name {
+		if !plain || unicode.IsControl(r) {
+			plain = false
+			break
+		}
+	}
+	cut := len(name) > maxShownName
+	if cut {
+		name = name[:maxShownName]
+	}
+	if plain {
+		for !utf8.ValidString(name) { // a cut inside a rune
+			name = name[:len(name)-1]
+		}
+	} else {
+		name = strconv.Quote(name)
+		name = name[1 : len(name)-1]
+	}
+	if cut {
+		name += "..."
+	}
+	return name
+}
+
+// ctxErr returns the classified context error, if any.
+func ctxErr(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return classify(err)
+	}
+	return nil
+}

@@ -1,0 +1,173 @@
+package server
+
+import (
+	"archive/tar"
+	"bytes"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+func writeTree(t *testing.T, root string, files map[string]string) {
+	t.Helper()
+	for name, content := range files {
+		p := filepath.Join(root, name)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// treeOf maps every path below root to a description of it.
+func treeOf(t *testing.T, root string) map[string]string {
+	t.Helper()
+	out := map[string]string{}
+	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, p)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		desc := info.Mode().String()
+		switch {
+		case d.Type()&os.ModeSymlink != 0:
+			target, _ := os.Readlink(p)
+			desc += " -> " + target
+		case d.Type().IsRegular():
+			b, _ := os.ReadFile(p)
+			desc += " " + string(b)
+		}
+		out[rel] = desc
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func sameTree(t *testing.T, want, got map[string]string) {
+	t.Helper()
+	if len(want) != len(got) {
+		t.Fatalf("trees differ:\nwant %v\ngot  %v", want, got)
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Fatalf("%s: want %q, got %q", k, v, got[k])
+		}
+	}
+}
+
+func TestArchiveRestoreRoundTrip(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	writeTree(t, td.workspace, map[string]string{"repo/main.go": "package main\n", "repo/README.md": "# hi\n", "notes.txt": "n", "cache/big.bin": "ephemeral"})
+	if err := os.Symlink("repo/main.go", filepath.Join(td.workspace, "link")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(td.workspace, "repo/main.go"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	excl := []string{"cache"}
+	before := treeOf(t, td.workspace)
+	fp1, err := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: excl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var snap bytes.Buffer
+	stats, err := td.client.Archive(ctx, &agentdv1.ArchiveRequest{Exclude: excl}, &snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if stats.GetFiles() != 3 || stats.GetSymlinks() != 1 {
+		t.Fatalf("stats %v", stats)
+	}
+	// The model wrecks the workspace; the cache (excluded) changes too.
+	if err := os.RemoveAll(filepath.Join(td.workspace, "repo")); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, td.workspace, map[string]string{"junk.txt": "x", "cache/big.bin": "new cache"})
+	fp2, _ := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: excl})
+	if fp2 == fp1 {
+		t.Fatal("fingerprint did not change")
+	}
+	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{Exclude: excl}, bytes.NewReader(snap.Bytes())); err != nil {
+		t.Fatal(err)
+	}
+	after := treeOf(t, td.workspace)
+	want := before
+	want["cache/big.bin"] = after["cache/big.bin"] // excluded: kept as the workspace had it
+	sameTree(t, want, after)
+	if b, _ := os.ReadFile(filepath.Join(td.workspace, "cache/big.bin")); string(b) != "new cache" {
+		t.Fatalf("excluded path was not preserved: %q", b)
+	}
+	fp3, _ := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: excl})
+	if fp3 != fp1 {
+		t.Fatalf("fingerprint after restore %s, want %s", fp3, fp1)
+	}
+}
+
+func TestRestoreRejectsMaliciousArchiveChangingNothing(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	writeTree(t, td.workspace, map[string]string{"keep.txt": "precious"})
+	before := treeOf(t, td.workspace)
+	var evil bytes.Buffer
+	tw := tar.NewWriter(&evil)
+	for _, h := range []*tar.Header{
+		{Name: "ok.txt", Mode: 0o644, Size: 2, Typeflag: tar.TypeReg},
+		{Name: "../escape.txt", Mode: 0o644, Size: 2, Typeflag: tar.TypeReg},
+	} {
+		if err := tw.WriteHeader(h); err != nil {
+			t.Fatal(err)
+		}
+		tw.Write([]byte("hi"))
+	}
+	tw.Close()
+	_, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader(evil.Bytes()))
+	if !errors.Is(err, compute.ErrPathEscape) && !errors.Is(err, compute.ErrInvalidArgument) {
+		t.Fatalf("want a path error, got %v", err)
+	}
+	sameTree(t, before, treeOf(t, td.workspace))
+	if _, err := os.Stat(filepath.Join(filepath.Dir(td.workspace), "escape.txt")); !os.IsNotExist(err) {
+		t.Fatal("a member escaped the workspace")
+	}
+}
+
+func TestRestoreInterruptedChangesNothing(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	writeTree(t, td.workspace, map[string]string{"a.txt": "A"})
+	var snap bytes.Buffer
+	if _, err := td.client.Archive(ctx, &agentdv1.ArchiveRequest{Compression: agentdv1.ArchiveCompression_ARCHIVE_COMPRESSION_NONE}, &snap); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, td.workspace, map[string]string{"a.txt": "changed", "b.txt": "B"})
+	before := treeOf(t, td.workspace)
+	// The archive source fails halfway: the client aborts the stream.
+	half := io.MultiReader(bytes.NewReader(snap.Bytes()[:snap.Len()/2]), errReader{})
+	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, half); err == nil {
+		t.Fatal("want an error")
+	}
+	sameTree(t, before, treeOf(t, td.workspace))
+	// Garbage is refused cleanly too.
+	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader([]byte("not an archive at all"))); !errors.Is(err, compute.ErrInvalidArgument) {
+		t.Fatalf("garbage: want ErrInvalidArgument, got %v", err)
+	}
+	sameTree(t, before, treeOf(t, td.workspace))
+}
+
+type errReader struct{}
+
+func (errReader) Read([]byte) (int, error) { return 0, errors.New("source failed") }
