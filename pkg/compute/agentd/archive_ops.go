@@ -8,8 +8,12 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/archive"
 )
 
-// Archive streams the workspace root as an archive to w.
+// Archive streams the workspace root as an archive to w. It waits for a
+// restore in progress (or rolling back) to finish, so an archive never
+// captures a half-swapped workspace.
 func (d *Daemon) Archive(ctx context.Context, w io.Writer, opts archive.WriteOptions) (archive.Stats, error) {
+	d.restoreMu.RLock()
+	defer d.restoreMu.RUnlock()
 	opts.UserName = d.userName
 	opts.GroupName = d.users.GroupName
 	if opts.Logger == nil {
@@ -19,8 +23,12 @@ func (d *Daemon) Archive(ctx context.Context, w io.Writer, opts archive.WriteOpt
 }
 
 // Restore replaces the workspace's contents with the archive read from r,
-// all at once or not at all.
+// all at once or not at all. Restores run one at a time: a client that gave
+// up on one (its stream ended) and starts another waits until the first has
+// rolled back.
 func (d *Daemon) Restore(ctx context.Context, r io.Reader, opts archive.RestoreOptions) (archive.Stats, error) {
+	d.restoreMu.Lock()
+	defer d.restoreMu.Unlock()
 	if opts.Logger == nil {
 		opts.Logger = d.log
 	}
@@ -29,6 +37,8 @@ func (d *Daemon) Restore(ctx context.Context, r io.Reader, opts archive.RestoreO
 
 // Fingerprint hashes the workspace's content and metadata.
 func (d *Daemon) Fingerprint(ctx context.Context, opts archive.FingerprintOptions) (string, error) {
+	d.restoreMu.RLock()
+	defer d.restoreMu.RUnlock()
 	return archive.Fingerprint(ctx, d.cfg.WorkspaceRoot, opts)
 }
 

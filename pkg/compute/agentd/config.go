@@ -29,6 +29,10 @@ type Config struct {
 	MaxReadBytes int
 	// ExitRetention is how long an exited process is kept.
 	ExitRetention time.Duration
+	// FollowerStallTimeout is how long an attached reader that delivers
+	// nothing may hold a process's output back (flow control) before the
+	// process runs on and the reader sees dropped bytes.
+	FollowerStallTimeout time.Duration
 	// MaxFileBytes bounds one WriteFile (0: no limit).
 	MaxFileBytes int64
 	// MaxPatchBytes bounds an apply_patch input.
@@ -43,15 +47,16 @@ type Config struct {
 // DefaultConfig returns the daemon defaults.
 func DefaultConfig() Config {
 	return Config{
-		WorkspaceRoot:     "/workspace",
-		Shell:             process.DefaultShell,
-		MaxProcesses:      process.DefaultMaxProcesses,
-		OutputBufferBytes: process.DefaultOutputBufferBytes,
-		MaxReadBytes:      1 << 20,
-		ExitRetention:     process.DefaultExitRetention,
-		MaxPatchBytes:     8 << 20,
-		EtcRoot:           "/",
-		ReapAll:           true,
+		WorkspaceRoot:        "/workspace",
+		Shell:                process.DefaultShell,
+		MaxProcesses:         process.DefaultMaxProcesses,
+		OutputBufferBytes:    process.DefaultOutputBufferBytes,
+		MaxReadBytes:         1 << 20,
+		ExitRetention:        process.DefaultExitRetention,
+		FollowerStallTimeout: process.DefaultFollowerStallTimeout,
+		MaxPatchBytes:        8 << 20,
+		EtcRoot:              "/",
+		ReapAll:              true,
 	}
 }
 
@@ -71,7 +76,7 @@ func (c *Config) Validate() error {
 	if c.MaxProcesses <= 0 || c.OutputBufferBytes <= 0 || c.MaxReadBytes <= 0 || c.MaxPatchBytes <= 0 {
 		return fmt.Errorf("limits must be positive")
 	}
-	if c.MaxFileBytes < 0 || c.ExitRetention < 0 {
+	if c.MaxFileBytes < 0 || c.ExitRetention < 0 || c.FollowerStallTimeout < 0 {
 		return fmt.Errorf("limits must not be negative")
 	}
 	return nil

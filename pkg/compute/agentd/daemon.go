@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -44,6 +45,9 @@ type Daemon struct {
 	procs     *process.Manager
 	ws        *workspace.Workspace
 	startedAt time.Time
+	// restoreMu makes a Restore exclusive against other Restores, Archives
+	// and Fingerprints.
+	restoreMu sync.RWMutex
 }
 
 // New prepares the workspace and the process engine.
@@ -67,13 +71,14 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 	}
 	d.reaper = reaper
 	d.procs, err = process.NewManager(process.Config{
-		MaxProcesses:      cfg.MaxProcesses,
-		OutputBufferBytes: cfg.OutputBufferBytes,
-		ExitRetention:     cfg.ExitRetention,
-		DefaultShell:      cfg.Shell,
-		DefaultUser:       cfg.DefaultUser,
-		Users:             users,
-		Reaper:            reaper,
+		MaxProcesses:         cfg.MaxProcesses,
+		OutputBufferBytes:    cfg.OutputBufferBytes,
+		ExitRetention:        cfg.ExitRetention,
+		FollowerStallTimeout: cfg.FollowerStallTimeout,
+		DefaultShell:         cfg.Shell,
+		DefaultUser:          cfg.DefaultUser,
+		Users:                users,
+		Reaper:               reaper,
 	}, log)
 	if err != nil {
 		reaper.Close()

@@ -47,9 +47,12 @@
 //
 // One pump goroutine per output (stdout and stderr, or the PTY master)
 // reads the non-blocking descriptor through the runtime poller straight into
-// the ring's free space (see outputLog.landing), so output is copied once
-// from the kernel into the ring and once out of it for a reader. Attach
-// copies into a buffer it reuses for every callback.
+// the ring's free space (see outputLog.landing): output is copied once, from
+// the kernel into the ring. Attach hands its callback slices of the ring
+// itself; the follower holds the pumps back at those bytes until the
+// callback returns, and if it stalls meanwhile the ring moves to new
+// storage before it is written again, leaving the old one to the follower.
+// Read copies.
 //
 // # Exit and output draining
 //
@@ -60,8 +63,7 @@
 // Output written after that is read and discarded so that background jobs
 // are not killed by a broken pipe; the exit report is final.
 //
-// The leader's exit is noticed through its pidfd (readable when it exits),
-// waited for by the goroutine that then reports the exit; the Reaper's
-// SIGCHLD relay remains for ReapAll mode (orphans) and for kernels without
-// pidfds.
+// The leader's exit is noticed through its pidfd, waited for (as os/exec
+// does) by the goroutine that then reports the exit; the Reaper's SIGCHLD
+// relay remains for ReapAll mode (orphans) and for kernels without pidfds.
 package process

@@ -199,17 +199,11 @@ func (l *outputLog) seal() {
 	l.segHead = 0
 }
 
-// read is readInto with fresh storage.
-func (l *outputLog) read(cursor int64, maxBytes int) (chunks []Chunk, next, dropped int64) {
-	return l.readInto(cursor, maxBytes, nil, nil)
-}
-
-// readInto returns up to maxBytes of output at or after cursor as chunks split
-// at stream changes, the cursor after them, and how many bytes before the
-// oldest retained one were skipped. cursor must be in [0, end]. The data is
-// copied into buf when it is large enough (a fresh slice otherwise), and the
-// chunks are appended to chunks[:0].
-func (l *outputLog) readInto(cursor int64, maxBytes int, buf []byte, chunks []Chunk) (_ []Chunk, next, dropped int64) {
+// view is read without copying: the chunks' data aliases the ring's
+// storage, valid until the ring overwrites or moves those bytes. Chunks are
+// also split where the ring wraps around, so two adjacent chunks may have
+// the same stream.
+func (l *outputLog) view(cursor int64, maxBytes int, chunks []Chunk) (_ []Chunk, next, dropped int64) {
 	chunks = chunks[:0]
 	if cursor < l.start {
 		dropped = l.start - cursor
@@ -220,15 +214,40 @@ func (l *outputLog) readInto(cursor int64, maxBytes int, buf []byte, chunks []Ch
 		return chunks, cursor, dropped
 	}
 	live := l.segs[l.segHead:]
+	i := sort.Search(len(live), func(i int) bool { return live[i].off > cursor }) - 1
+	i = max(i, 0)
+	for off := cursor; off < limit; {
+		segEnd := limit
+		if i+1 < len(live) {
+			segEnd = min(segEnd, live[i+1].off)
+		}
+		j := int(off % int64(len(l.buf)))
+		n := int(min(segEnd-off, int64(len(l.buf)-j)))
+		chunks = append(chunks, Chunk{Stream: live[i].stream, Offset: off, Data: l.buf[j : j+n : j+n]})
+		if off += int64(n); off == segEnd {
+			i++
+		}
+	}
+	return chunks, limit, dropped
+}
+
+// read returns up to maxBytes of output at or after cursor as chunks split
+// at stream changes, the cursor after them, and how many bytes before the
+// oldest retained one were skipped. cursor must be in [0, end].
+func (l *outputLog) read(cursor int64, maxBytes int) (chunks []Chunk, next, dropped int64) {
+	if cursor < l.start {
+		dropped = l.start - cursor
+		cursor = l.start
+	}
+	limit := min(l.end, cursor+int64(maxBytes))
+	if cursor >= limit {
+		return nil, cursor, dropped
+	}
+	live := l.segs[l.segHead:]
 	// The last segment whose start is at or before cursor.
 	i := sort.Search(len(live), func(i int) bool { return live[i].off > cursor }) - 1
 	i = max(i, 0)
-	data := buf
-	if n := int(limit - cursor); cap(data) >= n {
-		data = data[:n]
-	} else {
-		data = make([]byte, n)
-	}
+	data := make([]byte, limit-cursor)
 	l.get(data, cursor)
 	for off := cursor; off < limit; i++ {
 		segEnd := limit

@@ -319,7 +319,11 @@ func TestMemoryBoundedUnderFlood(t *testing.T) {
 	grew := int64(peak) - int64(base)
 	t.Logf("heap: base %d MiB, peak %d MiB (+%d MiB); yes wrote %d MiB, reader lost %d MiB",
 		base>>20, peak>>20, grew>>20, yesEnd>>20, yesDropped>>20)
-	if limit := int64(6 * bufSize); grew > limit {
+	// Two rings of bufSize (+ the pump's read-ahead) are live; the garbage
+	// collector may let the heap reach about twice the live size before it
+	// runs. 10 buffers is far below the 1 GiB+ written, so growth with the
+	// output would still fail here.
+	if limit := int64(10 * bufSize); grew > limit {
 		t.Errorf("heap grew by %d bytes, more than %d (a few buffers)", grew, limit)
 	}
 }

@@ -34,7 +34,7 @@ type proc struct {
 	startedAt time.Time
 	pid       int // also the process group id (and session id with a TTY)
 	master    *os.File
-	pidfd     *os.File      // the leader's pidfd (non-blocking, on the poller); nil when unsupported
+	pidfd     *os.File      // the leader's pidfd (blocking, not on the poller); nil when unsupported
 	outputs   []*os.File    // read ends of the output pipes, or the PTY master
 	drained   chan struct{} // closed when every output reached end of file
 	// leaderReaped is closed when the group leader's status was collected.
@@ -56,6 +56,7 @@ type proc struct {
 	followers    []*follower   // attached readers holding the pumps back
 	space        chan struct{} // closed and cleared when a waiting pump should look again; nil when none waits
 	released     bool          // followers no longer hold the pumps back (shutting down)
+	relocate     bool          // move the ring to new storage before the next pump read (a stalled follower has bytes lent)
 	held         int           // pumps waiting for a follower
 	heldSince    time.Time     // when held became positive
 	heldTotal    time.Duration // time held was positive, up to heldSince
@@ -107,12 +108,15 @@ func (p *proc) notify() {
 // follower is an attached reader (Attach, Exec). While it is live, the
 // pumps do not overwrite output it has not consumed yet.
 type follower struct {
-	cursor   int64     // output before it was consumed (copied out for delivery)
+	cursor   int64     // output before it was consumed (delivered), or lent out
 	progress time.Time // when it attached or last consumed output
 	// stalled is set when it held the pumps back without progress for the
 	// stall timeout; it then no longer holds them back (and may see
 	// Dropped) until it consumes output again.
 	stalled bool
+	// lent is set while output from cursor on is being delivered straight
+	// from the ring (see proc.lend).
+	lent bool
 }
 
 // addFollower attaches a follower at cursor.
@@ -134,13 +138,26 @@ func (p *proc) removeFollower(f *follower) {
 	p.mu.Unlock()
 }
 
-// consumedLocked records that f consumed the output up to next. p.mu must
-// be held.
-func (p *proc) consumedLocked(f *follower, next int64, now time.Time) {
-	if next != f.cursor || f.stalled {
-		f.cursor, f.progress, f.stalled = next, now, false
+// lentLocked records that f is delivering output from the ring starting at
+// from (its cursor, or the oldest retained byte after a drop). A stalled
+// follower holds the pumps back again from now on. p.mu must be held.
+func (p *proc) lentLocked(f *follower, from int64, now time.Time) {
+	f.lent = true
+	if from != f.cursor || f.stalled {
+		f.cursor, f.progress, f.stalled = from, now, false
 		p.wakePumpsLocked()
 	}
+}
+
+// delivered records that f is done with the output lent to it up to next.
+func (p *proc) delivered(f *follower, next int64) {
+	p.mu.Lock()
+	f.lent = false
+	if next != f.cursor || f.stalled {
+		f.cursor, f.progress, f.stalled = next, time.Now(), false
+		p.wakePumpsLocked()
+	}
+	p.mu.Unlock()
 }
 
 // wakePumpsLocked wakes the pumps waiting for room. p.mu must be held.
@@ -155,6 +172,9 @@ func (p *proc) wakePumpsLocked() {
 func (p *proc) release() {
 	p.mu.Lock()
 	p.released = true
+	for _, f := range p.followers {
+		p.relocate = p.relocate || f.lent // see stallLocked
+	}
 	p.wakePumpsLocked()
 	p.mu.Unlock()
 }
@@ -209,6 +229,10 @@ func (p *proc) stallLocked(cur int64, waitStart, now time.Time) (next time.Time,
 		due = due.Add(p.stallTimeout)
 		if !now.Before(due) {
 			f.stalled, marked = true, true
+			// It may still be sending bytes lent from the ring, which
+			// the pumps may now overwrite: they move the ring to new
+			// storage first and leave the old one to it.
+			p.relocate = p.relocate || f.lent
 		} else if next.IsZero() || due.Before(next) {
 			next = due
 		}
@@ -335,6 +359,13 @@ func (p *proc) readOnce(fd int, s Stream) (int, error) {
 	p.landMu.Lock()
 	defer p.landMu.Unlock()
 	p.mu.Lock()
+	if p.relocate {
+		// Under landMu: no read into the old storage is in flight.
+		p.relocate = false
+		if !p.out.sealed && len(p.out.buf) > 0 {
+			p.out.resize(len(p.out.buf))
+		}
+	}
 	var dst []byte
 	landed := false
 	switch room := p.roomLocked(s); {
@@ -455,18 +486,26 @@ func (p *proc) exitStatus() *ExitStatus {
 }
 
 // awaitExit blocks until the group leader has exited (it is a zombie or
-// was reaped) or its pidfd was closed. The pidfd becomes readable at the
-// same time SIGCHLD is sent, but waking on it takes one goroutine hand-off
-// instead of the signal's three.
+// was reaped) or its pidfd is closed. Like os/exec's Wait it blocks a
+// thread in waitid(P_PIDFD, WNOWAIT): the pidfd is notified at the same
+// time SIGCHLD is sent, and a blocked waitid wakes with one system call
+// where the runtime poller or the os/signal relay take several and more
+// goroutine hand-offs. After Shutdown gave up waiting it may stay blocked
+// until the process dies.
 func (p *proc) awaitExit() {
 	rc, err := p.pidfd.SyscallConn()
 	if err != nil {
 		return
 	}
-	_ = rc.Read(func(fd uintptr) bool {
-		var info unix.Siginfo
-		err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOHANG|unix.WNOWAIT, nil)
-		return err != unix.EINTR && (err != nil || info.Signo != 0)
+	// Control holds a reference: a concurrent Close does not release the
+	// descriptor (and its number) before waitid returns.
+	_ = rc.Control(func(fd uintptr) {
+		for {
+			var info unix.Siginfo
+			if err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOWAIT, nil); err != unix.EINTR {
+				return
+			}
+		}
 	})
 }
 

@@ -62,13 +62,7 @@ func (m *Manager) Read(ctx context.Context, id string, cursor int64, yield time.
 
 // readLocked builds a ReadResult from cursor; p.mu must be held.
 func (p *proc) readLocked(cursor int64, maxBytes int) ReadResult {
-	return p.readIntoLocked(cursor, maxBytes, nil, nil)
-}
-
-// readIntoLocked is readLocked that copies the data into buf and appends
-// the chunks to chunks[:0] when they are large enough.
-func (p *proc) readIntoLocked(cursor int64, maxBytes int, buf []byte, chunks []Chunk) ReadResult {
-	chunks, next, dropped := p.out.readInto(cursor, maxBytes, buf, chunks)
+	chunks, next, dropped := p.out.read(cursor, maxBytes)
 	r := ReadResult{Chunks: chunks, NextCursor: next, Dropped: dropped, Exited: p.exit != nil}
 	if p.exit != nil && next == p.out.end {
 		e := *p.exit
@@ -81,11 +75,13 @@ func (p *proc) readIntoLocked(cursor int64, maxBytes int, buf []byte, chunks []C
 // all its output was delivered (the last call carries Exit), fn returns an
 // error (returned as is) or ctx is done. fn is called only when there is
 // something to deliver: output, dropped bytes or the exit. The chunks'
-// Data is valid only until fn returns: Attach reuses its buffer.
+// Data is valid only until fn returns (it is the ring's own memory, not a
+// copy), and two adjacent chunks may have the same stream (where the ring
+// wraps around).
 //
 // Flow control: while Attach runs, the process's output pumps never
-// overwrite output it has not consumed (copied out for the next fn call),
-// whatever the ring size: they stop reading, the pipe fills and the
+// overwrite output it has not consumed (delivered: fn returned), whatever
+// the ring size: they stop reading, the pipe fills and the
 // process blocks in write, as it would on a slow terminal. With several
 // followers the slowest one sets the pace. A follower that holds the pumps
 // back without consuming anything for Config.FollowerStallTimeout (fn
@@ -118,7 +114,6 @@ func (m *Manager) AttachWith(ctx context.Context, id string, cursor int64, opts 
 	}
 	f := p.addFollower(cursor)
 	defer p.removeFollower(f)
-	var buf []byte
 	var chunks []Chunk
 	var first <-chan time.Time
 	if opts.FirstWithin > 0 {
@@ -127,13 +122,15 @@ func (m *Manager) AttachWith(ctx context.Context, id string, cursor int64, opts 
 		first = t.C
 	}
 	for {
-		r, err := p.next(ctx, op, f, &buf, chunks, first)
+		r, err := p.lend(ctx, op, f, chunks, first)
 		first = nil
 		if err != nil {
 			return err
 		}
 		chunks = r.Chunks
-		if err := fn(r); err != nil {
+		err = fn(r)
+		p.delivered(f, r.NextCursor)
+		if err != nil {
 			return err
 		}
 		if r.Exit != nil {
@@ -142,29 +139,28 @@ func (m *Manager) AttachWith(ctx context.Context, id string, cursor int64, opts 
 	}
 }
 
-// next waits until there is something to deliver to f (output, dropped
-// bytes or the exit), copies it out (into *buf, grown as needed) and
-// advances f past it. When giveUp fires first it returns an empty result.
-func (p *proc) next(ctx context.Context, op string, f *follower, buf *[]byte, chunks []Chunk, giveUp <-chan time.Time) (ReadResult, error) {
+// lend waits until there is something to deliver to f (output, dropped
+// bytes or the exit) and returns it with the chunks' data aliasing the
+// ring, without copying. Until delivered is called, f holds the pumps back
+// at the first byte lent, so the bytes stay put; if f stalls meanwhile the
+// next pump read first moves the ring to new storage (see stallLocked).
+// When giveUp fires first it returns an empty result.
+func (p *proc) lend(ctx context.Context, op string, f *follower, chunks []Chunk, giveUp <-chan time.Time) (ReadResult, error) {
 	p.mu.Lock()
+	defer p.mu.Unlock()
 	for {
 		cursor := f.cursor
 		if cursor > p.out.end {
-			end := p.out.end
-			p.mu.Unlock()
-			return ReadResult{}, procErrf(op, p.id, compute.ErrConflict, "cursor %d is past the end of the output (%d bytes so far)", cursor, end)
+			return ReadResult{}, procErrf(op, p.id, compute.ErrConflict, "cursor %d is past the end of the output (%d bytes so far)", cursor, p.out.end)
 		}
 		if cursor < p.out.end || p.exit != nil {
-			if n := int(min(p.out.end-max(cursor, p.out.start), attachBytes)); cap(*buf) < n {
-				c := max(4<<10, cap(*buf))
-				for c < n {
-					c *= 2
-				}
-				*buf = make([]byte, min(c, attachBytes))
+			chunks, next, dropped := p.out.view(cursor, attachBytes, chunks)
+			r := ReadResult{Chunks: chunks, NextCursor: next, Dropped: dropped, Exited: p.exit != nil}
+			if p.exit != nil && next == p.out.end {
+				e := *p.exit
+				r.Exit = &e
 			}
-			r := p.readIntoLocked(cursor, attachBytes, *buf, chunks)
-			p.consumedLocked(f, r.NextCursor, time.Now())
-			p.mu.Unlock()
+			p.lentLocked(f, max(cursor, p.out.start), time.Now())
 			return r, nil
 		}
 		changed := p.waitChanged()
@@ -172,8 +168,10 @@ func (p *proc) next(ctx context.Context, op string, f *follower, buf *[]byte, ch
 		select {
 		case <-changed:
 		case <-giveUp:
+			p.mu.Lock()
 			return ReadResult{NextCursor: cursor}, nil
 		case <-ctx.Done():
+			p.mu.Lock()
 			return ReadResult{}, procErr(op, p.id, ctxErr(ctx))
 		}
 		p.mu.Lock()

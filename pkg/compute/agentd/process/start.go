@@ -305,11 +305,7 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 		}
 		p.pid = pid
 		if pidfd >= 0 {
-			if unix.SetNonblock(pidfd, true) == nil {
-				p.pidfd = os.NewFile(uintptr(pidfd), "pidfd")
-			} else {
-				unix.Close(pidfd)
-			}
+			p.pidfd = os.NewFile(uintptr(pidfd), "pidfd")
 		}
 		return pid, p.pidfd != nil, nil
 	}, func(ws unix.WaitStatus) {

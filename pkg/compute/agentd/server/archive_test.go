@@ -7,9 +7,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/archive"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -160,12 +163,44 @@ func TestRestoreInterruptedChangesNothing(t *testing.T) {
 	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, half); err == nil {
 		t.Fatal("want an error")
 	}
+	// The client gave up at once; the daemon rolls back on its own time.
+	// Calls that need the workspace whole (Fingerprint) wait for it.
+	waitNoStaging(t, td.workspace)
+	if _, err := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{}); err != nil {
+		t.Fatal(err)
+	}
 	sameTree(t, before, treeOf(t, td.workspace))
 	// Garbage is refused cleanly too.
 	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader([]byte("not an archive at all"))); !errors.Is(err, compute.ErrInvalidArgument) {
 		t.Fatalf("garbage: want ErrInvalidArgument, got %v", err)
 	}
 	sameTree(t, before, treeOf(t, td.workspace))
+}
+
+// waitNoStaging waits until no restore staging or backup directory is left
+// at the top of the workspace.
+func waitNoStaging(t *testing.T, root string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		entries, err := os.ReadDir(root)
+		if err != nil {
+			t.Fatal(err)
+		}
+		busy := false
+		for _, e := range entries {
+			if strings.HasPrefix(e.Name(), archive.ReservedPrefix) {
+				busy = true
+			}
+		}
+		if !busy {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("restore staging left behind: %v", entries)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 type errReader struct{}

@@ -36,6 +36,11 @@ func (s *processService) ReadOutput(ctx context.Context, req *agentdv1.ReadOutpu
 	return &agentdv1.ReadOutputResponse{Chunks: chunks(res.Chunks), NextCursor: res.NextCursor, DroppedBytes: res.Dropped, Exit: exitStatus(res.Exit)}, nil
 }
 
+// Attach follows a process's output (process.Manager.Attach: flow control
+// holds the process back while this client is slow, up to the stall
+// timeout). The chunks' data is the output ring's memory, valid until the
+// callback returns, which is fine because Send marshals the message before
+// it returns (no stats handler keeps messages).
 func (s *processService) Attach(req *agentdv1.AttachRequest, stream agentdv1.ProcessService_AttachServer) error {
 	err := s.d.Processes().Attach(stream.Context(), req.GetProcessId(), req.GetCursor(), func(res process.ReadResult) error {
 		return stream.Send(&agentdv1.AttachResponse{Chunks: chunks(res.Chunks), NextCursor: res.NextCursor, DroppedBytes: res.Dropped, Exit: exitStatus(res.Exit)})

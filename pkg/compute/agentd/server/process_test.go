@@ -458,6 +458,67 @@ func TestOutputBufferWrapReportsDropped(t *testing.T) {
 	}
 }
 
+func TestExecAndAttachFlowControl(t *testing.T) {
+	// With a client attached, nothing is dropped however small the ring:
+	// the process is held back while the client is slow.
+	td := newTestDaemon(t, func(c *agentd.Config) { c.OutputBufferBytes = 64 << 10 })
+	ctx := ctxT(t)
+	const size = 16 << 20
+	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: sh(fmt.Sprintf("head -c %d /dev/zero; echo end >&2", size))}, nil)
+	if err != nil || len(res.Stdout) != size || string(res.Stderr) != "end\n" || res.Dropped != 0 || res.Exit.GetExitCode() != 0 {
+		t.Fatalf("Exec: stdout %d bytes, stderr %q, dropped %d, exit %v, %v", len(res.Stdout), res.Stderr, res.Dropped, res.Exit, err)
+	}
+
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh(fmt.Sprintf("head -c %d /dev/zero", size))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got, dropped int64
+	calls := 0
+	exit, err := td.client.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+		if calls++; calls%8 == 0 {
+			time.Sleep(time.Millisecond) // a slow client
+		}
+		for _, c := range m.GetChunks() {
+			got += int64(len(c.GetData()))
+		}
+		dropped += m.GetDroppedBytes()
+		return nil
+	})
+	if err != nil || exit.GetExitCode() != 0 || got != size || dropped != 0 {
+		t.Fatalf("Follow: got %d, dropped %d, exit %v, %v", got, dropped, exit, err)
+	}
+}
+
+func TestExecMessageOrder(t *testing.T) {
+	// The started process comes in the first message only (possibly with
+	// output and the exit of a quick command), the exit in the last only.
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	for _, cmd := range []string{"true", "echo hi", "echo a; sleep 0.1; echo b >&2; exit 3"} {
+		var msgs []*agentdv1.ExecResponse
+		res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: sh(cmd)}, func(m *agentdv1.ExecResponse) error {
+			msgs = append(msgs, m)
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("%s: %v", cmd, err)
+		}
+		for i, m := range msgs {
+			if (m.GetStarted() != nil) != (i == 0) || (m.GetExit() != nil) != (i == len(msgs)-1) {
+				t.Fatalf("%s: message %d of %d: started %v, exit %v", cmd, i, len(msgs), m.GetStarted() != nil, m.GetExit())
+			}
+		}
+		if res.Process.GetProcessId() == "" {
+			t.Fatalf("%s: no process info", cmd)
+		}
+	}
+	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: sh("echo a; sleep 0.1; echo b >&2; exit 3")}, nil)
+	if err != nil || string(res.Stdout) != "a\n" || string(res.Stderr) != "b\n" || res.Exit.GetExitCode() != 3 {
+		t.Fatalf("Exec = %q %q %v, %v", res.Stdout, res.Stderr, res.Exit, err)
+	}
+}
+
 // --- helpers ---
 
 func readAll(t *testing.T, c *agentclient.Client, id string) string { return readFrom(t, c, id, 0) }
