@@ -75,7 +75,7 @@ func Dial(opts Options) (*Client, error) {
 		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
 	if opts.Token != "" {
-		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: opts.Token, secure: opts.TLS != nil}))
+		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: opts.Token}))
 	}
 	dial = append(dial, opts.DialOptions...)
 	conn, err := grpc.NewClient(target, dial...)
@@ -114,8 +114,7 @@ func BearerMetadata(token string) (key, value string) { return "authorization", 
 
 // bearer attaches the token to every call.
 type bearer struct {
-	token  string
-	secure bool
+	token string
 }
 
 func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {

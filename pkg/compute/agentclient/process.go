@@ -133,13 +133,17 @@ func (c *Client) List(ctx context.Context) ([]*agentdv1.ProcessInfo, error) {
 type ExecResult struct {
 	Process *agentdv1.ProcessInfo
 	Exit    *agentdv1.ExitStatus
-	Stdout  []byte // PTY output lands here too
+	// Stdout and Stderr collect the output when Exec was given no callback
+	// (PTY output lands in Stdout); with a callback they stay empty, so a
+	// streaming caller's memory does not grow with the output.
+	Stdout  []byte
 	Stderr  []byte
 	Dropped int64
 }
 
-// Exec runs a process to completion, delivering output to fn as it comes
-// (fn may be nil). The process is killed if ctx ends first. A transport
+// Exec runs a process to completion. With fn nil the output is collected in
+// the result (for short commands); otherwise it is delivered to fn as it
+// comes and not kept. The process is killed if ctx ends first. A transport
 // failure after the process started is not retried: the error is not
 // marked retryable, because the command may have run.
 func (c *Client) Exec(ctx context.Context, req *agentdv1.ExecRequest, fn func(*agentdv1.ExecResponse) error) (*ExecResult, error) {
@@ -169,9 +173,11 @@ func (c *Client) Exec(ctx context.Context, req *agentdv1.ExecRequest, fn func(*a
 		}
 		res.Dropped += msg.GetDroppedBytes()
 		for _, ch := range msg.GetChunks() {
-			if ch.GetStream() == agentdv1.OutputStream_OUTPUT_STREAM_STDERR {
+			switch {
+			case fn != nil:
+			case ch.GetStream() == agentdv1.OutputStream_OUTPUT_STREAM_STDERR:
 				res.Stderr = append(res.Stderr, ch.GetData()...)
-			} else {
+			default:
 				res.Stdout = append(res.Stdout, ch.GetData()...)
 			}
 		}

@@ -104,13 +104,27 @@ func TestBufconnExec(t *testing.T) {
 		t.Fatalf("info %v", info)
 	}
 	var streamed int
+	var stdout, stderr strings.Builder
 	res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "pwd; echo to-err >&2; cat; exit 3"}, Stdin: []byte("from stdin\n")},
-		func(msg *agentdv1.ExecResponse) error { streamed++; return nil })
+		func(msg *agentdv1.ExecResponse) error {
+			streamed++
+			for _, ch := range msg.GetChunks() {
+				if ch.GetStream() == agentdv1.OutputStream_OUTPUT_STREAM_STDERR {
+					stderr.Write(ch.GetData())
+				} else {
+					stdout.Write(ch.GetData())
+				}
+			}
+			return nil
+		})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(res.Stdout) != ws+"\nfrom stdin\n" || string(res.Stderr) != "to-err\n" || res.Exit.GetExitCode() != 3 {
-		t.Fatalf("stdout %q stderr %q exit %v", res.Stdout, res.Stderr, res.Exit)
+	if stdout.String() != ws+"\nfrom stdin\n" || stderr.String() != "to-err\n" || res.Exit.GetExitCode() != 3 {
+		t.Fatalf("stdout %q stderr %q exit %v", stdout.String(), stderr.String(), res.Exit)
+	}
+	if len(res.Stdout) != 0 || len(res.Stderr) != 0 {
+		t.Fatal("with a callback, Exec must not also keep the output")
 	}
 	if res.Process.GetProcessId() == "" || streamed < 2 {
 		t.Fatalf("process %v, %d messages", res.Process, streamed)
