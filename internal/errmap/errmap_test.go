@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 	"testing"
 
 	"google.golang.org/grpc/codes"
@@ -92,5 +93,27 @@ func TestPatchRejectionDetail(t *testing.T) {
 	got := PatchRejection(back)
 	if got == nil || got.GetPath() != "a.go" || got.GetClosestLine() != 3 {
 		t.Fatalf("got %v", got)
+	}
+}
+
+// Every errno the filesystem layers classify maps to a sentinel with a wire
+// form, so no classified error degrades to Internal on the way to a client.
+func TestErrnoSentinelsHaveWireForms(t *testing.T) {
+	for _, errno := range []syscall.Errno{
+		syscall.ENOENT, syscall.ENOTDIR, syscall.EISDIR, syscall.EACCES, syscall.EPERM, syscall.EROFS,
+		syscall.ENOSPC, syscall.EDQUOT, syscall.EEXIST, syscall.ENOTEMPTY, syscall.ELOOP, syscall.ENAMETOOLONG,
+		syscall.EINVAL, syscall.EXDEV, syscall.EFBIG, syscall.EMFILE, syscall.EBUSY, syscall.EAGAIN,
+	} {
+		s := compute.ErrnoSentinel(errno)
+		if s == compute.ErrInternal {
+			t.Errorf("%v: classified as internal", errno)
+			continue
+		}
+		if c := status.Code(ToStatus(fmt.Errorf("%w (%w)", s, errno))); c == codes.Internal || c == codes.Unknown {
+			t.Errorf("%v -> %v -> %v", errno, s, c)
+		}
+	}
+	if compute.ErrnoSentinel(syscall.EIO) != compute.ErrInternal {
+		t.Error("EIO should stay internal")
 	}
 }

@@ -56,7 +56,7 @@ func classify(err error) error {
 	}
 	var errno syscall.Errno
 	if errors.As(err, &errno) {
-		return fmt.Errorf("%w (%w)", errnoSentinel(errno), errno)
+		return fmt.Errorf("%w (%w)", compute.ErrnoSentinel(errno), errno)
 	}
 	var pe *fs.PathError
 	var le *os.LinkError
@@ -68,40 +68,6 @@ func classify(err error) error {
 		return fmt.Errorf("%w: unexpected filesystem failure", compute.ErrInternal)
 	}
 	return fmt.Errorf("%w: %w", compute.ErrInternal, err)
-}
-
-// errnoSentinel is the compute sentinel for an errno.
-func errnoSentinel(errno syscall.Errno) error {
-	switch errno {
-	case syscall.ENOENT:
-		return compute.ErrNotFound
-	case syscall.ENOTDIR:
-		return compute.ErrNotDirectory
-	case syscall.EISDIR:
-		return compute.ErrIsDirectory
-	case syscall.EACCES, syscall.EPERM:
-		return compute.ErrPermissionDenied
-	case syscall.EROFS:
-		return compute.ErrReadOnly
-	case syscall.ENOSPC, syscall.EDQUOT:
-		return compute.ErrNoSpace
-	case syscall.EEXIST:
-		return compute.ErrAlreadyExists
-	case syscall.ENOTEMPTY:
-		return compute.ErrNotEmpty
-	case syscall.ELOOP, syscall.EXDEV:
-		return compute.ErrPathEscape
-	case syscall.ENAMETOOLONG, syscall.EINVAL:
-		return compute.ErrInvalidArgument
-	case syscall.EFBIG, syscall.EMLINK, syscall.EMFILE, syscall.ENFILE, syscall.ENOMEM:
-		return compute.ErrResourceExhausted
-	case syscall.EBUSY, syscall.ETXTBSY:
-		return compute.ErrFailedPrecondition
-	case syscall.EINTR, syscall.EAGAIN:
-		return compute.ErrUnavailable
-	default:
-		return compute.ErrInternal
-	}
 }
 
 // pathErr returns a *compute.PathError for name with err classified. A nil

@@ -47,41 +47,7 @@ func classify(err error) error {
 		}
 		return fmt.Errorf("%w: %w", compute.ErrInternal, err)
 	}
-	return fmt.Errorf("%w (%w)", errnoSentinel(errno), errno)
-}
-
-// errnoSentinel is the compute sentinel for an errno.
-func errnoSentinel(errno syscall.Errno) error {
-	switch errno {
-	case syscall.ENOENT:
-		return compute.ErrNotFound
-	case syscall.ENOTDIR:
-		return compute.ErrNotDirectory
-	case syscall.EISDIR:
-		return compute.ErrIsDirectory
-	case syscall.EACCES, syscall.EPERM:
-		return compute.ErrPermissionDenied
-	case syscall.EROFS:
-		return compute.ErrReadOnly
-	case syscall.ENOSPC, syscall.EDQUOT:
-		return compute.ErrNoSpace
-	case syscall.EEXIST:
-		return compute.ErrAlreadyExists
-	case syscall.ENOTEMPTY:
-		return compute.ErrNotEmpty
-	case syscall.ELOOP:
-		return compute.ErrPathEscape
-	case syscall.ENAMETOOLONG, syscall.EINVAL, syscall.EXDEV, syscall.ENXIO, syscall.ENODEV:
-		return compute.ErrInvalidArgument
-	case syscall.EFBIG, syscall.EMLINK:
-		return compute.ErrResourceExhausted
-	case syscall.EBUSY, syscall.ETXTBSY:
-		return compute.ErrFailedPrecondition
-	case syscall.EINTR, syscall.EAGAIN:
-		return compute.ErrUnavailable
-	default:
-		return compute.ErrInternal
-	}
+	return fmt.Errorf("%w (%w)", compute.ErrnoSentinel(errno), errno)
 }
 
 // isRootEscape reports whether err is os.Root's "path escapes" error.
