@@ -25,7 +25,7 @@ build: ## build static binaries (CGO_ENABLED=0, -trimpath, version stamped) into
 
 .PHONY: run
 run: build ## build, then run the main job (see README)
-	$(BIN)/demo
+	$(BIN)/harness demo
 
 $(GENERATORS): tools/go.mod tools/go.sum
 	cd tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf \

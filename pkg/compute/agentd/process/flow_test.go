@@ -414,3 +414,25 @@ func TestLentOutputSurvivesShutdown(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestHoldOutputKeepsEverythingUntilAttach(t *testing.T) {
+	// With HoldOutput, output written before the follower attaches is held
+	// for it, however late (within the stall timeout) it comes.
+	const size = 4 << 20
+	m := newTestManager(t, Config{OutputBufferBytes: 64 << 10, FollowerStallTimeout: time.Minute})
+	info := mustStart(t, m, StartOptions{Command: fmt.Sprintf("yes 0123456789abcde | head -c %d", size), HoldOutput: true})
+	time.Sleep(200 * time.Millisecond) // without the hold, the ring would wrap many times by now
+	got, dropped, exit, err := follow(testCtx(t), m, info.ID, nil)
+	if err != nil || dropped != 0 || got != size || exit.Code != 0 {
+		t.Fatalf("got %d, dropped %d, exit %+v, %v", got, dropped, exit, err)
+	}
+	// Without it, the same late follower loses output: the test can tell.
+	info = mustStart(t, m, StartOptions{Command: fmt.Sprintf("yes 0123456789abcde | head -c %d", size)})
+	if _, err := m.Wait(testCtx(t), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	_, dropped, _, err = follow(testCtx(t), m, info.ID, nil)
+	if err != nil || dropped == 0 {
+		t.Fatalf("without HoldOutput: dropped %d, %v", dropped, err)
+	}
+}

@@ -54,6 +54,7 @@ type proc struct {
 	out          *outputLog
 	changed      chan struct{} // closed and cleared on every change; nil when nobody waits
 	followers    []*follower   // attached readers holding the pumps back
+	reserved     *follower     // HoldOutput's follower, until an Attach from 0 adopts it
 	space        chan struct{} // closed and cleared when a waiting pump should look again; nil when none waits
 	released     bool          // followers no longer hold the pumps back (shutting down)
 	relocate     bool          // move the ring to new storage before the next pump read (a stalled follower has bytes lent)
@@ -119,12 +120,19 @@ type follower struct {
 	lent bool
 }
 
-// addFollower attaches a follower at cursor.
+// addFollower attaches a follower at cursor. The first follower from cursor
+// 0 of a process started with HoldOutput takes over the reservation made at
+// start, with whatever it holds back.
 func (p *proc) addFollower(cursor int64) *follower {
-	f := &follower{cursor: cursor, progress: time.Now()}
 	p.mu.Lock()
+	defer p.mu.Unlock()
+	if f := p.reserved; f != nil && cursor == 0 {
+		p.reserved = nil
+		f.progress = time.Now()
+		return f
+	}
+	f := &follower{cursor: cursor, progress: time.Now()}
 	p.followers = append(p.followers, f)
-	p.mu.Unlock()
 	return f
 }
 

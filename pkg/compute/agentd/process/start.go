@@ -317,6 +317,10 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	}
 	p.pid = pid
 	p.master, p.stdin, p.outputs = ch.master, ch.stdin, ch.outputs
+	if o.HoldOutput { // before any pump runs: nothing can be dropped before it
+		p.reserved = &follower{progress: time.Now()}
+		p.followers = append(p.followers, p.reserved)
+	}
 
 	m.workers.Add(len(ch.outputs))
 	var left, open atomic.Int32

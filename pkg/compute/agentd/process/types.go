@@ -59,6 +59,12 @@ type StartOptions struct {
 	// Stdin keeps a stdin pipe open in pipe mode; otherwise stdin is
 	// /dev/null.
 	Stdin bool
+	// HoldOutput reserves a follower at cursor 0 from the very start, for a
+	// caller that attaches right after Start (Exec): output is held back for
+	// it as for any attached reader, so nothing written before it attached is
+	// dropped. If nobody attaches within the follower stall timeout, the
+	// reservation stops holding the process back.
+	HoldOutput bool
 	// Timeout, when positive, kills the process group after that long and
 	// marks the exit as TimedOut. There is no default timeout.
 	Timeout time.Duration

@@ -117,6 +117,7 @@ func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.Process
 	if len(req.GetStdin()) > 0 {
 		opts.Stdin = true
 	}
+	opts.HoldOutput = true // the Attach below follows from 0: nothing is lost before it
 	info, _, err := s.d.StartProcess(ctx, opts)
 	if err != nil {
 		return errmap.ToStatus(err)

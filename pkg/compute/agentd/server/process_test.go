@@ -469,13 +469,20 @@ func TestExecAndAttachFlowControl(t *testing.T) {
 		t.Fatalf("Exec: stdout %d bytes, stderr %q, dropped %d, exit %v, %v", len(res.Stdout), res.Stderr, res.Dropped, res.Exit, err)
 	}
 
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh(fmt.Sprintf("head -c %d /dev/zero", size))})
+	// Start + Follow: output written before the follower attaches may be
+	// dropped (no reader holds it), so the process waits for a byte of
+	// stdin, which the test sends only once its Follow is receiving.
+	spec := sh(fmt.Sprintf("echo ready; head -c 1 >/dev/null; head -c %d /dev/zero", size))
+	spec.Stdin = true
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec})
 	if err != nil {
 		t.Fatal(err)
 	}
+	id := st.GetProcess().GetProcessId()
 	var got, dropped int64
 	calls := 0
-	exit, err := td.client.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+	released := make(chan error, 1)
+	exit, err := td.client.Follow(ctx, id, 0, func(m *agentdv1.AttachResponse) error {
 		if calls++; calls%8 == 0 {
 			time.Sleep(time.Millisecond) // a slow client
 		}
@@ -483,9 +490,18 @@ func TestExecAndAttachFlowControl(t *testing.T) {
 			got += int64(len(c.GetData()))
 		}
 		dropped += m.GetDroppedBytes()
+		if calls == 1 {
+			go func() {
+				_, err := td.client.WriteStdin(ctx, id, 0, []byte("x"))
+				released <- err
+			}()
+		}
 		return nil
 	})
-	if err != nil || exit.GetExitCode() != 0 || got != size || dropped != 0 {
+	if werr := <-released; werr != nil {
+		t.Fatal(werr)
+	}
+	if err != nil || exit.GetExitCode() != 0 || got != size+int64(len("ready\n")) || dropped != 0 {
 		t.Fatalf("Follow: got %d, dropped %d, exit %v, %v", got, dropped, exit, err)
 	}
 }
