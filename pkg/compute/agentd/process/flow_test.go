@@ -116,7 +116,7 @@ func TestAttachFlowControlLosesNothing(t *testing.T) {
 	// A ring far smaller than the output: without flow control nearly all
 	// of it would be dropped.
 	m := newTestManager(t, Config{OutputBufferBytes: 64 << 10})
-	info := mustStart(t, m, StartOptions{Command: fmt.Sprintf("yes 0123456789abcde | head -c %d", size)})
+	info := mustStart(t, m, StartOptions{Command: fmt.Sprintf("yes 0123456789abcde | head -c %d", size), HoldOutput: true})
 	var wg sync.WaitGroup
 	// Two followers; the slower one sets the pace.
 	ctx := testCtx(t)
@@ -142,7 +142,7 @@ func TestAttachFlowControlSegments(t *testing.T) {
 	// long before the bytes fill the ring; a slow follower still loses
 	// nothing.
 	m := newTestManager(t, Config{OutputBufferBytes: 4 << 10}) // 64 segments
-	info := mustStart(t, m, StartOptions{Command: "i=0; while [ $i -lt 3000 ]; do echo o; echo e >&2; i=$((i+1)); done"})
+	info := mustStart(t, m, StartOptions{Command: "i=0; while [ $i -lt 3000 ]; do echo o; echo e >&2; i=$((i+1)); done", HoldOutput: true})
 	var stdout, stderr, dropped int
 	calls := 0
 	err := m.Attach(testCtx(t), info.ID, 0, func(r ReadResult) error {
@@ -225,7 +225,7 @@ func TestStalledFollowerHoldsBackAgainOnceItReads(t *testing.T) {
 func TestKillWhilePumpIsHeld(t *testing.T) {
 	m := newTestManager(t, Config{OutputBufferBytes: 64 << 10, FollowerStallTimeout: time.Hour})
 	ctx := testCtx(t)
-	info := mustStart(t, m, StartOptions{Argv: []string{"yes", "0123456789abcde"}})
+	info := mustStart(t, m, StartOptions{Argv: []string{"yes", "0123456789abcde"}, HoldOutput: true})
 	release := make(chan struct{})
 	var dropped int64
 	attached := make(chan error, 1)
