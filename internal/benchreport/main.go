@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,6 +35,8 @@ type config struct {
 	streamSize int64
 	fileSize   int64
 	patchN     int
+	treeFiles  int
+	treeBytes  int64
 }
 
 func main() {
@@ -44,6 +47,8 @@ func main() {
 	flag.Int64Var(&cfg.streamSize, "stream-bytes", 1<<30, "bytes streamed through the daemon")
 	flag.Int64Var(&cfg.fileSize, "file-bytes", 1<<30, "size of the file written and read")
 	flag.IntVar(&cfg.patchN, "patch-n", 50, "apply_patch repetitions")
+	flag.IntVar(&cfg.treeFiles, "tree-files", 10000, "files in the archived workspace")
+	flag.Int64Var(&cfg.treeBytes, "tree-bytes", 200<<20, "bytes in the archived workspace")
 	flag.Parse()
 	if err := run(context.Background(), cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
@@ -92,6 +97,12 @@ func run(ctx context.Context, cfg config) error {
 	add(r...)
 	fmt.Fprintln(os.Stderr, "file transfer ...")
 	r, err = benchFiles(ctx, c, sb.Workspace, cfg.fileSize)
+	if err != nil {
+		return err
+	}
+	add(r...)
+	fmt.Fprintln(os.Stderr, "archive and restore ...")
+	r, err = benchArchive(ctx, c, sb.Workspace, cfg.treeFiles, cfg.treeBytes)
 	if err != nil {
 		return err
 	}
@@ -313,6 +324,99 @@ func benchPatch(ctx context.Context, c *agentclient.Client, workspace string, n 
 	return []row{{"ApplyPatch, 3 hunks on a 10,000-line file, p50", us(o50), us(g50) + " (GNU patch)", ratio(o50, g50), ""}}, nil
 }
 
+// benchArchive archives a workspace of files files / total bytes through the
+// daemon and restores it, beside `tar --zstd` creating and extracting the
+// same tree.
+func benchArchive(ctx context.Context, c *agentclient.Client, workspace string, files int, total int64) ([]row, error) {
+	if _, err := exec.LookPath("zstd"); err != nil {
+		return []row{{"Archive / Restore", "skipped: zstd (for the tar baseline) is not installed", "", "", ""}}, nil
+	}
+	tree := filepath.Join(workspace, "tree")
+	per := total / int64(files)
+	// Text that compresses about as well as source code (2-4x), different
+	// in every file: repeated content would compress a thousand-fold and
+	// trip Restore's expansion-ratio limit as a zstd bomb would.
+	rng := rand.New(rand.NewPCG(1, 2))
+	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 _(){};=+-*"
+	content := make([]byte, per)
+	for i := 0; i < files; i++ {
+		dir := filepath.Join(tree, fmt.Sprintf("d%03d", i/100))
+		if i%100 == 0 {
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				return nil, err
+			}
+		}
+		for j := range content {
+			if j%64 == 63 {
+				content[j] = '\n'
+			} else {
+				content[j] = alphabet[rng.IntN(len(alphabet))]
+			}
+		}
+		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%05d.txt", i)), content, 0o644); err != nil {
+			return nil, err
+		}
+	}
+	out, err := os.MkdirTemp(filepath.Dir(workspace), "bench-archive-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(out)
+	snap := filepath.Join(out, "snap.tar.zst")
+	f, err := os.Create(snap)
+	if err != nil {
+		return nil, err
+	}
+	syscall.Sync()
+	start := time.Now()
+	_, err = c.Archive(ctx, &agentdv1.ArchiveRequest{}, f)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return nil, err
+	}
+	archiveTime := time.Since(start)
+
+	tarball := filepath.Join(out, "tar.tar.zst")
+	syscall.Sync()
+	start = time.Now()
+	if b, err := exec.Command("tar", "--zstd", "-cf", tarball, "-C", workspace, ".").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("tar create: %v: %s", err, b)
+	}
+	tarCreate := time.Since(start)
+
+	extract := filepath.Join(out, "extract")
+	if err := os.Mkdir(extract, 0o755); err != nil {
+		return nil, err
+	}
+	syscall.Sync()
+	start = time.Now()
+	if b, err := exec.Command("tar", "--zstd", "-xf", tarball, "-C", extract).CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("tar extract: %v: %s", err, b)
+	}
+	tarExtract := time.Since(start)
+
+	f, err = os.Open(snap)
+	if err != nil {
+		return nil, err
+	}
+	syscall.Sync()
+	start = time.Now()
+	_, err = c.Restore(ctx, &agentdv1.RestoreHeader{}, f)
+	f.Close()
+	if err != nil {
+		return nil, err
+	}
+	restoreTime := time.Since(start)
+	_ = c.Remove(ctx, &agentdv1.RemoveRequest{Path: "tree", Recursive: true})
+	what := fmt.Sprintf("%d files / %s", files, mib(total))
+	return []row{
+		{"Archive (tar+zstd) of " + what, ms(archiveTime), ms(tarCreate) + " (tar --zstd -c)", ratio(archiveTime, tarCreate), "<= 1.2x"},
+		{"Restore (safe, atomic swap) of " + what, ms(restoreTime), ms(tarExtract) + " (tar --zstd -x)", ratio(restoreTime, tarExtract), "<= 1.2x"},
+	}, nil
+}
+
 // v4aPatches change three lines across the file and back.
 func v4aPatches() (string, string) {
 	var f, b strings.Builder
@@ -400,4 +504,5 @@ func rate(n int64, d time.Duration) float64 { return float64(n) / d.Seconds() }
 func gibps(r float64) string                { return fmt.Sprintf("%.2f GiB/s", r/(1<<30)) }
 func mib(n int64) string                    { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
 func us(d time.Duration) string             { return fmt.Sprintf("%d µs", d.Microseconds()) }
+func ms(d time.Duration) string             { return fmt.Sprintf("%d ms", d.Milliseconds()) }
 func ratio(a, b time.Duration) string       { return fmt.Sprintf("%.2fx", float64(a)/float64(b)) }
