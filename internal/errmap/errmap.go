@@ -51,7 +51,7 @@ func ToStatus(err error, extra ...*agentdv1.PatchRejection) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok && !isCompute(err) {
+	if _, ok := status.FromError(err); ok && !compute.Classified(err) {
 		return err // already a status (e.g. from an interceptor)
 	}
 	code, reason := codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL
@@ -184,12 +184,3 @@ func (e *wireError) Error() string {
 
 // Unwrap exposes both the sentinel (for errors.Is) and the status (for status.FromError).
 func (e *wireError) Unwrap() []error { return []error{e.sentinel, e.status} }
-
-func isCompute(err error) bool {
-	for _, e := range table {
-		if errors.Is(err, e.sentinel) {
-			return true
-		}
-	}
-	return false
-}

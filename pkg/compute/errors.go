@@ -60,6 +60,24 @@ var (
 	ErrInternal = errors.New("internal error")
 )
 
+// sentinels are every error a classified error wraps.
+var sentinels = [...]error{
+	ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrPermissionDenied, ErrPathEscape,
+	ErrReadOnly, ErrNotDirectory, ErrIsDirectory, ErrNotEmpty, ErrNoSpace, ErrResourceExhausted,
+	ErrFailedPrecondition, ErrConflict, ErrPatchRejected, ErrUnauthenticated, ErrUnavailable,
+	ErrUnimplemented, ErrCanceled, ErrDeadlineExceeded, ErrInternal,
+}
+
+// Classified reports whether err already wraps one of this package's sentinels.
+func Classified(err error) bool {
+	for _, s := range sentinels {
+		if errors.Is(err, s) {
+			return true
+		}
+	}
+	return false
+}
+
 // PathError records a failed operation on a workspace path. Path is always
 // the path as the caller gave it (or as it is shown inside the sandbox), never
 // a host path of the harness.

@@ -126,6 +126,7 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	tokenR.Close()
 	s.cmd = cmd
 	go func() { _ = cmd.Wait(); close(s.exited) }()
+	log.Debug("sandbox-agentd started", zap.Int("pid", cmd.Process.Pid), zap.String("socket", s.Socket))
 	_, werr := io.WriteString(tokenW, token)
 	tokenW.Close()
 	if werr != nil {
@@ -180,6 +181,7 @@ func (s *Sandbox) Close(ctx context.Context) error {
 		select {
 		case <-s.exited:
 		case <-ctx.Done():
+			s.log.Warn("sandbox-agentd did not stop in time; killing it", zap.Int("pid", s.cmd.Process.Pid))
 			s.kill()
 			errs = append(errs, fmt.Errorf("sandbox-agentd did not stop in time; killed"))
 		}

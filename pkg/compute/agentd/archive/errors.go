@@ -3,11 +3,7 @@ package archive
 import (
 	"context"
 	"errors"
-	"fmt"
-	"io/fs"
-	"os"
 	"strconv"
-	"syscall"
 	"unicode"
 	"unicode/utf8"
 
@@ -29,46 +25,9 @@ const streamName = "(archive)"
 // maxShownName bounds how much of a member name an error repeats.
 const maxShownName = 200
 
-// classify maps err to one wrapping a compute sentinel. Errors that already
-// wrap one (any of those listed below) are returned unchanged. Host paths carried by *fs.PathError and
-// *os.LinkError are dropped; the errno survives.
-func classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	for _, s := range [...]error{
-		compute.ErrNotFound, compute.ErrAlreadyExists, compute.ErrInvalidArgument,
-		compute.ErrPermissionDenied, compute.ErrPathEscape, compute.ErrReadOnly,
-		compute.ErrNotDirectory, compute.ErrIsDirectory, compute.ErrNotEmpty,
-		compute.ErrNoSpace, compute.ErrResourceExhausted, compute.ErrFailedPrecondition,
-		compute.ErrConflict, compute.ErrUnavailable, compute.ErrUnimplemented,
-		compute.ErrCanceled, compute.ErrDeadlineExceeded, compute.ErrInternal,
-	} {
-		if errors.Is(err, s) {
-			return err
-		}
-	}
-	switch {
-	case errors.Is(err, context.Canceled):
-		return fmt.Errorf("%w: %w", compute.ErrCanceled, context.Canceled)
-	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("%w: %w", compute.ErrDeadlineExceeded, context.DeadlineExceeded)
-	}
-	var errno syscall.Errno
-	if errors.As(err, &errno) {
-		return fmt.Errorf("%w (%w)", compute.ErrnoSentinel(errno), errno)
-	}
-	var pe *fs.PathError
-	var le *os.LinkError
-	if errors.As(err, &pe) || errors.As(err, &le) {
-		// os.Root reports an escape without an errno.
-		if pe != nil && pe.Err != nil && pe.Err.Error() == "path escapes from parent" {
-			return fmt.Errorf("%w: the path leads outside its root", compute.ErrPathEscape)
-		}
-		return fmt.Errorf("%w: unexpected filesystem failure", compute.ErrInternal)
-	}
-	return fmt.Errorf("%w: %w", compute.ErrInternal, err)
-}
+// classify maps err to one wrapping a compute sentinel (see
+// compute.ClassifyFS: host paths are dropped, the errno survives).
+func classify(err error) error { return compute.ClassifyFS(err) }
 
 // pathErr returns a *compute.PathError for name with err classified. A nil
 // err stays nil; an error that already is a *compute.PathError is kept.
