@@ -7,10 +7,10 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 )
 
-// Operation names used in *errdefs.PathError values.
+// Operation names used in *compute.PathError values.
 const (
 	opArchive     = "archive"
 	opRestore     = "restore"
@@ -26,26 +26,26 @@ const streamName = "(archive)"
 const maxShownName = 200
 
 // classify maps err to one wrapping a compute sentinel (see
-// errdefs.ClassifyFS: host paths are dropped, the errno survives).
-func classify(err error) error { return errdefs.ClassifyFS(err) }
+// compute.ClassifyFS: host paths are dropped, the errno survives).
+func classify(err error) error { return compute.ClassifyFS(err) }
 
-// pathErr returns a *errdefs.PathError for name with err classified. A nil
-// err stays nil; an error that already is a *errdefs.PathError is kept.
+// pathErr returns a *compute.PathError for name with err classified. A nil
+// err stays nil; an error that already is a *compute.PathError is kept.
 func pathErr(op, name string, err error) error {
 	if err == nil {
 		return nil
 	}
-	var pe *errdefs.PathError
+	var pe *compute.PathError
 	if errors.As(err, &pe) {
 		return err
 	}
-	return &errdefs.PathError{Op: op, Path: name, Err: classify(err)}
+	return &compute.PathError{Op: op, Path: name, Err: classify(err)}
 }
 
-// refuse returns a *errdefs.PathError for name wrapping sentinel with a
+// refuse returns a *compute.PathError for name wrapping sentinel with a
 // reason.
 func refuse(op, name string, sentinel error, format string, args ...any) error {
-	return &errdefs.PathError{Op: op, Path: name, Err: errdefs.Errorf(sentinel, format, args...)}
+	return &compute.PathError{Op: op, Path: name, Err: compute.Errorf(sentinel, format, args...)}
 }
 
 // shown renders an untrusted name for an error message: names that are

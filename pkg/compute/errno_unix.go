@@ -1,6 +1,6 @@
 //go:build unix
 
-package errdefs
+package compute
 
 import "syscall"
 
