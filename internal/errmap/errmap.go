@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -25,24 +25,24 @@ type entry struct {
 }
 
 var table = [...]entry{
-	{compute.ErrPathEscape, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE},
-	{compute.ErrReadOnly, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_READ_ONLY},
-	{compute.ErrPatchRejected, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED},
-	{compute.ErrNoSpace, codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_NO_SPACE},
-	{compute.ErrNotFound, codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND},
-	{compute.ErrAlreadyExists, codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS},
-	{compute.ErrNotDirectory, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY},
-	{compute.ErrIsDirectory, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY},
-	{compute.ErrNotEmpty, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY},
-	{compute.ErrPermissionDenied, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED},
-	{compute.ErrResourceExhausted, codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED},
-	{compute.ErrConflict, codes.Aborted, agentdv1.ErrorReason_ERROR_REASON_CONFLICT},
-	{compute.ErrFailedPrecondition, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_FAILED_PRECONDITION},
-	{compute.ErrInvalidArgument, codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT},
-	{compute.ErrUnauthenticated, codes.Unauthenticated, agentdv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED},
-	{compute.ErrUnimplemented, codes.Unimplemented, agentdv1.ErrorReason_ERROR_REASON_UNIMPLEMENTED},
-	{compute.ErrUnavailable, codes.Unavailable, agentdv1.ErrorReason_ERROR_REASON_UNAVAILABLE},
-	{compute.ErrInternal, codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL},
+	{errdefs.ErrPathEscape, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE},
+	{errdefs.ErrReadOnly, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_READ_ONLY},
+	{errdefs.ErrPatchRejected, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED},
+	{errdefs.ErrNoSpace, codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_NO_SPACE},
+	{errdefs.ErrNotFound, codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND},
+	{errdefs.ErrAlreadyExists, codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS},
+	{errdefs.ErrNotDirectory, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY},
+	{errdefs.ErrIsDirectory, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY},
+	{errdefs.ErrNotEmpty, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY},
+	{errdefs.ErrPermissionDenied, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED},
+	{errdefs.ErrResourceExhausted, codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED},
+	{errdefs.ErrConflict, codes.Aborted, agentdv1.ErrorReason_ERROR_REASON_CONFLICT},
+	{errdefs.ErrFailedPrecondition, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_FAILED_PRECONDITION},
+	{errdefs.ErrInvalidArgument, codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT},
+	{errdefs.ErrUnauthenticated, codes.Unauthenticated, agentdv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED},
+	{errdefs.ErrUnimplemented, codes.Unimplemented, agentdv1.ErrorReason_ERROR_REASON_UNIMPLEMENTED},
+	{errdefs.ErrUnavailable, codes.Unavailable, agentdv1.ErrorReason_ERROR_REASON_UNAVAILABLE},
+	{errdefs.ErrInternal, codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL},
 }
 
 // ToStatus turns a daemon error into a gRPC status error with an ErrorDetail
@@ -51,7 +51,7 @@ func ToStatus(err error, extra ...*agentdv1.PatchRejection) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok && !compute.Classified(err) {
+	if _, ok := status.FromError(err); ok && !errdefs.Classified(err) {
 		return err // already a status (e.g. from an interceptor)
 	}
 	code, reason := codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL
@@ -69,11 +69,11 @@ func ToStatus(err error, extra ...*agentdv1.PatchRejection) error {
 		}
 	}
 	detail := &agentdv1.ErrorDetail{Reason: reason, Message: err.Error()}
-	var pe *compute.PathError
+	var pe *errdefs.PathError
 	if errors.As(err, &pe) {
 		detail.Op, detail.Path, detail.Message = pe.Op, pe.Path, pe.Err.Error()
 	}
-	var xe *compute.ProcessError
+	var xe *errdefs.ProcessError
 	if errors.As(err, &xe) {
 		detail.Op, detail.ProcessId, detail.Message = xe.Op, xe.ProcessID, xe.Err.Error()
 	}
@@ -116,12 +116,12 @@ func FromStatus(err error) error {
 	var out error = &wireError{sentinel: sentinel, msg: msg, status: err}
 	switch {
 	case detail != nil && detail.GetPath() != "":
-		out = &compute.PathError{Op: detail.GetOp(), Path: detail.GetPath(), Err: out}
+		out = &errdefs.PathError{Op: detail.GetOp(), Path: detail.GetPath(), Err: out}
 	case detail != nil && detail.GetProcessId() != "":
-		out = &compute.ProcessError{Op: detail.GetOp(), ProcessID: detail.GetProcessId(), Err: out}
+		out = &errdefs.ProcessError{Op: detail.GetOp(), ProcessID: detail.GetProcessId(), Err: out}
 	}
 	if st.Code() == codes.Unavailable {
-		out = compute.MarkRetryable(out)
+		out = errdefs.MarkRetryable(out)
 	}
 	return out
 }
@@ -154,18 +154,18 @@ func sentinelFor(code codes.Code, detail *agentdv1.ErrorDetail) error {
 	}
 	switch code {
 	case codes.Canceled:
-		return compute.ErrCanceled
+		return errdefs.ErrCanceled
 	case codes.DeadlineExceeded:
-		return compute.ErrDeadlineExceeded
+		return errdefs.ErrDeadlineExceeded
 	case codes.Unavailable:
-		return compute.ErrUnavailable
+		return errdefs.ErrUnavailable
 	}
 	for _, e := range table {
 		if e.code == code {
 			return e.sentinel
 		}
 	}
-	return compute.ErrInternal
+	return errdefs.ErrInternal
 }
 
 // wireError is a compute error rebuilt from a status.

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -18,7 +18,7 @@ import (
 func TestRoundTripEverySentinel(t *testing.T) {
 	for _, e := range table {
 		t.Run(e.sentinel.Error(), func(t *testing.T) {
-			orig := &compute.PathError{Op: "write", Path: "dir/a.txt", Err: fmt.Errorf("%w: details here", e.sentinel)}
+			orig := &errdefs.PathError{Op: "write", Path: "dir/a.txt", Err: fmt.Errorf("%w: details here", e.sentinel)}
 			wire := ToStatus(orig)
 			if got := status.Code(wire); got != e.code {
 				t.Fatalf("code %v, want %v", got, e.code)
@@ -27,15 +27,15 @@ func TestRoundTripEverySentinel(t *testing.T) {
 			if !errors.Is(back, e.sentinel) {
 				t.Fatalf("errors.Is(%v, %v) is false", back, e.sentinel)
 			}
-			var pe *compute.PathError
+			var pe *errdefs.PathError
 			if !errors.As(back, &pe) || pe.Path != "dir/a.txt" || pe.Op != "write" {
 				t.Fatalf("path lost: %#v", back)
 			}
 			if back.Error() != orig.Error() {
 				t.Fatalf("message %q, want %q", back.Error(), orig.Error())
 			}
-			if compute.Retryable(back) != (e.sentinel == compute.ErrUnavailable) {
-				t.Fatalf("retryable=%v for %v", compute.Retryable(back), e.sentinel)
+			if errdefs.Retryable(back) != (e.sentinel == errdefs.ErrUnavailable) {
+				t.Fatalf("retryable=%v for %v", errdefs.Retryable(back), e.sentinel)
 			}
 			if st, ok := status.FromError(back); !ok || st.Code() != e.code {
 				t.Fatalf("the status is not kept for diagnosis: %v", st)
@@ -46,18 +46,18 @@ func TestRoundTripEverySentinel(t *testing.T) {
 
 func TestSpecificBeforeGeneral(t *testing.T) {
 	// An escape is also a permission problem; the reason must say escape.
-	err := fmt.Errorf("%w: %w", compute.ErrPathEscape, compute.ErrPermissionDenied)
+	err := fmt.Errorf("%w: %w", errdefs.ErrPathEscape, errdefs.ErrPermissionDenied)
 	back := FromStatus(ToStatus(err))
-	if !errors.Is(back, compute.ErrPathEscape) {
+	if !errors.Is(back, errdefs.ErrPathEscape) {
 		t.Fatalf("got %v", back)
 	}
 }
 
 func TestProcessErrorKeepsID(t *testing.T) {
-	orig := &compute.ProcessError{Op: "signal", ProcessID: "p-7", Err: compute.ErrNotFound}
+	orig := &errdefs.ProcessError{Op: "signal", ProcessID: "p-7", Err: errdefs.ErrNotFound}
 	back := FromStatus(ToStatus(orig))
-	var xe *compute.ProcessError
-	if !errors.As(back, &xe) || xe.ProcessID != "p-7" || !errors.Is(back, compute.ErrNotFound) {
+	var xe *errdefs.ProcessError
+	if !errors.As(back, &xe) || xe.ProcessID != "p-7" || !errors.Is(back, errdefs.ErrNotFound) {
 		t.Fatalf("got %#v", back)
 	}
 }
@@ -72,10 +72,10 @@ func TestContextAndUnknownErrors(t *testing.T) {
 	if c := status.Code(ToStatus(errors.New("boom"))); c != codes.Internal {
 		t.Fatalf("unknown -> %v", c)
 	}
-	if !errors.Is(FromStatus(status.Error(codes.Unavailable, "conn refused")), compute.ErrUnavailable) {
+	if !errors.Is(FromStatus(status.Error(codes.Unavailable, "conn refused")), errdefs.ErrUnavailable) {
 		t.Fatal("a bare Unavailable must map to ErrUnavailable")
 	}
-	if !compute.Retryable(FromStatus(status.Error(codes.Unavailable, "conn refused"))) {
+	if !errdefs.Retryable(FromStatus(status.Error(codes.Unavailable, "conn refused"))) {
 		t.Fatal("Unavailable must be retryable")
 	}
 	if ToStatus(nil) != nil || FromStatus(nil) != nil {
@@ -89,7 +89,7 @@ func TestContextAndUnknownErrors(t *testing.T) {
 
 func TestPatchRejectionDetail(t *testing.T) {
 	rej := &agentdv1.PatchRejection{Path: "a.go", ExpectedLines: []string{"x"}, ClosestLine: 3, ClosestLines: []string{"y"}}
-	back := FromStatus(ToStatus(fmt.Errorf("%w: context not found", compute.ErrPatchRejected), rej))
+	back := FromStatus(ToStatus(fmt.Errorf("%w: context not found", errdefs.ErrPatchRejected), rej))
 	got := PatchRejection(back)
 	if got == nil || got.GetPath() != "a.go" || got.GetClosestLine() != 3 {
 		t.Fatalf("got %v", got)
@@ -104,8 +104,8 @@ func TestErrnoSentinelsHaveWireForms(t *testing.T) {
 		syscall.ENOSPC, syscall.EDQUOT, syscall.EEXIST, syscall.ENOTEMPTY, syscall.ELOOP, syscall.ENAMETOOLONG,
 		syscall.EINVAL, syscall.EXDEV, syscall.EFBIG, syscall.EMFILE, syscall.EBUSY, syscall.EAGAIN,
 	} {
-		s := compute.ErrnoSentinel(errno)
-		if s == compute.ErrInternal {
+		s := errdefs.ErrnoSentinel(errno)
+		if s == errdefs.ErrInternal {
 			t.Errorf("%v: classified as internal", errno)
 			continue
 		}
@@ -113,7 +113,7 @@ func TestErrnoSentinelsHaveWireForms(t *testing.T) {
 			t.Errorf("%v -> %v -> %v", errno, s, c)
 		}
 	}
-	if compute.ErrnoSentinel(syscall.EIO) != compute.ErrInternal {
+	if errdefs.ErrnoSentinel(syscall.EIO) != errdefs.ErrInternal {
 		t.Error("EIO should stay internal")
 	}
 }

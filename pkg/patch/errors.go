@@ -8,7 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // Values of Error.Op.
@@ -27,16 +27,16 @@ const (
 // paths written in the patch.
 //
 // Err is the class of failure, one of:
-//   - compute.ErrInvalidArgument: the patch is malformed (syntax, bad
+//   - errdefs.ErrInvalidArgument: the patch is malformed (syntax, bad
 //     operation, empty patch); nothing was read;
-//   - compute.ErrPatchRejected: the patch is well formed but does not apply
+//   - errdefs.ErrPatchRejected: the patch is well formed but does not apply
 //     to the current files (context not found, file missing, directory in
 //     the way, file not UTF-8, a Source read failed);
-//   - compute.ErrResourceExhausted: a limit in Options was exceeded.
+//   - errdefs.ErrResourceExhausted: a limit in Options was exceeded.
 //
-// Cause, when set, is the more specific reason: compute.ErrNotFound,
-// compute.ErrIsDirectory or compute.ErrNotDirectory, or the error a Source
-// returned, kept whole (so errors.Is finds e.g. compute.ErrPathEscape in it).
+// Cause, when set, is the more specific reason: errdefs.ErrNotFound,
+// errdefs.ErrIsDirectory or errdefs.ErrNotDirectory, or the error a Source
+// returned, kept whole (so errors.Is finds e.g. errdefs.ErrPathEscape in it).
 // errors.Is matches both Err and Cause; callers that map errors to status
 // codes should test the specific causes they care about before the class.
 type Error struct {
@@ -126,9 +126,9 @@ func (e *Error) Unwrap() []error {
 
 func (e *Error) classText() string {
 	switch {
-	case errors.Is(e.Err, compute.ErrInvalidArgument):
+	case errors.Is(e.Err, errdefs.ErrInvalidArgument):
 		return "invalid patch"
-	case errors.Is(e.Err, compute.ErrResourceExhausted):
+	case errors.Is(e.Err, errdefs.ErrResourceExhausted):
 		return "patch exceeds a limit"
 	default:
 		return "patch rejected"
@@ -138,17 +138,17 @@ func (e *Error) classText() string {
 // isOwnCause reports whether cause is one of the sentinels this package sets
 // itself; their meaning is already in Reason.
 func isOwnCause(cause error) bool {
-	return cause == compute.ErrNotFound || cause == compute.ErrIsDirectory || cause == compute.ErrNotDirectory
+	return cause == errdefs.ErrNotFound || cause == errdefs.ErrIsDirectory || cause == errdefs.ErrNotDirectory
 }
 
 // describeCause names a Source error by the sentinel it carries, never by
 // its own text, which may contain host paths the model must not see.
 func describeCause(err error) string {
 	known := [...]error{
-		compute.ErrNotFound, compute.ErrIsDirectory, compute.ErrNotDirectory,
-		compute.ErrPathEscape, compute.ErrPermissionDenied, compute.ErrReadOnly,
-		compute.ErrNoSpace, compute.ErrResourceExhausted, compute.ErrUnavailable,
-		compute.ErrCanceled, compute.ErrDeadlineExceeded,
+		errdefs.ErrNotFound, errdefs.ErrIsDirectory, errdefs.ErrNotDirectory,
+		errdefs.ErrPathEscape, errdefs.ErrPermissionDenied, errdefs.ErrReadOnly,
+		errdefs.ErrNoSpace, errdefs.ErrResourceExhausted, errdefs.ErrUnavailable,
+		errdefs.ErrCanceled, errdefs.ErrDeadlineExceeded,
 	}
 	for _, s := range known {
 		if errors.Is(err, s) {
@@ -157,9 +157,9 @@ func describeCause(err error) string {
 	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return compute.ErrNotFound.Error()
+		return errdefs.ErrNotFound.Error()
 	case errors.Is(err, fs.ErrPermission):
-		return compute.ErrPermissionDenied.Error()
+		return errdefs.ErrPermissionDenied.Error()
 	}
 	return "the file could not be read"
 }
@@ -226,7 +226,7 @@ func keepLines(lines []string) []string {
 
 // syntaxError reports malformed patch text at a line, optionally within op.
 func syntaxError(line int, op *FileOp, format string, args ...any) *Error {
-	e := &Error{Op: OpNameParse, Line: line, Reason: fmt.Sprintf(format, args...), Err: compute.ErrInvalidArgument}
+	e := &Error{Op: OpNameParse, Line: line, Reason: fmt.Sprintf(format, args...), Err: errdefs.ErrInvalidArgument}
 	if op != nil {
 		e.Path = op.Path
 	}
@@ -235,12 +235,12 @@ func syntaxError(line int, op *FileOp, format string, args ...any) *Error {
 
 // limitError reports an exceeded Options limit.
 func limitError(op, path, format string, args ...any) *Error {
-	return &Error{Op: op, Path: path, Reason: fmt.Sprintf(format, args...), Err: compute.ErrResourceExhausted}
+	return &Error{Op: op, Path: path, Reason: fmt.Sprintf(format, args...), Err: errdefs.ErrResourceExhausted}
 }
 
 // rejection reports a well-formed operation that does not apply.
 func rejection(op, path string, cause error, format string, args ...any) *Error {
-	return &Error{Op: op, Path: path, Reason: fmt.Sprintf(format, args...), Err: compute.ErrPatchRejected, Cause: cause}
+	return &Error{Op: op, Path: path, Reason: fmt.Sprintf(format, args...), Err: errdefs.ErrPatchRejected, Cause: cause}
 }
 
 // asError returns err as an *Error, wrapping it as a syntax error if it is
@@ -250,5 +250,5 @@ func asError(err error) *Error {
 	if errors.As(err, &e) {
 		return e
 	}
-	return &Error{Op: OpNameParse, Reason: err.Error(), Err: compute.ErrInvalidArgument}
+	return &Error{Op: OpNameParse, Reason: err.Error(), Err: errdefs.ErrInvalidArgument}
 }

@@ -10,7 +10,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // memTree is an in-memory directory tree: the Source used by the tests, and
@@ -42,11 +42,11 @@ func (t *memTree) addParents(p string) {
 func (t *memTree) ReadFile(p string) ([]byte, error) {
 	k := path.Clean(p)
 	if t.dirs[k] {
-		return nil, &compute.PathError{Op: "read", Path: p, Err: compute.ErrIsDirectory}
+		return nil, &errdefs.PathError{Op: "read", Path: p, Err: errdefs.ErrIsDirectory}
 	}
 	b, ok := t.files[k]
 	if !ok {
-		return nil, &compute.PathError{Op: "read", Path: p, Err: compute.ErrNotFound}
+		return nil, &errdefs.PathError{Op: "read", Path: p, Err: errdefs.ErrNotFound}
 	}
 	return bytes.Clone(b), nil
 }

@@ -1,7 +1,7 @@
 // Package agentclient is the typed gRPC client of sandbox-agentd, used by
 // every provider. It authenticates every call with the sandbox's token and
 // turns gRPC statuses back into compute errors, so callers test failures
-// with errors.Is(err, compute.ErrNotFound) and compute.Retryable(err).
+// with errors.Is(err, errdefs.ErrNotFound) and errdefs.Retryable(err).
 package agentclient
 
 import (
@@ -19,7 +19,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -139,7 +139,7 @@ func PatchRejection(err error) *agentdv1.PatchRejection { return errmap.PatchRej
 
 func grpcTarget(address string) (string, error) {
 	if address == "" {
-		return "", fmt.Errorf("agentclient: %w: empty address", compute.ErrInvalidArgument)
+		return "", fmt.Errorf("agentclient: %w: empty address", errdefs.ErrInvalidArgument)
 	}
 	u, err := url.Parse(address)
 	if err != nil || u.Scheme == "" || u.Opaque != "" {
@@ -157,7 +157,7 @@ func grpcTarget(address string) (string, error) {
 	case "passthrough", "dns":
 		return address, nil
 	}
-	return "", fmt.Errorf("agentclient: %w: address %q: scheme must be unix:// or tcp://", compute.ErrInvalidArgument, address)
+	return "", fmt.Errorf("agentclient: %w: address %q: scheme must be unix:// or tcp://", errdefs.ErrInvalidArgument, address)
 }
 
 // errStreamEnded reports a server stream that closed without its final message.

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -105,7 +105,7 @@ func uploadError[T any](closeAndRecv func() (T, error), err error, op, path stri
 		if path == "" {
 			return fmt.Errorf("%s: %w", op, err)
 		}
-		return &compute.PathError{Op: op, Path: path, Err: err}
+		return &errdefs.PathError{Op: op, Path: path, Err: err}
 	}
 	if errors.Is(se.err, io.EOF) {
 		if _, rerr := closeAndRecv(); rerr != nil {
@@ -146,7 +146,7 @@ func (c *Client) Rename(ctx context.Context, req *agentdv1.RenameRequest) error 
 }
 
 // ApplyPatch applies a patch all-or-nothing. On rejection the error matches
-// compute.ErrPatchRejected and PatchRejection(err) explains it.
+// errdefs.ErrPatchRejected and PatchRejection(err) explains it.
 func (c *Client) ApplyPatch(ctx context.Context, req *agentdv1.ApplyPatchRequest) (*agentdv1.ApplyPatchResponse, error) {
 	resp, err := c.workspace.ApplyPatch(ctx, req)
 	return resp, wrap(err)

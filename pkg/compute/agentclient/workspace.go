@@ -69,3 +69,30 @@ func (c *Client) Fingerprint(ctx context.Context, req *agentdv1.FingerprintReque
 	}
 	return resp.GetFingerprint(), nil
 }
+
+// Materialize applies a plan: the plan first, then the tar stream read from
+// r that carries the bytes of the plan's file entries in plan order. On
+// failure the workspace's files are as they were.
+func (c *Client) Materialize(ctx context.Context, plan *agentdv1.MaterializePlan, r io.Reader) (*agentdv1.MaterializeResponse, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := c.workspace.Materialize(ctx)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	err = upload(r,
+		func() error {
+			return stream.Send(&agentdv1.MaterializeRequest{Message: &agentdv1.MaterializeRequest_Plan{Plan: plan}})
+		},
+		func(p []byte) error {
+			return stream.Send(&agentdv1.MaterializeRequest{Message: &agentdv1.MaterializeRequest_Data{Data: p}})
+		})
+	if err != nil {
+		return nil, uploadError(stream.CloseAndRecv, err, "materialize", "")
+	}
+	resp, err := stream.CloseAndRecv()
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return resp, nil
+}

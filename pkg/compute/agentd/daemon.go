@@ -19,10 +19,11 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/materialize"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/process"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // Features returns the names of the features this daemon implements,
@@ -32,7 +33,7 @@ func Features() []string {
 		"process.pty", "process.stdin_offsets", "process.request_id", "process.attach", "process.timeout",
 		"file.atomic_write", "file.run_as", "file.grants",
 		"workspace.apply_patch", "workspace.apply_patch.atomic",
-		"workspace.archive", "workspace.restore", "workspace.fingerprint",
+		"workspace.archive", "workspace.restore", "workspace.fingerprint", "workspace.materialize",
 	}
 }
 
@@ -100,6 +101,11 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 		_ = d.Shutdown(context.Background())
 		return nil, err
 	}
+	if n, err := materialize.CleanupStaging(cfg.WorkspaceRoot); err != nil {
+		log.Warn("removing staging directories left by an interrupted materialization", zap.Error(err))
+	} else if n > 0 {
+		log.Info("removed staging directories left by an interrupted materialization", zap.Int("count", n))
+	}
 	if n, err := d.ws.CleanupTemp(context.Background()); err != nil {
 		log.Warn("removing temporary files left by an interrupted write", zap.Error(err))
 	} else if n > 0 {
@@ -146,11 +152,11 @@ type StartSpec struct {
 func (d *Daemon) StartProcess(ctx context.Context, spec StartSpec) (process.Info, bool, error) {
 	user, err := d.User(spec.User)
 	if err != nil {
-		return process.Info{}, false, &compute.ProcessError{Op: "start", Err: err}
+		return process.Info{}, false, &errdefs.ProcessError{Op: "start", Err: err}
 	}
 	dir, err := d.ws.ResolveDir(ctx, user, spec.Cwd)
 	if err != nil {
-		return process.Info{}, false, &compute.ProcessError{Op: "start", Err: err}
+		return process.Info{}, false, &errdefs.ProcessError{Op: "start", Err: err}
 	}
 	opts := spec.StartOptions
 	opts.Dir = dir

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -156,7 +156,7 @@ func TestDaemonTokenSources(t *testing.T) {
 			t.Errorf("Info with the token = %v, %v", info, err)
 		}
 		_, err := dialDirect(t, socket, "wrong-token-0123456789abcdef").Info(ctx)
-		if !errors.Is(err, compute.ErrUnauthenticated) {
+		if !errors.Is(err, errdefs.ErrUnauthenticated) {
 			t.Errorf("Info with a wrong token: %v; want ErrUnauthenticated", err)
 		}
 		if strings.Contains(d.stderr.String(), directToken) {

@@ -3,7 +3,7 @@
 // workspace in a directory the harness owns.
 //
 // This file is the launcher every local sandbox is built on; the full
-// compute.Client provider (state, resume, snapshots, bubblewrap isolation)
+// errdefs.Client provider (state, resume, snapshots, bubblewrap isolation)
 // grows on top of it.
 package local
 
@@ -23,8 +23,8 @@ import (
 	"go.uber.org/zap"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // AgentdBinary is the daemon's executable name.
@@ -67,7 +67,7 @@ func FindAgentd() (string, error) {
 	}
 	p, err := exec.LookPath(AgentdBinary)
 	if err != nil {
-		return "", fmt.Errorf("%w: %s is neither next to this program nor on PATH (run `make build`)", compute.ErrNotFound, AgentdBinary)
+		return "", fmt.Errorf("%w: %s is neither next to this program nor on PATH (run `make build`)", errdefs.ErrNotFound, AgentdBinary)
 	}
 	return p, nil
 }
@@ -154,9 +154,9 @@ func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
 		}
 		select {
 		case <-s.exited:
-			return fmt.Errorf("%w: sandbox-agentd exited during start-up: %s", compute.ErrUnavailable, s.cmd.ProcessState)
+			return fmt.Errorf("%w: sandbox-agentd exited during start-up: %s", errdefs.ErrUnavailable, s.cmd.ProcessState)
 		case <-ctx.Done():
-			return fmt.Errorf("%w: sandbox-agentd did not become ready within %s", compute.ErrUnavailable, timeout)
+			return fmt.Errorf("%w: sandbox-agentd did not become ready within %s", errdefs.ErrUnavailable, timeout)
 		case <-time.After(20 * time.Millisecond):
 		}
 	}

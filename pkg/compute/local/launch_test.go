@@ -25,8 +25,8 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -428,13 +428,13 @@ func TestKillDuringWriteKeepsOldContent(t *testing.T) {
 	if err == nil {
 		t.Fatal("WriteFile succeeded although the daemon was killed")
 	}
-	if !errors.Is(err, compute.ErrUnavailable) {
-		t.Errorf("WriteFile error %v (%T) does not match compute.ErrUnavailable", err, err)
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("WriteFile error %v (%T) does not match errdefs.ErrUnavailable", err, err)
 	}
-	if !compute.Retryable(err) {
+	if !errdefs.Retryable(err) {
 		t.Errorf("WriteFile error %v is not Retryable; an atomic write interrupted by a dead daemon is safe to retry", err)
 	}
-	t.Logf("WriteFile after SIGKILL: %v (ErrUnavailable=%v Retryable=%v)", err, errors.Is(err, compute.ErrUnavailable), compute.Retryable(err))
+	t.Logf("WriteFile after SIGKILL: %v (ErrUnavailable=%v Retryable=%v)", err, errors.Is(err, errdefs.ErrUnavailable), errdefs.Retryable(err))
 
 	if got, err := os.ReadFile(filepath.Join(ws, "f.txt")); err != nil || string(got) != contentA {
 		t.Fatalf("f.txt after the interrupted write = %q, %v; want %q", got, err, contentA)

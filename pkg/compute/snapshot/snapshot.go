@@ -11,7 +11,7 @@ import (
 	"io"
 	"regexp"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // Store keeps snapshots by id. Implementations must be safe for concurrent
@@ -22,7 +22,7 @@ type Store interface {
 	// Put stores the bytes of r under id, replacing an existing snapshot
 	// only once r was read completely.
 	Put(ctx context.Context, id string, r io.Reader) (Info, error)
-	// Get opens the snapshot for reading (compute.ErrNotFound when absent).
+	// Get opens the snapshot for reading (errdefs.ErrNotFound when absent).
 	Get(ctx context.Context, id string) (io.ReadCloser, error)
 	// Exists reports whether a snapshot is stored under id.
 	Exists(ctx context.Context, id string) (bool, error)
@@ -45,7 +45,7 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 // ValidateID checks that id can name a snapshot in every store.
 func ValidateID(id string) error {
 	if !idPattern.MatchString(id) {
-		return fmt.Errorf("%w: snapshot id %q: use 1-128 characters from [A-Za-z0-9._-], starting with a letter or digit", compute.ErrInvalidArgument, id)
+		return fmt.Errorf("%w: snapshot id %q: use 1-128 characters from [A-Za-z0-9._-], starting with a letter or digit", errdefs.ErrInvalidArgument, id)
 	}
 	return nil
 }
@@ -63,12 +63,12 @@ func (Noop) Put(_ context.Context, id string, r io.Reader) (Info, error) {
 	return Info{ID: id, Size: n}, err
 }
 
-// Get always reports compute.ErrNotFound.
+// Get always reports errdefs.ErrNotFound.
 func (Noop) Get(_ context.Context, id string) (io.ReadCloser, error) {
 	if err := ValidateID(id); err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("snapshot %s: %w (the no-op store keeps nothing)", id, compute.ErrNotFound)
+	return nil, fmt.Errorf("snapshot %s: %w (the no-op store keeps nothing)", id, errdefs.ErrNotFound)
 }
 
 // Exists always reports false.

@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // swapFixture is a workspace with entries to replace, preserved excluded
@@ -109,7 +109,7 @@ func TestExtractionFailureLeavesNothing(t *testing.T) {
 	// A valid start, then a member that is refused.
 	data := craft(t, true, tm{name: "a/x", body: "1"}, tm{name: "new-dir/f", body: "2"}, tm{name: "/abs", body: "3"})
 	_, err := Restore(context.Background(), root, bytes.NewReader(data), opts)
-	requirePathError(t, err, compute.ErrPathEscape, "/abs")
+	requirePathError(t, err, errdefs.ErrPathEscape, "/abs")
 	requireSame(t, "workspace", before, describe(t, root))
 	requireNoStaging(t, root)
 }

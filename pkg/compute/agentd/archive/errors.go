@@ -7,10 +7,10 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
-// Operation names used in *compute.PathError values.
+// Operation names used in *errdefs.PathError values.
 const (
 	opArchive     = "archive"
 	opRestore     = "restore"
@@ -26,26 +26,26 @@ const streamName = "(archive)"
 const maxShownName = 200
 
 // classify maps err to one wrapping a compute sentinel (see
-// compute.ClassifyFS: host paths are dropped, the errno survives).
-func classify(err error) error { return compute.ClassifyFS(err) }
+// errdefs.ClassifyFS: host paths are dropped, the errno survives).
+func classify(err error) error { return errdefs.ClassifyFS(err) }
 
-// pathErr returns a *compute.PathError for name with err classified. A nil
-// err stays nil; an error that already is a *compute.PathError is kept.
+// pathErr returns a *errdefs.PathError for name with err classified. A nil
+// err stays nil; an error that already is a *errdefs.PathError is kept.
 func pathErr(op, name string, err error) error {
 	if err == nil {
 		return nil
 	}
-	var pe *compute.PathError
+	var pe *errdefs.PathError
 	if errors.As(err, &pe) {
 		return err
 	}
-	return &compute.PathError{Op: op, Path: name, Err: classify(err)}
+	return &errdefs.PathError{Op: op, Path: name, Err: classify(err)}
 }
 
-// refuse returns a *compute.PathError for name wrapping sentinel with a
+// refuse returns a *errdefs.PathError for name wrapping sentinel with a
 // reason.
 func refuse(op, name string, sentinel error, format string, args ...any) error {
-	return &compute.PathError{Op: op, Path: name, Err: compute.Errorf(sentinel, format, args...)}
+	return &errdefs.PathError{Op: op, Path: name, Err: errdefs.Errorf(sentinel, format, args...)}
 }
 
 // shown renders an untrusted name for an error message: names that are

@@ -18,7 +18,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 const (
@@ -134,7 +134,7 @@ func (x *extractor) run(r io.Reader) error {
 		x.stats.Members++
 		x.last = hdr.Name
 		if x.stats.Members > x.lim.MaxMembers {
-			return refuse(opRestore, shown(hdr.Name), compute.ErrResourceExhausted,
+			return refuse(opRestore, shown(hdr.Name), errdefs.ErrResourceExhausted,
 				"the archive has more than %d members", x.lim.MaxMembers)
 		}
 		if err := x.member(hdr); err != nil {
@@ -142,10 +142,10 @@ func (x *extractor) run(r io.Reader) error {
 		}
 	}
 	if err := x.meter.check(); err != nil {
-		return &compute.PathError{Op: opRestore, Path: streamName, Err: err}
+		return &errdefs.PathError{Op: opRestore, Path: streamName, Err: err}
 	}
 	if x.meter.zeros < endMarker {
-		return x.refuseStream(compute.ErrInvalidArgument, "the archive ends without an end-of-archive marker (truncated?)")
+		return x.refuseStream(errdefs.ErrInvalidArgument, "the archive ends without an end-of-archive marker (truncated?)")
 	}
 	if err := x.drain(out); err != nil {
 		return err
@@ -162,7 +162,7 @@ func (x *extractor) member(hdr *tar.Header) error {
 	name := shown(hdr.Name)
 	p, err := cleanMember(hdr.Name, &x.lim)
 	if err != nil {
-		return &compute.PathError{Op: opRestore, Path: name, Err: err}
+		return &errdefs.PathError{Op: opRestore, Path: name, Err: err}
 	}
 	var k kind
 	switch hdr.Typeflag {
@@ -175,16 +175,16 @@ func (x *extractor) member(hdr *tar.Header) error {
 	case tar.TypeLink:
 		k = kindHardLink
 	case tar.TypeChar, tar.TypeBlock:
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "device members are not allowed")
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "device members are not allowed")
 	case tar.TypeFifo:
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "FIFO members are not allowed")
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "FIFO members are not allowed")
 	default:
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "unsupported member type %q", hdr.Typeflag)
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "unsupported member type %q", hdr.Typeflag)
 	}
 	if p == "" {
 		// The workspace root: its own metadata is never changed.
 		if k != kindDir {
-			return refuse(opRestore, name, compute.ErrInvalidArgument, "the archive root must be a directory")
+			return refuse(opRestore, name, errdefs.ErrInvalidArgument, "the archive root must be a directory")
 		}
 		return nil
 	}
@@ -203,12 +203,12 @@ func (x *extractor) member(hdr *tar.Header) error {
 			return nil
 		}
 		if m.implicit {
-			return refuse(opRestore, name, compute.ErrInvalidArgument, "member conflicts with the directory that earlier members imply")
+			return refuse(opRestore, name, errdefs.ErrInvalidArgument, "member conflicts with the directory that earlier members imply")
 		}
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "duplicate member")
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "duplicate member")
 	}
 	if x.spine[p] && k != kindDir {
-		return refuse(opRestore, name, compute.ErrInvalidArgument,
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument,
 			"member would replace a directory that holds a preserved (excluded) path")
 	}
 	switch k {
@@ -243,9 +243,9 @@ func (x *extractor) parents(p, name string) error {
 			case kindDir:
 				continue
 			case kindSymlink:
-				return refuse(opRestore, name, compute.ErrPathEscape, "member lies below the symbolic link %s", shown(a))
+				return refuse(opRestore, name, errdefs.ErrPathEscape, "member lies below the symbolic link %s", shown(a))
 			default:
-				return refuse(opRestore, name, compute.ErrInvalidArgument, "member lies below the non-directory %s", shown(a))
+				return refuse(opRestore, name, errdefs.ErrInvalidArgument, "member lies below the non-directory %s", shown(a))
 			}
 		}
 		if err := x.stage.Mkdir(a, 0o700); err != nil {
@@ -278,7 +278,7 @@ func (x *extractor) dir(p, name string, hdr *tar.Header) error {
 // file extracts a regular file member, counting the bytes it writes.
 func (x *extractor) file(p, name string, hdr *tar.Header) error {
 	if left := x.lim.MaxBytes - x.written; hdr.Size > left && !x.opts.hooks.ignoreDeclaredSize {
-		return refuse(opRestore, name, compute.ErrResourceExhausted,
+		return refuse(opRestore, name, errdefs.ErrResourceExhausted,
 			"member declares %d bytes but only %d of the %d-byte limit remain", hdr.Size, left, x.lim.MaxBytes)
 	}
 	dfd, base, err := x.at(p)
@@ -321,7 +321,7 @@ func (x *extractor) content(fd int, name string) error {
 		n, rerr := x.tr.Read(x.buf)
 		if n > 0 {
 			if x.written+int64(n) > x.lim.MaxBytes {
-				return refuse(opRestore, name, compute.ErrResourceExhausted,
+				return refuse(opRestore, name, errdefs.ErrResourceExhausted,
 					"the archive's contents exceed the limit of %d bytes", x.lim.MaxBytes)
 			}
 			if err := writeAll(fd, x.buf[:n]); err != nil {
@@ -344,13 +344,13 @@ func (x *extractor) symlink(p, name string, hdr *tar.Header) error {
 	t := hdr.Linkname
 	switch {
 	case t == "":
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "empty symbolic link target")
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "empty symbolic link target")
 	case !utf8.ValidString(t):
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "symbolic link target is not valid UTF-8")
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "symbolic link target is not valid UTF-8")
 	case strings.IndexByte(t, 0) >= 0:
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "symbolic link target contains NUL")
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "symbolic link target contains NUL")
 	case len(t) > x.lim.MaxPathBytes:
-		return refuse(opRestore, name, compute.ErrInvalidArgument,
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument,
 			"symbolic link target is %d bytes long, the limit is %d", len(t), x.lim.MaxPathBytes)
 	}
 	x.members[p] = &member{kind: kindSymlink, target: t}
@@ -381,19 +381,19 @@ func (x *extractor) symlink(p, name string, hdr *tar.Header) error {
 func (x *extractor) hardLink(p, name string, hdr *tar.Header) error {
 	t, err := cleanMember(hdr.Linkname, &x.lim)
 	if err != nil {
-		return &compute.PathError{Op: opRestore, Path: name, Err: fmt.Errorf("hard link target: %w", err)}
+		return &errdefs.PathError{Op: opRestore, Path: name, Err: fmt.Errorf("hard link target: %w", err)}
 	}
 	m, ok := x.members[t]
 	switch {
 	case t == "":
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "hard link to the archive root")
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "hard link to the archive root")
 	case !ok && x.exclude.covers(t):
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "hard link target %s is excluded", shown(t))
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "hard link target %s is excluded", shown(t))
 	case !ok:
-		return refuse(opRestore, name, compute.ErrInvalidArgument,
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument,
 			"hard link target %s is not an earlier member of the archive", shown(t))
 	case m.kind != kindFile:
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "hard link target %s is not a regular file", shown(t))
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "hard link target %s is not a regular file", shown(t))
 	}
 	if err := x.stage.Link(t, p); err != nil {
 		return pathErr(opRestore, name, err)
@@ -456,11 +456,11 @@ func (x *extractor) drain(r io.Reader) error {
 		total += int64(n)
 		for _, b := range x.buf[:n] {
 			if b != 0 {
-				return x.refuseStream(compute.ErrInvalidArgument, "data follows the end-of-archive marker")
+				return x.refuseStream(errdefs.ErrInvalidArgument, "data follows the end-of-archive marker")
 			}
 		}
 		if total > maxTrailing {
-			return x.refuseStream(compute.ErrInvalidArgument, "more than %d bytes follow the end-of-archive marker", maxTrailing)
+			return x.refuseStream(errdefs.ErrInvalidArgument, "more than %d bytes follow the end-of-archive marker", maxTrailing)
 		}
 		if err == io.EOF {
 			return nil
@@ -476,7 +476,7 @@ func (x *extractor) drain(r io.Reader) error {
 // cancellation, or a truncated or corrupt archive.
 func (x *extractor) streamErr(name string, err error) error {
 	if merr := x.meter.check(); merr != nil {
-		return &compute.PathError{Op: opRestore, Path: name, Err: merr}
+		return &errdefs.PathError{Op: opRestore, Path: name, Err: merr}
 	}
 	if p := x.meter.inErr.Load(); p != nil {
 		return pathErr(opRestore, name, *p)
@@ -490,11 +490,11 @@ func (x *extractor) streamErr(name string, err error) error {
 	}
 	switch {
 	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "the archive is truncated%s", after)
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "the archive is truncated%s", after)
 	case errors.Is(err, tar.ErrHeader):
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "invalid tar header%s", after)
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "invalid tar header%s", after)
 	default:
-		return refuse(opRestore, name, compute.ErrInvalidArgument, "corrupt archive%s: %s", after, shown(err.Error()))
+		return refuse(opRestore, name, errdefs.ErrInvalidArgument, "corrupt archive%s: %s", after, shown(err.Error()))
 	}
 }
 
@@ -587,10 +587,10 @@ func (x *extractor) checkLink(p, name string) error {
 	}
 	t := x.members[p].target
 	if path.IsAbs(t) {
-		return refuse(opRestore, name, compute.ErrPathEscape, "symbolic link target %s is absolute", shown(t))
+		return refuse(opRestore, name, errdefs.ErrPathEscape, "symbolic link target %s is absolute", shown(t))
 	}
 	if x.leaves(p) {
-		return refuse(opRestore, name, compute.ErrPathEscape, "symbolic link target %s leads outside the workspace", shown(t))
+		return refuse(opRestore, name, errdefs.ErrPathEscape, "symbolic link target %s leads outside the workspace", shown(t))
 	}
 	return nil
 }

@@ -20,7 +20,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // tm describes one member of a crafted archive.
@@ -249,16 +249,16 @@ func requireNoStaging(t testing.TB, root string) {
 	}
 }
 
-// requirePathError checks that err is a *compute.PathError wrapping
+// requirePathError checks that err is a *errdefs.PathError wrapping
 // sentinel whose Path contains name.
 func requirePathError(t testing.TB, err error, sentinel error, name string) {
 	t.Helper()
 	if err == nil {
 		t.Fatalf("no error, want %v naming %q", sentinel, name)
 	}
-	var pe *compute.PathError
+	var pe *errdefs.PathError
 	if !errors.As(err, &pe) {
-		t.Fatalf("error %v (%T) is not a *compute.PathError", err, err)
+		t.Fatalf("error %v (%T) is not a *errdefs.PathError", err, err)
 	}
 	if !errors.Is(err, sentinel) {
 		t.Fatalf("error %q does not wrap %v", err, sentinel)

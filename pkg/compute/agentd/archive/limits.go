@@ -5,7 +5,7 @@ import (
 	"math"
 	"sync/atomic"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // endMarker is the size of tar's end-of-archive marker: two zero blocks.
@@ -15,7 +15,7 @@ const endMarker = 1024
 // a negative or meaningless field.
 func (l Limits) resolve() (Limits, error) {
 	bad := func(field string) (Limits, error) {
-		return Limits{}, refuse(opRestore, ".", compute.ErrInvalidArgument, "limits: %s is out of range", field)
+		return Limits{}, refuse(opRestore, ".", errdefs.ErrInvalidArgument, "limits: %s is out of range", field)
 	}
 	switch {
 	case l.MaxMembers < 0:
@@ -107,7 +107,7 @@ func (c *inputCounter) Read(p []byte) (int, error) {
 
 // errInputLimit stops the decompressor once the input limit is passed; the
 // output side reports the limit itself.
-var errInputLimit = compute.Errorf(compute.ErrResourceExhausted, "input limit reached")
+var errInputLimit = errdefs.Errorf(errdefs.ErrResourceExhausted, "input limit reached")
 
 // outputMeter counts the decompressed bytes, checks the input and ratio
 // limits after every read, and remembers how many trailing bytes were zero
@@ -150,10 +150,10 @@ func (m *meter) check() error {
 	in := m.in.Load()
 	switch {
 	case m.inOver.Load():
-		m.err = compute.Errorf(compute.ErrResourceExhausted,
+		m.err = errdefs.Errorf(errdefs.ErrResourceExhausted,
 			"the archive is larger than the input limit of %d bytes", m.lim.MaxInputBytes)
 	case m.out > m.lim.RatioMinBytes && float64(m.out) > m.lim.MaxExpansionRatio*float64(max(in, 1)):
-		m.err = compute.Errorf(compute.ErrResourceExhausted,
+		m.err = errdefs.Errorf(errdefs.ErrResourceExhausted,
 			"the archive expands more than %g times (%d bytes from %d)", m.lim.MaxExpansionRatio, m.out, in)
 	}
 	return m.err

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // victim is a workspace with some content, next to a directory outside it
@@ -59,70 +59,70 @@ func TestMaliciousArchives(t *testing.T) {
 		sentinel error
 		member   string
 	}{
-		{"absolute name", members(tm{name: "/etc/evil", body: "x"}), RestoreOptions{}, compute.ErrPathEscape, "/etc/evil"},
-		{"dot-dot", members(tm{name: "../x", body: "x"}), RestoreOptions{}, compute.ErrPathEscape, "../x"},
-		{"inner dot-dot", members(tm{name: "a/../../x", body: "x"}), RestoreOptions{}, compute.ErrPathEscape, "a/../../x"},
+		{"absolute name", members(tm{name: "/etc/evil", body: "x"}), RestoreOptions{}, errdefs.ErrPathEscape, "/etc/evil"},
+		{"dot-dot", members(tm{name: "../x", body: "x"}), RestoreOptions{}, errdefs.ErrPathEscape, "../x"},
+		{"inner dot-dot", members(tm{name: "a/../../x", body: "x"}), RestoreOptions{}, errdefs.ErrPathEscape, "a/../../x"},
 		{"symlink to /etc then a file through it", members(
 			tm{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
-			tm{name: "etc/evil", body: "x"}), RestoreOptions{}, compute.ErrPathEscape, "etc"},
+			tm{name: "etc/evil", body: "x"}), RestoreOptions{}, errdefs.ErrPathEscape, "etc"},
 		{"symlink to /etc then a file through it, external links allowed", members(
 			tm{name: "etc", typ: tar.TypeSymlink, link: "/etc"},
-			tm{name: "etc/evil", body: "x"}), RestoreOptions{AllowExternalSymlinks: true}, compute.ErrPathEscape, "etc/evil"},
+			tm{name: "etc/evil", body: "x"}), RestoreOptions{AllowExternalSymlinks: true}, errdefs.ErrPathEscape, "etc/evil"},
 		{"symlink to ../.. then a file", members(
 			tm{name: "up", typ: tar.TypeSymlink, link: "../.."},
-			tm{name: "up/outside/secret", body: "x"}), RestoreOptions{}, compute.ErrPathEscape, "up"},
+			tm{name: "up/outside/secret", body: "x"}), RestoreOptions{}, errdefs.ErrPathEscape, "up"},
 		{"symlink to ../.. then a file, external links allowed", members(
 			tm{name: "up", typ: tar.TypeSymlink, link: "../.."},
-			tm{name: "up/outside/secret", body: "x"}), RestoreOptions{AllowExternalSymlinks: true}, compute.ErrPathEscape, "up/outside/secret"},
+			tm{name: "up/outside/secret", body: "x"}), RestoreOptions{AllowExternalSymlinks: true}, errdefs.ErrPathEscape, "up/outside/secret"},
 		{"symlink to an inner dir then a file", members(
 			tm{name: "d", typ: tar.TypeDir},
 			tm{name: "l", typ: tar.TypeSymlink, link: "d"},
-			tm{name: "l/f", body: "x"}), RestoreOptions{}, compute.ErrPathEscape, "l/f"},
+			tm{name: "l/f", body: "x"}), RestoreOptions{}, errdefs.ErrPathEscape, "l/f"},
 		{"chain of harmless-looking links", members(
 			tm{name: "esc", typ: tar.TypeSymlink, link: "x/up/.."},
 			tm{name: "x", typ: tar.TypeDir},
-			tm{name: "x/up", typ: tar.TypeSymlink, link: ".."}), RestoreOptions{}, compute.ErrPathEscape, "esc"},
+			tm{name: "x/up", typ: tar.TypeSymlink, link: ".."}), RestoreOptions{}, errdefs.ErrPathEscape, "esc"},
 		{"link climbing out of a subdirectory", members(
-			tm{name: "a/b/l", typ: tar.TypeSymlink, link: "../../../outside"}), RestoreOptions{}, compute.ErrPathEscape, "a/b/l"},
+			tm{name: "a/b/l", typ: tar.TypeSymlink, link: "../../../outside"}), RestoreOptions{}, errdefs.ErrPathEscape, "a/b/l"},
 		{"hard link to /etc/passwd", members(tm{name: "h", typ: tar.TypeLink, link: "/etc/passwd"}),
-			RestoreOptions{}, compute.ErrPathEscape, "h"},
+			RestoreOptions{}, errdefs.ErrPathEscape, "h"},
 		{"hard link out with dot-dot", members(tm{name: "h", typ: tar.TypeLink, link: "../outside/secret"}),
-			RestoreOptions{}, compute.ErrPathEscape, "h"},
+			RestoreOptions{}, errdefs.ErrPathEscape, "h"},
 		{"hard link to a later member", members(
 			tm{name: "h", typ: tar.TypeLink, link: "later"},
-			tm{name: "later", body: "x"}), RestoreOptions{}, compute.ErrInvalidArgument, "h"},
+			tm{name: "later", body: "x"}), RestoreOptions{}, errdefs.ErrInvalidArgument, "h"},
 		{"hard link to a directory", members(
 			tm{name: "d", typ: tar.TypeDir},
-			tm{name: "h", typ: tar.TypeLink, link: "d"}), RestoreOptions{}, compute.ErrInvalidArgument, "h"},
+			tm{name: "h", typ: tar.TypeLink, link: "d"}), RestoreOptions{}, errdefs.ErrInvalidArgument, "h"},
 		{"hard link to a workspace file", members(tm{name: "h", typ: tar.TypeLink, link: "keep.txt"}),
-			RestoreOptions{}, compute.ErrInvalidArgument, "h"},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, "h"},
 		{"duplicate files", members(tm{name: "f", body: "1"}, tm{name: "f", body: "2"}),
-			RestoreOptions{}, compute.ErrInvalidArgument, "f"},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, "f"},
 		{"duplicate directories", members(tm{name: "d/", typ: tar.TypeDir}, tm{name: "./d", typ: tar.TypeDir}),
-			RestoreOptions{}, compute.ErrInvalidArgument, "./d"},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, "./d"},
 		{"file over an implied directory", members(tm{name: "d/f", body: "1"}, tm{name: "d", body: "2"}),
-			RestoreOptions{}, compute.ErrInvalidArgument, "d"},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, "d"},
 		{"member below a file", members(tm{name: "f", body: "1"}, tm{name: "f/g", body: "2"}),
-			RestoreOptions{}, compute.ErrInvalidArgument, "f/g"},
-		{"char device", members(tm{name: "null", typ: tar.TypeChar}), RestoreOptions{}, compute.ErrInvalidArgument, "null"},
-		{"block device", members(tm{name: "sda", typ: tar.TypeBlock}), RestoreOptions{}, compute.ErrInvalidArgument, "sda"},
-		{"fifo", members(tm{name: "pipe", typ: tar.TypeFifo}), RestoreOptions{}, compute.ErrInvalidArgument, "pipe"},
-		{"name of 5000 bytes", members(tm{name: name5000, body: "x"}), RestoreOptions{}, compute.ErrInvalidArgument, name5000[:100]},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, "f/g"},
+		{"char device", members(tm{name: "null", typ: tar.TypeChar}), RestoreOptions{}, errdefs.ErrInvalidArgument, "null"},
+		{"block device", members(tm{name: "sda", typ: tar.TypeBlock}), RestoreOptions{}, errdefs.ErrInvalidArgument, "sda"},
+		{"fifo", members(tm{name: "pipe", typ: tar.TypeFifo}), RestoreOptions{}, errdefs.ErrInvalidArgument, "pipe"},
+		{"name of 5000 bytes", members(tm{name: name5000, body: "x"}), RestoreOptions{}, errdefs.ErrInvalidArgument, name5000[:100]},
 		{"component of 256 bytes", members(tm{name: strings.Repeat("c", 256), body: "x"}),
-			RestoreOptions{}, compute.ErrInvalidArgument, "ccc"},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, "ccc"},
 		{"too deep", members(tm{name: strings.Repeat("d/", 20) + "f", body: "x"}),
-			RestoreOptions{Limits: Limits{MaxDepth: 10}}, compute.ErrInvalidArgument, "d/d/d"},
-		{"name not UTF-8", members(tm{name: "bad\xff\xfe", body: "x"}), RestoreOptions{}, compute.ErrInvalidArgument, `bad\xff`},
+			RestoreOptions{Limits: Limits{MaxDepth: 10}}, errdefs.ErrInvalidArgument, "d/d/d"},
+		{"name not UTF-8", members(tm{name: "bad\xff\xfe", body: "x"}), RestoreOptions{}, errdefs.ErrInvalidArgument, `bad\xff`},
 		{"symlink target not UTF-8", members(tm{name: "l", typ: tar.TypeSymlink, link: "t\xff"}),
-			RestoreOptions{}, compute.ErrInvalidArgument, "l"},
-		{"empty symlink target", members(tm{name: "l", typ: tar.TypeSymlink}), RestoreOptions{}, compute.ErrInvalidArgument, "l"},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, "l"},
+		{"empty symlink target", members(tm{name: "l", typ: tar.TypeSymlink}), RestoreOptions{}, errdefs.ErrInvalidArgument, "l"},
 		{"reserved staging name", members(tm{name: ReservedPrefix + "x/f", body: "x"}),
-			RestoreOptions{}, compute.ErrInvalidArgument, ReservedPrefix},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, ReservedPrefix},
 		{"temporary file name", members(tm{name: "a/.bulkhead-tmp-1", body: "x"}),
-			RestoreOptions{}, compute.ErrInvalidArgument, "a/.bulkhead-tmp-1"},
-		{"root that is not a directory", members(tm{name: ".", body: "x"}), RestoreOptions{}, compute.ErrInvalidArgument, "."},
+			RestoreOptions{}, errdefs.ErrInvalidArgument, "a/.bulkhead-tmp-1"},
+		{"root that is not a directory", members(tm{name: ".", body: "x"}), RestoreOptions{}, errdefs.ErrInvalidArgument, "."},
 		{"file over a preserved path's directory", members(tm{name: "m", body: "x"}),
-			RestoreOptions{Exclude: []string{"m/keep"}}, compute.ErrInvalidArgument, "m"},
+			RestoreOptions{Exclude: []string{"m/keep"}}, errdefs.ErrInvalidArgument, "m"},
 		{"many members", raw(func(t testing.TB) []byte {
 			// A flat directory of 10,000 files is slow on some filesystems.
 			var ms []tm
@@ -130,48 +130,48 @@ func TestMaliciousArchives(t *testing.T) {
 				ms = append(ms, tm{name: fmt.Sprintf("d%03d/f%03d", i/100, i%100), typ: tar.TypeReg})
 			}
 			return craft(t, true, ms...)
-		}), RestoreOptions{Limits: Limits{MaxMembers: 10000}}, compute.ErrResourceExhausted, "d100/f000"},
+		}), RestoreOptions{Limits: Limits{MaxMembers: 10000}}, errdefs.ErrResourceExhausted, "d100/f000"},
 		{"zstd bomb", bomb("bomb", 10<<30), RestoreOptions{Limits: Limits{RatioMinBytes: 8 << 20}},
-			compute.ErrResourceExhausted, "bomb"},
+			errdefs.ErrResourceExhausted, "bomb"},
 		{"zstd bomb in an excluded member", bomb("skipped/bomb", 10<<30),
 			RestoreOptions{Exclude: []string{"skipped"}, Limits: Limits{RatioMinBytes: 8 << 20}},
-			compute.ErrResourceExhausted, "skipped/bomb"},
+			errdefs.ErrResourceExhausted, "skipped/bomb"},
 		{"input too large", raw(func(t testing.TB) []byte {
 			return craft(t, false, tm{name: "f", size: 1 << 20})
-		}), RestoreOptions{Limits: Limits{MaxInputBytes: 64 << 10}}, compute.ErrResourceExhausted, "f"},
+		}), RestoreOptions{Limits: Limits{MaxInputBytes: 64 << 10}}, errdefs.ErrResourceExhausted, "f"},
 		{"declared size over the byte limit", raw(func(t testing.TB) []byte {
 			return craft(t, true, tm{name: "a", size: 600 << 10}, tm{name: "b", size: 600 << 10})
-		}), RestoreOptions{Limits: Limits{MaxBytes: 1 << 20}}, compute.ErrResourceExhausted, "b"},
+		}), RestoreOptions{Limits: Limits{MaxBytes: 1 << 20}}, errdefs.ErrResourceExhausted, "b"},
 		{"written bytes over the byte limit", raw(func(t testing.TB) []byte {
 			return craft(t, true, tm{name: "a", size: 600 << 10}, tm{name: "b", size: 600 << 10})
 		}), RestoreOptions{Limits: Limits{MaxBytes: 1 << 20}, hooks: testHooks{ignoreDeclaredSize: true}},
-			compute.ErrResourceExhausted, "b"},
+			errdefs.ErrResourceExhausted, "b"},
 		{"truncated zstd archive", raw(func(t testing.TB) []byte {
 			b := craft(t, true, tm{name: "a", body: strings.Repeat("text ", 100000)}, tm{name: "b", body: "x"})
 			return b[:len(b)/2]
-		}), RestoreOptions{}, compute.ErrInvalidArgument, "a"},
+		}), RestoreOptions{}, errdefs.ErrInvalidArgument, "a"},
 		{"truncated in a member", raw(func(t testing.TB) []byte {
 			b := craft(t, false, tm{name: "a", body: strings.Repeat("x", 4096)})
 			return b[:1024]
-		}), RestoreOptions{}, compute.ErrInvalidArgument, "a"},
+		}), RestoreOptions{}, errdefs.ErrInvalidArgument, "a"},
 		{"truncated between members", raw(func(t testing.TB) []byte {
 			b := craft(t, false, tm{name: "a", body: "x"}, tm{name: "b", body: "y"})
 			return b[:1024]
-		}), RestoreOptions{}, compute.ErrInvalidArgument, streamName},
-		{"empty input", raw(func(testing.TB) []byte { return nil }), RestoreOptions{}, compute.ErrInvalidArgument, streamName},
+		}), RestoreOptions{}, errdefs.ErrInvalidArgument, streamName},
+		{"empty input", raw(func(testing.TB) []byte { return nil }), RestoreOptions{}, errdefs.ErrInvalidArgument, streamName},
 		{"garbage", raw(func(testing.TB) []byte {
 			b := make([]byte, 64<<10)
 			_, _ = rand.NewChaCha8([32]byte{7}).Read(b)
 			return b
-		}), RestoreOptions{}, compute.ErrInvalidArgument, streamName},
+		}), RestoreOptions{}, errdefs.ErrInvalidArgument, streamName},
 		{"garbage after a zstd magic", raw(func(testing.TB) []byte {
 			b := make([]byte, 4096)
 			_, _ = rand.NewChaCha8([32]byte{8}).Read(b)
 			return append([]byte{0x28, 0xb5, 0x2f, 0xfd}, b...)
-		}), RestoreOptions{}, compute.ErrInvalidArgument, streamName},
+		}), RestoreOptions{}, errdefs.ErrInvalidArgument, streamName},
 		{"data after the end marker", raw(func(t testing.TB) []byte {
 			return append(craft(t, false, tm{name: "a", body: "x"}), []byte("trailing garbage")...)
-		}), RestoreOptions{}, compute.ErrInvalidArgument, streamName},
+		}), RestoreOptions{}, errdefs.ErrInvalidArgument, streamName},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -228,7 +228,7 @@ func TestHugeZeroMember(t *testing.T) {
 			opts := RestoreOptions{Limits: Limits{MaxBytes: limit}, hooks: testHooks{ignoreDeclaredSize: counted}}
 			st, err := Restore(context.Background(), v.root, r, opts)
 			produced := stop()
-			requirePathError(t, err, compute.ErrResourceExhausted, "huge")
+			requirePathError(t, err, errdefs.ErrResourceExhausted, "huge")
 			if st.Bytes > limit {
 				t.Errorf("wrote %d bytes, limit %d", st.Bytes, limit)
 			}
@@ -267,7 +267,7 @@ func TestCanceledRestore(t *testing.T) {
 	})
 	_, err := Restore(ctx, v.root, r, RestoreOptions{})
 	stop()
-	requirePathError(t, err, compute.ErrCanceled, "")
+	requirePathError(t, err, errdefs.ErrCanceled, "")
 	v.check(t)
 }
 
@@ -345,6 +345,6 @@ func TestBadOptions(t *testing.T) {
 }
 
 func isPathEscape(err error) bool {
-	var pe *compute.PathError
-	return errors.As(err, &pe) && errors.Is(err, compute.ErrPathEscape)
+	var pe *errdefs.PathError
+	return errors.As(err, &pe) && errors.Is(err, errdefs.ErrPathEscape)
 }

@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // mountTmpfs mounts a tmpfs at dir, or skips the test when it may not.
@@ -60,7 +60,7 @@ func TestMountPoints(t *testing.T) {
 	// naming the first, and changes nothing.
 	before := describe(t, root)
 	_, err := Restore(context.Background(), root, bytes.NewReader(data), RestoreOptions{})
-	requirePathError(t, err, compute.ErrFailedPrecondition, "a/deep/mnt")
+	requirePathError(t, err, errdefs.ErrFailedPrecondition, "a/deep/mnt")
 	requireSame(t, "workspace with mount points", before, describe(t, root))
 	requireNoStaging(t, root)
 
@@ -81,7 +81,7 @@ func TestMountPoints(t *testing.T) {
 	}
 	before = describe(t, root)
 	_, err = Restore(context.Background(), root, bytes.NewReader(data), opts)
-	requirePathError(t, err, compute.ErrFailedPrecondition, "")
+	requirePathError(t, err, errdefs.ErrFailedPrecondition, "")
 	_ = unix.Unmount(filepath.Join(root, "top"), unix.MNT_DETACH)
 	requireSame(t, "workspace with a late mount point", before, describe(t, root))
 	requireNoStaging(t, root)

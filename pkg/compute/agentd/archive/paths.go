@@ -5,8 +5,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // maxNameBytes is the longest path component accepted (NAME_MAX).
@@ -22,18 +22,18 @@ func newExcludeSet(op string, paths []string) (excludeSet, error) {
 	for _, p := range paths {
 		switch {
 		case p == "":
-			return nil, refuse(op, p, compute.ErrInvalidArgument, "empty exclude path")
+			return nil, refuse(op, p, errdefs.ErrInvalidArgument, "empty exclude path")
 		case strings.IndexByte(p, 0) >= 0:
-			return nil, refuse(op, shown(p), compute.ErrInvalidArgument, "exclude path contains NUL")
+			return nil, refuse(op, shown(p), errdefs.ErrInvalidArgument, "exclude path contains NUL")
 		case strings.HasPrefix(p, "/"):
-			return nil, refuse(op, shown(p), compute.ErrInvalidArgument, "exclude paths must be workspace-relative")
+			return nil, refuse(op, shown(p), errdefs.ErrInvalidArgument, "exclude paths must be workspace-relative")
 		}
 		c := path.Clean(p)
 		switch {
 		case c == ".":
-			return nil, refuse(op, shown(p), compute.ErrInvalidArgument, "an exclude path may not name the whole workspace")
+			return nil, refuse(op, shown(p), errdefs.ErrInvalidArgument, "an exclude path may not name the whole workspace")
 		case c == ".." || strings.HasPrefix(c, "../"):
-			return nil, refuse(op, shown(p), compute.ErrPathEscape, "exclude path leaves the workspace")
+			return nil, refuse(op, shown(p), errdefs.ErrPathEscape, "exclude path leaves the workspace")
 		}
 		set[c] = struct{}{}
 	}
@@ -106,13 +106,13 @@ func orDot(p string) string {
 func cleanMember(raw string, lim *Limits) (string, error) {
 	switch {
 	case !utf8.ValidString(raw):
-		return "", compute.Errorf(compute.ErrInvalidArgument, "name is not valid UTF-8")
+		return "", errdefs.Errorf(errdefs.ErrInvalidArgument, "name is not valid UTF-8")
 	case strings.IndexByte(raw, 0) >= 0:
-		return "", compute.Errorf(compute.ErrInvalidArgument, "name contains NUL")
+		return "", errdefs.Errorf(errdefs.ErrInvalidArgument, "name contains NUL")
 	case len(raw) > lim.MaxPathBytes:
-		return "", compute.Errorf(compute.ErrInvalidArgument, "name is %d bytes long, the limit is %d", len(raw), lim.MaxPathBytes)
+		return "", errdefs.Errorf(errdefs.ErrInvalidArgument, "name is %d bytes long, the limit is %d", len(raw), lim.MaxPathBytes)
 	case strings.HasPrefix(raw, "/"):
-		return "", compute.Errorf(compute.ErrPathEscape, "absolute name")
+		return "", errdefs.Errorf(errdefs.ErrPathEscape, "absolute name")
 	}
 	var b strings.Builder
 	b.Grow(len(raw))
@@ -122,15 +122,15 @@ func cleanMember(raw string, lim *Limits) (string, error) {
 		case c == "" || c == ".":
 			continue
 		case c == "..":
-			return "", compute.Errorf(compute.ErrPathEscape, "name contains a \"..\" component")
+			return "", errdefs.Errorf(errdefs.ErrPathEscape, "name contains a \"..\" component")
 		case len(c) > maxNameBytes:
-			return "", compute.Errorf(compute.ErrInvalidArgument, "a name component is %d bytes long, the limit is %d", len(c), maxNameBytes)
+			return "", errdefs.Errorf(errdefs.ErrInvalidArgument, "a name component is %d bytes long, the limit is %d", len(c), maxNameBytes)
 		case workspace.IsTempName(c) || (depth == 0 && strings.HasPrefix(c, ReservedPrefix)):
-			return "", compute.Errorf(compute.ErrInvalidArgument, "name uses a reserved prefix")
+			return "", errdefs.Errorf(errdefs.ErrInvalidArgument, "name uses a reserved prefix")
 		}
 		depth++
 		if depth > lim.MaxDepth {
-			return "", compute.Errorf(compute.ErrInvalidArgument, "name is more than %d components deep", lim.MaxDepth)
+			return "", errdefs.Errorf(errdefs.ErrInvalidArgument, "name is more than %d components deep", lim.MaxDepth)
 		}
 		if b.Len() > 0 {
 			b.WriteByte('/')

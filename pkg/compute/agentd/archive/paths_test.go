@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 func TestCleanMember(t *testing.T) {
@@ -24,13 +24,13 @@ func TestCleanMember(t *testing.T) {
 		}
 	}
 	bad := map[string]error{
-		"/a": compute.ErrPathEscape, "..": compute.ErrPathEscape, "a/../b": compute.ErrPathEscape,
-		"a\x00b": compute.ErrInvalidArgument, "\xff": compute.ErrInvalidArgument,
-		strings.Repeat("x", 256):            compute.ErrInvalidArgument,
-		strings.Repeat("d/", 4000):          compute.ErrInvalidArgument,
-		ReservedPrefix + "stage-1/f":        compute.ErrInvalidArgument,
-		"d/.bulkhead-tmp-1":                 compute.ErrInvalidArgument,
-		strings.Repeat("d/", 257) + "f":     compute.ErrInvalidArgument,
+		"/a": errdefs.ErrPathEscape, "..": errdefs.ErrPathEscape, "a/../b": errdefs.ErrPathEscape,
+		"a\x00b": errdefs.ErrInvalidArgument, "\xff": errdefs.ErrInvalidArgument,
+		strings.Repeat("x", 256):            errdefs.ErrInvalidArgument,
+		strings.Repeat("d/", 4000):          errdefs.ErrInvalidArgument,
+		ReservedPrefix + "stage-1/f":        errdefs.ErrInvalidArgument,
+		"d/.bulkhead-tmp-1":                 errdefs.ErrInvalidArgument,
+		strings.Repeat("d/", 257) + "f":     errdefs.ErrInvalidArgument,
 		"d/" + ReservedPrefix + "is-fine/f": nil,
 	}
 	for in, want := range bad {

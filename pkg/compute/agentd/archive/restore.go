@@ -15,7 +15,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // Restore replaces the contents of the workspace at root with the archive
@@ -27,22 +27,22 @@ import (
 // what it held before (entries, contents, modes, owners, times), and no
 // staging or backup directory is left behind. The one exception is a
 // rollback that itself fails (a disk error while moving entries back): the
-// error then says so, wraps compute.ErrInternal, and the backup directory
+// error then says so, wraps errdefs.ErrInternal, and the backup directory
 // is kept so that nothing is lost.
 //
 // Before anything is written, Restore checks that no directory it would
 // move is a mount point: moving one would carry the mounted filesystem into
 // the backup, and removing the backup would empty it. Such a restore fails
-// with compute.ErrFailedPrecondition naming the mount point, which belongs
+// with errdefs.ErrFailedPrecondition naming the mount point, which belongs
 // in opts.Exclude. (Removal never descends into another mount either.)
 //
-// Errors that concern a member are *compute.PathError values whose Path is
+// Errors that concern a member are *errdefs.PathError values whose Path is
 // the member's name as the archive spells it (quoted when it is not
 // printable UTF-8, cut when very long); errors about the stream as a whole
-// name "(archive)". Refused members wrap compute.ErrInvalidArgument or,
-// when they would reach outside the workspace, compute.ErrPathEscape;
-// crossed limits wrap compute.ErrResourceExhausted. Cancelling ctx stops
-// the extraction (compute.ErrCanceled); once the swap has begun it runs to
+// name "(archive)". Refused members wrap errdefs.ErrInvalidArgument or,
+// when they would reach outside the workspace, errdefs.ErrPathEscape;
+// crossed limits wrap errdefs.ErrResourceExhausted. Cancelling ctx stops
+// the extraction (errdefs.ErrCanceled); once the swap has begun it runs to
 // its end, which is quick. A zstd stream is read by a decompressing
 // goroutine, and Restore waits for its pending Read before returning, so r
 // should return when ctx is done (gRPC streams do).
@@ -76,7 +76,7 @@ func Restore(ctx context.Context, root string, r io.Reader, opts RestoreOptions)
 	case err != nil:
 		return Stats{}, pathErr(opRestore, ".", err)
 	case p != "":
-		return Stats{}, refuse(opRestore, shown(p), compute.ErrFailedPrecondition,
+		return Stats{}, refuse(opRestore, shown(p), errdefs.ErrFailedPrecondition,
 			"a mount point that is not excluded would be moved; exclude it to preserve it")
 	}
 	// The times of the directories whose contents change in place, to put
@@ -135,9 +135,9 @@ func Restore(ctx context.Context, root string, r io.Reader, opts RestoreOptions)
 		if rbErr != nil {
 			log.Error("restore: rollback failed; the previous entries are kept in the backup directory",
 				zap.String("backup", backupName), zap.Error(rbErr))
-			return x.stats, &compute.PathError{Op: opRestore, Path: ".", Err: fmt.Errorf(
+			return x.stats, &errdefs.PathError{Op: opRestore, Path: ".", Err: fmt.Errorf(
 				"%w: the swap failed (%v) and so did its rollback (%v); the previous entries are kept in %s",
-				compute.ErrInternal, err, rbErr, backupName)}
+				errdefs.ErrInternal, err, rbErr, backupName)}
 		}
 		undo()
 		return x.stats, err

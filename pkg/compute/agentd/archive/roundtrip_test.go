@@ -17,7 +17,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // buildTree makes a tree with every kind of entry Write archives, plus a
@@ -324,5 +324,5 @@ func TestWriteFailures(t *testing.T) {
 		}
 	}
 	_, err := Write(context.Background(), filepath.Join(src, "missing"), io.Discard, WriteOptions{})
-	requirePathError(t, err, compute.ErrNotFound, ".")
+	requirePathError(t, err, errdefs.ErrNotFound, ".")
 }

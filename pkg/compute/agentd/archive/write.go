@@ -11,7 +11,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 const (
@@ -40,10 +40,10 @@ func Write(ctx context.Context, root string, w io.Writer, opts WriteOptions) (St
 		level = DefaultLevel
 	}
 	if level < 1 || level > 22 {
-		return stats, refuse(opArchive, ".", compute.ErrInvalidArgument, "zstd level %d is outside 1..22", opts.Level)
+		return stats, refuse(opArchive, ".", errdefs.ErrInvalidArgument, "zstd level %d is outside 1..22", opts.Level)
 	}
 	if opts.Concurrency < 0 || opts.Concurrency > maxConcurrency {
-		return stats, refuse(opArchive, ".", compute.ErrInvalidArgument, "concurrency %d is outside 0..%d", opts.Concurrency, maxConcurrency)
+		return stats, refuse(opArchive, ".", errdefs.ErrInvalidArgument, "concurrency %d is outside 0..%d", opts.Concurrency, maxConcurrency)
 	}
 	log := opts.Logger
 	if log == nil {
@@ -75,7 +75,7 @@ func Write(ctx context.Context, root string, w io.Writer, opts WriteOptions) (St
 		bufw = bufio.NewWriterSize(w, copyBufSize)
 		out = bufw
 	default:
-		return stats, refuse(opArchive, ".", compute.ErrInvalidArgument, "unknown compression %d", int(opts.Compression))
+		return stats, refuse(opArchive, ".", errdefs.ErrInvalidArgument, "unknown compression %d", int(opts.Compression))
 	}
 
 	tw := tar.NewWriter(out)

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 func TestStartPipesSeparateStreams(t *testing.T) {
@@ -86,21 +86,21 @@ func TestStartValidation(t *testing.T) {
 		sentinel error
 		subs     []string
 	}{
-		{"nothing", StartOptions{}, compute.ErrInvalidArgument, nil},
-		{"both", StartOptions{Argv: []string{"true"}, Command: "true"}, compute.ErrInvalidArgument, nil},
-		{"empty argv0", StartOptions{Argv: []string{""}}, compute.ErrInvalidArgument, nil},
-		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, compute.ErrInvalidArgument, []string{`"tmp"`}},
-		{"missing dir", StartOptions{Argv: []string{"true"}, Dir: "/no/such/dir"}, compute.ErrNotFound, []string{"/no/such/dir", "does not exist"}},
-		{"file as dir", StartOptions{Argv: []string{"true"}, Dir: file}, compute.ErrNotDirectory, []string{file}},
-		{"missing binary", StartOptions{Argv: []string{"no-such-binary-xyz", "-v"}}, compute.ErrNotFound, []string{"no-such-binary-xyz"}},
-		{"missing path", StartOptions{Argv: []string{"/opt/nope/tool"}}, compute.ErrNotFound, []string{"/opt/nope/tool"}},
-		{"missing shell", StartOptions{Command: "true", Shell: "/no/shell"}, compute.ErrNotFound, []string{"/no/shell"}},
-		{"not executable", StartOptions{Argv: []string{file}}, compute.ErrPermissionDenied, []string{file}},
-		{"directory", StartOptions{Argv: []string{"/tmp"}}, compute.ErrInvalidArgument, []string{"/tmp"}},
-		{"bad env", StartOptions{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, compute.ErrInvalidArgument, nil},
-		{"negative timeout", StartOptions{Argv: []string{"true"}, Timeout: -time.Second}, compute.ErrInvalidArgument, nil},
-		{"size without tty", StartOptions{Argv: []string{"true"}, Rows: 10}, compute.ErrInvalidArgument, nil},
-		{"unknown user", StartOptions{Argv: []string{"true"}, User: "no-such-user-xyz"}, compute.ErrNotFound, []string{"no-such-user-xyz"}},
+		{"nothing", StartOptions{}, errdefs.ErrInvalidArgument, nil},
+		{"both", StartOptions{Argv: []string{"true"}, Command: "true"}, errdefs.ErrInvalidArgument, nil},
+		{"empty argv0", StartOptions{Argv: []string{""}}, errdefs.ErrInvalidArgument, nil},
+		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, errdefs.ErrInvalidArgument, []string{`"tmp"`}},
+		{"missing dir", StartOptions{Argv: []string{"true"}, Dir: "/no/such/dir"}, errdefs.ErrNotFound, []string{"/no/such/dir", "does not exist"}},
+		{"file as dir", StartOptions{Argv: []string{"true"}, Dir: file}, errdefs.ErrNotDirectory, []string{file}},
+		{"missing binary", StartOptions{Argv: []string{"no-such-binary-xyz", "-v"}}, errdefs.ErrNotFound, []string{"no-such-binary-xyz"}},
+		{"missing path", StartOptions{Argv: []string{"/opt/nope/tool"}}, errdefs.ErrNotFound, []string{"/opt/nope/tool"}},
+		{"missing shell", StartOptions{Command: "true", Shell: "/no/shell"}, errdefs.ErrNotFound, []string{"/no/shell"}},
+		{"not executable", StartOptions{Argv: []string{file}}, errdefs.ErrPermissionDenied, []string{file}},
+		{"directory", StartOptions{Argv: []string{"/tmp"}}, errdefs.ErrInvalidArgument, []string{"/tmp"}},
+		{"bad env", StartOptions{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, errdefs.ErrInvalidArgument, nil},
+		{"negative timeout", StartOptions{Argv: []string{"true"}, Timeout: -time.Second}, errdefs.ErrInvalidArgument, nil},
+		{"size without tty", StartOptions{Argv: []string{"true"}, Rows: 10}, errdefs.ErrInvalidArgument, nil},
+		{"unknown user", StartOptions{Argv: []string{"true"}, User: "no-such-user-xyz"}, errdefs.ErrNotFound, []string{"no-such-user-xyz"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -123,7 +123,7 @@ func TestExecFailureAfterLookup(t *testing.T) {
 	}
 	m := newTestManager(t, Config{})
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{script}})
-	wantErr(t, err, compute.ErrNotFound, script, "interpreter")
+	wantErr(t, err, errdefs.ErrNotFound, script, "interpreter")
 }
 
 func TestWorkingDirectoryAndDefaults(t *testing.T) {
@@ -150,8 +150,8 @@ func TestStdinIsDevNullByDefault(t *testing.T) {
 	}
 	info := mustStart(t, m, StartOptions{Argv: []string{"true"}})
 	_, err := m.WriteStdin(testCtx(t), info.ID, 0, []byte("x"))
-	wantErr(t, err, compute.ErrFailedPrecondition, "without stdin")
-	wantErr(t, m.CloseStdin(info.ID), compute.ErrFailedPrecondition, "without stdin")
+	wantErr(t, err, errdefs.ErrFailedPrecondition, "without stdin")
+	wantErr(t, m.CloseStdin(info.ID), errdefs.ErrFailedPrecondition, "without stdin")
 }
 
 func TestStdinOffsets(t *testing.T) {
@@ -177,12 +177,12 @@ func TestStdinOffsets(t *testing.T) {
 		}
 	}
 	next, err := m.WriteStdin(ctx, info.ID, 9, []byte("x"))
-	wantErr(t, err, compute.ErrConflict, "9", "7")
+	wantErr(t, err, errdefs.ErrConflict, "9", "7")
 	if next != 7 {
 		t.Errorf("conflict returned next %d, want 7", next)
 	}
 	_, err = m.WriteStdin(ctx, info.ID, -1, []byte("x"))
-	wantErr(t, err, compute.ErrInvalidArgument)
+	wantErr(t, err, errdefs.ErrInvalidArgument)
 
 	if err := m.CloseStdin(info.ID); err != nil {
 		t.Fatal(err)
@@ -191,14 +191,14 @@ func TestStdinOffsets(t *testing.T) {
 		t.Fatalf("second CloseStdin: %v", err)
 	}
 	_, err = m.WriteStdin(ctx, info.ID, 7, []byte("x"))
-	wantErr(t, err, compute.ErrFailedPrecondition, "closed")
+	wantErr(t, err, errdefs.ErrFailedPrecondition, "closed")
 
 	o := collect(t, m, info.ID)
 	if got := o.stdout.String(); got != "abcdef\n" {
 		t.Errorf("cat echoed %q", got)
 	}
 	_, err = m.WriteStdin(ctx, info.ID, 7, []byte("x"))
-	wantErr(t, err, compute.ErrFailedPrecondition, "exited")
+	wantErr(t, err, errdefs.ErrFailedPrecondition, "exited")
 }
 
 func TestWriteStdinHonoursContext(t *testing.T) {
@@ -208,7 +208,7 @@ func TestWriteStdinHonoursContext(t *testing.T) {
 	defer cancel()
 	big := make([]byte, 4<<20) // far more than a pipe holds; sleep never reads
 	next, err := m.WriteStdin(ctx, info.ID, 0, big)
-	wantErr(t, err, compute.ErrDeadlineExceeded)
+	wantErr(t, err, errdefs.ErrDeadlineExceeded)
 	if next <= 0 || next >= int64(len(big)) {
 		t.Fatalf("partial write accepted %d bytes", next)
 	}
@@ -240,7 +240,7 @@ func TestIdempotentStart(t *testing.T) {
 	other := opts
 	other.Command = "echo twice"
 	_, err := m.Start(testCtx(t), other)
-	wantErr(t, err, compute.ErrConflict, "req-1")
+	wantErr(t, err, errdefs.ErrConflict, "req-1")
 	if o := collect(t, m, a.ID); o.stdout.String() != "once\n" {
 		t.Errorf("stdout = %q", o.stdout.String())
 	}
@@ -275,7 +275,7 @@ func TestMaxProcesses(t *testing.T) {
 	a := mustStart(t, m, StartOptions{Argv: []string{"sleep", "100"}})
 	mustStart(t, m, StartOptions{Argv: []string{"sleep", "100"}})
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{"true"}})
-	wantErr(t, err, compute.ErrResourceExhausted, "2")
+	wantErr(t, err, errdefs.ErrResourceExhausted, "2")
 	if err := m.Signal(a.ID, "KILL"); err != nil {
 		t.Fatal(err)
 	}
@@ -289,16 +289,16 @@ func TestUnknownProcess(t *testing.T) {
 	m := newTestManager(t, Config{})
 	ctx := testCtx(t)
 	_, err := m.Read(ctx, "proc_nope", 0, 0, 0)
-	wantErr(t, err, compute.ErrNotFound, "proc_nope")
+	wantErr(t, err, errdefs.ErrNotFound, "proc_nope")
 	_, err = m.Wait(ctx, "proc_nope")
-	wantErr(t, err, compute.ErrNotFound)
+	wantErr(t, err, errdefs.ErrNotFound)
 	_, err = m.WriteStdin(ctx, "proc_nope", 0, nil)
-	wantErr(t, err, compute.ErrNotFound)
-	wantErr(t, m.Signal("proc_nope", "TERM"), compute.ErrNotFound)
-	wantErr(t, m.Resize("proc_nope", 1, 1), compute.ErrNotFound)
-	wantErr(t, m.CloseStdin("proc_nope"), compute.ErrNotFound)
+	wantErr(t, err, errdefs.ErrNotFound)
+	wantErr(t, m.Signal("proc_nope", "TERM"), errdefs.ErrNotFound)
+	wantErr(t, m.Resize("proc_nope", 1, 1), errdefs.ErrNotFound)
+	wantErr(t, m.CloseStdin("proc_nope"), errdefs.ErrNotFound)
 	_, err = m.Get("proc_nope")
-	wantErr(t, err, compute.ErrNotFound)
+	wantErr(t, err, errdefs.ErrNotFound)
 }
 
 func TestSurvivesStartContextAndListWait(t *testing.T) {
@@ -317,7 +317,7 @@ func TestSurvivesStartContextAndListWait(t *testing.T) {
 	short, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel2()
 	_, err = m.Wait(short, info.ID)
-	wantErr(t, err, compute.ErrDeadlineExceeded)
+	wantErr(t, err, errdefs.ErrDeadlineExceeded)
 
 	e, err := m.Wait(testCtx(t), info.ID)
 	if err != nil || e.Code != 0 {
@@ -337,7 +337,7 @@ func TestSurvivesStartContextAndListWait(t *testing.T) {
 	canceled, cancel3 := context.WithCancel(context.Background())
 	cancel3()
 	_, err = m.Start(canceled, StartOptions{Argv: []string{"true"}})
-	wantErr(t, err, compute.ErrCanceled)
+	wantErr(t, err, errdefs.ErrCanceled)
 }
 
 func TestExitRetention(t *testing.T) {
@@ -354,7 +354,7 @@ func TestExitRetention(t *testing.T) {
 		return err != nil
 	})
 	_, err := m.Wait(testCtx(t), a.ID)
-	wantErr(t, err, compute.ErrNotFound)
+	wantErr(t, err, errdefs.ErrNotFound)
 
 	// Beyond MaxExited the oldest exited processes go first.
 	m2 := newTestManager(t, Config{MaxExited: 2})

@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // defaultTerm is TERM for PTY processes whose environment names none.
@@ -22,11 +22,11 @@ const defaultTerm = "xterm-256color"
 func checkEnvVar(k, v string) error {
 	switch {
 	case k == "":
-		return compute.Errorf(compute.ErrInvalidArgument, "empty environment variable name")
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "empty environment variable name")
 	case strings.ContainsAny(k, "=\x00"):
-		return compute.Errorf(compute.ErrInvalidArgument, "environment variable name %q contains '=' or NUL", k)
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "environment variable name %q contains '=' or NUL", k)
 	case strings.ContainsRune(v, 0):
-		return compute.Errorf(compute.ErrInvalidArgument, "environment variable %q has a NUL byte in its value", k)
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "environment variable %q has a NUL byte in its value", k)
 	}
 	return nil
 }
@@ -92,14 +92,14 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 		if err == nil {
 			return p, nil
 		}
-		if firstErr == nil && !errors.Is(err, compute.ErrNotFound) {
+		if firstErr == nil && !errors.Is(err, errdefs.ErrNotFound) {
 			firstErr = err
 		}
 	}
 	if firstErr != nil {
 		return "", firstErr
 	}
-	return "", compute.Errorf(compute.ErrNotFound, "executable %q not found in the process's PATH", file)
+	return "", errdefs.Errorf(errdefs.ErrNotFound, "executable %q not found in the process's PATH", file)
 }
 
 // checkExecutable reports why path cannot be executed, if it cannot.
@@ -107,13 +107,13 @@ func checkExecutable(path string) error {
 	fi, err := os.Stat(path)
 	switch {
 	case err != nil && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR)):
-		return compute.Errorf(compute.ErrNotFound, "executable %q does not exist", path)
+		return errdefs.Errorf(errdefs.ErrNotFound, "executable %q does not exist", path)
 	case err != nil:
-		return compute.Errorf(compute.ErrPermissionDenied, "executable %q: %v", path, err)
+		return errdefs.Errorf(errdefs.ErrPermissionDenied, "executable %q: %v", path, err)
 	case fi.IsDir():
-		return compute.Errorf(compute.ErrInvalidArgument, "executable %q is a directory", path)
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "executable %q is a directory", path)
 	case fi.Mode()&0o111 == 0:
-		return compute.Errorf(compute.ErrPermissionDenied, "%q is not executable", path)
+		return errdefs.Errorf(errdefs.ErrPermissionDenied, "%q is not executable", path)
 	}
 	return nil
 }

@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // newTestManager returns a Manager shut down at the end of the test.
@@ -91,16 +91,16 @@ func mustStart(t testing.TB, m *Manager, opts StartOptions) Info {
 	return info
 }
 
-// wantErr checks that err wraps sentinel and is a *compute.ProcessError
+// wantErr checks that err wraps sentinel and is a *errdefs.ProcessError
 // whose message contains each of subs.
 func wantErr(t testing.TB, err, sentinel error, subs ...string) {
 	t.Helper()
 	if !errors.Is(err, sentinel) {
 		t.Fatalf("error = %v, want %v", err, sentinel)
 	}
-	var pe *compute.ProcessError
+	var pe *errdefs.ProcessError
 	if !errors.As(err, &pe) {
-		t.Fatalf("error %v is not a *compute.ProcessError", err)
+		t.Fatalf("error %v is not a *errdefs.ProcessError", err)
 	}
 	for _, s := range subs {
 		if !strings.Contains(err.Error(), s) {

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // model is the reference: every byte ever appended, with its stream.
@@ -174,7 +174,7 @@ func TestReadSemantics(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	_, err = m.Read(cctx, info.ID, 10, time.Hour, 0)
 	cancel()
-	wantErr(t, err, compute.ErrDeadlineExceeded)
+	wantErr(t, err, errdefs.ErrDeadlineExceeded)
 	// A waiting reader is woken by new output.
 	go func() {
 		time.Sleep(50 * time.Millisecond)
@@ -185,9 +185,9 @@ func TestReadSemantics(t *testing.T) {
 		t.Fatalf("woken read = %+v, %v", r, err)
 	}
 	_, err = m.Read(ctx, info.ID, 1000, 0, 0)
-	wantErr(t, err, compute.ErrConflict, "1000")
+	wantErr(t, err, errdefs.ErrConflict, "1000")
 	_, err = m.Read(ctx, info.ID, -1, 0, 0)
-	wantErr(t, err, compute.ErrInvalidArgument)
+	wantErr(t, err, errdefs.ErrInvalidArgument)
 
 	if _, err := m.Wait(ctx, info.ID); err != nil {
 		t.Fatal(err)

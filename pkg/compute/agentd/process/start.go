@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // Default terminal size when StartOptions leave it zero.
@@ -42,7 +42,7 @@ type plan struct {
 // bound to ctx. With a RequestID, a retry of the same request returns the
 // process already started, and a concurrent retry waits for the first.
 //
-// Errors are *compute.ProcessError wrapping: ErrInvalidArgument (malformed
+// Errors are *errdefs.ProcessError wrapping: ErrInvalidArgument (malformed
 // options, relative Dir, bad env), ErrNotFound (unknown run_as user, missing
 // Dir, missing program or interpreter, named in the message),
 // ErrNotDirectory (Dir is not a directory), ErrPermissionDenied (another
@@ -71,20 +71,20 @@ func (m *Manager) StartOrFind(ctx context.Context, opts StartOptions) (info Info
 		m.mu.Lock()
 		if m.closing {
 			m.mu.Unlock()
-			return Info{}, false, procErrf(op, "", compute.ErrUnavailable, "the process manager is shutting down")
+			return Info{}, false, procErrf(op, "", errdefs.ErrUnavailable, "the process manager is shutting down")
 		}
 		if rid := opts.RequestID; rid != "" {
 			if p := m.byRequest[rid]; p != nil {
 				m.mu.Unlock()
 				if !sameOptions(p.opts, opts) {
-					return Info{}, false, procErrf(op, p.id, compute.ErrConflict, "request_id %q was already used to start a different process", rid)
+					return Info{}, false, procErrf(op, p.id, errdefs.ErrConflict, "request_id %q was already used to start a different process", rid)
 				}
 				return p.info(), true, nil
 			}
 			if other := m.pending[rid]; other != nil {
 				m.mu.Unlock()
 				if !sameOptions(other.opts, opts) {
-					return Info{}, false, procErrf(op, "", compute.ErrConflict, "request_id %q is already starting a different process", rid)
+					return Info{}, false, procErrf(op, "", errdefs.ErrConflict, "request_id %q is already starting a different process", rid)
 				}
 				select {
 				case <-other.done:
@@ -96,7 +96,7 @@ func (m *Manager) StartOrFind(ctx context.Context, opts StartOptions) (info Info
 		}
 		if m.running+m.npending >= m.cfg.MaxProcesses {
 			m.mu.Unlock()
-			return Info{}, false, procErrf(op, "", compute.ErrResourceExhausted, "%d processes are already running (the limit)", m.cfg.MaxProcesses)
+			return Info{}, false, procErrf(op, "", errdefs.ErrResourceExhausted, "%d processes are already running (the limit)", m.cfg.MaxProcesses)
 		}
 		pend = &pendingStart{opts: opts, done: make(chan struct{})}
 		if opts.RequestID != "" {
@@ -153,25 +153,25 @@ func (m *Manager) startPlanned(opts StartOptions) (*proc, error) {
 func validateOptions(o StartOptions) error {
 	switch {
 	case len(o.Argv) > 0 && o.Command != "":
-		return compute.Errorf(compute.ErrInvalidArgument, "give either argv or a shell command, not both")
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "give either argv or a shell command, not both")
 	case len(o.Argv) == 0 && o.Command == "":
-		return compute.Errorf(compute.ErrInvalidArgument, "neither argv nor a shell command was given")
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "neither argv nor a shell command was given")
 	case len(o.Argv) > 0 && o.Argv[0] == "":
-		return compute.Errorf(compute.ErrInvalidArgument, "argv[0] is empty")
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "argv[0] is empty")
 	case o.Dir != "" && !filepath.IsAbs(o.Dir):
-		return compute.Errorf(compute.ErrInvalidArgument, "working directory %q is not absolute", o.Dir)
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "working directory %q is not absolute", o.Dir)
 	case o.Timeout < 0:
-		return compute.Errorf(compute.ErrInvalidArgument, "negative timeout %s", o.Timeout)
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "negative timeout %s", o.Timeout)
 	case !o.TTY && (o.Rows != 0 || o.Cols != 0):
-		return compute.Errorf(compute.ErrInvalidArgument, "a terminal size was given without tty")
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "a terminal size was given without tty")
 	}
 	for i, a := range o.Argv {
 		if strings.ContainsRune(a, 0) {
-			return compute.Errorf(compute.ErrInvalidArgument, "argv[%d] contains a NUL byte", i)
+			return errdefs.Errorf(errdefs.ErrInvalidArgument, "argv[%d] contains a NUL byte", i)
 		}
 	}
 	if strings.ContainsRune(o.Command, 0) || strings.ContainsRune(o.Shell, 0) || strings.ContainsRune(o.Dir, 0) {
-		return compute.Errorf(compute.ErrInvalidArgument, "command, shell or directory contains a NUL byte")
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "command, shell or directory contains a NUL byte")
 	}
 	for k, v := range o.Env {
 		if err := checkEnvVar(k, v); err != nil {
@@ -212,7 +212,7 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 			}
 			pl.cred = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups}
 		case int(u.UID) != m.euid:
-			return nil, compute.Errorf(compute.ErrPermissionDenied,
+			return nil, errdefs.Errorf(errdefs.ErrPermissionDenied,
 				"the daemon runs as uid %d, not root, and cannot start processes as user %q (uid %d)", m.euid, u.Name, u.UID)
 		}
 	} else if self, err := m.cfg.Users.Lookup(strconv.Itoa(m.euid)); err == nil {
@@ -235,13 +235,13 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 	fi, err := os.Stat(pl.dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, compute.Errorf(compute.ErrNotFound, "working directory %q does not exist", pl.dir)
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "working directory %q does not exist", pl.dir)
 	case errors.Is(err, unix.ENOTDIR):
-		return nil, compute.Errorf(compute.ErrNotDirectory, "working directory %q: a parent is not a directory", pl.dir)
+		return nil, errdefs.Errorf(errdefs.ErrNotDirectory, "working directory %q: a parent is not a directory", pl.dir)
 	case err != nil:
-		return nil, compute.Errorf(compute.ErrPermissionDenied, "working directory %q: %v", pl.dir, err)
+		return nil, errdefs.Errorf(errdefs.ErrPermissionDenied, "working directory %q: %v", pl.dir, err)
 	case !fi.IsDir():
-		return nil, compute.Errorf(compute.ErrNotDirectory, "working directory %q is not a directory", pl.dir)
+		return nil, errdefs.Errorf(errdefs.ErrNotDirectory, "working directory %q is not a directory", pl.dir)
 	}
 
 	if len(o.Argv) > 0 {
@@ -359,7 +359,7 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 func execError(err error, pl *plan) error {
 	var errno syscall.Errno
 	if !errors.As(err, &errno) {
-		return compute.Errorf(compute.ErrInternal, "start %q: %v", pl.argv[0], err)
+		return errdefs.Errorf(errdefs.ErrInternal, "start %q: %v", pl.argv[0], err)
 	}
 	who := pl.user
 	if who == "" {
@@ -367,19 +367,19 @@ func execError(err error, pl *plan) error {
 	}
 	switch errno {
 	case unix.ENOENT:
-		return compute.Errorf(compute.ErrNotFound, "start %q: the program or its interpreter does not exist", pl.argv[0])
+		return errdefs.Errorf(errdefs.ErrNotFound, "start %q: the program or its interpreter does not exist", pl.argv[0])
 	case unix.EACCES:
-		return compute.Errorf(compute.ErrPermissionDenied, "start %q: %s may not execute it or enter %q", pl.argv[0], who, pl.dir)
+		return errdefs.Errorf(errdefs.ErrPermissionDenied, "start %q: %s may not execute it or enter %q", pl.argv[0], who, pl.dir)
 	case unix.EPERM:
-		return compute.Errorf(compute.ErrPermissionDenied, "start %q: cannot switch to %s: %v", pl.argv[0], who, errno)
+		return errdefs.Errorf(errdefs.ErrPermissionDenied, "start %q: cannot switch to %s: %v", pl.argv[0], who, errno)
 	case unix.ENOEXEC:
-		return compute.Errorf(compute.ErrInvalidArgument, "start %q: not an executable format", pl.argv[0])
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "start %q: not an executable format", pl.argv[0])
 	case unix.ENOTDIR:
-		return compute.Errorf(compute.ErrNotDirectory, "start %q: a path component is not a directory", pl.argv[0])
+		return errdefs.Errorf(errdefs.ErrNotDirectory, "start %q: a path component is not a directory", pl.argv[0])
 	case unix.E2BIG:
-		return compute.Errorf(compute.ErrInvalidArgument, "start %q: argument list and environment too long", pl.argv[0])
+		return errdefs.Errorf(errdefs.ErrInvalidArgument, "start %q: argument list and environment too long", pl.argv[0])
 	case unix.EAGAIN, unix.ENOMEM, unix.EMFILE, unix.ENFILE:
-		return compute.MarkRetryable(compute.Errorf(compute.ErrResourceExhausted, "start %q: %v", pl.argv[0], errno))
+		return errdefs.MarkRetryable(errdefs.Errorf(errdefs.ErrResourceExhausted, "start %q: %v", pl.argv[0], errno))
 	}
-	return compute.Errorf(compute.ErrInternal, "start %q: %v", pl.argv[0], errno)
+	return errdefs.Errorf(errdefs.ErrInternal, "start %q: %v", pl.argv[0], errno)
 }

@@ -6,8 +6,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // fakeUsers writes a passwd/group pair under a temp root: "agent" maps to
@@ -77,20 +77,20 @@ func TestRunAsUserCannotEnterDirectory(t *testing.T) {
 	}
 	m := newTestManager(t, Config{Users: fakeUsers(t)})
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{"true"}, User: "agent", Dir: dir})
-	wantErr(t, err, compute.ErrPermissionDenied, "agent", dir)
+	wantErr(t, err, errdefs.ErrPermissionDenied, "agent", dir)
 }
 
 func TestRunAsErrors(t *testing.T) {
 	m := newTestManager(t, Config{Users: fakeUsers(t)})
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{"true"}, User: "ghost"})
-	wantErr(t, err, compute.ErrNotFound, "ghost", "run_as")
+	wantErr(t, err, errdefs.ErrNotFound, "ghost", "run_as")
 
 	// A daemon that is not root may only run processes as itself.
 	m.euid = 1000
 	_, err = m.Start(testCtx(t), StartOptions{Argv: []string{"true"}, User: "agent"})
-	wantErr(t, err, compute.ErrPermissionDenied, "agent", "not root")
+	wantErr(t, err, errdefs.ErrPermissionDenied, "agent", "not root")
 
 	m3 := newTestManager(t, Config{Users: fakeUsers(t), DefaultUser: "ghost"})
 	_, err = m3.Start(testCtx(t), StartOptions{Argv: []string{"true"}})
-	wantErr(t, err, compute.ErrNotFound, "ghost")
+	wantErr(t, err, errdefs.ErrNotFound, "ghost")
 }

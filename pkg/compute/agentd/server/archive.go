@@ -4,8 +4,8 @@ import (
 	"context"
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/archive"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -67,7 +67,7 @@ func (s *workspaceService) Restore(stream agentdv1.WorkspaceService_RestoreServe
 	}
 	h := first.GetHeader()
 	if h == nil {
-		return errmap.ToStatus(compute.Errorf(compute.ErrInvalidArgument, "Restore: the first message must be the header"))
+		return errmap.ToStatus(errdefs.Errorf(errdefs.ErrInvalidArgument, "Restore: the first message must be the header"))
 	}
 	next := func() ([]byte, bool, error) {
 		m, err := stream.Recv()

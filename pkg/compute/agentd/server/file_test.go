@@ -18,10 +18,10 @@ import (
 	"testing"
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -169,14 +169,14 @@ func assertSameTree(t *testing.T, what string, before, after map[string]treeEntr
 	t.FailNow()
 }
 
-// assertPathErr checks err matches sentinel, is a *compute.PathError for
+// assertPathErr checks err matches sentinel, is a *errdefs.PathError for
 // exactly the caller's path, and mentions none of the host paths.
 func assertPathErr(t *testing.T, err error, sentinel error, path string, hostPaths ...string) {
 	t.Helper()
 	if !errors.Is(err, sentinel) {
 		t.Fatalf("%q: want %v, got %v", path, sentinel, err)
 	}
-	var pe *compute.PathError
+	var pe *errdefs.PathError
 	switch {
 	case errors.As(err, &pe):
 		if pe.Path != path {
@@ -184,7 +184,7 @@ func assertPathErr(t *testing.T, err error, sentinel error, path string, hostPat
 		}
 	case path != "":
 		// (An empty path cannot travel in ErrorDetail.path.)
-		t.Fatalf("%q: error is not a *compute.PathError: %#v", path, err)
+		t.Fatalf("%q: error is not a *errdefs.PathError: %#v", path, err)
 	}
 	for _, h := range hostPaths {
 		if h != "" && strings.Contains(err.Error(), h) {
@@ -306,9 +306,9 @@ func TestWriteReadRoundTripLarge(t *testing.T) {
 		}
 	}
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin", Offset: -1})
-	assertPathErr(t, err, compute.ErrInvalidArgument, "deep/dir/blob.bin")
+	assertPathErr(t, err, errdefs.ErrInvalidArgument, "deep/dir/blob.bin")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin", Limit: -5})
-	assertPathErr(t, err, compute.ErrInvalidArgument, "deep/dir/blob.bin")
+	assertPathErr(t, err, errdefs.ErrInvalidArgument, "deep/dir/blob.bin")
 
 	// An empty file still answers with its info.
 	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "empty"}, nil); err != nil {
@@ -347,8 +347,8 @@ func TestWriteFileMismatchKeepsOldFile(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			c.h.Path = "keep.txt"
 			_, err := writeBytes(ctx, td.client, c.h, c.data)
-			assertPathErr(t, err, compute.ErrConflict, "keep.txt", td.workspace)
-			if compute.Retryable(err) {
+			assertPathErr(t, err, errdefs.ErrConflict, "keep.txt", td.workspace)
+			if errdefs.Retryable(err) {
 				t.Fatal("a self-contradicting write must not be retryable")
 			}
 			if got := diskContent(t, target); got != "the old content\n" {
@@ -362,12 +362,12 @@ func TestWriteFileMismatchKeepsOldFile(t *testing.T) {
 	}
 	// Also for a new file: nothing is created.
 	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "new.bin", ExpectedSha256: wrongSum[:]}, big)
-	assertPathErr(t, err, compute.ErrConflict, "new.bin")
+	assertPathErr(t, err, errdefs.ErrConflict, "new.bin")
 	assertMissing(t, filepath.Join(td.workspace, "new.bin"))
 	assertNoTemp(t, td.workspace)
 	// A malformed checksum is a bad request, not a conflict.
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "keep.txt", ExpectedSha256: []byte{1, 2, 3}}, []byte("x"))
-	assertPathErr(t, err, compute.ErrInvalidArgument, "keep.txt")
+	assertPathErr(t, err, errdefs.ErrInvalidArgument, "keep.txt")
 	// The right announcement succeeds.
 	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "keep.txt", ExpectedSize: i64(int64(len(big))), ExpectedSha256: bigSum[:]}, big); err != nil {
 		t.Fatal(err)
@@ -390,7 +390,7 @@ func TestWriteFilePolicies(t *testing.T) {
 	}
 
 	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_NEVER}, []byte("clobbered"))
-	assertPathErr(t, err, compute.ErrAlreadyExists, "exists.txt", ws)
+	assertPathErr(t, err, errdefs.ErrAlreadyExists, "exists.txt", ws)
 	if diskContent(t, filepath.Join(ws, "exists.txt")) != "original" {
 		t.Fatal("NEVER replaced an existing file")
 	}
@@ -399,7 +399,7 @@ func TestWriteFilePolicies(t *testing.T) {
 	}
 
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "missing.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_ONLY_IF_EXISTS}, []byte("x"))
-	assertPathErr(t, err, compute.ErrNotFound, "missing.txt", ws)
+	assertPathErr(t, err, errdefs.ErrNotFound, "missing.txt", ws)
 	assertMissing(t, filepath.Join(ws, "missing.txt"))
 	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_ONLY_IF_EXISTS}, []byte("replaced")); err != nil {
 		t.Fatalf("ONLY_IF_EXISTS on an existing file: %v", err)
@@ -409,19 +409,19 @@ func TestWriteFilePolicies(t *testing.T) {
 	}
 
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "no/such/parent.txt"}, []byte("x"))
-	assertPathErr(t, err, compute.ErrNotFound, "no/such/parent.txt", ws)
+	assertPathErr(t, err, errdefs.ErrNotFound, "no/such/parent.txt", ws)
 	assertMissing(t, filepath.Join(ws, "no"))
 	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "no/such/parent.txt", CreateParents: true}, []byte("x")); err != nil {
 		t.Fatalf("create_parents: %v", err)
 	}
 
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "adir"}, []byte("x"))
-	assertPathErr(t, err, compute.ErrIsDirectory, "adir", ws)
+	assertPathErr(t, err, errdefs.ErrIsDirectory, "adir", ws)
 	if fi, err := os.Stat(filepath.Join(ws, "adir")); err != nil || !fi.IsDir() {
 		t.Fatal("the directory was replaced")
 	}
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt/child"}, []byte("x"))
-	assertPathErr(t, err, compute.ErrNotDirectory, "exists.txt/child", ws)
+	assertPathErr(t, err, errdefs.ErrNotDirectory, "exists.txt/child", ws)
 
 	// The header must come first.
 	ws2, err := agentdv1.NewFileServiceClient(td.client.Conn()).WriteFile(ctx)
@@ -429,7 +429,7 @@ func TestWriteFilePolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = ws2.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: []byte("headless")}})
-	if _, err := ws2.CloseAndRecv(); !errors.Is(errmap.FromStatus(err), compute.ErrInvalidArgument) {
+	if _, err := ws2.CloseAndRecv(); !errors.Is(errmap.FromStatus(err), errdefs.ErrInvalidArgument) {
 		t.Fatalf("data before header: want InvalidArgument, got %v", err)
 	}
 	// A second header in the middle aborts the write and changes nothing.
@@ -440,7 +440,7 @@ func TestWriteFilePolicies(t *testing.T) {
 	_ = ws3.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Header{Header: &agentdv1.WriteFileHeader{Path: "exists.txt"}}})
 	_ = ws3.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: []byte("part")}})
 	_ = ws3.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Header{Header: &agentdv1.WriteFileHeader{Path: "other"}}})
-	if _, err := ws3.CloseAndRecv(); !errors.Is(errmap.FromStatus(err), compute.ErrInvalidArgument) {
+	if _, err := ws3.CloseAndRecv(); !errors.Is(errmap.FromStatus(err), errdefs.ErrInvalidArgument) {
 		t.Fatalf("second header: want InvalidArgument, got %v", err)
 	}
 	if diskContent(t, filepath.Join(ws, "exists.txt")) != "replaced" {
@@ -481,12 +481,12 @@ func TestWriteFileModes(t *testing.T) {
 	// Set-id, sticky and out-of-range bits are refused, and nothing is created.
 	for _, mode := range []uint32{0o4755, 0o2755, 0o1755, 0o10644} {
 		_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "setid", Mode: mode}, []byte("x"))
-		assertPathErr(t, err, compute.ErrInvalidArgument, "setid", ws)
+		assertPathErr(t, err, errdefs.ErrInvalidArgument, "setid", ws)
 		assertMissing(t, filepath.Join(ws, "setid"))
 	}
 	// Nor may an existing file be turned set-id.
 	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "script", Mode: 0o4755}, []byte("evil"))
-	assertPathErr(t, err, compute.ErrInvalidArgument, "script", ws)
+	assertPathErr(t, err, errdefs.ErrInvalidArgument, "script", ws)
 	if fi, _ := os.Stat(filepath.Join(ws, "script")); fi.Mode() != 0o755 {
 		t.Fatalf("mode became %v", fi.Mode())
 	}
@@ -535,11 +535,11 @@ func TestStat(t *testing.T) {
 		t.Fatalf("root: %v %v", fi, err)
 	}
 	_, err = td.client.Stat(ctx, "dir/nope", "")
-	assertPathErr(t, err, compute.ErrNotFound, "dir/nope", ws)
+	assertPathErr(t, err, errdefs.ErrNotFound, "dir/nope", ws)
 	_, err = td.client.Stat(ctx, "dir/file.txt/below", "")
-	assertPathErr(t, err, compute.ErrNotDirectory, "dir/file.txt/below", ws)
+	assertPathErr(t, err, errdefs.ErrNotDirectory, "dir/file.txt/below", ws)
 	_, err = td.client.Stat(ctx, "", "")
-	assertPathErr(t, err, compute.ErrInvalidArgument, "", ws)
+	assertPathErr(t, err, errdefs.ErrInvalidArgument, "", ws)
 }
 
 func listAll(t *testing.T, ctx context.Context, c *agentclient.Client, dir string, pageSize int32) (names []string, pages int) {
@@ -620,13 +620,13 @@ func TestListDirPaging(t *testing.T) {
 	}
 
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list", PageToken: "!!not a token!!"})
-	assertPathErr(t, err, compute.ErrInvalidArgument, "list", ws)
+	assertPathErr(t, err, errdefs.ErrInvalidArgument, "list", ws)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list", PageSize: -1})
-	assertPathErr(t, err, compute.ErrInvalidArgument, "list", ws)
+	assertPathErr(t, err, errdefs.ErrInvalidArgument, "list", ws)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list/a.txt"})
-	assertPathErr(t, err, compute.ErrNotDirectory, "list/a.txt", ws)
+	assertPathErr(t, err, errdefs.ErrNotDirectory, "list/a.txt", ws)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "nothere"})
-	assertPathErr(t, err, compute.ErrNotFound, "nothere", ws)
+	assertPathErr(t, err, errdefs.ErrNotFound, "nothere", ws)
 }
 
 func TestListDirNonUTF8Name(t *testing.T) {
@@ -684,9 +684,9 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		t.Fatalf("parents: an existing directory is not an error: %v", err)
 	}
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "a/b/c"})
-	assertPathErr(t, err, compute.ErrAlreadyExists, "a/b/c", ws)
+	assertPathErr(t, err, errdefs.ErrAlreadyExists, "a/b/c", ws)
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "x/y"})
-	assertPathErr(t, err, compute.ErrNotFound, "x/y", ws)
+	assertPathErr(t, err, errdefs.ErrNotFound, "x/y", ws)
 	assertMissing(t, filepath.Join(ws, "x"))
 	if info, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "plain"}); err != nil || info.GetMode() != 0o755 {
 		t.Fatalf("default directory mode: %v %v", info, err)
@@ -694,7 +694,7 @@ func TestMakeDirRemoveRename(t *testing.T) {
 	mustWrite(t, filepath.Join(ws, "a/b/c/f.txt"), "f", 0o644)
 
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "a"})
-	assertPathErr(t, err, compute.ErrNotEmpty, "a", ws)
+	assertPathErr(t, err, errdefs.ErrNotEmpty, "a", ws)
 	if diskContent(t, filepath.Join(ws, "a/b/c/f.txt")) != "f" {
 		t.Fatal("a refused removal removed something")
 	}
@@ -707,7 +707,7 @@ func TestMakeDirRemoveRename(t *testing.T) {
 	}
 	assertMissing(t, filepath.Join(ws, "plain"))
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone"})
-	assertPathErr(t, err, compute.ErrNotFound, "gone", ws)
+	assertPathErr(t, err, errdefs.ErrNotFound, "gone", ws)
 
 	// The workspace root is never removed, however it is named.
 	mustWrite(t, filepath.Join(ws, "survivor"), "s", 0o644)
@@ -716,7 +716,7 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		if err == nil {
 			t.Fatalf("Remove(%q) of the workspace root succeeded", p)
 		}
-		if !errors.Is(err, compute.ErrPermissionDenied) && !errors.Is(err, compute.ErrInvalidArgument) {
+		if !errors.Is(err, errdefs.ErrPermissionDenied) && !errors.Is(err, errdefs.ErrInvalidArgument) {
 			t.Fatalf("Remove(%q): want PermissionDenied or InvalidArgument, got %v", p, err)
 		}
 		if diskContent(t, filepath.Join(ws, "survivor")) != "s" {
@@ -724,9 +724,9 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		}
 	}
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "."})
-	assertPathErr(t, err, compute.ErrPermissionDenied, ".")
+	assertPathErr(t, err, errdefs.ErrPermissionDenied, ".")
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: ""})
-	assertPathErr(t, err, compute.ErrInvalidArgument, "")
+	assertPathErr(t, err, errdefs.ErrInvalidArgument, "")
 
 	// Rename.
 	mustWrite(t, filepath.Join(ws, "r1"), "one", 0o600)
@@ -739,7 +739,7 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		t.Fatal("rename did not move the file as is")
 	}
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r2", To: "existing"})
-	assertPathErr(t, err, compute.ErrAlreadyExists, "existing", ws) // the path in the way, as given
+	assertPathErr(t, err, errdefs.ErrAlreadyExists, "existing", ws) // the path in the way, as given
 	if diskContent(t, filepath.Join(ws, "r2")) != "one" || diskContent(t, filepath.Join(ws, "existing")) != "old" {
 		t.Fatal("a refused rename changed files")
 	}
@@ -751,9 +751,9 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		t.Fatal("overwrite rename did not replace")
 	}
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "nope", To: "other"})
-	assertPathErr(t, err, compute.ErrNotFound, "nope", ws)
+	assertPathErr(t, err, errdefs.ErrNotFound, "nope", ws)
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: ".", To: "moved-root"})
-	assertPathErr(t, err, compute.ErrPermissionDenied, ".", ws)
+	assertPathErr(t, err, errdefs.ErrPermissionDenied, ".", ws)
 	if _, err := os.Stat(ws); err != nil {
 		t.Fatal("the workspace root is gone")
 	}
@@ -769,25 +769,25 @@ func TestErrorsCarryCallerPathOnly(t *testing.T) {
 		assertPathErr(t, err, sentinel, path, host)
 	}
 	_, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "missing/file.txt"})
-	check(err, compute.ErrNotFound, "missing/file.txt")
+	check(err, errdefs.ErrNotFound, "missing/file.txt")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "./f.txt/x"})
-	check(err, compute.ErrNotDirectory, "./f.txt/x")
+	check(err, errdefs.ErrNotDirectory, "./f.txt/x")
 	_, err = td.client.Stat(ctx, "sub/../nope", "")
-	check(err, compute.ErrNotFound, "sub/../nope")
+	check(err, errdefs.ErrNotFound, "sub/../nope")
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "nodir/x"}, []byte("x"))
-	check(err, compute.ErrNotFound, "nodir/x")
+	check(err, errdefs.ErrNotFound, "nodir/x")
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "nothere"})
-	check(err, compute.ErrNotFound, "nothere")
+	check(err, errdefs.ErrNotFound, "nothere")
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone/x"})
-	check(err, compute.ErrNotFound, "gone/x")
+	check(err, errdefs.ErrNotFound, "gone/x")
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "f.txt"})
-	check(err, compute.ErrAlreadyExists, "f.txt")
+	check(err, errdefs.ErrAlreadyExists, "f.txt")
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "ghost", To: "g2"})
-	check(err, compute.ErrNotFound, "ghost")
+	check(err, errdefs.ErrNotFound, "ghost")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "sub/.."})
-	check(err, compute.ErrIsDirectory, "sub/..")
+	check(err, errdefs.ErrIsDirectory, "sub/..")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "../escape"})
-	check(err, compute.ErrPathEscape, "../escape")
+	check(err, errdefs.ErrPathEscape, "../escape")
 	// The error text the model would see names the path.
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "missing/file.txt"})
 	if !strings.Contains(err.Error(), "missing/file.txt") {
@@ -821,46 +821,46 @@ func TestEscapesAreRefused(t *testing.T) {
 	for _, p := range reads {
 		got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: p})
 		if strings.HasPrefix(p, outside) {
-			assertPathErr(t, err, compute.ErrPathEscape, p) // the caller named the host path itself
+			assertPathErr(t, err, errdefs.ErrPathEscape, p) // the caller named the host path itself
 		} else {
-			assertPathErr(t, err, compute.ErrPathEscape, p, hosts...)
+			assertPathErr(t, err, errdefs.ErrPathEscape, p, hosts...)
 		}
 		if len(got) > 0 {
 			t.Fatalf("%q: %d bytes were read through an escape", p, len(got))
 		}
 	}
 	_, err := td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "etc"})
-	assertPathErr(t, err, compute.ErrPathEscape, "etc", hosts...)
+	assertPathErr(t, err, errdefs.ErrPathEscape, "etc", hosts...)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "out"})
-	assertPathErr(t, err, compute.ErrPathEscape, "out", hosts...)
+	assertPathErr(t, err, errdefs.ErrPathEscape, "out", hosts...)
 	_, err = td.client.Stat(ctx, "out/secret.txt", "")
-	assertPathErr(t, err, compute.ErrPathEscape, "out/secret.txt", hosts...)
+	assertPathErr(t, err, errdefs.ErrPathEscape, "out/secret.txt", hosts...)
 
 	writes := []string{"../x", "/etc/bulkhead-pwned", "etc/bulkhead-pwned", "out/pwned", "out/secret.txt", "rel", outside + "/abs-pwned", "a/../../x"}
 	for _, p := range writes {
 		for _, parents := range []bool{false, true} {
 			_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p, CreateParents: parents}, []byte("pwned"))
 			if strings.HasPrefix(p, outside) {
-				assertPathErr(t, err, compute.ErrPathEscape, p)
+				assertPathErr(t, err, errdefs.ErrPathEscape, p)
 			} else {
-				assertPathErr(t, err, compute.ErrPathEscape, p, hosts...)
+				assertPathErr(t, err, errdefs.ErrPathEscape, p, hosts...)
 			}
 		}
 	}
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "out/newdir", Parents: true})
-	assertPathErr(t, err, compute.ErrPathEscape, "out/newdir", hosts...)
+	assertPathErr(t, err, errdefs.ErrPathEscape, "out/newdir", hosts...)
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "out/secret.txt"})
-	assertPathErr(t, err, compute.ErrPathEscape, "out/secret.txt", hosts...)
+	assertPathErr(t, err, errdefs.ErrPathEscape, "out/secret.txt", hosts...)
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "../sibling.txt"})
-	assertPathErr(t, err, compute.ErrPathEscape, "../sibling.txt", hosts...)
+	assertPathErr(t, err, errdefs.ErrPathEscape, "../sibling.txt", hosts...)
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "../moved.txt"})
-	assertPathErr(t, err, compute.ErrPathEscape, "../moved.txt", hosts...)
+	assertPathErr(t, err, errdefs.ErrPathEscape, "../moved.txt", hosts...)
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "out/moved.txt", Overwrite: true})
-	if !errors.Is(err, compute.ErrPathEscape) {
+	if !errors.Is(err, errdefs.ErrPathEscape) {
 		t.Fatalf("rename into a link to outside: %v", err)
 	}
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "out/secret.txt", To: "stolen.txt"})
-	assertPathErr(t, err, compute.ErrPathEscape, "out/secret.txt", hosts...)
+	assertPathErr(t, err, errdefs.ErrPathEscape, "out/secret.txt", hosts...)
 
 	assertSameTree(t, "outside", outsideBefore, snapshotTree(t, outside))
 	assertSameTree(t, "workspace", wsBefore, snapshotTree(t, ws))
@@ -914,20 +914,20 @@ func TestReadOnlyGrant(t *testing.T) {
 
 	p := grant + "/new.txt"
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p}, []byte("x"))
-	assertPathErr(t, err, compute.ErrReadOnly, p)
+	assertPathErr(t, err, errdefs.ErrReadOnly, p)
 	p = grant + "/data.txt"
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p}, []byte("x"))
-	assertPathErr(t, err, compute.ErrReadOnly, p)
+	assertPathErr(t, err, errdefs.ErrReadOnly, p)
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: grant + "/deep/new.txt", CreateParents: true}, []byte("x"))
-	assertPathErr(t, err, compute.ErrReadOnly, grant+"/deep/new.txt")
+	assertPathErr(t, err, errdefs.ErrReadOnly, grant+"/deep/new.txt")
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: p})
-	assertPathErr(t, err, compute.ErrReadOnly, p)
+	assertPathErr(t, err, errdefs.ErrReadOnly, p)
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: grant + "/sub", Recursive: true})
-	assertPathErr(t, err, compute.ErrReadOnly, grant+"/sub")
+	assertPathErr(t, err, errdefs.ErrReadOnly, grant+"/sub")
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: grant + "/newdir"})
-	assertPathErr(t, err, compute.ErrReadOnly, grant+"/newdir")
+	assertPathErr(t, err, errdefs.ErrReadOnly, grant+"/newdir")
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: p, To: grant + "/renamed.txt"})
-	if !errors.Is(err, compute.ErrReadOnly) {
+	if !errors.Is(err, errdefs.ErrReadOnly) {
 		t.Fatalf("rename in a read-only grant: %v", err)
 	}
 	// A symlink in the workspace does not turn a read-only grant writable.
@@ -935,7 +935,7 @@ func TestReadOnlyGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ro/data.txt"}, []byte("x"))
-	assertPathErr(t, err, compute.ErrReadOnly, "ro/data.txt")
+	assertPathErr(t, err, errdefs.ErrReadOnly, "ro/data.txt")
 	assertSameTree(t, "read-only grant", before, snapshotTree(t, grant))
 
 	// A writable grant takes writes.
@@ -994,7 +994,7 @@ func TestRunAsUser(t *testing.T) {
 		t.Fatalf("analyst reading a 0444 file: %q %v", got, err)
 	}
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ro.txt", User: "analyst"}, []byte("analyst was here"))
-	assertPathErr(t, err, compute.ErrPermissionDenied, "ro.txt", ws)
+	assertPathErr(t, err, errdefs.ErrPermissionDenied, "ro.txt", ws)
 	if diskContent(t, ro) != "root's" {
 		t.Fatal("analyst replaced a read-only root file")
 	}
@@ -1011,7 +1011,7 @@ func TestRunAsUser(t *testing.T) {
 	// A private root file is closed to analyst.
 	mustWrite(t, filepath.Join(ws, "private.txt"), "private", 0o600)
 	got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "private.txt", User: "analyst"})
-	assertPathErr(t, err, compute.ErrPermissionDenied, "private.txt", ws)
+	assertPathErr(t, err, errdefs.ErrPermissionDenied, "private.txt", ws)
 	if len(got) != 0 {
 		t.Fatal("bytes of a private file reached analyst")
 	}
@@ -1022,7 +1022,7 @@ func TestRunAsUser(t *testing.T) {
 
 	// An unknown user is NotFound, names run_as, and nothing happens.
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ghost.txt", User: "mallory"}, []byte("x"))
-	assertPathErr(t, err, compute.ErrNotFound, "ghost.txt", ws)
+	assertPathErr(t, err, errdefs.ErrNotFound, "ghost.txt", ws)
 	if !strings.Contains(err.Error(), "run_as") {
 		t.Fatalf("unknown user error does not name run_as: %v", err)
 	}
@@ -1047,7 +1047,7 @@ func TestRunAsUser(t *testing.T) {
 		},
 	} {
 		err := call()
-		if !errors.Is(err, compute.ErrNotFound) || !strings.Contains(err.Error(), "run_as") {
+		if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "run_as") {
 			t.Fatalf("%s as an unknown user: %v", name, err)
 		}
 	}

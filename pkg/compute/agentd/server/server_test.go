@@ -19,9 +19,9 @@ import (
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -146,7 +146,7 @@ func TestAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	if _, err := bad.Info(ctx); !errors.Is(err, compute.ErrUnauthenticated) {
+	if _, err := bad.Info(ctx); !errors.Is(err, errdefs.ErrUnauthenticated) {
 		t.Fatalf("client with wrong token: want ErrUnauthenticated, got %v", err)
 	}
 }

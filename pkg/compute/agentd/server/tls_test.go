@@ -23,8 +23,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -265,7 +265,7 @@ func TestRunMutualTLS(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%s: Info succeeded", name)
 		}
-		if !errors.Is(err, compute.ErrUnavailable) {
+		if !errors.Is(err, errdefs.ErrUnavailable) {
 			t.Fatalf("%s: want a transport failure (ErrUnavailable), got %v", name, err)
 		}
 	}
@@ -281,7 +281,7 @@ func TestRunMutualTLS(t *testing.T) {
 	for name, token := range map[string]string{"wrong token": strings.Repeat("z", len(testToken)), "no token": ""} {
 		c := dialT(t, agentclient.Options{Address: "tcp://" + addr, Token: token,
 			TLS: &tls.Config{RootCAs: ca.pool(), Certificates: []tls.Certificate{clientPair}}})
-		if _, err := c.Info(shortCtx(t)); !errors.Is(err, compute.ErrUnauthenticated) {
+		if _, err := c.Info(shortCtx(t)); !errors.Is(err, errdefs.ErrUnauthenticated) {
 			t.Fatalf("%s over mTLS: want ErrUnauthenticated, got %v", name, err)
 		}
 		// Health needs the certificate but not the token.

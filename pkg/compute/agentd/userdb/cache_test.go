@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // setSettleTime changes settleTime for one test (not parallel).
@@ -27,7 +27,7 @@ func TestCacheSeesChanges(t *testing.T) {
 	if db.cache["passwd"] == nil || db.cache["group"] == nil {
 		t.Fatal("the parsed files were not cached")
 	}
-	if _, err := db.Lookup("newuser"); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := db.Lookup("newuser"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Lookup(newuser) before it exists = %v", err)
 	}
 
@@ -58,7 +58,7 @@ func TestCacheSeesChanges(t *testing.T) {
 
 	// Removed: every user is unknown again.
 	os.Remove(passwd)
-	if _, err := db.Lookup("agent"); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := db.Lookup("agent"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Fatalf("Lookup(agent) without passwd = %v", err)
 	}
 

@@ -15,7 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // User is a resolved sandbox account.
@@ -41,6 +41,8 @@ type DB struct {
 
 	mu    sync.Mutex
 	cache map[string]*etcFile // by file name: "passwd", "group"
+
+	editMu sync.Mutex // serialises AddGroup and AddUser
 }
 
 // settleTime is how old a file's change times must be before its parsed
@@ -80,10 +82,10 @@ func New(root string) *DB {
 
 // Lookup resolves a user by name, or by numeric uid when name is all digits
 // and no account has that exact name (a name always wins, as with chown and
-// id). An unknown user is a compute.ErrNotFound.
+// id). An unknown user is a errdefs.ErrNotFound.
 func (d *DB) Lookup(name string) (*User, error) {
 	if name == "" {
-		return nil, compute.Errorf(compute.ErrInvalidArgument, "empty user name")
+		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "empty user name")
 	}
 	passwd, err := d.lines("passwd")
 	if err != nil {
@@ -95,7 +97,7 @@ func (d *DB) Lookup(name string) (*User, error) {
 		found = findUser(passwd, func(f []string) bool { return f[2] == uid })
 	}
 	if found == nil {
-		return nil, compute.Errorf(compute.ErrNotFound, "user %q is not in the sandbox's /etc/passwd", name)
+		return nil, errdefs.Errorf(errdefs.ErrNotFound, "user %q is not in the sandbox's /etc/passwd", name)
 	}
 	err = d.scan("group", func(f []string) bool {
 		if len(f) < 4 || f[3] == "" {
@@ -156,7 +158,7 @@ func (d *DB) GroupID(name string) (uint32, error) {
 		return 0, err
 	}
 	if !ok {
-		return 0, compute.Errorf(compute.ErrNotFound, "group %q is not in the sandbox's /etc/group", name)
+		return 0, errdefs.Errorf(errdefs.ErrNotFound, "group %q is not in the sandbox's /etc/group", name)
 	}
 	return gid, nil
 }

@@ -7,7 +7,7 @@ import (
 	"slices"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 func writeEtc(t *testing.T, passwd, group string) *DB {
@@ -85,10 +85,10 @@ func TestLookupErrors(t *testing.T) {
 		name     string
 		sentinel error
 	}{
-		{"", compute.ErrInvalidArgument},
-		{"ghost", compute.ErrNotFound},
-		{"4242", compute.ErrNotFound},
-		{"broken", compute.ErrNotFound}, // unparsable uid
+		{"", errdefs.ErrInvalidArgument},
+		{"ghost", errdefs.ErrNotFound},
+		{"4242", errdefs.ErrNotFound},
+		{"broken", errdefs.ErrNotFound}, // unparsable uid
 	} {
 		if _, err := db.Lookup(c.name); !errors.Is(err, c.sentinel) {
 			t.Errorf("Lookup(%q) error = %v, want %v", c.name, err, c.sentinel)
@@ -96,7 +96,7 @@ func TestLookupErrors(t *testing.T) {
 	}
 	// No account files at all: every user is unknown, not an I/O error.
 	empty := New(t.TempDir())
-	if _, err := empty.Lookup("root"); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := empty.Lookup("root"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("Lookup without /etc/passwd = %v", err)
 	}
 	// A user without a group file has no supplementary groups.
@@ -113,7 +113,7 @@ func TestGroupID(t *testing.T) {
 			t.Errorf("GroupID(%q) = %d, %v; want %d", name, got, err, want)
 		}
 	}
-	if _, err := db.GroupID("nogroup-here"); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := db.GroupID("nogroup-here"); !errors.Is(err, errdefs.ErrNotFound) {
 		t.Errorf("GroupID(unknown) = %v", err)
 	}
 }

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"runtime"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 // runAs runs fn with the filesystem identity of u, so that files fn creates
@@ -14,7 +14,7 @@ import (
 //
 // u == nil, or u equal to the daemon's own uid and gid, runs fn directly on
 // the calling goroutine. Otherwise the daemon must be root (else
-// compute.ErrPermissionDenied) and fn runs on a fresh goroutine that locks
+// errdefs.ErrPermissionDenied) and fn runs on a fresh goroutine that locks
 // its OS thread, switches that thread's supplementary groups, fsgid and
 // fsuid with raw system calls (which, unlike syscall.Setgroups and friends,
 // touch only the calling thread), and returns without unlocking: the Go
@@ -39,7 +39,7 @@ func (w *Workspace) runAs(ctx context.Context, u *userdb.User, fn func() error) 
 		return fn()
 	}
 	if w.euid != 0 {
-		return errorf(compute.ErrPermissionDenied,
+		return errorf(errdefs.ErrPermissionDenied,
 			"the daemon runs as uid %d and cannot act as user %q (uid %d)", w.euid, u.Name, u.UID)
 	}
 	done := make(chan error, 1)
@@ -70,12 +70,12 @@ func runOnThread(u *userdb.User, fn func() error, done chan<- error) {
 	}
 	// Deliberately never unlocked from here on.
 	if err := setThreadFSCreds(u.UID, u.GID, u.Groups); err != nil {
-		done <- fmt.Errorf("%w: switch to user %q: %w", compute.ErrInternal, u.Name, err)
+		done <- fmt.Errorf("%w: switch to user %q: %w", errdefs.ErrInternal, u.Name, err)
 		return
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			done <- fmt.Errorf("%w: panic while acting as user %q: %v", compute.ErrInternal, u.Name, r)
+			done <- fmt.Errorf("%w: panic while acting as user %q: %v", errdefs.ErrInternal, u.Name, r)
 		}
 	}()
 	done <- fn()

@@ -21,6 +21,59 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// MaterializeEntryKind is what a plan entry creates.
+type MaterializeEntryKind int32
+
+const (
+	MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_UNSPECIFIED MaterializeEntryKind = 0
+	MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE        MaterializeEntryKind = 1
+	MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY   MaterializeEntryKind = 2
+	MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_SYMLINK     MaterializeEntryKind = 3
+)
+
+// Enum value maps for MaterializeEntryKind.
+var (
+	MaterializeEntryKind_name = map[int32]string{
+		0: "MATERIALIZE_ENTRY_KIND_UNSPECIFIED",
+		1: "MATERIALIZE_ENTRY_KIND_FILE",
+		2: "MATERIALIZE_ENTRY_KIND_DIRECTORY",
+		3: "MATERIALIZE_ENTRY_KIND_SYMLINK",
+	}
+	MaterializeEntryKind_value = map[string]int32{
+		"MATERIALIZE_ENTRY_KIND_UNSPECIFIED": 0,
+		"MATERIALIZE_ENTRY_KIND_FILE":        1,
+		"MATERIALIZE_ENTRY_KIND_DIRECTORY":   2,
+		"MATERIALIZE_ENTRY_KIND_SYMLINK":     3,
+	}
+)
+
+func (x MaterializeEntryKind) Enum() *MaterializeEntryKind {
+	p := new(MaterializeEntryKind)
+	*p = x
+	return p
+}
+
+func (x MaterializeEntryKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (MaterializeEntryKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[0].Descriptor()
+}
+
+func (MaterializeEntryKind) Type() protoreflect.EnumType {
+	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[0]
+}
+
+func (x MaterializeEntryKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use MaterializeEntryKind.Descriptor instead.
+func (MaterializeEntryKind) EnumDescriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{0}
+}
+
 // ArchiveCompression is how an archive is encoded.
 type ArchiveCompression int32
 
@@ -56,11 +109,11 @@ func (x ArchiveCompression) String() string {
 }
 
 func (ArchiveCompression) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[0].Descriptor()
+	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[1].Descriptor()
 }
 
 func (ArchiveCompression) Type() protoreflect.EnumType {
-	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[0]
+	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[1]
 }
 
 func (x ArchiveCompression) Number() protoreflect.EnumNumber {
@@ -69,7 +122,7 @@ func (x ArchiveCompression) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ArchiveCompression.Descriptor instead.
 func (ArchiveCompression) EnumDescriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{0}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{1}
 }
 
 // PatchOperationType is the kind of one file operation.
@@ -109,11 +162,11 @@ func (x PatchOperationType) String() string {
 }
 
 func (PatchOperationType) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[1].Descriptor()
+	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[2].Descriptor()
 }
 
 func (PatchOperationType) Type() protoreflect.EnumType {
-	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[1]
+	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[2]
 }
 
 func (x PatchOperationType) Number() protoreflect.EnumNumber {
@@ -122,7 +175,7 @@ func (x PatchOperationType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PatchOperationType.Descriptor instead.
 func (PatchOperationType) EnumDescriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{1}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{2}
 }
 
 // PatchChangeKind is what happened to one file.
@@ -165,11 +218,11 @@ func (x PatchChangeKind) String() string {
 }
 
 func (PatchChangeKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[2].Descriptor()
+	return file_bulkhead_agentd_v1_workspace_proto_enumTypes[3].Descriptor()
 }
 
 func (PatchChangeKind) Type() protoreflect.EnumType {
-	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[2]
+	return &file_bulkhead_agentd_v1_workspace_proto_enumTypes[3]
 }
 
 func (x PatchChangeKind) Number() protoreflect.EnumNumber {
@@ -178,7 +231,623 @@ func (x PatchChangeKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PatchChangeKind.Descriptor instead.
 func (PatchChangeKind) EnumDescriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{3}
+}
+
+// MaterializeEntry is one path the plan creates.
+type MaterializeEntry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Workspace-relative slash-separated path: no "..", not absolute.
+	Path string               `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Kind MaterializeEntryKind `protobuf:"varint,2,opt,name=kind,proto3,enum=bulkhead.agentd.v1.MaterializeEntryKind" json:"kind,omitempty"`
+	// Permission bits (at most 07777). Zero means 0644 for files and 0755
+	// for directories.
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Owning user and group by name; empty means the daemon's own identity
+	// (root in a sandbox) for the user, and the user's primary group.
+	User  string `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
+	Group string `protobuf:"bytes,5,opt,name=group,proto3" json:"group,omitempty"`
+	// For files: the exact number of bytes the tar stream carries.
+	Size int64 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
+	// For symlinks: the target, relative, and resolving inside the workspace.
+	LinkTarget    string `protobuf:"bytes,7,opt,name=link_target,json=linkTarget,proto3" json:"link_target,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaterializeEntry) Reset() {
+	*x = MaterializeEntry{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaterializeEntry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaterializeEntry) ProtoMessage() {}
+
+func (x *MaterializeEntry) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaterializeEntry.ProtoReflect.Descriptor instead.
+func (*MaterializeEntry) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *MaterializeEntry) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *MaterializeEntry) GetKind() MaterializeEntryKind {
+	if x != nil {
+		return x.Kind
+	}
+	return MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_UNSPECIFIED
+}
+
+func (x *MaterializeEntry) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *MaterializeEntry) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *MaterializeEntry) GetGroup() string {
+	if x != nil {
+		return x.Group
+	}
+	return ""
+}
+
+func (x *MaterializeEntry) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *MaterializeEntry) GetLinkTarget() string {
+	if x != nil {
+		return x.LinkTarget
+	}
+	return ""
+}
+
+// MaterializeUser is an account to create when missing.
+type MaterializeUser struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Name  string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Fixed numeric id when has_uid is set.
+	Uid    uint32 `protobuf:"varint,2,opt,name=uid,proto3" json:"uid,omitempty"`
+	HasUid bool   `protobuf:"varint,3,opt,name=has_uid,json=hasUid,proto3" json:"has_uid,omitempty"`
+	// Supplementary groups (created by the same plan or existing).
+	Groups []string `protobuf:"bytes,4,rep,name=groups,proto3" json:"groups,omitempty"`
+	// Home directory and login shell; empty: /home/<name> and the default.
+	Home          string `protobuf:"bytes,5,opt,name=home,proto3" json:"home,omitempty"`
+	Shell         string `protobuf:"bytes,6,opt,name=shell,proto3" json:"shell,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaterializeUser) Reset() {
+	*x = MaterializeUser{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaterializeUser) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaterializeUser) ProtoMessage() {}
+
+func (x *MaterializeUser) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaterializeUser.ProtoReflect.Descriptor instead.
+func (*MaterializeUser) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *MaterializeUser) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MaterializeUser) GetUid() uint32 {
+	if x != nil {
+		return x.Uid
+	}
+	return 0
+}
+
+func (x *MaterializeUser) GetHasUid() bool {
+	if x != nil {
+		return x.HasUid
+	}
+	return false
+}
+
+func (x *MaterializeUser) GetGroups() []string {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *MaterializeUser) GetHome() string {
+	if x != nil {
+		return x.Home
+	}
+	return ""
+}
+
+func (x *MaterializeUser) GetShell() string {
+	if x != nil {
+		return x.Shell
+	}
+	return ""
+}
+
+// MaterializeGroup is a group to create when missing.
+type MaterializeGroup struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Name          string                 `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	Gid           uint32                 `protobuf:"varint,2,opt,name=gid,proto3" json:"gid,omitempty"`
+	HasGid        bool                   `protobuf:"varint,3,opt,name=has_gid,json=hasGid,proto3" json:"has_gid,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaterializeGroup) Reset() {
+	*x = MaterializeGroup{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaterializeGroup) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaterializeGroup) ProtoMessage() {}
+
+func (x *MaterializeGroup) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaterializeGroup.ProtoReflect.Descriptor instead.
+func (*MaterializeGroup) Descriptor() ([]byte, []int) {
 	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *MaterializeGroup) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *MaterializeGroup) GetGid() uint32 {
+	if x != nil {
+		return x.Gid
+	}
+	return 0
+}
+
+func (x *MaterializeGroup) GetHasGid() bool {
+	if x != nil {
+		return x.HasGid
+	}
+	return false
+}
+
+// MaterializeGrant gives processes and file operations access to an
+// absolute path outside the workspace (replacing the current grants).
+type MaterializeGrant struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Path          string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	ReadOnly      bool                   `protobuf:"varint,2,opt,name=read_only,json=readOnly,proto3" json:"read_only,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaterializeGrant) Reset() {
+	*x = MaterializeGrant{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaterializeGrant) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaterializeGrant) ProtoMessage() {}
+
+func (x *MaterializeGrant) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaterializeGrant.ProtoReflect.Descriptor instead.
+func (*MaterializeGrant) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *MaterializeGrant) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *MaterializeGrant) GetReadOnly() bool {
+	if x != nil {
+		return x.ReadOnly
+	}
+	return false
+}
+
+// MaterializePlan opens a Materialize stream.
+type MaterializePlan struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Groups []*MaterializeGroup    `protobuf:"bytes,1,rep,name=groups,proto3" json:"groups,omitempty"`
+	Users  []*MaterializeUser     `protobuf:"bytes,2,rep,name=users,proto3" json:"users,omitempty"`
+	// Entries in any order; a parent directory, when listed, is created
+	// before what it contains. Existing files at entry paths are replaced and
+	// existing directories kept (their mode and owner set from the entry).
+	Entries []*MaterializeEntry `protobuf:"bytes,3,rep,name=entries,proto3" json:"entries,omitempty"`
+	// Replace the daemon's extra path grants with these when set_grants.
+	Grants        []*MaterializeGrant `protobuf:"bytes,4,rep,name=grants,proto3" json:"grants,omitempty"`
+	SetGrants     bool                `protobuf:"varint,5,opt,name=set_grants,json=setGrants,proto3" json:"set_grants,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaterializePlan) Reset() {
+	*x = MaterializePlan{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaterializePlan) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaterializePlan) ProtoMessage() {}
+
+func (x *MaterializePlan) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaterializePlan.ProtoReflect.Descriptor instead.
+func (*MaterializePlan) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *MaterializePlan) GetGroups() []*MaterializeGroup {
+	if x != nil {
+		return x.Groups
+	}
+	return nil
+}
+
+func (x *MaterializePlan) GetUsers() []*MaterializeUser {
+	if x != nil {
+		return x.Users
+	}
+	return nil
+}
+
+func (x *MaterializePlan) GetEntries() []*MaterializeEntry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+func (x *MaterializePlan) GetGrants() []*MaterializeGrant {
+	if x != nil {
+		return x.Grants
+	}
+	return nil
+}
+
+func (x *MaterializePlan) GetSetGrants() bool {
+	if x != nil {
+		return x.SetGrants
+	}
+	return false
+}
+
+// MaterializeRequest is the plan (first message) or a chunk of the tar
+// stream carrying the files' bytes.
+type MaterializeRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Message:
+	//
+	//	*MaterializeRequest_Plan
+	//	*MaterializeRequest_Data
+	Message       isMaterializeRequest_Message `protobuf_oneof:"message"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaterializeRequest) Reset() {
+	*x = MaterializeRequest{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaterializeRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaterializeRequest) ProtoMessage() {}
+
+func (x *MaterializeRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaterializeRequest.ProtoReflect.Descriptor instead.
+func (*MaterializeRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *MaterializeRequest) GetMessage() isMaterializeRequest_Message {
+	if x != nil {
+		return x.Message
+	}
+	return nil
+}
+
+func (x *MaterializeRequest) GetPlan() *MaterializePlan {
+	if x != nil {
+		if x, ok := x.Message.(*MaterializeRequest_Plan); ok {
+			return x.Plan
+		}
+	}
+	return nil
+}
+
+func (x *MaterializeRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Message.(*MaterializeRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isMaterializeRequest_Message interface {
+	isMaterializeRequest_Message()
+}
+
+type MaterializeRequest_Plan struct {
+	Plan *MaterializePlan `protobuf:"bytes,1,opt,name=plan,proto3,oneof"`
+}
+
+type MaterializeRequest_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*MaterializeRequest_Plan) isMaterializeRequest_Message() {}
+
+func (*MaterializeRequest_Data) isMaterializeRequest_Message() {}
+
+// MaterializedFile reports one file written.
+type MaterializedFile struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Path  string                 `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	Size  int64                  `protobuf:"varint,2,opt,name=size,proto3" json:"size,omitempty"`
+	// Hex sha256 of the bytes written.
+	Sha256        string `protobuf:"bytes,3,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	Mode          uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaterializedFile) Reset() {
+	*x = MaterializedFile{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaterializedFile) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaterializedFile) ProtoMessage() {}
+
+func (x *MaterializedFile) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaterializedFile.ProtoReflect.Descriptor instead.
+func (*MaterializedFile) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *MaterializedFile) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *MaterializedFile) GetSize() int64 {
+	if x != nil {
+		return x.Size
+	}
+	return 0
+}
+
+func (x *MaterializedFile) GetSha256() string {
+	if x != nil {
+		return x.Sha256
+	}
+	return ""
+}
+
+func (x *MaterializedFile) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+// MaterializeResponse reports what was materialized.
+type MaterializeResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Files       []*MaterializedFile    `protobuf:"bytes,1,rep,name=files,proto3" json:"files,omitempty"`
+	Directories int64                  `protobuf:"varint,2,opt,name=directories,proto3" json:"directories,omitempty"`
+	Symlinks    int64                  `protobuf:"varint,3,opt,name=symlinks,proto3" json:"symlinks,omitempty"`
+	// Accounts that did not exist and were created.
+	UsersCreated  []string `protobuf:"bytes,4,rep,name=users_created,json=usersCreated,proto3" json:"users_created,omitempty"`
+	GroupsCreated []string `protobuf:"bytes,5,rep,name=groups_created,json=groupsCreated,proto3" json:"groups_created,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MaterializeResponse) Reset() {
+	*x = MaterializeResponse{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MaterializeResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MaterializeResponse) ProtoMessage() {}
+
+func (x *MaterializeResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MaterializeResponse.ProtoReflect.Descriptor instead.
+func (*MaterializeResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *MaterializeResponse) GetFiles() []*MaterializedFile {
+	if x != nil {
+		return x.Files
+	}
+	return nil
+}
+
+func (x *MaterializeResponse) GetDirectories() int64 {
+	if x != nil {
+		return x.Directories
+	}
+	return 0
+}
+
+func (x *MaterializeResponse) GetSymlinks() int64 {
+	if x != nil {
+		return x.Symlinks
+	}
+	return 0
+}
+
+func (x *MaterializeResponse) GetUsersCreated() []string {
+	if x != nil {
+		return x.UsersCreated
+	}
+	return nil
+}
+
+func (x *MaterializeResponse) GetGroupsCreated() []string {
+	if x != nil {
+		return x.GroupsCreated
+	}
+	return nil
 }
 
 // ArchiveStats counts what an Archive or Restore did.
@@ -199,7 +868,7 @@ type ArchiveStats struct {
 
 func (x *ArchiveStats) Reset() {
 	*x = ArchiveStats{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[0]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -211,7 +880,7 @@ func (x *ArchiveStats) String() string {
 func (*ArchiveStats) ProtoMessage() {}
 
 func (x *ArchiveStats) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[0]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -224,7 +893,7 @@ func (x *ArchiveStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchiveStats.ProtoReflect.Descriptor instead.
 func (*ArchiveStats) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{0}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *ArchiveStats) GetMembers() int64 {
@@ -291,7 +960,7 @@ type ArchiveRequest struct {
 
 func (x *ArchiveRequest) Reset() {
 	*x = ArchiveRequest{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[1]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -303,7 +972,7 @@ func (x *ArchiveRequest) String() string {
 func (*ArchiveRequest) ProtoMessage() {}
 
 func (x *ArchiveRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[1]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -316,7 +985,7 @@ func (x *ArchiveRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchiveRequest.ProtoReflect.Descriptor instead.
 func (*ArchiveRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{1}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *ArchiveRequest) GetExclude() []string {
@@ -351,7 +1020,7 @@ type ArchiveResponse struct {
 
 func (x *ArchiveResponse) Reset() {
 	*x = ArchiveResponse{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[2]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -363,7 +1032,7 @@ func (x *ArchiveResponse) String() string {
 func (*ArchiveResponse) ProtoMessage() {}
 
 func (x *ArchiveResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[2]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -376,7 +1045,7 @@ func (x *ArchiveResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ArchiveResponse.ProtoReflect.Descriptor instead.
 func (*ArchiveResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{2}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ArchiveResponse) GetData() []byte {
@@ -409,7 +1078,7 @@ type RestoreHeader struct {
 
 func (x *RestoreHeader) Reset() {
 	*x = RestoreHeader{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[3]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -421,7 +1090,7 @@ func (x *RestoreHeader) String() string {
 func (*RestoreHeader) ProtoMessage() {}
 
 func (x *RestoreHeader) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[3]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -434,7 +1103,7 @@ func (x *RestoreHeader) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreHeader.ProtoReflect.Descriptor instead.
 func (*RestoreHeader) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{3}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *RestoreHeader) GetExclude() []string {
@@ -472,7 +1141,7 @@ type RestoreRequest struct {
 
 func (x *RestoreRequest) Reset() {
 	*x = RestoreRequest{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[4]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -484,7 +1153,7 @@ func (x *RestoreRequest) String() string {
 func (*RestoreRequest) ProtoMessage() {}
 
 func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[4]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -497,7 +1166,7 @@ func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
 func (*RestoreRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{4}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *RestoreRequest) GetMessage() isRestoreRequest_Message {
@@ -551,7 +1220,7 @@ type RestoreResponse struct {
 
 func (x *RestoreResponse) Reset() {
 	*x = RestoreResponse{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[5]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -563,7 +1232,7 @@ func (x *RestoreResponse) String() string {
 func (*RestoreResponse) ProtoMessage() {}
 
 func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[5]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -576,7 +1245,7 @@ func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResponse.ProtoReflect.Descriptor instead.
 func (*RestoreResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{5}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RestoreResponse) GetStats() *ArchiveStats {
@@ -599,7 +1268,7 @@ type FingerprintRequest struct {
 
 func (x *FingerprintRequest) Reset() {
 	*x = FingerprintRequest{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[6]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -611,7 +1280,7 @@ func (x *FingerprintRequest) String() string {
 func (*FingerprintRequest) ProtoMessage() {}
 
 func (x *FingerprintRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[6]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -624,7 +1293,7 @@ func (x *FingerprintRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FingerprintRequest.ProtoReflect.Descriptor instead.
 func (*FingerprintRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{6}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *FingerprintRequest) GetExclude() []string {
@@ -651,7 +1320,7 @@ type FingerprintResponse struct {
 
 func (x *FingerprintResponse) Reset() {
 	*x = FingerprintResponse{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[7]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -663,7 +1332,7 @@ func (x *FingerprintResponse) String() string {
 func (*FingerprintResponse) ProtoMessage() {}
 
 func (x *FingerprintResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[7]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -676,7 +1345,7 @@ func (x *FingerprintResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FingerprintResponse.ProtoReflect.Descriptor instead.
 func (*FingerprintResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{7}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FingerprintResponse) GetFingerprint() string {
@@ -701,7 +1370,7 @@ type PatchOperation struct {
 
 func (x *PatchOperation) Reset() {
 	*x = PatchOperation{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[8]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +1382,7 @@ func (x *PatchOperation) String() string {
 func (*PatchOperation) ProtoMessage() {}
 
 func (x *PatchOperation) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[8]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +1395,7 @@ func (x *PatchOperation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchOperation.ProtoReflect.Descriptor instead.
 func (*PatchOperation) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{8}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *PatchOperation) GetType() PatchOperationType {
@@ -767,7 +1436,7 @@ type PatchOperations struct {
 
 func (x *PatchOperations) Reset() {
 	*x = PatchOperations{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[9]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -779,7 +1448,7 @@ func (x *PatchOperations) String() string {
 func (*PatchOperations) ProtoMessage() {}
 
 func (x *PatchOperations) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[9]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -792,7 +1461,7 @@ func (x *PatchOperations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchOperations.ProtoReflect.Descriptor instead.
 func (*PatchOperations) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{9}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PatchOperations) GetOperations() []*PatchOperation {
@@ -822,7 +1491,7 @@ type ApplyPatchRequest struct {
 
 func (x *ApplyPatchRequest) Reset() {
 	*x = ApplyPatchRequest{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[10]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -834,7 +1503,7 @@ func (x *ApplyPatchRequest) String() string {
 func (*ApplyPatchRequest) ProtoMessage() {}
 
 func (x *ApplyPatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[10]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -847,7 +1516,7 @@ func (x *ApplyPatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPatchRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPatchRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{10}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ApplyPatchRequest) GetInput() isApplyPatchRequest_Input {
@@ -927,7 +1596,7 @@ type PatchChange struct {
 
 func (x *PatchChange) Reset() {
 	*x = PatchChange{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[11]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -939,7 +1608,7 @@ func (x *PatchChange) String() string {
 func (*PatchChange) ProtoMessage() {}
 
 func (x *PatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[11]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -952,7 +1621,7 @@ func (x *PatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchChange.ProtoReflect.Descriptor instead.
 func (*PatchChange) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{11}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *PatchChange) GetKind() PatchChangeKind {
@@ -986,7 +1655,7 @@ type ApplyPatchResponse struct {
 
 func (x *ApplyPatchResponse) Reset() {
 	*x = ApplyPatchResponse{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -998,7 +1667,7 @@ func (x *ApplyPatchResponse) String() string {
 func (*ApplyPatchResponse) ProtoMessage() {}
 
 func (x *ApplyPatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1011,7 +1680,7 @@ func (x *ApplyPatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPatchResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPatchResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{12}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ApplyPatchResponse) GetChanges() []*PatchChange {
@@ -1025,7 +1694,52 @@ var File_bulkhead_agentd_v1_workspace_proto protoreflect.FileDescriptor
 
 const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\n" +
-	"\"bulkhead/agentd/v1/workspace.proto\x12\x12bulkhead.agentd.v1\"\xbd\x01\n" +
+	"\"bulkhead/agentd/v1/workspace.proto\x12\x12bulkhead.agentd.v1\"\xd7\x01\n" +
+	"\x10MaterializeEntry\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12<\n" +
+	"\x04kind\x18\x02 \x01(\x0e2(.bulkhead.agentd.v1.MaterializeEntryKindR\x04kind\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\x12\x14\n" +
+	"\x05group\x18\x05 \x01(\tR\x05group\x12\x12\n" +
+	"\x04size\x18\x06 \x01(\x03R\x04size\x12\x1f\n" +
+	"\vlink_target\x18\a \x01(\tR\n" +
+	"linkTarget\"\x92\x01\n" +
+	"\x0fMaterializeUser\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03uid\x18\x02 \x01(\rR\x03uid\x12\x17\n" +
+	"\ahas_uid\x18\x03 \x01(\bR\x06hasUid\x12\x16\n" +
+	"\x06groups\x18\x04 \x03(\tR\x06groups\x12\x12\n" +
+	"\x04home\x18\x05 \x01(\tR\x04home\x12\x14\n" +
+	"\x05shell\x18\x06 \x01(\tR\x05shell\"Q\n" +
+	"\x10MaterializeGroup\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
+	"\x03gid\x18\x02 \x01(\rR\x03gid\x12\x17\n" +
+	"\ahas_gid\x18\x03 \x01(\bR\x06hasGid\"C\n" +
+	"\x10MaterializeGrant\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
+	"\tread_only\x18\x02 \x01(\bR\breadOnly\"\xa7\x02\n" +
+	"\x0fMaterializePlan\x12<\n" +
+	"\x06groups\x18\x01 \x03(\v2$.bulkhead.agentd.v1.MaterializeGroupR\x06groups\x129\n" +
+	"\x05users\x18\x02 \x03(\v2#.bulkhead.agentd.v1.MaterializeUserR\x05users\x12>\n" +
+	"\aentries\x18\x03 \x03(\v2$.bulkhead.agentd.v1.MaterializeEntryR\aentries\x12<\n" +
+	"\x06grants\x18\x04 \x03(\v2$.bulkhead.agentd.v1.MaterializeGrantR\x06grants\x12\x1d\n" +
+	"\n" +
+	"set_grants\x18\x05 \x01(\bR\tsetGrants\"p\n" +
+	"\x12MaterializeRequest\x129\n" +
+	"\x04plan\x18\x01 \x01(\v2#.bulkhead.agentd.v1.MaterializePlanH\x00R\x04plan\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\t\n" +
+	"\amessage\"f\n" +
+	"\x10MaterializedFile\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
+	"\x04size\x18\x02 \x01(\x03R\x04size\x12\x16\n" +
+	"\x06sha256\x18\x03 \x01(\tR\x06sha256\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\"\xdb\x01\n" +
+	"\x13MaterializeResponse\x12:\n" +
+	"\x05files\x18\x01 \x03(\v2$.bulkhead.agentd.v1.MaterializedFileR\x05files\x12 \n" +
+	"\vdirectories\x18\x02 \x01(\x03R\vdirectories\x12\x1a\n" +
+	"\bsymlinks\x18\x03 \x01(\x03R\bsymlinks\x12#\n" +
+	"\rusers_created\x18\x04 \x03(\tR\fusersCreated\x12%\n" +
+	"\x0egroups_created\x18\x05 \x03(\tR\rgroupsCreated\"\xbd\x01\n" +
 	"\fArchiveStats\x12\x18\n" +
 	"\amembers\x18\x01 \x01(\x03R\amembers\x12\x14\n" +
 	"\x05files\x18\x02 \x01(\x03R\x05files\x12\x12\n" +
@@ -1080,7 +1794,12 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x12\x19\n" +
 	"\bnew_path\x18\x03 \x01(\tR\anewPath\"O\n" +
 	"\x12ApplyPatchResponse\x129\n" +
-	"\achanges\x18\x01 \x03(\v2\x1f.bulkhead.agentd.v1.PatchChangeR\achanges*u\n" +
+	"\achanges\x18\x01 \x03(\v2\x1f.bulkhead.agentd.v1.PatchChangeR\achanges*\xa9\x01\n" +
+	"\x14MaterializeEntryKind\x12&\n" +
+	"\"MATERIALIZE_ENTRY_KIND_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bMATERIALIZE_ENTRY_KIND_FILE\x10\x01\x12$\n" +
+	" MATERIALIZE_ENTRY_KIND_DIRECTORY\x10\x02\x12\"\n" +
+	"\x1eMATERIALIZE_ENTRY_KIND_SYMLINK\x10\x03*u\n" +
 	"\x12ArchiveCompression\x12#\n" +
 	"\x1fARCHIVE_COMPRESSION_UNSPECIFIED\x10\x00\x12\x1c\n" +
 	"\x18ARCHIVE_COMPRESSION_ZSTD\x10\x01\x12\x1c\n" +
@@ -1095,13 +1814,14 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\x19PATCH_CHANGE_KIND_CREATED\x10\x01\x12\x1d\n" +
 	"\x19PATCH_CHANGE_KIND_UPDATED\x10\x02\x12\x1b\n" +
 	"\x17PATCH_CHANGE_KIND_MOVED\x10\x03\x12\x1d\n" +
-	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042\xfb\x02\n" +
+	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042\xdd\x03\n" +
 	"\x10WorkspaceService\x12[\n" +
 	"\n" +
 	"ApplyPatch\x12%.bulkhead.agentd.v1.ApplyPatchRequest\x1a&.bulkhead.agentd.v1.ApplyPatchResponse\x12T\n" +
 	"\aArchive\x12\".bulkhead.agentd.v1.ArchiveRequest\x1a#.bulkhead.agentd.v1.ArchiveResponse0\x01\x12T\n" +
 	"\aRestore\x12\".bulkhead.agentd.v1.RestoreRequest\x1a#.bulkhead.agentd.v1.RestoreResponse(\x01\x12^\n" +
-	"\vFingerprint\x12&.bulkhead.agentd.v1.FingerprintRequest\x1a'.bulkhead.agentd.v1.FingerprintResponseBDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
+	"\vFingerprint\x12&.bulkhead.agentd.v1.FingerprintRequest\x1a'.bulkhead.agentd.v1.FingerprintResponse\x12`\n" +
+	"\vMaterialize\x12&.bulkhead.agentd.v1.MaterializeRequest\x1a'.bulkhead.agentd.v1.MaterializeResponse(\x01BDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
 
 var (
 	file_bulkhead_agentd_v1_workspace_proto_rawDescOnce sync.Once
@@ -1115,49 +1835,67 @@ func file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP() []byte {
 	return file_bulkhead_agentd_v1_workspace_proto_rawDescData
 }
 
-var file_bulkhead_agentd_v1_workspace_proto_enumTypes = make([]protoimpl.EnumInfo, 3)
-var file_bulkhead_agentd_v1_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_bulkhead_agentd_v1_workspace_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_bulkhead_agentd_v1_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
 var file_bulkhead_agentd_v1_workspace_proto_goTypes = []any{
-	(ArchiveCompression)(0),     // 0: bulkhead.agentd.v1.ArchiveCompression
-	(PatchOperationType)(0),     // 1: bulkhead.agentd.v1.PatchOperationType
-	(PatchChangeKind)(0),        // 2: bulkhead.agentd.v1.PatchChangeKind
-	(*ArchiveStats)(nil),        // 3: bulkhead.agentd.v1.ArchiveStats
-	(*ArchiveRequest)(nil),      // 4: bulkhead.agentd.v1.ArchiveRequest
-	(*ArchiveResponse)(nil),     // 5: bulkhead.agentd.v1.ArchiveResponse
-	(*RestoreHeader)(nil),       // 6: bulkhead.agentd.v1.RestoreHeader
-	(*RestoreRequest)(nil),      // 7: bulkhead.agentd.v1.RestoreRequest
-	(*RestoreResponse)(nil),     // 8: bulkhead.agentd.v1.RestoreResponse
-	(*FingerprintRequest)(nil),  // 9: bulkhead.agentd.v1.FingerprintRequest
-	(*FingerprintResponse)(nil), // 10: bulkhead.agentd.v1.FingerprintResponse
-	(*PatchOperation)(nil),      // 11: bulkhead.agentd.v1.PatchOperation
-	(*PatchOperations)(nil),     // 12: bulkhead.agentd.v1.PatchOperations
-	(*ApplyPatchRequest)(nil),   // 13: bulkhead.agentd.v1.ApplyPatchRequest
-	(*PatchChange)(nil),         // 14: bulkhead.agentd.v1.PatchChange
-	(*ApplyPatchResponse)(nil),  // 15: bulkhead.agentd.v1.ApplyPatchResponse
+	(MaterializeEntryKind)(0),   // 0: bulkhead.agentd.v1.MaterializeEntryKind
+	(ArchiveCompression)(0),     // 1: bulkhead.agentd.v1.ArchiveCompression
+	(PatchOperationType)(0),     // 2: bulkhead.agentd.v1.PatchOperationType
+	(PatchChangeKind)(0),        // 3: bulkhead.agentd.v1.PatchChangeKind
+	(*MaterializeEntry)(nil),    // 4: bulkhead.agentd.v1.MaterializeEntry
+	(*MaterializeUser)(nil),     // 5: bulkhead.agentd.v1.MaterializeUser
+	(*MaterializeGroup)(nil),    // 6: bulkhead.agentd.v1.MaterializeGroup
+	(*MaterializeGrant)(nil),    // 7: bulkhead.agentd.v1.MaterializeGrant
+	(*MaterializePlan)(nil),     // 8: bulkhead.agentd.v1.MaterializePlan
+	(*MaterializeRequest)(nil),  // 9: bulkhead.agentd.v1.MaterializeRequest
+	(*MaterializedFile)(nil),    // 10: bulkhead.agentd.v1.MaterializedFile
+	(*MaterializeResponse)(nil), // 11: bulkhead.agentd.v1.MaterializeResponse
+	(*ArchiveStats)(nil),        // 12: bulkhead.agentd.v1.ArchiveStats
+	(*ArchiveRequest)(nil),      // 13: bulkhead.agentd.v1.ArchiveRequest
+	(*ArchiveResponse)(nil),     // 14: bulkhead.agentd.v1.ArchiveResponse
+	(*RestoreHeader)(nil),       // 15: bulkhead.agentd.v1.RestoreHeader
+	(*RestoreRequest)(nil),      // 16: bulkhead.agentd.v1.RestoreRequest
+	(*RestoreResponse)(nil),     // 17: bulkhead.agentd.v1.RestoreResponse
+	(*FingerprintRequest)(nil),  // 18: bulkhead.agentd.v1.FingerprintRequest
+	(*FingerprintResponse)(nil), // 19: bulkhead.agentd.v1.FingerprintResponse
+	(*PatchOperation)(nil),      // 20: bulkhead.agentd.v1.PatchOperation
+	(*PatchOperations)(nil),     // 21: bulkhead.agentd.v1.PatchOperations
+	(*ApplyPatchRequest)(nil),   // 22: bulkhead.agentd.v1.ApplyPatchRequest
+	(*PatchChange)(nil),         // 23: bulkhead.agentd.v1.PatchChange
+	(*ApplyPatchResponse)(nil),  // 24: bulkhead.agentd.v1.ApplyPatchResponse
 }
 var file_bulkhead_agentd_v1_workspace_proto_depIdxs = []int32{
-	0,  // 0: bulkhead.agentd.v1.ArchiveRequest.compression:type_name -> bulkhead.agentd.v1.ArchiveCompression
-	3,  // 1: bulkhead.agentd.v1.ArchiveResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
-	6,  // 2: bulkhead.agentd.v1.RestoreRequest.header:type_name -> bulkhead.agentd.v1.RestoreHeader
-	3,  // 3: bulkhead.agentd.v1.RestoreResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
-	1,  // 4: bulkhead.agentd.v1.PatchOperation.type:type_name -> bulkhead.agentd.v1.PatchOperationType
-	11, // 5: bulkhead.agentd.v1.PatchOperations.operations:type_name -> bulkhead.agentd.v1.PatchOperation
-	12, // 6: bulkhead.agentd.v1.ApplyPatchRequest.operations:type_name -> bulkhead.agentd.v1.PatchOperations
-	2,  // 7: bulkhead.agentd.v1.PatchChange.kind:type_name -> bulkhead.agentd.v1.PatchChangeKind
-	14, // 8: bulkhead.agentd.v1.ApplyPatchResponse.changes:type_name -> bulkhead.agentd.v1.PatchChange
-	13, // 9: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:input_type -> bulkhead.agentd.v1.ApplyPatchRequest
-	4,  // 10: bulkhead.agentd.v1.WorkspaceService.Archive:input_type -> bulkhead.agentd.v1.ArchiveRequest
-	7,  // 11: bulkhead.agentd.v1.WorkspaceService.Restore:input_type -> bulkhead.agentd.v1.RestoreRequest
-	9,  // 12: bulkhead.agentd.v1.WorkspaceService.Fingerprint:input_type -> bulkhead.agentd.v1.FingerprintRequest
-	15, // 13: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:output_type -> bulkhead.agentd.v1.ApplyPatchResponse
-	5,  // 14: bulkhead.agentd.v1.WorkspaceService.Archive:output_type -> bulkhead.agentd.v1.ArchiveResponse
-	8,  // 15: bulkhead.agentd.v1.WorkspaceService.Restore:output_type -> bulkhead.agentd.v1.RestoreResponse
-	10, // 16: bulkhead.agentd.v1.WorkspaceService.Fingerprint:output_type -> bulkhead.agentd.v1.FingerprintResponse
-	13, // [13:17] is the sub-list for method output_type
-	9,  // [9:13] is the sub-list for method input_type
-	9,  // [9:9] is the sub-list for extension type_name
-	9,  // [9:9] is the sub-list for extension extendee
-	0,  // [0:9] is the sub-list for field type_name
+	0,  // 0: bulkhead.agentd.v1.MaterializeEntry.kind:type_name -> bulkhead.agentd.v1.MaterializeEntryKind
+	6,  // 1: bulkhead.agentd.v1.MaterializePlan.groups:type_name -> bulkhead.agentd.v1.MaterializeGroup
+	5,  // 2: bulkhead.agentd.v1.MaterializePlan.users:type_name -> bulkhead.agentd.v1.MaterializeUser
+	4,  // 3: bulkhead.agentd.v1.MaterializePlan.entries:type_name -> bulkhead.agentd.v1.MaterializeEntry
+	7,  // 4: bulkhead.agentd.v1.MaterializePlan.grants:type_name -> bulkhead.agentd.v1.MaterializeGrant
+	8,  // 5: bulkhead.agentd.v1.MaterializeRequest.plan:type_name -> bulkhead.agentd.v1.MaterializePlan
+	10, // 6: bulkhead.agentd.v1.MaterializeResponse.files:type_name -> bulkhead.agentd.v1.MaterializedFile
+	1,  // 7: bulkhead.agentd.v1.ArchiveRequest.compression:type_name -> bulkhead.agentd.v1.ArchiveCompression
+	12, // 8: bulkhead.agentd.v1.ArchiveResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
+	15, // 9: bulkhead.agentd.v1.RestoreRequest.header:type_name -> bulkhead.agentd.v1.RestoreHeader
+	12, // 10: bulkhead.agentd.v1.RestoreResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
+	2,  // 11: bulkhead.agentd.v1.PatchOperation.type:type_name -> bulkhead.agentd.v1.PatchOperationType
+	20, // 12: bulkhead.agentd.v1.PatchOperations.operations:type_name -> bulkhead.agentd.v1.PatchOperation
+	21, // 13: bulkhead.agentd.v1.ApplyPatchRequest.operations:type_name -> bulkhead.agentd.v1.PatchOperations
+	3,  // 14: bulkhead.agentd.v1.PatchChange.kind:type_name -> bulkhead.agentd.v1.PatchChangeKind
+	23, // 15: bulkhead.agentd.v1.ApplyPatchResponse.changes:type_name -> bulkhead.agentd.v1.PatchChange
+	22, // 16: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:input_type -> bulkhead.agentd.v1.ApplyPatchRequest
+	13, // 17: bulkhead.agentd.v1.WorkspaceService.Archive:input_type -> bulkhead.agentd.v1.ArchiveRequest
+	16, // 18: bulkhead.agentd.v1.WorkspaceService.Restore:input_type -> bulkhead.agentd.v1.RestoreRequest
+	18, // 19: bulkhead.agentd.v1.WorkspaceService.Fingerprint:input_type -> bulkhead.agentd.v1.FingerprintRequest
+	9,  // 20: bulkhead.agentd.v1.WorkspaceService.Materialize:input_type -> bulkhead.agentd.v1.MaterializeRequest
+	24, // 21: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:output_type -> bulkhead.agentd.v1.ApplyPatchResponse
+	14, // 22: bulkhead.agentd.v1.WorkspaceService.Archive:output_type -> bulkhead.agentd.v1.ArchiveResponse
+	17, // 23: bulkhead.agentd.v1.WorkspaceService.Restore:output_type -> bulkhead.agentd.v1.RestoreResponse
+	19, // 24: bulkhead.agentd.v1.WorkspaceService.Fingerprint:output_type -> bulkhead.agentd.v1.FingerprintResponse
+	11, // 25: bulkhead.agentd.v1.WorkspaceService.Materialize:output_type -> bulkhead.agentd.v1.MaterializeResponse
+	21, // [21:26] is the sub-list for method output_type
+	16, // [16:21] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_agentd_v1_workspace_proto_init() }
@@ -1165,11 +1903,15 @@ func file_bulkhead_agentd_v1_workspace_proto_init() {
 	if File_bulkhead_agentd_v1_workspace_proto != nil {
 		return
 	}
-	file_bulkhead_agentd_v1_workspace_proto_msgTypes[4].OneofWrappers = []any{
+	file_bulkhead_agentd_v1_workspace_proto_msgTypes[5].OneofWrappers = []any{
+		(*MaterializeRequest_Plan)(nil),
+		(*MaterializeRequest_Data)(nil),
+	}
+	file_bulkhead_agentd_v1_workspace_proto_msgTypes[12].OneofWrappers = []any{
 		(*RestoreRequest_Header)(nil),
 		(*RestoreRequest_Data)(nil),
 	}
-	file_bulkhead_agentd_v1_workspace_proto_msgTypes[10].OneofWrappers = []any{
+	file_bulkhead_agentd_v1_workspace_proto_msgTypes[18].OneofWrappers = []any{
 		(*ApplyPatchRequest_Patch)(nil),
 		(*ApplyPatchRequest_Operations)(nil),
 	}
@@ -1178,8 +1920,8 @@ func file_bulkhead_agentd_v1_workspace_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_agentd_v1_workspace_proto_rawDesc), len(file_bulkhead_agentd_v1_workspace_proto_rawDesc)),
-			NumEnums:      3,
-			NumMessages:   13,
+			NumEnums:      4,
+			NumMessages:   21,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

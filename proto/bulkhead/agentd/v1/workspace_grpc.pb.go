@@ -23,6 +23,7 @@ const (
 	WorkspaceService_Archive_FullMethodName     = "/bulkhead.agentd.v1.WorkspaceService/Archive"
 	WorkspaceService_Restore_FullMethodName     = "/bulkhead.agentd.v1.WorkspaceService/Restore"
 	WorkspaceService_Fingerprint_FullMethodName = "/bulkhead.agentd.v1.WorkspaceService/Fingerprint"
+	WorkspaceService_Materialize_FullMethodName = "/bulkhead.agentd.v1.WorkspaceService/Materialize"
 )
 
 // WorkspaceServiceClient is the client API for WorkspaceService service.
@@ -46,6 +47,14 @@ type WorkspaceServiceClient interface {
 	// Fingerprint hashes the workspace's content and metadata (not times), so
 	// a harness can tell whether a restore would change anything.
 	Fingerprint(ctx context.Context, in *FingerprintRequest, opts ...grpc.CallOption) (*FingerprintResponse, error)
+	// Materialize applies a manifest's plan: the plan first (accounts, grants,
+	// entries with their metadata), then the bytes of its files as an
+	// uncompressed tar stream, one member per file entry in plan order.
+	// Accounts are created first; the entries are built in a staging
+	// directory and moved into place only when every byte arrived and
+	// matched the plan, so a failed or cancelled materialization leaves the
+	// workspace's files as they were.
+	Materialize(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[MaterializeRequest, MaterializeResponse], error)
 }
 
 type workspaceServiceClient struct {
@@ -108,6 +117,19 @@ func (c *workspaceServiceClient) Fingerprint(ctx context.Context, in *Fingerprin
 	return out, nil
 }
 
+func (c *workspaceServiceClient) Materialize(ctx context.Context, opts ...grpc.CallOption) (grpc.ClientStreamingClient[MaterializeRequest, MaterializeResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &WorkspaceService_ServiceDesc.Streams[2], WorkspaceService_Materialize_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[MaterializeRequest, MaterializeResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkspaceService_MaterializeClient = grpc.ClientStreamingClient[MaterializeRequest, MaterializeResponse]
+
 // WorkspaceServiceServer is the server API for WorkspaceService service.
 // All implementations must embed UnimplementedWorkspaceServiceServer
 // for forward compatibility.
@@ -129,6 +151,14 @@ type WorkspaceServiceServer interface {
 	// Fingerprint hashes the workspace's content and metadata (not times), so
 	// a harness can tell whether a restore would change anything.
 	Fingerprint(context.Context, *FingerprintRequest) (*FingerprintResponse, error)
+	// Materialize applies a manifest's plan: the plan first (accounts, grants,
+	// entries with their metadata), then the bytes of its files as an
+	// uncompressed tar stream, one member per file entry in plan order.
+	// Accounts are created first; the entries are built in a staging
+	// directory and moved into place only when every byte arrived and
+	// matched the plan, so a failed or cancelled materialization leaves the
+	// workspace's files as they were.
+	Materialize(grpc.ClientStreamingServer[MaterializeRequest, MaterializeResponse]) error
 	mustEmbedUnimplementedWorkspaceServiceServer()
 }
 
@@ -150,6 +180,9 @@ func (UnimplementedWorkspaceServiceServer) Restore(grpc.ClientStreamingServer[Re
 }
 func (UnimplementedWorkspaceServiceServer) Fingerprint(context.Context, *FingerprintRequest) (*FingerprintResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Fingerprint not implemented")
+}
+func (UnimplementedWorkspaceServiceServer) Materialize(grpc.ClientStreamingServer[MaterializeRequest, MaterializeResponse]) error {
+	return status.Error(codes.Unimplemented, "method Materialize not implemented")
 }
 func (UnimplementedWorkspaceServiceServer) mustEmbedUnimplementedWorkspaceServiceServer() {}
 func (UnimplementedWorkspaceServiceServer) testEmbeddedByValue()                          {}
@@ -226,6 +259,13 @@ func _WorkspaceService_Fingerprint_Handler(srv interface{}, ctx context.Context,
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkspaceService_Materialize_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(WorkspaceServiceServer).Materialize(&grpc.GenericServerStream[MaterializeRequest, MaterializeResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type WorkspaceService_MaterializeServer = grpc.ClientStreamingServer[MaterializeRequest, MaterializeResponse]
+
 // WorkspaceService_ServiceDesc is the grpc.ServiceDesc for WorkspaceService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -251,6 +291,11 @@ var WorkspaceService_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "Restore",
 			Handler:       _WorkspaceService_Restore_Handler,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "Materialize",
+			Handler:       _WorkspaceService_Materialize_Handler,
 			ClientStreams: true,
 		},
 	},

@@ -1,6 +1,6 @@
 //go:build unix
 
-package compute
+package errdefs
 
 import (
 	"context"

@@ -1,0 +1,323 @@
+// Package materializer turns a manifest into a daemon Materialize call, on
+// the harness side of the trust boundary: inline files and directories are
+// sent as they are; host sources (local_file, local_dir) are read here,
+// confined to a trusted base directory; git repositories are fetched here
+// with the harness's credentials and streamed in as files. The sandbox only
+// ever receives bytes.
+package materializer
+
+import (
+	"archive/tar"
+	"context"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path"
+	"sync"
+
+	"go.uber.org/zap"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// Options says where host sources come from and how much runs at once.
+type Options struct {
+	// BaseDir is the trusted host directory that local_file and local_dir
+	// sources are relative to. Required when the manifest has host sources.
+	BaseDir string
+	// Git fetches git_repo entries; nil means the git command line.
+	Git GitFetcher
+	// Concurrency bounds git fetches and host directory walks running at
+	// once (default 4).
+	Concurrency int
+	// Owner owns the materialized entries; "" means the manifest's RunAs
+	// (the agent's account owns its workspace), or the daemon's identity.
+	Owner string
+	// Include, when set, selects the entries to apply (for example only
+	// the ephemeral ones after a restore); a directory not included is
+	// skipped with everything below it. Accounts and grants are always in
+	// the plan.
+	Include func(path string, e *manifest.Entry) bool
+	// Log receives progress and skipped mounts; nil means no logging.
+	Log *zap.Logger
+}
+
+// GitFetcher checks out a repository at a ref into an empty directory.
+type GitFetcher interface {
+	Fetch(ctx context.Context, repo *manifest.GitRepo, dir string) error
+}
+
+// Prepared is a plan ready to stream: the wire plan and the sources of its
+// files' bytes. Close removes the temporary checkouts it holds.
+type Prepared struct {
+	Plan *agentdv1.MaterializePlan
+	// Skipped lists entries not materialized (mounts: providers mount them).
+	Skipped []string
+	files   []source // in plan order
+	cleanup []func()
+}
+
+// source yields the bytes of one file entry.
+type source struct {
+	path string
+	size int64
+	open func() (io.ReadCloser, int64, error) // reader and its size (re-checked)
+}
+
+// Close releases temporary checkouts.
+func (p *Prepared) Close() error {
+	for _, c := range p.cleanup {
+		c()
+	}
+	p.cleanup = nil
+	return nil
+}
+
+// Apply prepares the manifest and materializes it through the daemon
+// client, returning the daemon's report (each file with its sha256).
+func Apply(ctx context.Context, c *agentclient.Client, m *manifest.Manifest, opts Options) (*agentdv1.MaterializeResponse, error) {
+	p, err := Prepare(ctx, m, opts)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(p.WriteTar(ctx, pw)) }()
+	resp, err := c.Materialize(ctx, p.Plan, pr)
+	pr.Close()
+	if err != nil {
+		return nil, fmt.Errorf("materialize: %w", err)
+	}
+	return resp, nil
+}
+
+// Prepare validates the manifest, fetches git repositories, walks host
+// directories and builds the plan. Nothing is read into memory but inline
+// content; file bytes are read when the tar stream is written.
+func Prepare(ctx context.Context, m *manifest.Manifest, opts Options) (*Prepared, error) {
+	if err := m.Validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	owner := opts.Owner
+	if owner == "" && m.RunAs != "root" {
+		owner = m.RunAs
+	}
+	b := &builder{ctx: ctx, opts: opts, owner: owner, log: log, p: &Prepared{Plan: &agentdv1.MaterializePlan{}}}
+	for _, g := range m.Groups {
+		wg := &agentdv1.MaterializeGroup{Name: g.Name}
+		if g.GID != nil {
+			wg.Gid, wg.HasGid = *g.GID, true
+		}
+		b.p.Plan.Groups = append(b.p.Plan.Groups, wg)
+	}
+	for _, u := range m.Users {
+		wu := &agentdv1.MaterializeUser{Name: u.Name, Groups: u.Groups, Home: u.Home, Shell: u.Shell}
+		if u.UID != nil {
+			wu.Uid, wu.HasUid = *u.UID, true
+		}
+		b.p.Plan.Users = append(b.p.Plan.Users, wu)
+	}
+	b.p.Plan.SetGrants = true
+	for _, g := range m.ExtraPathGrants {
+		b.p.Plan.Grants = append(b.p.Plan.Grants, &agentdv1.MaterializeGrant{Path: g.Path, ReadOnly: g.ReadOnly})
+	}
+	if err := b.collect(m); err != nil {
+		b.p.Close()
+		return nil, err
+	}
+	return b.p, nil
+}
+
+// builder accumulates a plan.
+type builder struct {
+	ctx   context.Context
+	opts  Options
+	owner string
+	log   *zap.Logger
+	p     *Prepared
+}
+
+// expansion is the entries one host-backed manifest entry expands to,
+// computed concurrently and appended in manifest order.
+type expansion struct {
+	entries []*agentdv1.MaterializeEntry
+	sources map[string]source // by path, for file entries
+	cleanup []func()
+	err     error
+}
+
+func (b *builder) collect(m *manifest.Manifest) error {
+	type slot struct {
+		path string
+		e    *manifest.Entry
+		x    *expansion
+	}
+	var slots []slot
+	err := m.Walk(func(p string, e *manifest.Entry) error {
+		if b.opts.Include != nil && !b.opts.Include(p, e) {
+			if e.Type.IsDir() {
+				return fs.SkipDir
+			}
+			return nil
+		}
+		slots = append(slots, slot{path: p, e: e})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	// Host-backed entries expand concurrently, bounded.
+	limit := b.opts.Concurrency
+	if limit <= 0 {
+		limit = 4
+	}
+	sem := make(chan struct{}, limit)
+	var wg sync.WaitGroup
+	for i := range slots {
+		s := &slots[i]
+		if s.e.Type != manifest.TypeLocalDir && s.e.Type != manifest.TypeGitRepo && s.e.Type != manifest.TypeLocalFile {
+			continue
+		}
+		s.x = &expansion{}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			b.expand(s.path, s.e, s.x)
+		}()
+	}
+	wg.Wait()
+	var firstErr error
+	for _, s := range slots {
+		if s.x != nil {
+			b.p.cleanup = append(b.p.cleanup, s.x.cleanup...)
+			if s.x.err != nil && firstErr == nil {
+				firstErr = s.x.err
+			}
+		}
+	}
+	if firstErr != nil {
+		return firstErr
+	}
+	for _, s := range slots {
+		perm := s.e.EffectivePermissions()
+		mode := uint32(perm.Perm())
+		switch {
+		case s.e.Type == manifest.TypeFile:
+			content := s.e.Content
+			b.add(&agentdv1.MaterializeEntry{Path: s.path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE,
+				Mode: mode, User: b.owner, Group: s.e.Group, Size: int64(len(content))},
+				source{path: s.path, size: int64(len(content)), open: func() (io.ReadCloser, int64, error) {
+					return io.NopCloser(bytesReader(content)), int64(len(content)), nil
+				}})
+		case s.e.Type == manifest.TypeDir:
+			b.add(&agentdv1.MaterializeEntry{Path: s.path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY,
+				Mode: mode, User: b.owner, Group: s.e.Group})
+		case s.e.Type.IsMount():
+			b.log.Warn("mount entries are not mounted by this provider; skipped", zap.String("path", s.path), zap.String("type", string(s.e.Type)))
+			b.p.Skipped = append(b.p.Skipped, s.path)
+		case s.x != nil:
+			for _, we := range s.x.entries {
+				// The manifest entry's owner, group and permissions apply to
+				// its root; what lies below keeps the host's mode bits.
+				if we.Kind != agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_SYMLINK {
+					we.User, we.Group = b.owner, s.e.Group
+					if we.Path == s.path {
+						we.Mode = mode
+					}
+				}
+				if src, ok := s.x.sources[we.Path]; ok {
+					b.add(we, src)
+				} else {
+					b.add(we)
+				}
+			}
+		default:
+			return errdefs.Errorf(errdefs.ErrUnimplemented, "entry %s: type %s cannot be materialized", s.path, s.e.Type)
+		}
+	}
+	return nil
+}
+
+// add appends an entry (and its bytes' source, for files) to the plan.
+func (b *builder) add(e *agentdv1.MaterializeEntry, src ...source) {
+	b.p.Plan.Entries = append(b.p.Plan.Entries, e)
+	b.p.files = append(b.p.files, src...)
+}
+
+// expand reads a host-backed entry into x.
+func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
+	switch e.Type {
+	case manifest.TypeLocalFile, manifest.TypeLocalDir:
+		if b.opts.BaseDir == "" {
+			x.err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "entry %s: host sources need a trusted base directory (materializer.Options.BaseDir)", p)
+			return
+		}
+		if e.Src == "" {
+			x.err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "entry %s: the host source was redacted; resume with the trusted manifest", p)
+			return
+		}
+		x.entries, x.sources, x.err = walkHost(b.ctx, b.opts.BaseDir, e.Src, p, e.Type == manifest.TypeLocalDir, false, &x.cleanup)
+	case manifest.TypeGitRepo:
+		dir, err := os.MkdirTemp("", "bulkhead-git-")
+		if err != nil {
+			x.err = fmt.Errorf("entry %s: %w", p, err)
+			return
+		}
+		x.cleanup = append(x.cleanup, func() { _ = os.RemoveAll(dir) })
+		git := b.opts.Git
+		if git == nil {
+			git = GitCLI{}
+		}
+		if err := git.Fetch(b.ctx, e.Git, dir); err != nil {
+			x.err = fmt.Errorf("entry %s: fetch %s: %w", p, e.Git.Repo, err)
+			return
+		}
+		src := "."
+		if sub := path.Clean(e.Git.Subpath); e.Git.Subpath != "" && sub != "." {
+			src = sub
+		}
+		x.entries, x.sources, x.err = walkHost(b.ctx, dir, src, p, true, true, &x.cleanup)
+	}
+}
+
+// WriteTar writes the tar stream of the plan's files, in plan order, to w.
+// A host file that changed size since it was planned is an error.
+func (p *Prepared) WriteTar(ctx context.Context, w io.Writer) error {
+	tw := tar.NewWriter(w)
+	for _, f := range p.files {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		r, size, err := f.open()
+		if err != nil {
+			return fmt.Errorf("read source of %s: %w", f.path, err)
+		}
+		if size != f.size {
+			r.Close()
+			return errdefs.Errorf(errdefs.ErrConflict, "source of %s changed size while materializing (%d -> %d bytes)", f.path, f.size, size)
+		}
+		err = tw.WriteHeader(&tar.Header{Name: f.path, Typeflag: tar.TypeReg, Size: f.size, Mode: 0o644, Format: tar.FormatPAX})
+		if err == nil {
+			var n int64
+			n, err = io.Copy(tw, io.LimitReader(r, f.size))
+			if err == nil && n != f.size {
+				err = errdefs.Errorf(errdefs.ErrConflict, "source of %s shrank while materializing", f.path)
+			}
+		}
+		r.Close()
+		if err != nil {
+			return fmt.Errorf("stream %s: %w", f.path, err)
+		}
+	}
+	return tw.Close()
+}
