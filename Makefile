@@ -55,6 +55,19 @@ fuzz: ## run each fuzz target for FUZZTIME (default 30s)
 bench: build ## measure the daemon against same-run baselines; prints a table of ratios
 	$(GO) run ./internal/benchreport -bin $(BIN)
 
+# Sandbox images, built locally with no registry (images/build.sh): the small
+# busybox + git image and the debootstrap-based full one. Each is rebuilt only
+# when its inputs (daemon binary included) changed; the debootstrap root
+# filesystem is cached under ${XDG_CACHE_HOME:-$HOME/.cache}/bulkhead.
+.PHONY: image image-sandbox image-sandbox-full
+image: image-sandbox image-sandbox-full ## build bulkhead/sandbox:dev and bulkhead/sandbox-full:dev (needs Docker)
+
+image-sandbox: build ## build only the small image bulkhead/sandbox:dev
+	./images/build.sh sandbox
+
+image-sandbox-full: build ## build only the debootstrap image bulkhead/sandbox-full:dev
+	./images/build.sh sandbox-full
+
 .PHONY: vet
 vet: ## go vet and gofmt
 	$(GO) vet ./...
