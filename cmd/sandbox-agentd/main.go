@@ -85,6 +85,7 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 	fs.DurationVar(&d.ExitRetention, "exit-retention", d.ExitRetention, "how long an exited process's status and output are kept")
 	fs.DurationVar(&d.FollowerStallTimeout, "follower-stall-timeout", d.FollowerStallTimeout, "how long a reader that delivers nothing may hold a process's output back")
 	fs.Int64Var(&d.MaxFileBytes, "max-file-bytes", d.MaxFileBytes, "largest file accepted by WriteFile (0: no limit)")
+	fs.StringVar(&d.EtcRoot, "etc-root", d.EtcRoot, "directory whose etc/passwd and etc/group hold the sandbox's accounts (a private copy for local sandboxes)")
 	fs.StringVar(&lo.level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&lo.format, "log-format", "json", "json or console")
 	fs.BoolVar(&lo.version, "version", false, "print the version and exit")

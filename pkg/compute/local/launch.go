@@ -43,6 +43,15 @@ type Options struct {
 	Stderr io.Writer
 	// ReadyTimeout bounds the wait for the daemon to answer health checks.
 	ReadyTimeout time.Duration
+	// Dir is the private directory (socket; workspace when not given);
+	// empty means a fresh temporary one, removed by Close. A given Dir is
+	// kept on failure and by Close.
+	Dir string
+	// Token is the bearer token; empty means a fresh random one.
+	Token string
+	// Wrap, when set, turns the daemon's argv into the argv actually run
+	// (an isolation wrapper such as bubblewrap).
+	Wrap func(argv []string) []string
 }
 
 // Sandbox is a running local daemon and a client connected to it.
@@ -51,6 +60,7 @@ type Sandbox struct {
 	Dir       string // private directory: socket, and workspace when not given
 	Workspace string
 	Socket    string
+	ownDir    bool
 	cmd       *exec.Cmd
 	exited    chan struct{}
 	log       *zap.Logger
@@ -86,30 +96,41 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	if opts.ReadyTimeout <= 0 {
 		opts.ReadyTimeout = 10 * time.Second
 	}
-	dir, err := os.MkdirTemp("", "bulkhead-sandbox-")
-	if err != nil {
-		return nil, fmt.Errorf("create sandbox directory: %w", err)
+	dir, ownDir := opts.Dir, opts.Dir == ""
+	if ownDir {
+		var err error
+		if dir, err = os.MkdirTemp("", "bulkhead-sandbox-"); err != nil {
+			return nil, fmt.Errorf("create sandbox directory: %w", err)
+		}
 	}
-	s := &Sandbox{Dir: dir, Workspace: opts.Workspace, Socket: filepath.Join(dir, "agentd.sock"), exited: make(chan struct{}), log: log}
+	s := &Sandbox{Dir: dir, Workspace: opts.Workspace, Socket: filepath.Join(dir, "agentd.sock"), exited: make(chan struct{}), log: log, ownDir: ownDir}
 	if s.Workspace == "" {
 		s.Workspace = filepath.Join(dir, "workspace")
 	}
 	fail := func(err error) (*Sandbox, error) {
 		s.kill()
-		_ = os.RemoveAll(dir)
+		if ownDir {
+			_ = os.RemoveAll(dir)
+		}
 		return nil, err
 	}
-	tokenBytes := make([]byte, 32)
-	if _, err := rand.Read(tokenBytes); err != nil {
-		return fail(fmt.Errorf("generate token: %w", err))
+	_ = os.Remove(s.Socket) // a stale socket of an earlier daemon
+	token := opts.Token
+	if token == "" {
+		var err error
+		if token, err = NewToken(); err != nil {
+			return fail(err)
+		}
 	}
-	token := hex.EncodeToString(tokenBytes)
 	tokenR, tokenW, err := os.Pipe()
 	if err != nil {
 		return fail(fmt.Errorf("token pipe: %w", err))
 	}
-	args := append([]string{"--listen", "unix://" + s.Socket, "--token-fd", "3", "--workspace", s.Workspace}, opts.Args...)
-	cmd := exec.Command(bin, args...)
+	argv := append([]string{bin, "--listen", "unix://" + s.Socket, "--token-fd", "3", "--workspace", s.Workspace}, opts.Args...)
+	if opts.Wrap != nil {
+		argv = opts.Wrap(argv)
+	}
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.ExtraFiles = []*os.File{tokenR}
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the daemon gets no harness secrets
 	cmd.Stdout = opts.Stderr
@@ -176,18 +197,29 @@ func (s *Sandbox) Close(ctx context.Context) error {
 	if s.Client != nil {
 		errs = append(errs, s.Client.Close())
 	}
-	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-ctx.Done():
-			s.log.Warn("sandbox-agentd did not stop in time; killing it", zap.Int("pid", s.cmd.Process.Pid))
-			s.kill()
-			errs = append(errs, fmt.Errorf("sandbox-agentd did not stop in time; killed"))
-		}
+	errs = append(errs, s.Stop(ctx))
+	if s.ownDir {
+		errs = append(errs, os.RemoveAll(s.Dir))
 	}
-	errs = append(errs, os.RemoveAll(s.Dir))
 	return errors.Join(errs...)
+}
+
+// Stop stops the daemon gracefully (SIGTERM: it kills its process groups
+// and drains) and force-kills it if ctx ends first. The client and the
+// directory are left alone.
+func (s *Sandbox) Stop(ctx context.Context) error {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return nil
+	}
+	_ = s.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-s.exited:
+		return nil
+	case <-ctx.Done():
+		s.log.Warn("sandbox-agentd did not stop in time; killing it", zap.Int("pid", s.cmd.Process.Pid))
+		s.kill()
+		return fmt.Errorf("sandbox-agentd did not stop in time; killed")
+	}
 }
 
 func (s *Sandbox) kill() {
@@ -196,4 +228,13 @@ func (s *Sandbox) kill() {
 	}
 	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
 	<-s.exited
+}
+
+// NewToken returns a fresh random bearer token.
+func NewToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("generate token: %w", err)
+	}
+	return hex.EncodeToString(b), nil
 }

@@ -1,0 +1,423 @@
+package local
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+)
+
+// ProviderName is the provider's name in session states.
+const ProviderName = "local"
+
+// Config configures the local provider.
+type Config struct {
+	// StateDir holds one private directory per sandbox (socket, token,
+	// workspace); "" means <user cache dir>/bulkhead/local.
+	StateDir string
+	// AgentdPath is the daemon binary; "" means FindAgentd.
+	AgentdPath string
+	// Args are extra daemon flags for every sandbox.
+	Args []string
+	// Stderr receives the daemons' logs (nil: discarded).
+	Stderr io.Writer
+	// ReadyTimeout bounds a daemon's start-up (default 10 s).
+	ReadyTimeout time.Duration
+}
+
+// Provider runs sandboxes as local sandbox-agentd processes. Sandboxes
+// outlive the harness process (they are not its process group's), so a
+// later harness can resume them; List and Reap find the ones left behind.
+type Provider struct {
+	cfg Config
+	log *zap.Logger
+}
+
+var _ compute.Provider = (*Provider)(nil)
+
+// New returns a local provider.
+func New(cfg Config, log *zap.Logger) (*Provider, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	if cfg.StateDir == "" {
+		base, err := os.UserCacheDir()
+		if err != nil {
+			base = os.TempDir()
+		}
+		cfg.StateDir = filepath.Join(base, "bulkhead", "local")
+	}
+	// Directories are 0711: sandbox accounts (run_as users) must be able to
+	// pass through to the workspace; the token and state files inside are
+	// 0600 and directory listings stay closed.
+	if err := os.MkdirAll(cfg.StateDir, 0o711); err != nil {
+		return nil, fmt.Errorf("local provider: state directory: %w", err)
+	}
+	if cfg.AgentdPath == "" {
+		p, err := FindAgentd()
+		if err != nil {
+			return nil, err
+		}
+		cfg.AgentdPath = p
+	}
+	if cfg.ReadyTimeout <= 0 {
+		cfg.ReadyTimeout = 10 * time.Second
+	}
+	return &Provider{cfg: cfg, log: log.Named("local")}, nil
+}
+
+// NewClient is compute.NewClient over a new local provider.
+func NewClient(cfg Config, opts compute.ClientOptions) (*compute.Client, error) {
+	p, err := New(cfg, opts.Log)
+	if err != nil {
+		return nil, err
+	}
+	return compute.NewClient(p, opts), nil
+}
+
+// Name returns "local".
+func (p *Provider) Name() string { return ProviderName }
+
+// providerState is what a session state records about a local sandbox.
+type providerState struct {
+	Dir string `json:"dir"`
+}
+
+// meta is the private directory's record of its sandbox.
+type meta struct {
+	SessionID string            `json:"session_id"`
+	Lifetime  compute.Lifetime  `json:"lifetime"`
+	Labels    map[string]string `json:"labels,omitempty"`
+	PID       int               `json:"pid"`
+}
+
+// Files of a private directory. The token is readable only by the harness
+// user; with the daemon's sandboxed processes running as other users (or
+// under isolation) it is never reachable from inside.
+const (
+	metaFile   = "meta.json"
+	tokenFile  = "token"
+	activeFile = "active"
+	socketName = "agentd.sock"
+)
+
+// Launch starts a daemon for a session.
+func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute.Sandbox, error) {
+	dir := filepath.Join(p.cfg.StateDir, spec.SessionID)
+	if spec.Prior != nil {
+		var ps providerState
+		if err := json.Unmarshal(spec.Prior, &ps); err == nil && ps.Dir != "" {
+			dir = ps.Dir
+		}
+	}
+	if pid, alive := p.running(dir); alive {
+		return nil, fmt.Errorf("%w: a sandbox of session %s is running (pid %d)", compute.ErrAlreadyExists, spec.SessionID, pid)
+	}
+	kept := false
+	if fi, err := os.Stat(filepath.Join(dir, "workspace")); err == nil && fi.IsDir() && spec.Prior != nil {
+		kept = true
+	}
+	if err := os.MkdirAll(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("create sandbox directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return nil, fmt.Errorf("create sandbox directory: %w", err)
+	}
+	token, err := NewToken()
+	if err != nil {
+		return nil, err
+	}
+	if err := writeFileAtomic(filepath.Join(dir, tokenFile), []byte(token), 0o600); err != nil {
+		return nil, err
+	}
+	// The sandbox's accounts live in a private etc (seeded from the host's
+	// passwd and group), so materializing users never edits the host's.
+	etc := filepath.Join(dir, "etc")
+	if err := seedEtc(etc); err != nil {
+		return nil, err
+	}
+	args := append([]string{"--etc-root", dir}, p.cfg.Args...)
+	sb, err := Start(ctx, Options{AgentdPath: p.cfg.AgentdPath, Dir: dir, Token: token, Args: args,
+		Stderr: p.cfg.Stderr, ReadyTimeout: p.cfg.ReadyTimeout}, p.log)
+	if err != nil {
+		if !kept {
+			_ = removeTree(dir)
+		}
+		return nil, err
+	}
+	m := meta{SessionID: spec.SessionID, Lifetime: spec.Lifetime, Labels: spec.Labels, PID: sb.PID()}
+	data, _ := json.Marshal(m)
+	if err := writeFileAtomic(filepath.Join(dir, metaFile), data, 0o600); err != nil {
+		_ = sb.Close(ctx)
+		return nil, err
+	}
+	s := &sandbox{p: p, dir: dir, client: sb.Client, child: sb, pid: sb.PID(), kept: kept}
+	_ = s.Touch(ctx)
+	return s, nil
+}
+
+// Reattach connects to a sandbox's daemon if it still runs.
+func (p *Provider) Reattach(ctx context.Context, _ compute.LaunchSpec, prior json.RawMessage) (compute.Sandbox, error) {
+	dir, err := p.dirOf(prior)
+	if err != nil {
+		return nil, err
+	}
+	pid, alive := p.running(dir)
+	if !alive {
+		return nil, fmt.Errorf("%w: the sandbox daemon in %s is not running", compute.ErrNotFound, filepath.Base(dir))
+	}
+	token, err := os.ReadFile(filepath.Join(dir, tokenFile))
+	if err != nil {
+		return nil, fmt.Errorf("%w: sandbox token: %v", compute.ErrNotFound, err)
+	}
+	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + filepath.Join(dir, socketName), Token: string(token)})
+	if err != nil {
+		return nil, err
+	}
+	rctx, cancel := context.WithTimeout(ctx, p.cfg.ReadyTimeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(client.Conn()).Check(rctx, &healthpb.HealthCheckRequest{})
+	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		client.Close()
+		return nil, fmt.Errorf("%w: the sandbox daemon (pid %d) does not answer: %v", compute.ErrUnavailable, pid, err)
+	}
+	s := &sandbox{p: p, dir: dir, client: client, pid: pid, kept: true}
+	_ = s.Touch(ctx)
+	return s, nil
+}
+
+// Destroy stops the daemon and removes the private directory with the
+// workspace.
+func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
+	dir, err := p.dirOf(prior)
+	if err != nil {
+		return err
+	}
+	if pid, alive := p.running(dir); alive {
+		if err := stopPID(ctx, pid); err != nil {
+			return err
+		}
+	}
+	if err := removeTree(dir); err != nil {
+		return fmt.Errorf("remove sandbox directory: %w", err)
+	}
+	return nil
+}
+
+// List returns the sandboxes in the state directory.
+func (p *Provider) List(context.Context) ([]compute.SandboxInfo, error) {
+	entries, err := os.ReadDir(p.cfg.StateDir)
+	if err != nil {
+		return nil, fmt.Errorf("list local sandboxes: %w", err)
+	}
+	var out []compute.SandboxInfo
+	for _, e := range entries {
+		if !e.IsDir() {
+			continue
+		}
+		dir := filepath.Join(p.cfg.StateDir, e.Name())
+		m, err := readMeta(dir)
+		if err != nil {
+			continue // not a sandbox directory (or one still being created)
+		}
+		_, alive := p.running(dir)
+		st, _ := json.Marshal(providerState{Dir: dir})
+		info := compute.SandboxInfo{Provider: ProviderName, SessionID: m.SessionID, ID: e.Name(), Running: alive, Lifetime: m.Lifetime, State: st}
+		if fi, err := os.Stat(filepath.Join(dir, activeFile)); err == nil {
+			info.LastActive = fi.ModTime()
+		}
+		out = append(out, info)
+	}
+	return out, nil
+}
+
+// dirOf returns the private directory a provider state names, checking it
+// is one of this provider's.
+func (p *Provider) dirOf(prior json.RawMessage) (string, error) {
+	var ps providerState
+	if err := json.Unmarshal(prior, &ps); err != nil || ps.Dir == "" {
+		return "", fmt.Errorf("%w: local provider state: %v", compute.ErrInvalidArgument, err)
+	}
+	dir := filepath.Clean(ps.Dir)
+	if filepath.Dir(dir) != filepath.Clean(p.cfg.StateDir) {
+		return "", fmt.Errorf("%w: local sandbox directory %s is not in this provider's state directory", compute.ErrInvalidArgument, dir)
+	}
+	return dir, nil
+}
+
+// running reports the daemon pid recorded in dir and whether that process
+// still runs and is that daemon (its command line names dir's socket).
+func (p *Provider) running(dir string) (int, bool) {
+	m, err := readMeta(dir)
+	if err != nil || m.PID <= 0 {
+		return 0, false
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", m.PID))
+	if err != nil || !bytes.Contains(cmdline, []byte(filepath.Join(dir, socketName))) {
+		return m.PID, false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.PID))
+	if err == nil {
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
+			return m.PID, false
+		}
+	}
+	return m.PID, true
+}
+
+func readMeta(dir string) (meta, error) {
+	var m meta
+	data, err := os.ReadFile(filepath.Join(dir, metaFile))
+	if err != nil {
+		return m, err
+	}
+	return m, json.Unmarshal(data, &m)
+}
+
+// sandbox is one local sandbox as a session holds it.
+type sandbox struct {
+	p      *Provider
+	dir    string
+	client *agentclient.Client
+	child  *Sandbox // set when this process started the daemon
+	pid    int
+	kept   bool
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+func (s *sandbox) Agent() *agentclient.Client { return s.client }
+
+func (s *sandbox) State() (json.RawMessage, error) {
+	return json.Marshal(providerState{Dir: s.dir})
+}
+
+func (s *sandbox) WorkspaceKept() bool { return s.kept }
+
+// Touch records activity for idle timeouts.
+func (s *sandbox) Touch(context.Context) error {
+	now := time.Now()
+	p := filepath.Join(s.dir, activeFile)
+	if err := os.Chtimes(p, now, now); errors.Is(err, fs.ErrNotExist) {
+		return os.WriteFile(p, nil, 0o600)
+	} else if err != nil {
+		return err
+	}
+	return nil
+}
+
+// Shutdown stops the daemon (SIGTERM: it kills its processes and drains).
+func (s *sandbox) Shutdown(ctx context.Context) error {
+	if s.child != nil {
+		return s.child.Stop(ctx)
+	}
+	if _, alive := s.p.running(s.dir); !alive {
+		return nil
+	}
+	return stopPID(ctx, s.pid)
+}
+
+// Close drops the connection; the sandbox keeps running. Idempotent.
+func (s *sandbox) Close() error {
+	s.closeOnce.Do(func() { s.closeErr = s.client.Close() })
+	return s.closeErr
+}
+
+// stopPID sends SIGTERM and waits for the process to go, then kills its
+// process group when ctx ends or 10 s pass.
+func stopPID(ctx context.Context, pid int) error {
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.NewTimer(10 * time.Second)
+	defer deadline.Stop()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if !alivePID(pid) {
+			return nil
+		}
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			return fmt.Errorf("sandbox daemon %d did not stop in time; killed: %w", pid, ctx.Err())
+		case <-deadline.C:
+			_ = syscall.Kill(-pid, syscall.SIGKILL)
+			return fmt.Errorf("sandbox daemon %d did not stop in 10s; killed", pid)
+		}
+	}
+}
+
+// alivePID reports whether pid runs (and is not a zombie).
+func alivePID(pid int) bool {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	i := bytes.LastIndexByte(stat, ')')
+	return !(i > 0 && i+2 < len(stat) && stat[i+2] == 'Z')
+}
+
+// seedEtc creates a private etc with copies of the host's account files,
+// keeping an existing one (a replacement sandbox keeps its accounts).
+func seedEtc(etc string) error {
+	if err := os.MkdirAll(etc, 0o755); err != nil {
+		return fmt.Errorf("sandbox accounts: %w", err)
+	}
+	for _, name := range []string{"passwd", "group"} {
+		dst := filepath.Join(etc, name)
+		if _, err := os.Stat(dst); err == nil {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join("/etc", name))
+		if err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("sandbox accounts: %w", err)
+		}
+		if err := writeFileAtomic(dst, data, 0o644); err != nil {
+			return fmt.Errorf("sandbox accounts: %w", err)
+		}
+	}
+	return nil
+}
+
+// writeFileAtomic writes a small file by temp file and rename.
+func writeFileAtomic(path string, data []byte, mode fs.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write %s: %w", filepath.Base(path), err)
+	}
+	return nil
+}
+
+// removeTree removes dir, first making read-only directories in it
+// writable (a workspace may hold some).
+func removeTree(dir string) error {
+	if err := os.RemoveAll(dir); err == nil {
+		return nil
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() && !strings.HasPrefix(d.Name(), "..") {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	return os.RemoveAll(dir)
+}

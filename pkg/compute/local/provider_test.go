@@ -1,0 +1,191 @@
+package local
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// providerEnv makes clients over one state directory, as successive
+// harness processes on one machine would.
+func providerEnv(t *testing.T) (computetest.Env, string) {
+	stateDir := t.TempDir()
+	// Sandbox accounts must pass through the test's temporary directories
+	// to reach the workspace (as they would through a real state dir).
+	for d := stateDir; d != os.TempDir() && d != "/"; d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	env := computetest.Env{
+		NewClient: func(t *testing.T, store snapshot.Store) *compute.Client {
+			log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
+			c, err := NewClient(Config{StateDir: stateDir, AgentdPath: agentdBin}, compute.ClientOptions{Snapshots: store, Log: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return c
+		},
+		Users: os.Geteuid() == 0,
+		Leaked: func(t *testing.T, sessionID string) []string {
+			var left []string
+			if _, err := os.Stat(filepath.Join(stateDir, sessionID)); err == nil {
+				left = append(left, "directory "+sessionID)
+			}
+			left = append(left, daemonsFor(filepath.Join(stateDir, sessionID))...)
+			return left
+		},
+	}
+	return env, stateDir
+}
+
+// daemonsFor lists running daemons whose socket is in dir.
+func daemonsFor(dir string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && strings.Contains(string(cmdline), filepath.Join(dir, socketName)) && alivePID(atoi(e.Name())) {
+			out = append(out, "daemon pid "+e.Name())
+		}
+	}
+	return out
+}
+
+func atoi(s string) int {
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			return -1
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+func TestProviderConformance(t *testing.T) {
+	env, _ := providerEnv(t)
+	computetest.Run(t, env)
+}
+
+func TestResumeAfterDaemonKilled(t *testing.T) {
+	env, _ := providerEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	store, err := snapshot.NewLocal(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := env.NewClient(t, store)
+	s, err := c.Create(ctx, compute.CreateOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "kept.txt"}, strings.NewReader("kept")); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Stop(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := s.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps providerState
+	if err := json.Unmarshal(st.ProviderState, &ps); err != nil {
+		t.Fatal(err)
+	}
+	m, err := readMeta(ps.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The daemon dies (a crash, a reboot); the directory survives.
+	if err := syscall.Kill(m.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for alivePID(m.PID) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	_ = s.Release()
+	s2, err := env.NewClient(t, store).Resume(ctx, st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), s2) })
+	if err := s2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	if _, err := s2.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "kept.txt"}, &b); err != nil || b.String() != "kept" {
+		t.Fatalf("kept.txt: %q %v", b.String(), err)
+	}
+}
+
+func TestReapExpired(t *testing.T) {
+	env, stateDir := providerEnv(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	c := env.NewClient(t, nil)
+	short, err := c.Create(ctx, compute.CreateOptions{TTL: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	long, err := c.Create(ctx, compute.CreateOptions{TTL: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), long); _ = c.Delete(context.Background(), short) })
+	// A harness that crashed leaves its sandboxes running: drop the
+	// connections without closing anything.
+	_ = short.Release()
+	list, err := c.List(ctx)
+	if err != nil || len(list) != 2 {
+		t.Fatalf("List = %v, %v", list, err)
+	}
+	time.Sleep(5 * time.Millisecond)
+	reaped, err := c.Reap(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(reaped) != 1 || reaped[0].SessionID != short.ID() {
+		t.Fatalf("reaped %v, want %s", reaped, short.ID())
+	}
+	if left := env.Leaked(t, short.ID()); len(left) > 0 {
+		t.Fatalf("reap left %v", left)
+	}
+	if _, err := os.Stat(filepath.Join(stateDir, long.ID())); err != nil {
+		t.Fatalf("the unexpired sandbox was reaped: %v", err)
+	}
+}
+
+func TestCreateRefusesARunningSessionID(t *testing.T) {
+	env, _ := providerEnv(t)
+	ctx := context.Background()
+	c := env.NewClient(t, nil)
+	s, err := c.Create(ctx, compute.CreateOptions{SessionID: "dup-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
+	if _, err := c.Create(ctx, compute.CreateOptions{SessionID: "dup-1"}); !errors.Is(err, compute.ErrAlreadyExists) {
+		t.Fatalf("second create: %v", err)
+	}
+}
