@@ -9,7 +9,9 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -38,15 +40,40 @@ type Config struct {
 	Stderr io.Writer
 	// ReadyTimeout bounds a daemon's start-up (default 10 s).
 	ReadyTimeout time.Duration
+	// Isolation selects how sandboxes are confined.
+	Isolation Isolation
+	// Network keeps the host network in isolated sandboxes (default: none).
+	Network bool
 }
+
+// Isolation is how a local sandbox is confined.
+type Isolation string
+
+// Isolation modes.
+const (
+	// IsolationNone runs the daemon as a plain child process: confinement
+	// is the daemon's own (workspace paths, run_as accounts).
+	IsolationNone Isolation = ""
+	// IsolationBubblewrap runs it under bubblewrap: new pid, mount, ipc,
+	// uts and network namespaces (and a user namespace when the harness is
+	// not root), the host file system read-only, the workspace the only
+	// writable path besides a private /tmp, no network unless asked.
+	IsolationBubblewrap Isolation = "bubblewrap"
+	// IsolationAuto is bubblewrap when bwrap is installed, else none.
+	IsolationAuto Isolation = "auto"
+)
 
 // Provider runs sandboxes as local sandbox-agentd processes. Sandboxes
 // outlive the harness process (they are not its process group's), so a
 // later harness can resume them; List and Reap find the ones left behind.
 type Provider struct {
-	cfg Config
-	log *zap.Logger
+	cfg   Config
+	log   *zap.Logger
+	bwrap string // bwrap binary when sandboxes are isolated
 }
+
+// Isolated reports whether this provider's sandboxes run under bubblewrap.
+func (p *Provider) Isolated() bool { return p.bwrap != "" }
 
 var _ compute.Provider = (*Provider)(nil)
 
@@ -78,7 +105,21 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 10 * time.Second
 	}
-	return &Provider{cfg: cfg, log: log.Named("local")}, nil
+	p := &Provider{cfg: cfg, log: log.Named("local")}
+	switch cfg.Isolation {
+	case IsolationNone:
+	case IsolationBubblewrap, IsolationAuto:
+		bwrap, err := exec.LookPath("bwrap")
+		switch {
+		case err == nil:
+			p.bwrap = bwrap
+		case cfg.Isolation == IsolationBubblewrap:
+			return nil, fmt.Errorf("%w: isolation %q needs bwrap (bubblewrap) on PATH", compute.ErrFailedPrecondition, cfg.Isolation)
+		}
+	default:
+		return nil, fmt.Errorf("%w: unknown isolation %q", compute.ErrInvalidArgument, cfg.Isolation)
+	}
+	return p, nil
 }
 
 // NewClient is compute.NewClient over a new local provider.
@@ -114,6 +155,7 @@ const (
 	tokenFile  = "token"
 	activeFile = "active"
 	socketName = "agentd.sock"
+	runDir     = "run" // holds the socket: the only private path a sandbox sees
 )
 
 // Launch starts a daemon for a session.
@@ -152,8 +194,18 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		return nil, err
 	}
 	args := append([]string{"--etc-root", dir}, p.cfg.Args...)
-	sb, err := Start(ctx, Options{AgentdPath: p.cfg.AgentdPath, Dir: dir, Token: token, Args: args,
-		Stderr: p.cfg.Stderr, ReadyTimeout: p.cfg.ReadyTimeout}, p.log)
+	run, ws := filepath.Join(dir, runDir), filepath.Join(dir, "workspace")
+	for _, d := range []string{run, ws} {
+		if err := os.MkdirAll(d, 0o711); err != nil {
+			return nil, fmt.Errorf("create sandbox directory: %w", err)
+		}
+	}
+	opts := Options{AgentdPath: p.cfg.AgentdPath, Dir: run, Workspace: ws, Token: token, Args: args,
+		Stderr: p.cfg.Stderr, ReadyTimeout: p.cfg.ReadyTimeout}
+	if p.bwrap != "" {
+		opts.Wrap = func(argv []string) []string { return p.bubblewrap(dir, argv) }
+	}
+	sb, err := Start(ctx, opts, p.log)
 	if err != nil {
 		if !kept {
 			_ = removeTree(dir)
@@ -185,7 +237,7 @@ func (p *Provider) Reattach(ctx context.Context, _ compute.LaunchSpec, prior jso
 	if err != nil {
 		return nil, fmt.Errorf("%w: sandbox token: %v", compute.ErrNotFound, err)
 	}
-	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + filepath.Join(dir, socketName), Token: string(token)})
+	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + filepath.Join(dir, runDir, socketName), Token: string(token)})
 	if err != nil {
 		return nil, err
 	}
@@ -212,6 +264,9 @@ func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
 		if err := stopPID(ctx, pid); err != nil {
 			return err
 		}
+	}
+	if err := waitNoDaemons(ctx, filepath.Join(dir, runDir, socketName)); err != nil {
+		return err
 	}
 	if err := removeTree(dir); err != nil {
 		return fmt.Errorf("remove sandbox directory: %w", err)
@@ -268,7 +323,7 @@ func (p *Provider) running(dir string) (int, bool) {
 		return 0, false
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", m.PID))
-	if err != nil || !bytes.Contains(cmdline, []byte(filepath.Join(dir, socketName))) {
+	if err != nil || !bytes.Contains(cmdline, []byte(filepath.Join(dir, runDir, socketName))) {
 		return m.PID, false
 	}
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.PID))
@@ -363,6 +418,36 @@ func stopPID(ctx context.Context, pid int) error {
 	}
 }
 
+// waitNoDaemons waits until no live process's command line names socket
+// (an isolated sandbox's inner processes die just after the outer one).
+func waitNoDaemons(ctx context.Context, socket string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		found := false
+		entries, _ := os.ReadDir("/proc")
+		for _, e := range entries {
+			pid, err := strconv.Atoi(e.Name())
+			if err != nil {
+				continue
+			}
+			cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+			if err == nil && bytes.Contains(cmdline, []byte(socket)) && alivePID(pid) {
+				if time.Now().After(deadline) || ctx.Err() != nil {
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+				found = true
+			}
+		}
+		if !found {
+			return nil
+		}
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			return fmt.Errorf("sandbox processes of %s survive SIGKILL", filepath.Dir(filepath.Dir(socket)))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
 // alivePID reports whether pid runs (and is not a zombie).
 func alivePID(pid int) bool {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
@@ -371,6 +456,43 @@ func alivePID(pid int) bool {
 	}
 	i := bytes.LastIndexByte(stat, ')')
 	return !(i > 0 && i+2 < len(stat) && stat[i+2] == 'Z')
+}
+
+// bubblewrap wraps the daemon's argv: the host file system read-only, the
+// workspace, the socket directory and the private etc writable, fresh
+// /dev, /proc and /tmp, and new namespaces. A root harness keeps real root
+// for the daemon (no user namespace), so run_as accounts work; otherwise a
+// user namespace maps the harness user.
+func (p *Provider) bubblewrap(dir string, argv []string) []string {
+	out := []string{p.bwrap,
+		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
+		// After the fresh /tmp: the daemon binary and the sandbox's own
+		// directories may live below /tmp.
+		"--ro-bind", argv[0], argv[0]}
+	// Directories bwrap makes on the new /tmp on the way to the binds are
+	// 0700; run_as accounts must pass through them to the workspace.
+	var chain []string
+	for a := dir; strings.HasPrefix(a, "/tmp/"); a = filepath.Dir(a) {
+		chain = append([]string{a}, chain...)
+	}
+	for _, a := range chain {
+		out = append(out, "--perms", "0711", "--dir", a)
+	}
+	out = append(out,
+		"--bind", filepath.Join(dir, "workspace"), filepath.Join(dir, "workspace"),
+		"--bind", filepath.Join(dir, runDir), filepath.Join(dir, runDir),
+		"--bind", filepath.Join(dir, "etc"), filepath.Join(dir, "etc"),
+		// The sandbox ends with the bwrap process the harness started: a
+		// stop or kill of that pid takes the whole pid namespace along.
+		"--die-with-parent", "--new-session")
+	if !p.cfg.Network {
+		out = append(out, "--unshare-net")
+	}
+	if os.Geteuid() != 0 {
+		out = append(out, "--unshare-user")
+	}
+	return append(append(out, "--"), argv...)
 }
 
 // seedEtc creates a private etc with copies of the host's account files,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -23,6 +24,10 @@ import (
 // providerEnv makes clients over one state directory, as successive
 // harness processes on one machine would.
 func providerEnv(t *testing.T) (computetest.Env, string) {
+	return providerEnvWith(t, IsolationNone)
+}
+
+func providerEnvWith(t *testing.T, iso Isolation) (computetest.Env, string) {
 	stateDir := t.TempDir()
 	// Sandbox accounts must pass through the test's temporary directories
 	// to reach the workspace (as they would through a real state dir).
@@ -34,7 +39,7 @@ func providerEnv(t *testing.T) (computetest.Env, string) {
 	env := computetest.Env{
 		NewClient: func(t *testing.T, store snapshot.Store) *compute.Client {
 			log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-			c, err := NewClient(Config{StateDir: stateDir, AgentdPath: agentdBin}, compute.ClientOptions{Snapshots: store, Log: log})
+			c, err := NewClient(Config{StateDir: stateDir, AgentdPath: agentdBin, Isolation: iso}, compute.ClientOptions{Snapshots: store, Log: log})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -46,7 +51,7 @@ func providerEnv(t *testing.T) (computetest.Env, string) {
 			if _, err := os.Stat(filepath.Join(stateDir, sessionID)); err == nil {
 				left = append(left, "directory "+sessionID)
 			}
-			left = append(left, daemonsFor(filepath.Join(stateDir, sessionID))...)
+			left = append(left, daemonsFor(filepath.Join(stateDir, sessionID, runDir))...)
 			return left
 		},
 	}
@@ -80,6 +85,46 @@ func atoi(s string) int {
 func TestProviderConformance(t *testing.T) {
 	env, _ := providerEnv(t)
 	computetest.Run(t, env)
+}
+
+func TestProviderConformanceIsolated(t *testing.T) {
+	if _, err := exec.LookPath("bwrap"); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("bwrap is not installed (.ci/run installs bubblewrap)")
+		}
+		t.Skip("bwrap (bubblewrap) is not installed; isolated local sandboxes not tested")
+	}
+	env, _ := providerEnvWith(t, IsolationBubblewrap)
+	computetest.Run(t, env)
+	t.Run("Confined", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c := env.NewClient(t, nil)
+		s, err := c.Create(ctx, compute.CreateOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
+		outside := filepath.Join(t.TempDir(), "host-file")
+		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{
+			Command: "touch " + outside + " 2>/dev/null && echo wrote-host; echo $$; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ' '"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := string(res.Stdout)
+		if strings.Contains(out, "wrote-host") {
+			t.Errorf("the sandbox wrote to the host: %q", out)
+		}
+		if _, err := os.Stat(outside); err == nil {
+			t.Error("host file created")
+		}
+		if fields := strings.Fields(out); len(fields) == 0 || atoi(fields[0]) > 100 {
+			t.Errorf("not in a new pid namespace: %q", out)
+		}
+		if strings.Contains(out, "eth") {
+			t.Errorf("network interfaces visible: %q", out)
+		}
+	})
 }
 
 func TestResumeAfterDaemonKilled(t *testing.T) {
