@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 )
 
@@ -31,6 +32,9 @@ type Tool interface {
 type Context struct {
 	// Session is the run's live sandbox; nil for runs without one.
 	Session *compute.Session
+	// Agent is the client of the sandbox's daemon (Session.Agent() in a
+	// run; tests may set it alone); nil without a sandbox.
+	Agent *agentclient.Client
 	// RunAs is the sandbox account model-directed work runs as ("" for the
 	// daemon's default).
 	RunAs string
