@@ -30,6 +30,12 @@ type Env struct {
 	// Leaked lists what the provider left behind for a session after
 	// Delete (processes, directories, containers); empty means clean.
 	Leaked func(t *testing.T, sessionID string) []string
+	// DeleteKeepsSandbox says the provider cannot delete sandboxes: its
+	// Delete only forgets one, which keeps running with its workspace (the
+	// remote provider). ResumeAfterDelete then checks that a resume
+	// reattaches to the sandbox as it was left, instead of restoring the
+	// snapshot into a replacement. The zero value is the usual provider.
+	DeleteKeepsSandbox bool
 }
 
 // Run runs the conformance suite.
@@ -208,6 +214,10 @@ func testResumeAfterDelete(t *testing.T, env Env) {
 			t.Fatalf("delete leaked: %v", left)
 		}
 	}
+	if env.DeleteKeepsSandbox {
+		resumeAfterForget(t, ctx, env, c, store, st)
+		return
+	}
 	// The sandbox is gone: resume builds a replacement from the snapshot.
 	s2, err := env.NewClient(t, store).Resume(ctx, st)
 	if err != nil {
@@ -229,6 +239,30 @@ func testResumeAfterDelete(t *testing.T, env Env) {
 	}
 	if _, err := s2.Agent().Stat(ctx, "scratch/junk", ""); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("ephemeral content was persisted: %v", err)
+	}
+}
+
+// resumeAfterForget is ResumeAfterDelete's end for a provider whose Delete
+// only forgets: the sandbox still runs, and a resume reattaches to it with
+// the workspace exactly as it was left (ephemeral content included, since
+// nothing was restored).
+func resumeAfterForget(t *testing.T, ctx context.Context, env Env, c *compute.Client, store snapshot.Store, st *compute.State) {
+	s2, err := env.NewClient(t, store).Resume(ctx, st)
+	if err != nil {
+		t.Fatalf("resume after a delete that only forgets: %v", err)
+	}
+	cleanup(t, env, c, s2)
+	if err := s2.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := readFile(t, ctx, s2, "repo/notes.txt"); got != "learned\n" {
+		t.Fatalf("notes.txt after reattach = %q", got)
+	}
+	if _, err := s2.Agent().Stat(ctx, "repo/task.md", ""); !errors.Is(err, compute.ErrNotFound) {
+		t.Fatalf("deleted task.md came back: %v", err)
+	}
+	if got := readFile(t, ctx, s2, "scratch/junk"); got != "junk\n" {
+		t.Fatalf("the kept sandbox's ephemeral file = %q; nothing should have been restored", got)
 	}
 }
 
