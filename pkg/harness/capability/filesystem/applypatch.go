@@ -1,0 +1,452 @@
+package filesystem
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+
+	"go.uber.org/zap"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
+	"github.com/bulkhead-dev/bulkhead/pkg/patch"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// ApplyPatchToolName is the name of the patch tool.
+const ApplyPatchToolName = "apply_patch"
+
+// ApplyPatchGrammar is the Lark grammar that constrains the freeform
+// apply_patch input: the V4A envelope as the OpenAI Agents SDK sends it
+// (an Update File needs at least one change line).
+const ApplyPatchGrammar = `start: begin_patch hunk+ end_patch
+begin_patch: "*** Begin Patch" LF
+end_patch: "*** End Patch" LF?
+
+hunk: add_hunk | delete_hunk | update_hunk
+add_hunk: "*** Add File: " filename LF add_line+
+delete_hunk: "*** Delete File: " filename LF
+update_hunk: "*** Update File: " filename LF change_move? change
+
+filename: /(.+)/
+add_line: "+" /(.*)/ LF -> line
+
+change_move: "*** Move to: " filename LF
+change: (change_context | change_line)+ eof_line?
+change_context: ("@@" | "@@ " /(.+)/) LF
+change_line: ("+" | "-" | " ") /(.*)/ LF
+eof_line: "*** End of File" LF
+
+%import common.LF
+`
+
+// applyPatchFreeformDescription tells the model how to write a patch.
+const applyPatchFreeformDescription = "Creates, edits, renames and deletes files in the sandbox workspace with a patch. " +
+	"This is a freeform tool: send the patch text itself, never wrapped in JSON.\n" +
+	"\n" +
+	"A patch starts with the line `*** Begin Patch` and ends with the line `*** End Patch`. " +
+	"In between come one or more file operations:\n" +
+	"- `*** Add File: <path>` creates a file (or replaces an existing one). Every following line is a line of the new file, prefixed with `+`, blank lines too.\n" +
+	"- `*** Delete File: <path>` removes a file. Nothing follows it.\n" +
+	"- `*** Update File: <path>` changes a file. It may be followed by `*** Move to: <new path>` to rename the file, then comes at least one hunk.\n" +
+	"\n" +
+	"A hunk begins with a line `@@`, optionally followed by a space and the text of a line of the file that locates the change, " +
+	"such as the enclosing class or function (`@@ def handle(request):`); several `@@ ...` lines in a row narrow the location step by step. " +
+	"Each following line starts with one character: a space for a context line that stays as it is, `-` for a line to remove, `+` for a line to add. " +
+	"Give about three lines of unchanged context before and after each change, copied exactly from the current file, " +
+	"and do not repeat context lines between neighbouring hunks. Hunks of one file must follow the order of the file. " +
+	"A hunk whose lines end the file may be closed with `*** End of File`.\n" +
+	"\n" +
+	"Paths are relative to the working directory and must stay inside the workspace. " +
+	"The patch is applied completely or not at all: when any part does not match, no file is changed and the error names the file and the lines that did not match.\n" +
+	"\n" +
+	"Example:\n" +
+	"*** Begin Patch\n" +
+	"*** Add File: docs/usage.md\n" +
+	"+# Usage\n" +
+	"+\n" +
+	"+Run `make test`.\n" +
+	"*** Update File: app/greeting.py\n" +
+	"@@ def greet(name):\n" +
+	"     if not name:\n" +
+	"-        return \"Hello\"\n" +
+	"+        return \"Hello, stranger\"\n" +
+	"     return f\"Hello, {name}\"\n" +
+	"*** Delete File: app/legacy.py\n" +
+	"*** End Patch"
+
+// applyPatchJSONDescription is the description of the function-tool form.
+const applyPatchJSONDescription = "Creates, edits, renames and deletes files in the sandbox workspace. " +
+	"Give a list of file operations; they are applied together, completely or not at all: when any part does not match, no file is changed " +
+	"and the error names the file and the lines that did not match.\n" +
+	"- `create_file`: `diff` holds the lines of the new file, each prefixed with `+` (blank lines too). An existing file is replaced.\n" +
+	"- `update_file`: `diff` holds one or more hunks. A hunk begins with a line `@@`, optionally followed by a space and the text of a line of the file " +
+	"that locates the change (such as the enclosing function); each following line starts with a space (context, kept), `-` (removed) or `+` (added). " +
+	"Give about three lines of context around each change, copied exactly from the current file, in file order. Set `move_to` to rename the file.\n" +
+	"- `delete_file`: removes the file; no `diff`.\n" +
+	"Paths are relative to the working directory and must stay inside the workspace."
+
+// applyPatchJSONSchema is the parameter schema of the function-tool form.
+const applyPatchJSONSchema = `{"type":"object","properties":{"operations":{"type":"array","minItems":1,` +
+	`"description":"File operations, applied in order and all together.",` +
+	`"items":{"type":"object","properties":{` +
+	`"type":{"type":"string","enum":["create_file","update_file","delete_file"],"description":"What to do with the file."},` +
+	`"path":{"type":"string","minLength":1,"description":"The file, relative to the working directory."},` +
+	`"diff":{"type":"string","description":"For create_file, the new file's lines each prefixed with '+'; for update_file, the hunks; omitted for delete_file."},` +
+	`"move_to":{"type":"string","description":"For update_file only: the path the updated file is moved to."}},` +
+	`"required":["type","path"],"additionalProperties":false}}},` +
+	`"required":["operations"],"additionalProperties":false}`
+
+// applyPatchTool is the apply_patch tool.
+type applyPatchTool struct {
+	format PatchFormat
+}
+
+// Definition returns the custom tool with the V4A grammar, or the function
+// tool of the JSON form.
+func (t *applyPatchTool) Definition() model.Tool {
+	if t.format == PatchJSON {
+		return model.FunctionTool(ApplyPatchToolName, applyPatchJSONDescription, json.RawMessage(applyPatchJSONSchema), false)
+	}
+	return model.CustomTool(ApplyPatchToolName, applyPatchFreeformDescription,
+		&model.Grammar{Syntax: "lark", Definition: ApplyPatchGrammar})
+}
+
+// Call applies the patch through the daemon. input is the patch text (the
+// freeform form; JSON operations are accepted there too, as the reference
+// does) or the function call's JSON arguments.
+func (t *applyPatchTool) Call(ctx context.Context, call tool.Context, input string) (tool.Result, error) {
+	if call.Agent == nil {
+		return tool.Result{}, errors.New("apply_patch: the run has no sandbox")
+	}
+	req := &agentdv1.ApplyPatchRequest{Cwd: call.Workdir, User: call.RunAs}
+	trimmed := strings.TrimSpace(input)
+	if t.format == PatchJSON || strings.HasPrefix(trimmed, "{") || strings.HasPrefix(trimmed, "[") {
+		ops, err := decodeOperations([]byte(trimmed))
+		if err != nil {
+			return failure("apply_patch verification failed: the arguments are not valid operations JSON: " + err.Error() + "\n" + nothingChanged), nil
+		}
+		if _, err := patch.FromOperations(ops, patch.Options{}); isMalformed(err) {
+			return failure("apply_patch verification failed: " + err.Error() + "\n" + nothingChanged), nil
+		}
+		req.Input = &agentdv1.ApplyPatchRequest_Operations{Operations: toProtoOperations(ops)}
+	} else {
+		// A malformed patch is answered here, precisely and without a
+		// round trip; the daemon checks it again and is the one applying it.
+		if _, err := patch.Parse(input, patch.Options{}); isMalformed(err) {
+			return failure("apply_patch verification failed: " + err.Error() + "\n" + nothingChanged), nil
+		}
+		req.Input = &agentdv1.ApplyPatchRequest_Patch{Patch: input}
+	}
+
+	resp, err := call.Agent.ApplyPatch(ctx, req)
+	if err != nil {
+		msg, ok := patchFailure(err, call.Workdir)
+		if !ok || isRunAsFailure(err) {
+			return tool.Result{}, fmt.Errorf("apply_patch: %w", err)
+		}
+		call.Log.Debug("apply_patch rejected", zap.String("call_id", call.CallID),
+			zap.String("path", rejectedPath(err)), zap.String("class", errorClass(err)))
+		return failure(msg), nil
+	}
+	call.Log.Debug("apply_patch applied", zap.String("call_id", call.CallID), zap.Int("changes", len(resp.GetChanges())))
+	return tool.Result{Output: successSummary(resp.GetChanges())}, nil
+}
+
+// nothingChanged ends every rejection message.
+const nothingChanged = "No file was changed: the patch applies completely or not at all. Correct it and send it again."
+
+// failure is a result the model should react to.
+func failure(msg string) tool.Result { return tool.Result{Output: msg, IsError: true} }
+
+// isMalformed reports whether a local pre-check found the patch malformed.
+// Other pre-check failures (a size limit) are left to the daemon, whose
+// limits are the ones that count.
+func isMalformed(err error) bool {
+	return err != nil && errors.Is(err, errdefs.ErrInvalidArgument)
+}
+
+// decodeOperations reads the per-file operation form: {"operations": [...]}
+// (the function tool's arguments), and, as the reference's freeform
+// fallback also accepts, {"operation": {...}}, a single operation object or
+// an array of them.
+func decodeOperations(data []byte) ([]patch.Operation, error) {
+	if len(data) > 0 && data[0] == '[' {
+		var ops []patch.Operation
+		if err := json.Unmarshal(data, &ops); err != nil {
+			return nil, err
+		}
+		return ops, nil
+	}
+	var fields map[string]json.RawMessage
+	if err := json.Unmarshal(data, &fields); err != nil {
+		return nil, err
+	}
+	if raw, ok := fields["operations"]; ok {
+		var ops []patch.Operation
+		if err := json.Unmarshal(raw, &ops); err != nil {
+			return nil, fmt.Errorf("operations: %w", err)
+		}
+		return ops, nil
+	}
+	if raw, ok := fields["operation"]; ok {
+		var op patch.Operation
+		if err := json.Unmarshal(raw, &op); err != nil {
+			return nil, fmt.Errorf("operation: %w", err)
+		}
+		return []patch.Operation{op}, nil
+	}
+	if _, ok := fields["type"]; !ok {
+		return nil, errors.New(`expected {"operations": [{"type": ..., "path": ..., "diff": ...}]}`)
+	}
+	var op patch.Operation
+	if err := json.Unmarshal(data, &op); err != nil {
+		return nil, err
+	}
+	return []patch.Operation{op}, nil
+}
+
+// toProtoOperations maps the operation form onto the wire.
+func toProtoOperations(ops []patch.Operation) *agentdv1.PatchOperations {
+	out := &agentdv1.PatchOperations{Operations: make([]*agentdv1.PatchOperation, 0, len(ops))}
+	for _, o := range ops {
+		typ := agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_UNSPECIFIED
+		switch o.Type {
+		case patch.OperationCreateFile:
+			typ = agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_CREATE_FILE
+		case patch.OperationUpdateFile:
+			typ = agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_UPDATE_FILE
+		case patch.OperationDeleteFile:
+			typ = agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_DELETE_FILE
+		}
+		out.Operations = append(out.Operations, &agentdv1.PatchOperation{Type: typ, Path: o.Path, Diff: o.Diff, MoveTo: o.MoveTo})
+	}
+	return out
+}
+
+// successSummary lists what changed, one operation per line in patch order,
+// with the paths as the patch wrote them: "Created p", "Updated p",
+// "Updated p\nMoved p to q", "Deleted p" (the reference's wording).
+func successSummary(changes []*agentdv1.PatchChange) string {
+	lines := make([]string, 0, len(changes))
+	for _, c := range changes {
+		switch c.GetKind() {
+		case agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_CREATED:
+			lines = append(lines, "Created "+c.GetPath())
+		case agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_DELETED:
+			lines = append(lines, "Deleted "+c.GetPath())
+		case agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_MOVED:
+			lines = append(lines, "Updated "+c.GetPath(), "Moved "+c.GetPath()+" to "+c.GetNewPath())
+		default:
+			lines = append(lines, "Updated "+c.GetPath())
+		}
+	}
+	if len(lines) == 0 {
+		return "No files were modified."
+	}
+	return strings.Join(lines, "\n")
+}
+
+// The texts the patch engine starts its messages with. Only messages that
+// start so are quoted to the model: they are written for it and name only
+// paths from the patch.
+var patchMessagePrefixes = [...]string{"patch rejected: ", "invalid patch: ", "patch exceeds a limit: "}
+
+// patchFailure renders a failed ApplyPatch for the model. ok is false for
+// failures the model cannot act on (the daemon unreachable or broken, a
+// cancelled call, an unknown run_as user): those end the call with an error.
+func patchFailure(err error, workdir string) (msg string, ok bool) {
+	rej := agentclient.PatchRejection(err)
+	p := rejectedPath(err)
+	var b strings.Builder
+	b.WriteString("apply_patch verification failed: ")
+	switch {
+	case errors.Is(err, errdefs.ErrPathEscape):
+		fmt.Fprintf(&b, "the path '%s' leads outside the workspace", p)
+		if workdir != "" {
+			fmt.Fprintf(&b, " (relative paths are resolved from the working directory '%s')", workdir)
+		}
+		b.WriteString("; every path of a patch must stay inside the workspace, also through symbolic links.")
+	case errors.Is(err, errdefs.ErrReadOnly):
+		fmt.Fprintf(&b, "the path '%s' is read-only.", p)
+	case errors.Is(err, errdefs.ErrPermissionDenied):
+		fmt.Fprintf(&b, "permission denied: the sandbox user may not change '%s'.", p)
+	case errors.Is(err, errdefs.ErrNoSpace):
+		b.WriteString("the sandbox has no space left on its disk.")
+	case errors.Is(err, errdefs.ErrPatchRejected), errors.Is(err, errdefs.ErrInvalidArgument),
+		errors.Is(err, errdefs.ErrResourceExhausted):
+		b.WriteString(reasonLine(err, p))
+		writeRejectionDetail(&b, rej)
+	case rej != nil && (errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrIsDirectory) ||
+		errors.Is(err, errdefs.ErrNotDirectory) || errors.Is(err, errdefs.ErrAlreadyExists)):
+		fmt.Fprintf(&b, "'%s': %s.", p, causeText(err))
+	default:
+		return "", false
+	}
+	b.WriteString("\n")
+	b.WriteString(nothingChanged)
+	return b.String(), true
+}
+
+// reasonLine is the first line of the patch engine's message, or a
+// generic reason when the message is not one of its own.
+func reasonLine(err error, path string) string {
+	line, _, _ := strings.Cut(err.Error(), "\n")
+	for _, prefix := range patchMessagePrefixes {
+		if strings.HasPrefix(line, prefix) {
+			return line
+		}
+	}
+	if path != "" {
+		return fmt.Sprintf("'%s': %s.", path, causeText(err))
+	}
+	return causeText(err) + "."
+}
+
+// causes are the specific reasons a file operation fails, with how the
+// model is told about them.
+var causes = [...]struct {
+	sentinel error
+	text     string
+}{
+	{errdefs.ErrNotDirectory, "not a directory: a parent of this path is a file"},
+	{errdefs.ErrIsDirectory, "this is a directory, not a file"},
+	{errdefs.ErrNotFound, "no such file or directory"},
+	{errdefs.ErrPermissionDenied, "permission denied"},
+	{errdefs.ErrReadOnly, "the path is read-only"},
+	{errdefs.ErrNoSpace, "no space left on the sandbox's disk"},
+	{errdefs.ErrResourceExhausted, "a limit of the sandbox was exceeded"},
+}
+
+// causeText names the specific reason of a failure that is not the patch
+// engine's own message: the daemon reports a file system failure met while
+// planning as the error of that operation, whose class only survives in
+// its text. Only a known sentinel's wording is matched, so no other text of
+// the daemon reaches the model.
+func causeText(err error) string {
+	msg := err.Error()
+	var pe *errdefs.PathError
+	if errors.As(err, &pe) {
+		msg = pe.Err.Error()
+	}
+	for _, c := range causes {
+		if errors.Is(err, c.sentinel) || strings.HasPrefix(msg, c.sentinel.Error()) {
+			return c.text
+		}
+	}
+	return sentinelText(err)
+}
+
+// writeRejectionDetail quotes the lines the patch looked for and the
+// closest region of the current file, from the daemon's typed rejection.
+func writeRejectionDetail(b *strings.Builder, rej *agentdv1.PatchRejection) {
+	if rej == nil {
+		return
+	}
+	if lines := rej.GetExpectedLines(); len(lines) > 0 {
+		fmt.Fprintf(b, "\nThe patch looked for these lines in %s (shown without their ' ', '-' or '@@ ' prefix):", rej.GetPath())
+		quoteLines(b, lines, 0)
+	}
+	if lines := rej.GetClosestLines(); len(lines) > 0 && rej.GetClosestLine() > 0 {
+		fmt.Fprintf(b, "\nThe closest part of %s starts at line %d and currently reads:", rej.GetPath(), rej.GetClosestLine())
+		quoteLines(b, lines, int(rej.GetClosestLine()))
+	}
+}
+
+// Bounds on what a rejection quotes.
+const (
+	maxQuoteLines     = 20
+	maxQuoteLineBytes = 200
+)
+
+// quoteLines writes lines indented, numbered from first when first > 0,
+// at most maxQuoteLines of them, each cut to maxQuoteLineBytes with control
+// characters escaped.
+func quoteLines(b *strings.Builder, lines []string, first int) {
+	for i, l := range lines {
+		if i == maxQuoteLines {
+			fmt.Fprintf(b, "\n    ... (%d more lines)", len(lines)-i)
+			return
+		}
+		if first > 0 {
+			fmt.Fprintf(b, "\n%6d | %s", first+i, printable(l))
+		} else {
+			fmt.Fprintf(b, "\n    %s", printable(l))
+		}
+	}
+}
+
+// printable cuts s to maxQuoteLineBytes on a rune boundary and escapes
+// control characters other than tab.
+func printable(s string) string {
+	cut := false
+	if len(s) > maxQuoteLineBytes {
+		n := maxQuoteLineBytes
+		for n > 0 && !isRuneStart(s[n]) {
+			n--
+		}
+		s, cut = s[:n], true
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if r != '\t' && (r < 0x20 || r == 0x7f) {
+			fmt.Fprintf(&b, "\\x%02x", r)
+			continue
+		}
+		b.WriteRune(r)
+	}
+	if cut {
+		b.WriteString(" ...")
+	}
+	return b.String()
+}
+
+func isRuneStart(c byte) bool { return c&0xC0 != 0x80 }
+
+// rejectedPath is the path a failure concerns, as the patch wrote it when
+// the daemon's typed rejection says so, else as the daemon reports it
+// (joined with the working directory; never a host path).
+func rejectedPath(err error) string {
+	if rej := agentclient.PatchRejection(err); rej != nil && rej.GetPath() != "" {
+		return rej.GetPath()
+	}
+	var pe *errdefs.PathError
+	if errors.As(err, &pe) {
+		return pe.Path
+	}
+	return ""
+}
+
+// classSentinels are the failure classes a message or a log names.
+var classSentinels = [...]error{
+	errdefs.ErrPathEscape, errdefs.ErrReadOnly, errdefs.ErrPatchRejected, errdefs.ErrNoSpace,
+	errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrNotDirectory, errdefs.ErrIsDirectory,
+	errdefs.ErrPermissionDenied, errdefs.ErrResourceExhausted, errdefs.ErrInvalidArgument,
+}
+
+// sentinelText names err's class by its sentinel's text, never by the
+// error's own text.
+func sentinelText(err error) string {
+	for _, s := range classSentinels {
+		if errors.Is(err, s) {
+			return s.Error()
+		}
+	}
+	return "the operation failed"
+}
+
+// isRunAsFailure reports whether the daemon refused the call's run_as user
+// (unknown to the sandbox): a configuration error of the run, not something
+// the model can fix. The daemon reports it as ErrNotFound on the request's
+// path, told apart from a missing file only by its "run_as: " text.
+func isRunAsFailure(err error) bool {
+	var pe *errdefs.PathError
+	return errors.As(err, &pe) && errors.Is(err, errdefs.ErrNotFound) && strings.HasPrefix(pe.Err.Error(), "run_as: ")
+}
+
+// errorClass names err's class for logs.
+func errorClass(err error) string { return sentinelText(err) }
