@@ -24,7 +24,15 @@ build: ## build static binaries (CGO_ENABLED=0, -trimpath, version stamped) into
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
 
 .PHONY: run
-run: build ## build, then run the main job (see README)
+EXAMPLE       := examples/coding-task
+TASK          ?= Open repo/task.md, fix the bug it describes, run sh tests/test_credit_note.sh from repo/ until it passes, and summarize the change.
+
+run: build ## build, then run an agent on the example coding task in a local sandbox (a recorded replay without OPENAI_API_KEY)
+	$(BIN)/harness run --manifest $(EXAMPLE)/manifest.yaml --replay-without-key $(EXAMPLE)/replay.json \
+		--export $(CURDIR)/.run/workspace-$$(date +%s) "$(TASK)"
+
+.PHONY: demo
+demo: build ## build, then tour the daemon's API step by step (harness demo)
 	$(BIN)/harness demo
 
 $(GENERATORS): tools/go.mod tools/go.sum

@@ -1,0 +1,187 @@
+// Package cli is the harness command line: `harness run` runs an agent on
+// a task in a sandbox, `harness sandbox ...` drives sandboxes directly, and
+// `harness demo` tours the daemon's API. cmd/harness only calls Execute.
+package cli
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
+	"github.com/bulkhead-dev/bulkhead/internal/demo"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+)
+
+// Streams are the command's standard streams.
+type Streams struct {
+	In       io.Reader
+	Out, Err io.Writer
+}
+
+// Execute runs the command line args (without the program name) and
+// returns the process exit code. Failures are reported on Err as one line.
+func Execute(ctx context.Context, args []string, s Streams) int {
+	root := newRoot(s)
+	root.SetArgs(args)
+	root.SetIn(s.In)
+	root.SetOut(s.Out)
+	root.SetErr(s.Err)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
+	}
+	var ee exitError
+	if errors.As(err, &ee) {
+		if ee.msg != "" {
+			fmt.Fprintf(s.Err, "%s: %s\n", cmd.CommandPath(), ee.msg)
+		}
+		return ee.code
+	}
+	fmt.Fprintf(s.Err, "%s: %s\n", cmd.CommandPath(), oneLine(err.Error()))
+	return 1
+}
+
+// exitError ends the command with a specific code.
+type exitError struct {
+	code int
+	msg  string
+}
+
+func (e exitError) Error() string { return e.msg }
+
+// oneLine keeps an error on one line.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
+
+// globals are the flags every command shares.
+type globals struct {
+	streams   Streams
+	provider  string
+	stateDir  string
+	agentd    string
+	isolation string
+	image     string
+	verbose   bool
+}
+
+func newRoot(s Streams) *cobra.Command {
+	g := &globals{streams: s}
+	root := &cobra.Command{
+		Use:           "harness",
+		Short:         "Run AI agents against sandboxes, with every credential on this side",
+		Version:       fmt.Sprintf("%s (%s)", buildinfo.Version(), buildinfo.Commit()),
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	pf := root.PersistentFlags()
+	pf.StringVar(&g.provider, "provider", "local", "sandbox provider: local or docker")
+	pf.StringVar(&g.stateDir, "state-dir", "", "where sandboxes, session states and snapshots are kept (default: user cache dir/bulkhead)")
+	pf.StringVar(&g.agentd, "agentd", "", "sandbox-agentd binary for local sandboxes (default: next to harness, then PATH)")
+	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: none, bubblewrap or auto")
+	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
+	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
+	root.AddCommand(newRunCmd(g), newDemoCmd(g), &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Run: func(cmd *cobra.Command, _ []string) {
+			fmt.Fprintf(cmd.OutOrStdout(), "harness %s (%s)\n", buildinfo.Version(), buildinfo.Commit())
+		},
+	})
+	return root
+}
+
+// logger returns the command's logger.
+func (g *globals) logger() *zap.Logger {
+	if !g.verbose {
+		return zap.NewNop()
+	}
+	cfg := zap.NewDevelopmentEncoderConfig()
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(cfg), zapcore.AddSync(g.streams.Err), zap.DebugLevel)
+	return zap.New(core)
+}
+
+// dir returns the state directory (created).
+func (g *globals) dir(sub ...string) (string, error) {
+	base := g.stateDir
+	if base == "" {
+		c, err := os.UserCacheDir()
+		if err != nil {
+			c = os.TempDir()
+		}
+		base = filepath.Join(c, "bulkhead")
+	}
+	p := filepath.Join(append([]string{base}, sub...)...)
+	if err := os.MkdirAll(p, 0o711); err != nil {
+		return "", fmt.Errorf("state directory: %w", err)
+	}
+	return p, nil
+}
+
+// client returns a compute client for the chosen provider, with the
+// state directory's snapshot store, and a function releasing it.
+func (g *globals) client(mat materializer.Options) (*compute.Client, func(), error) {
+	snaps, err := g.dir("snapshots")
+	if err != nil {
+		return nil, nil, err
+	}
+	store, err := snapshot.NewLocal(snaps)
+	if err != nil {
+		return nil, nil, err
+	}
+	log := g.logger()
+	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log}
+	switch g.provider {
+	case "local":
+		dir, err := g.dir("local")
+		if err != nil {
+			return nil, nil, err
+		}
+		iso := local.Isolation(g.isolation)
+		if g.isolation == "none" {
+			iso = local.IsolationNone
+		}
+		p, err := local.New(local.Config{StateDir: dir, AgentdPath: g.agentd, Isolation: iso}, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return compute.NewClient(p, opts), func() {}, nil
+	case "docker":
+		dir, err := g.dir("docker")
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := docker.New(docker.Config{StateDir: dir, Image: g.image}, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return compute.NewClient(p, opts), func() { _ = p.Close() }, nil
+	}
+	return nil, nil, fmt.Errorf("unknown provider %q (local or docker)", g.provider)
+}
+
+func newDemoCmd(g *globals) *cobra.Command {
+	var cfg demo.Config
+	cmd := &cobra.Command{
+		Use:   "demo",
+		Short: "Start a local sandbox and drive it through the daemon's API, showing each step",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			cfg.AgentdPath = g.agentd
+			cfg.Verbose = g.verbose
+			return demo.Run(cmd.Context(), cfg, cmd.OutOrStdout(), g.logger())
+		},
+	}
+	return cmd
+}

@@ -1,0 +1,146 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// runAgentd builds sandbox-agentd once for the run tests.
+var runAgentd = sync.OnceValues(func() (string, error) {
+	dir, err := os.MkdirTemp("", "bulkhead-cli-run-")
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "sandbox-agentd")
+	cmd := exec.Command("go", "build", "-o", bin, "github.com/bulkhead-dev/bulkhead/cmd/sandbox-agentd")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", &buildError{string(out), err}
+	}
+	return bin, nil
+})
+
+type buildError struct {
+	out string
+	err error
+}
+
+func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
+
+// repoFile returns a path in the repository.
+func repoFile(t *testing.T, rel string) string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", rel)
+}
+
+func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	code = Execute(ctx, args, Streams{In: strings.NewReader(""), Out: &out, Err: &errb})
+	return out.String(), errb.String(), code
+}
+
+// TestRunExampleTaskWithReplay runs the README's main job: the example
+// coding task, a recorded model session replayed through the real
+// openai-go client, real tools in a real local sandbox.
+func TestRunExampleTaskWithReplay(t *testing.T) {
+	bin, err := runAgentd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, export := t.TempDir(), filepath.Join(t.TempDir(), "ws")
+	example := repoFile(t, "examples/coding-task")
+	t.Setenv("OPENAI_API_KEY", "")
+	out, errOut, code := runCLI(t, "run", "--state-dir", state, "--agentd", bin, "--isolation", "none",
+		"--manifest", filepath.Join(example, "manifest.yaml"), "--replay-without-key", filepath.Join(example, "replay.json"),
+		"--export", export, "fix the bug")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "OPENAI_API_KEY is not set") || !strings.Contains(errOut, "[REPLAY]") {
+		t.Errorf("the replay is not labelled: %q", errOut)
+	}
+	for _, want := range []string{"$ cat task.md   (in repo)", "FAIL credit_note_total 10000 2500 = 12500, want 7500",
+		"apply_patch: update repo/lib/credit_note.sh", "all tests passed", "Fixed `repo/lib/credit_note.sh`", "== done: 6 turns"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	// The exported workspace holds exactly the fix.
+	fixed, err := os.ReadFile(filepath.Join(export, "repo", "lib", "credit_note.sh"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	orig, _ := os.ReadFile(filepath.Join(example, "repo", "lib", "credit_note.sh"))
+	if want := strings.Replace(string(orig), "invoice + credit", "invoice - credit", 1); string(fixed) != want {
+		t.Errorf("exported credit_note.sh:\n%s", fixed)
+	}
+	for _, f := range []string{"task.md", "tests/test_credit_note.sh"} {
+		a, _ := os.ReadFile(filepath.Join(export, "repo", f))
+		b, _ := os.ReadFile(filepath.Join(example, "repo", f))
+		if !bytes.Equal(a, b) {
+			t.Errorf("%s changed", f)
+		}
+	}
+	// The run cleaned its sandbox up.
+	if entries, _ := os.ReadDir(filepath.Join(state, "local")); len(entries) != 0 {
+		t.Errorf("sandbox directories left: %v", entries)
+	}
+}
+
+func TestRunJSONAndFailures(t *testing.T) {
+	bin, err := runAgentd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state := t.TempDir()
+	example := repoFile(t, "examples/coding-task")
+	out, errOut, code := runCLI(t, "run", "--state-dir", state, "--agentd", bin, "--isolation", "none", "--json",
+		"--manifest", filepath.Join(example, "manifest.yaml"), "--replay", filepath.Join(example, "replay.json"), "fix it")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	var last map[string]any
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &last); err != nil || last["kind"] != "result" {
+		t.Fatalf("last line %q: %v", lines[len(lines)-1], err)
+	}
+	for _, l := range lines {
+		if !json.Valid([]byte(l)) {
+			t.Fatalf("not JSON: %q", l)
+		}
+	}
+
+	// A replay that runs out of turns fails with a one-line reason.
+	short := filepath.Join(t.TempDir(), "short.json")
+	if err := os.WriteFile(short, []byte(`{"turns":[{"items":[{"type":"function_call","call_id":"c1","name":"exec_command","arguments":"{\"cmd\":\"true\"}"}]}]}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, errOut, code = runCLI(t, "run", "--state-dir", state, "--agentd", bin, "--isolation", "none", "--replay", short, "x")
+	errLines := strings.Split(strings.TrimSpace(errOut), "\n")
+	if last := errLines[len(errLines)-1]; code == 0 || !strings.HasPrefix(last, "harness run: turn 2: ") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	// Bad input: a missing manifest changes nothing and says why.
+	_, errOut, code = runCLI(t, "run", "--state-dir", state, "--manifest", "/nonexistent/m.yaml", "--replay", short, "x")
+	if code == 0 || !strings.Contains(errOut, "m.yaml") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	// No key and no replay: a clear error.
+	t.Setenv("OPENAI_API_KEY", "")
+	_, errOut, code = runCLI(t, "run", "--state-dir", state, "x")
+	if code == 0 || !strings.Contains(errOut, "OPENAI_API_KEY") {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+}
