@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"iter"
 	"slices"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -199,9 +200,31 @@ func (r *Runner) run(ctx context.Context, a *Agent, items []model.Item, cfg RunC
 		byName[d.Name] = t
 		defs = append(defs, d)
 	}
+	if err := checkRequirements(caps); err != nil {
+		return res, fmt.Errorf("agent %q: %w", a.Name, err)
+	}
 	instructions, err := buildInstructions(ctx, rc, caps, env)
 	if err != nil {
 		return res, err
+	}
+	info := capability.RunInfo{Session: sess, Model: m, ModelName: r.modelName(a), RunAs: a.RunAs, Log: log}
+	if sess != nil {
+		info.Agent = sess.Agent()
+	}
+	if cfg.Sandbox != nil {
+		info.Workdir = cfg.Sandbox.Workdir
+	}
+	for _, c := range caps {
+		if st, ok := c.(capability.RunStarter); ok {
+			info.Items = items
+			extra, err := st.OnRunStart(ctx, info)
+			if err != nil {
+				return res, fmt.Errorf("capability %s: %w", c.Name(), err)
+			}
+			if extra = strings.TrimSpace(extra); extra != "" {
+				instructions += "\n\n" + extra
+			}
+		}
 	}
 	res.Items = slices.Clone(items)
 	for turn := 1; turn <= maxTurns; turn++ {
@@ -213,8 +236,19 @@ func (r *Runner) run(ctx context.Context, a *Agent, items []model.Item, cfg RunC
 			a.Hooks.OnTurn(ctx, rc, turn)
 		}
 		emit(Event{Kind: EventTurnStarted, Agent: a.Name, Turn: turn})
-		req := &model.Request{Model: r.modelName(a), Instructions: instructions, Input: res.Items, Tools: defs,
+		input := res.Items
+		for _, c := range caps {
+			if f, ok := c.(capability.InputFilter); ok {
+				input = f.FilterInput(input)
+			}
+		}
+		req := &model.Request{Model: r.modelName(a), Instructions: instructions, Input: input, Tools: defs,
 			Output: a.Output, Reasoning: a.Reasoning, Settings: a.Settings}
+		for _, c := range caps {
+			if adj, ok := c.(capability.RequestAdjuster); ok {
+				adj.AdjustRequest(req)
+			}
+		}
 		resp, err := r.call(ctx, m, req, a, emit)
 		if err != nil {
 			return res, fmt.Errorf("turn %d: %w", turn, err)
@@ -226,6 +260,14 @@ func (r *Runner) run(ctx context.Context, a *Agent, items []model.Item, cfg RunC
 			res.FinalOutput = resp.Text()
 			if a.Output != nil && !json.Valid([]byte(res.FinalOutput)) {
 				return res, fmt.Errorf("turn %d: the structured output is not valid JSON", turn)
+			}
+			for _, c := range caps {
+				if en, ok := c.(capability.RunEnder); ok {
+					info.Items, info.FinalOutput = res.Items, res.FinalOutput
+					if err := en.OnRunEnd(ctx, info); err != nil {
+						return res, fmt.Errorf("capability %s at the end of the run: %w", c.Name(), err)
+					}
+				}
 			}
 			emit(Event{Kind: EventFinalOutput, Agent: a.Name, Text: res.FinalOutput})
 			return res, nil
@@ -239,6 +281,24 @@ func (r *Runner) run(ctx context.Context, a *Agent, items []model.Item, cfg RunC
 		}
 	}
 	return res, fmt.Errorf("agent %q: %w (%d)", a.Name, ErrMaxTurns, maxTurns)
+}
+
+// checkRequirements fails when a capability requires one that is absent.
+func checkRequirements(caps []capability.Capability) error {
+	have := map[string]bool{}
+	for _, c := range caps {
+		have[c.Name()] = true
+	}
+	for _, c := range caps {
+		if rq, ok := c.(capability.Requirer); ok {
+			for _, name := range rq.Requires() {
+				if !have[name] {
+					return fmt.Errorf("capability %s requires capability %s", c.Name(), name)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 func (r *Runner) modelName(a *Agent) string {
