@@ -92,7 +92,7 @@ func newRoot(s Streams) *cobra.Command {
 	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: none, bubblewrap or auto")
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
-	root.AddCommand(newRunCmd(g), newDemoCmd(g), &cobra.Command{
+	root.AddCommand(newRunCmd(g), newDemoCmd(g), newSandboxCmd(g), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Run: func(cmd *cobra.Command, _ []string) {

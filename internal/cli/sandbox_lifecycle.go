@@ -1,0 +1,332 @@
+package cli
+
+// The lifecycle subcommands of `harness sandbox`: create, snapshot, resume
+// and rm.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+)
+
+// manifestFlags are --manifest and --base-dir.
+type manifestFlags struct {
+	manifest string
+	baseDir  string
+}
+
+// add registers the flags on cmd.
+func (f *manifestFlags) add(cmd *cobra.Command) {
+	cmd.Flags().StringVarP(&f.manifest, "manifest", "m", "", "workspace manifest (YAML or JSON); host sources are read relative to its directory")
+	cmd.Flags().StringVar(&f.baseDir, "base-dir", "", "trusted directory host sources are read from (default: the manifest's directory)")
+}
+
+// load returns the trusted manifest (nil without --manifest) and the
+// absolute base directory of its host sources.
+func (f *manifestFlags) load() (*manifest.Manifest, string, error) {
+	var m *manifest.Manifest
+	base := f.baseDir
+	if f.manifest != "" {
+		var err error
+		if m, err = manifest.LoadTrustedFile(f.manifest); err != nil {
+			return nil, "", err
+		}
+		if base == "" {
+			base = filepath.Dir(f.manifest)
+		}
+	}
+	if base != "" {
+		abs, err := filepath.Abs(base)
+		if err != nil {
+			return nil, "", fmt.Errorf("--base-dir: %w", err)
+		}
+		base = abs
+	}
+	return m, base, nil
+}
+
+// newSandboxCreateCmd returns `harness sandbox create`.
+func newSandboxCreateCmd(g *globals) *cobra.Command {
+	var (
+		mf        manifestFlags
+		id        string
+		ttl, idle time.Duration
+	)
+	cmd := &cobra.Command{
+		Use:   "create [--manifest m.yaml] [--id ID] [--ttl D] [--idle-timeout D]",
+		Short: "Create a sandbox from a manifest, save its session state and print its id",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return sandboxCreate(cmd, g, &mf, compute.CreateOptions{SessionID: id, TTL: ttl, IdleTimeout: idle})
+		},
+	}
+	mf.add(cmd)
+	cmd.Flags().StringVar(&id, "id", "", "session id (default: a random one)")
+	cmd.Flags().DurationVar(&ttl, "ttl", 0, "most the sandbox may live, e.g. 1h (default: unbounded)")
+	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "most the sandbox may stay unused, e.g. 30m (default: unbounded)")
+	return cmd
+}
+
+// sandboxCreate creates and starts a session. A sandbox that fails to
+// start is deleted again, so a failed create leaves nothing behind.
+func sandboxCreate(cmd *cobra.Command, g *globals, mf *manifestFlags, opts compute.CreateOptions) error {
+	ctx := cmd.Context()
+	if opts.TTL < 0 || opts.IdleTimeout < 0 {
+		return usageErr(compute.ErrInvalidArgument, "--ttl and --idle-timeout must not be negative")
+	}
+	m, base, err := mf.load()
+	if err != nil {
+		return err
+	}
+	opts.Manifest = m
+	if opts.SessionID != "" {
+		p, err := statePath(g, opts.SessionID)
+		if err != nil {
+			return err
+		}
+		if _, err := os.Stat(p); err == nil {
+			return usageErr(compute.ErrAlreadyExists, "session %s exists already (`harness sandbox rm %s` removes it)", opts.SessionID, opts.SessionID)
+		}
+	}
+	client, release, err := g.client(materializer.Options{BaseDir: base})
+	if err != nil {
+		return err
+	}
+	defer release()
+	s, err := client.Create(ctx, opts)
+	if err != nil {
+		return err
+	}
+	if err := s.Start(ctx); err != nil {
+		return errors.Join(err, deleteQuietly(ctx, client, s))
+	}
+	if err := saveSession(g, s); err != nil {
+		return errors.Join(err, deleteQuietly(ctx, client, s))
+	}
+	if err := s.Release(); err != nil {
+		return fmt.Errorf("session %s: release: %w", s.ID(), err)
+	}
+	fmt.Fprintln(cmd.OutOrStdout(), s.ID())
+	return nil
+}
+
+// deleteQuietly deletes a sandbox after a failure, even when ctx was
+// cancelled (that may be the failure).
+func deleteQuietly(ctx context.Context, client *compute.Client, s *compute.Session) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
+	defer cancel()
+	if err := client.Delete(ctx, s); err != nil {
+		return fmt.Errorf("and deleting the new sandbox failed: %w", err)
+	}
+	return nil
+}
+
+// newSandboxSnapshotCmd returns `harness sandbox snapshot`.
+func newSandboxSnapshotCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "snapshot ID",
+		Short: "Persist the sandbox's workspace to the snapshot store and print the snapshot id",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx := cmd.Context()
+			r, err := reconnect(cmd, g, args[0], materializer.Options{})
+			if err != nil {
+				return err
+			}
+			defer r.release()
+			r.noteRebuilt(cmd.ErrOrStderr())
+			if err := r.sess.Stop(ctx); err != nil {
+				return err
+			}
+			st, err := r.sess.State()
+			if err != nil {
+				return err
+			}
+			store, err := g.snapshots()
+			if err != nil {
+				return err
+			}
+			switch ok, err := store.Exists(ctx, st.SnapshotID); {
+			case err != nil:
+				return fmt.Errorf("snapshot of session %s: %w", st.SessionID, err)
+			case !ok:
+				return usageErr(compute.ErrFailedPrecondition, "snapshot of session %s: nothing was persisted to %s", st.SessionID, st.SnapshotID)
+			}
+			if _, err := saveState(g, st); err != nil {
+				return err
+			}
+			fmt.Fprintln(cmd.OutOrStdout(), st.SnapshotID)
+			return nil
+		},
+	}
+}
+
+// newSandboxResumeCmd returns `harness sandbox resume`.
+func newSandboxResumeCmd(g *globals) *cobra.Command {
+	var mf manifestFlags
+	cmd := &cobra.Command{
+		Use:   "resume ID [--manifest m.yaml]",
+		Short: "Reattach to a session's sandbox, or rebuild it from its snapshot when it is gone",
+		Long: `Resume a session: reattach to its sandbox when it still runs, otherwise launch a replacement and
+restore the workspace from the session's snapshot (or build it from the manifest when there is no
+snapshot). --manifest gives the trusted manifest again, for host sources the saved state leaves out.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			m, base, err := mf.load()
+			if err != nil {
+				return err
+			}
+			var opts []compute.ResumeOption
+			if m != nil {
+				opts = append(opts, compute.WithTrustedManifest(m))
+			}
+			r, err := reconnect(cmd, g, args[0], materializer.Options{BaseDir: base}, opts...)
+			if err != nil {
+				return err
+			}
+			defer r.release()
+			if r.reattached {
+				fmt.Fprintf(cmd.OutOrStdout(), "session %s: reattached to its running sandbox\n", r.sess.ID())
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "session %s: the sandbox was gone; %s\n", r.sess.ID(), r.rebuiltHow())
+			return nil
+		},
+	}
+	mf.add(cmd)
+	return cmd
+}
+
+// newSandboxRmCmd returns `harness sandbox rm`.
+func newSandboxRmCmd(g *globals) *cobra.Command {
+	var keep bool
+	cmd := &cobra.Command{
+		Use:   "rm ID [--keep-snapshot]",
+		Short: "Delete a session's sandbox, its saved state and its snapshot",
+		Long: `Delete a session's sandbox, its saved state and its snapshot. With --keep-snapshot the snapshot
+and the saved state are kept, so that ` + "`harness sandbox resume ID`" + ` rebuilds the sandbox from the
+snapshot later. A sandbox without a saved state (one a crashed harness left behind, see ls) is
+found through the provider.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error { return sandboxRm(cmd, g, args[0], keep) },
+	}
+	cmd.Flags().BoolVar(&keep, "keep-snapshot", false, "keep the snapshot and the saved state, to resume the session from the snapshot later")
+	return cmd
+}
+
+// sandboxRm deletes a session's sandbox and, unless keep, its snapshot and
+// saved state.
+func sandboxRm(cmd *cobra.Command, g *globals, id string, keep bool) error {
+	ctx := cmd.Context()
+	st, err := loadState(cmd, g, id)
+	saved := err == nil
+	if err != nil && !errors.Is(err, compute.ErrNotFound) {
+		return err
+	}
+	client, release, err := g.client(materializer.Options{})
+	if err != nil {
+		return err
+	}
+	defer release()
+	infos, err := client.List(ctx)
+	if err != nil {
+		return err
+	}
+	var found *compute.SandboxInfo
+	for i := range infos {
+		if infos[i].SessionID == id {
+			found = &infos[i]
+			break
+		}
+	}
+	if !saved {
+		if found == nil {
+			return usageErr(compute.ErrNotFound, "no sandbox session %q (no saved state and no %s sandbox of that session)", id, client.Provider())
+		}
+		st = &compute.State{Version: compute.StateVersion, Provider: found.Provider, SessionID: id,
+			Lifetime: found.Lifetime, ProviderState: found.State}
+	}
+	if found != nil {
+		// Resume finds the sandbox again (the only way to a Session), then
+		// Delete removes it; nothing is started.
+		s, err := client.Resume(ctx, st)
+		if err != nil {
+			return err
+		}
+		if err := client.Delete(ctx, s); err != nil {
+			return err
+		}
+	}
+	out := cmd.OutOrStdout()
+	if keep && saved {
+		fmt.Fprintf(out, "removed the sandbox of session %s; kept snapshot %s and the session state (`harness sandbox resume %s` rebuilds it)\n", id, snapshotOf(st), id)
+		return nil
+	}
+	if !keep {
+		store, err := g.snapshots()
+		if err != nil {
+			return err
+		}
+		if err := store.Delete(ctx, snapshotOf(st)); err != nil {
+			return fmt.Errorf("remove session %s: delete snapshot %s: %w", id, snapshotOf(st), err)
+		}
+	}
+	if err := removeState(g, id); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "removed session %s\n", id)
+	return nil
+}
+
+// snapshotOf returns the snapshot id of a state (the session id by default).
+func snapshotOf(st *compute.State) string {
+	if st.SnapshotID != "" {
+		return st.SnapshotID
+	}
+	return st.SessionID
+}
+
+// readStates returns the saved session states, by session id, and the
+// files that could not be read.
+func readStates(g *globals) (map[string]*compute.State, map[string]string, []error) {
+	states := map[string]*compute.State{}
+	paths := map[string]string{}
+	dir, err := g.dir("sessions")
+	if err != nil {
+		return states, paths, []error{err}
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return states, paths, []error{fmt.Errorf("read saved states: %w", err)}
+	}
+	var errs []error
+	for _, e := range entries {
+		if e.IsDir() || filepath.Ext(e.Name()) != ".json" {
+			continue
+		}
+		p := filepath.Join(dir, e.Name())
+		data, err := os.ReadFile(p)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("read %s: %w", p, err))
+			continue
+		}
+		st, err := compute.DecodeState(data)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", p, err))
+			continue
+		}
+		states[st.SessionID] = st
+		paths[st.SessionID] = p
+	}
+	return states, paths, errs
+}
