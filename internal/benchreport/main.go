@@ -37,6 +37,10 @@ type config struct {
 	patchN     int
 	treeFiles  int
 	treeBytes  int64
+	// Sandbox lifecycle figures (sandboxes.go).
+	startupRounds   int
+	sandboxes       int
+	dockerSandboxes int
 }
 
 func main() {
@@ -49,6 +53,9 @@ func main() {
 	flag.IntVar(&cfg.patchN, "patch-n", 50, "apply_patch repetitions")
 	flag.IntVar(&cfg.treeFiles, "tree-files", 10000, "files in the archived workspace")
 	flag.Int64Var(&cfg.treeBytes, "tree-bytes", 200<<20, "bytes in the archived workspace")
+	flag.IntVar(&cfg.startupRounds, "startup-rounds", 5, "create-to-first-exec rounds per provider (median)")
+	flag.IntVar(&cfg.sandboxes, "sandboxes", 100, "local sandboxes kept alive at once (0: skip)")
+	flag.IntVar(&cfg.dockerSandboxes, "docker-sandboxes", 100, "docker sandboxes kept alive at once (0: skip)")
 	flag.Parse()
 	if err := run(context.Background(), cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
@@ -118,6 +125,11 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	add(row{"sandbox-agentd RSS after the runs above", busy.String(), "", "", "bounded"})
+	r, err = benchSandboxes(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	add(r...)
 
 	var b strings.Builder
 	host, _ := os.Hostname()
