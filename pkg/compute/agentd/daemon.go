@@ -34,6 +34,7 @@ func Features() []string {
 		"file.atomic_write", "file.run_as", "file.grants",
 		"workspace.apply_patch", "workspace.apply_patch.atomic",
 		"workspace.archive", "workspace.restore", "workspace.fingerprint", "workspace.materialize",
+		"port.forward",
 	}
 }
 

@@ -86,6 +86,7 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	agentdv1.RegisterProcessServiceServer(gs, &processService{d: d})
 	agentdv1.RegisterFileServiceServer(gs, &fileService{d: d})
 	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d})
+	agentdv1.RegisterPortServiceServer(gs, &portService{d: d})
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, log: log}, nil
 }
