@@ -41,6 +41,18 @@ type Agent struct {
 	Output *model.OutputSchema
 	// Hooks observe the run.
 	Hooks Hooks
+	// Approvals say which tool calls need a human's approval, by tool name.
+	// A run that reaches such a call stops with a RunState (see
+	// Result.Interruptions) and continues with Runner.Resume.
+	Approvals map[string]ApprovalPolicy
+	// Handoffs are the agents this one may hand the conversation to: each
+	// becomes a transfer_to_<name> tool, and the next turn is the target's.
+	Handoffs []*Agent
+	// HandoffDescription tells other agents when to hand off to this one.
+	HandoffDescription string
+	// NoSandbox runs the agent without a sandbox session even when the run
+	// has one (a triage or planning agent).
+	NoSandbox bool
 
 	// DefaultManifest is the workspace of a fresh session when the run
 	// config names none.

@@ -45,6 +45,8 @@ type SandboxConfig struct {
 	SnapshotID string
 	// ProviderOptions are passed to the provider for a fresh session.
 	ProviderOptions any
+	// RunAs, when set, overrides the agents' RunAs in this run.
+	RunAs string
 	// Workdir is the run's working directory, relative to the workspace
 	// root; tools resolve the model's relative paths against it.
 	Workdir string

@@ -33,23 +33,42 @@ type Runner struct {
 	CleanupTimeout time.Duration
 }
 
-// Result is a finished run.
+// Result is a finished or interrupted run.
 type Result struct {
 	// FinalOutput is the last assistant text (JSON for structured output).
 	FinalOutput string
+	// Agent is the key of the agent that gave the final output (or whose
+	// turn it is, when interrupted).
+	Agent string
 	// Items is the whole conversation, input included.
 	Items []model.Item
 	Usage model.Usage
 	Turns int
-	// SessionState is the sandbox session's state after the run, when the
-	// run had a sandbox (persisted first when the runner owned it).
+	// Interruptions are the tool calls waiting for approval; when there are
+	// any, the run stopped and State resumes it (Runner.Resume).
+	Interruptions []*PendingCall
+	State         *RunState
+	// SessionState is the state of the final agent's sandbox session, when
+	// it had one (persisted first when the runner owned it).
 	SessionState *compute.State
 }
 
-// Run runs agent on input until it gives a final output, fails, or uses
-// up its turns.
+// Run runs agent on input until it gives a final output, fails, stops for
+// approvals, or uses up its turns.
 func (r *Runner) Run(ctx context.Context, a *Agent, input string, cfg RunConfig) (*Result, error) {
-	return r.run(ctx, a, []model.Item{model.UserMessage(input)}, cfg, nil)
+	return r.run(ctx, a, &RunState{Version: RunStateVersion, Items: []model.Item{model.UserMessage(input)}}, cfg, nil)
+}
+
+// Resume continues a run from its state: the decisions recorded with
+// RunState.Approve and Reject are applied, the sandbox sessions are
+// reattached (or rebuilt from their snapshots), and the run goes on. start
+// must be the agent the run was started with (the state names agents by
+// their keys in its graph, see AgentKeys).
+func (r *Runner) Resume(ctx context.Context, start *Agent, st *RunState, cfg RunConfig) (*Result, error) {
+	if st == nil {
+		return nil, errors.New("resume: nil run state")
+	}
+	return r.run(ctx, start, st, cfg, nil)
 }
 
 // Stream is a run in progress whose events are read with Events.
@@ -64,6 +83,15 @@ type Stream struct {
 // RunStreamed starts a run and returns its event stream. Read the events
 // with Events (stopping early cancels the run), then Wait for the result.
 func (r *Runner) RunStreamed(ctx context.Context, a *Agent, input string, cfg RunConfig) *Stream {
+	return r.stream(ctx, a, &RunState{Version: RunStateVersion, Items: []model.Item{model.UserMessage(input)}}, cfg)
+}
+
+// ResumeStreamed is Resume with an event stream.
+func (r *Runner) ResumeStreamed(ctx context.Context, start *Agent, st *RunState, cfg RunConfig) *Stream {
+	return r.stream(ctx, start, st, cfg)
+}
+
+func (r *Runner) stream(ctx context.Context, a *Agent, st *RunState, cfg RunConfig) *Stream {
 	ctx, cancel := context.WithCancel(ctx)
 	s := &Stream{events: make(chan Event, 64), done: make(chan struct{}), cancel: cancel}
 	go func() {
@@ -75,7 +103,11 @@ func (r *Runner) RunStreamed(ctx context.Context, a *Agent, input string, cfg Ru
 			case <-ctx.Done():
 			}
 		}
-		s.res, s.err = r.run(ctx, a, []model.Item{model.UserMessage(input)}, cfg, emit)
+		if st == nil {
+			s.err = errors.New("resume: nil run state")
+			return
+		}
+		s.res, s.err = r.run(ctx, a, st, cfg, emit)
 	}()
 	return s
 }
@@ -102,185 +134,475 @@ func (s *Stream) Wait() (*Result, error) {
 	return s.res, s.err
 }
 
-// run is the agent loop shared by Run and RunStreamed.
-func (r *Runner) run(ctx context.Context, a *Agent, items []model.Item, cfg RunConfig, emit func(Event)) (res *Result, err error) {
-	if a == nil {
+// AgentKeys returns the stable keys of the agents reachable from start
+// through handoffs, in a deterministic order: an agent's name, with "#2",
+// "#3", ... for later agents of the same name.
+func AgentKeys(start *Agent) map[*Agent]string {
+	keys := map[*Agent]string{}
+	seen := map[string]int{}
+	var visit func(a *Agent)
+	visit = func(a *Agent) {
+		if a == nil {
+			return
+		}
+		if _, ok := keys[a]; ok {
+			return
+		}
+		seen[a.Name]++
+		k := a.Name
+		if n := seen[a.Name]; n > 1 {
+			k = fmt.Sprintf("%s#%d", a.Name, n)
+		}
+		keys[a] = k
+		for _, h := range a.Handoffs {
+			visit(h)
+		}
+	}
+	visit(start)
+	return keys
+}
+
+// runLoop is the state of one run.
+type runLoop struct {
+	r      *Runner
+	cfg    RunConfig
+	emit   func(Event)
+	log    *zap.Logger
+	st     *RunState
+	keys   map[*Agent]string
+	byKey  map[string]*Agent
+	slots  map[string]*agentSlot
+	result *Result
+}
+
+// agentSlot is what one agent of the run holds: its cloned capabilities,
+// its session, its tools.
+type agentSlot struct {
+	a       *Agent
+	key     string
+	caps    []capability.Capability
+	sess    *compute.Session
+	owned   bool
+	tools   map[string]tool.Tool
+	defs    []model.Tool
+	handoff map[string]*Agent // tool name -> target
+	instr   string
+	info    capability.RunInfo
+	rc      *RunContext
+	ready   bool
+}
+
+// run is the agent loop behind Run, Resume and their streamed forms.
+func (r *Runner) run(ctx context.Context, start *Agent, st *RunState, cfg RunConfig, emit func(Event)) (res *Result, err error) {
+	if start == nil {
 		return nil, errors.New("run: nil agent")
 	}
-	if !a.inUse.CompareAndSwap(false, true) {
-		return nil, fmt.Errorf("agent %q: %w", a.Name, ErrAgentInUse)
+	l := &runLoop{r: r, cfg: cfg, emit: emit, st: st, keys: AgentKeys(start), byKey: map[string]*Agent{}, slots: map[string]*agentSlot{}}
+	if l.emit == nil {
+		l.emit = func(Event) {}
 	}
-	defer a.inUse.Store(false)
-	log := r.Log
-	if log == nil {
-		log = zap.NewNop()
+	l.log = r.Log
+	if l.log == nil {
+		l.log = zap.NewNop()
 	}
-	log = log.With(zap.String("agent", a.Name))
-	if emit == nil {
-		emit = func(Event) {}
+	for a, k := range l.keys {
+		l.byKey[k] = a
 	}
-	m := a.Model
-	if m == nil {
-		m = r.Model
+	// One agent value runs in one run at a time.
+	var locked []*Agent
+	defer func() {
+		for _, a := range locked {
+			a.inUse.Store(false)
+		}
+	}()
+	for a := range l.keys {
+		if !a.inUse.CompareAndSwap(false, true) {
+			return nil, fmt.Errorf("agent %q: %w", a.Name, ErrAgentInUse)
+		}
+		locked = append(locked, a)
 	}
-	if m == nil {
-		return nil, fmt.Errorf("agent %q has no model and the runner has none", a.Name)
+	if st.Agent == "" {
+		st.Agent = l.keys[start]
 	}
-	maxTurns := cfg.MaxTurns
+	if _, ok := l.byKey[st.Agent]; !ok {
+		return nil, fmt.Errorf("run state names agent %q, which is not reachable from agent %q", st.Agent, start.Name)
+	}
+	res = &Result{}
+	l.result = res
+	interrupted := false
+	defer func() {
+		cerr := l.finish(ctx, interrupted)
+		if cerr != nil {
+			err = errors.Join(err, fmt.Errorf("sandbox cleanup: %w", cerr))
+		}
+		if interrupted && err == nil {
+			res.State = l.st
+		}
+	}()
+	interrupted, err = l.loop(ctx)
+	return res, err
+}
+
+// loop runs turns until a final output, an interruption or an error.
+func (l *runLoop) loop(ctx context.Context) (interrupted bool, err error) {
+	maxTurns := l.cfg.MaxTurns
 	if maxTurns <= 0 {
 		maxTurns = DefaultMaxTurns
 	}
-
-	// Capabilities are cloned per run: per-run state never leaks.
-	var caps []capability.Capability
-	if cfg.Sandbox != nil {
-		for _, c := range a.capabilities() {
-			caps = append(caps, c.Clone())
-		}
-	}
+	res := l.result
 	defer func() {
-		for _, c := range caps {
-			if cl, ok := c.(capability.Closer); ok {
-				if cerr := cl.Close(); cerr != nil {
-					log.Warn("closing capability", zap.String("capability", c.Name()), zap.Error(cerr))
-				}
-			}
-		}
+		res.Items, res.Usage, res.Turns, res.Agent = l.st.Items, l.st.Usage, l.st.Turn, l.st.Agent
 	}()
-
-	res = &Result{}
-	rc := &RunContext{Agent: a}
-	var sess *compute.Session
-	if cfg.Sandbox != nil {
-		var owned bool
-		sess, owned, err = r.session(ctx, a, cfg.Sandbox, caps)
-		if err != nil {
-			return nil, err
-		}
-		rc.Manifest = sess.Manifest()
-		rc.Workdir = cfg.Sandbox.Workdir
-		if cfg.Sandbox.OnSession != nil {
-			if err := cfg.Sandbox.OnSession(ctx, sess); err != nil {
-				if owned {
-					_, cerr := r.cleanup(ctx, sess, cfg.Sandbox)
-					err = errors.Join(err, cerr)
-				}
-				return nil, fmt.Errorf("sandbox session hook: %w", err)
-			}
-		}
-		if owned {
-			defer func() {
-				st, cerr := r.cleanup(ctx, sess, cfg.Sandbox)
-				res.SessionState = st
-				if cerr != nil {
-					err = errors.Join(err, fmt.Errorf("sandbox cleanup: %w", cerr))
-				}
-			}()
-		} else {
-			defer func() {
-				if st, serr := sess.State(); serr == nil {
-					res.SessionState = st
-				}
-			}()
-		}
-	}
-
-	env := capability.Env{HasSession: sess != nil, Model: r.modelName(a)}
-	tools := slices.Clone(a.Tools)
-	for _, c := range caps {
-		tools = append(tools, c.Tools(env)...)
-	}
-	byName := map[string]tool.Tool{}
-	defs := make([]model.Tool, 0, len(tools))
-	for _, t := range tools {
-		d := t.Definition()
-		if _, dup := byName[d.Name]; dup {
-			return res, fmt.Errorf("agent %q: two tools are named %q", a.Name, d.Name)
-		}
-		byName[d.Name] = t
-		defs = append(defs, d)
-	}
-	if err := checkRequirements(caps); err != nil {
-		return res, fmt.Errorf("agent %q: %w", a.Name, err)
-	}
-	instructions, err := buildInstructions(ctx, rc, caps, env)
-	if err != nil {
-		return res, err
-	}
-	info := capability.RunInfo{Session: sess, Model: m, ModelName: r.modelName(a), RunAs: a.RunAs, Log: log}
-	if sess != nil {
-		info.Agent = sess.Agent()
-	}
-	if cfg.Sandbox != nil {
-		info.Workdir = cfg.Sandbox.Workdir
-	}
-	for _, c := range caps {
-		if st, ok := c.(capability.RunStarter); ok {
-			info.Items = items
-			extra, err := st.OnRunStart(ctx, info)
-			if err != nil {
-				return res, fmt.Errorf("capability %s: %w", c.Name(), err)
-			}
-			if extra = strings.TrimSpace(extra); extra != "" {
-				instructions += "\n\n" + extra
-			}
-		}
-	}
-	res.Items = slices.Clone(items)
-	for turn := 1; turn <= maxTurns; turn++ {
+	for {
 		if err := ctx.Err(); err != nil {
-			return res, err
+			return false, err
 		}
-		res.Turns = turn
-		if a.Hooks.OnTurn != nil {
-			a.Hooks.OnTurn(ctx, rc, turn)
-		}
-		emit(Event{Kind: EventTurnStarted, Agent: a.Name, Turn: turn})
-		input := res.Items
-		for _, c := range caps {
-			if f, ok := c.(capability.InputFilter); ok {
-				input = f.FilterInput(input)
-			}
-		}
-		req := &model.Request{Model: r.modelName(a), Instructions: instructions, Input: input, Tools: defs,
-			Output: a.Output, Reasoning: a.Reasoning, Settings: a.Settings}
-		for _, c := range caps {
-			if adj, ok := c.(capability.RequestAdjuster); ok {
-				adj.AdjustRequest(req)
-			}
-		}
-		resp, err := r.call(ctx, m, req, a, emit)
+		slot, err := l.slot(ctx, l.byKey[l.st.Agent])
 		if err != nil {
-			return res, fmt.Errorf("turn %d: %w", turn, err)
+			return false, err
 		}
-		res.Usage.Add(resp.Usage)
-		res.Items = append(res.Items, resp.Output...)
+		// Decisions first: a resumed run applies them before the next turn.
+		if len(l.st.Pending) > 0 {
+			if und := l.st.Undecided(); len(und) > 0 {
+				res.Interruptions = und
+				return true, nil
+			}
+			if err := l.applyDecisions(ctx); err != nil {
+				return false, err
+			}
+			continue
+		}
+		if l.st.Turn >= maxTurns {
+			return false, fmt.Errorf("agent %q: %w (%d)", slot.a.Name, ErrMaxTurns, maxTurns)
+		}
+		l.st.Turn++
+		turn := l.st.Turn
+		a := slot.a
+		if a.Hooks.OnTurn != nil {
+			a.Hooks.OnTurn(ctx, slot.rc, turn)
+		}
+		l.emit(Event{Kind: EventTurnStarted, Agent: slot.key, Turn: turn})
+		resp, err := l.callModel(ctx, slot)
+		if err != nil {
+			return false, fmt.Errorf("turn %d: %w", turn, err)
+		}
+		l.st.Usage.Add(resp.Usage)
+		l.st.Items = append(l.st.Items, resp.Output...)
 		calls := resp.ToolCalls()
 		if len(calls) == 0 {
 			res.FinalOutput = resp.Text()
 			if a.Output != nil && !json.Valid([]byte(res.FinalOutput)) {
-				return res, fmt.Errorf("turn %d: the structured output is not valid JSON", turn)
+				return false, fmt.Errorf("turn %d: the structured output is not valid JSON", turn)
 			}
-			for _, c := range caps {
+			for _, c := range slot.caps {
 				if en, ok := c.(capability.RunEnder); ok {
-					info.Items, info.FinalOutput = res.Items, res.FinalOutput
+					info := slot.info
+					info.Items, info.FinalOutput = l.st.Items, res.FinalOutput
 					if err := en.OnRunEnd(ctx, info); err != nil {
-						return res, fmt.Errorf("capability %s at the end of the run: %w", c.Name(), err)
+						return false, fmt.Errorf("capability %s at the end of the run: %w", c.Name(), err)
 					}
 				}
 			}
-			emit(Event{Kind: EventFinalOutput, Agent: a.Name, Text: res.FinalOutput})
-			return res, nil
+			l.emit(Event{Kind: EventFinalOutput, Agent: slot.key, Text: res.FinalOutput})
+			return false, nil
 		}
+		var next *Agent
 		for _, c := range calls {
-			out, err := r.callTool(ctx, rc, byName, c, sess, cfg, a, emit, log)
-			if err != nil {
-				return res, fmt.Errorf("turn %d: tool %s: %w", turn, c.Name, err)
+			call := toolCallOf(c)
+			if target, ok := slot.handoff[c.Name]; ok {
+				l.emit(Event{Kind: EventToolCall, Agent: slot.key, Call: &call})
+				if next == nil {
+					next = target
+				}
+				out := fmt.Sprintf(`{"assistant": %q}`, target.Name)
+				l.emit(Event{Kind: EventToolResult, Agent: slot.key, Call: &call, Result: &ToolOut{Output: out}})
+				l.st.Items = append(l.st.Items, outputItem(c, tool.Result{Output: out}))
+				continue
 			}
-			res.Items = append(res.Items, out)
+			need, err := l.needsApproval(ctx, slot, call)
+			if err != nil {
+				return false, fmt.Errorf("turn %d: approval policy of %s: %w", turn, c.Name, err)
+			}
+			if need {
+				l.st.Pending = append(l.st.Pending, &PendingCall{Call: call, Agent: slot.key})
+				continue
+			}
+			out, err := l.callTool(ctx, slot, call)
+			if err != nil {
+				return false, fmt.Errorf("turn %d: tool %s: %w", turn, c.Name, err)
+			}
+			l.st.Items = append(l.st.Items, out)
+		}
+		if len(l.st.Pending) > 0 {
+			// Handoffs wait until the decisions are applied.
+			if next != nil {
+				l.st.Agent = l.keys[next]
+			}
+			res.Interruptions = l.st.Undecided()
+			return true, nil
+		}
+		if next != nil {
+			l.log.Info("handoff", zap.String("from", slot.key), zap.String("to", l.keys[next]))
+			l.st.Agent = l.keys[next]
 		}
 	}
-	return res, fmt.Errorf("agent %q: %w (%d)", a.Name, ErrMaxTurns, maxTurns)
+}
+
+// applyDecisions runs the approved pending calls and answers the rejected
+// ones, in the original order.
+func (l *runLoop) applyDecisions(ctx context.Context) error {
+	pending := l.st.Pending
+	for _, p := range pending {
+		slot, err := l.slot(ctx, l.byKey[p.Agent])
+		if err != nil {
+			return err
+		}
+		c := p.Call
+		if !p.Decision.Approved {
+			msg := p.Decision.Message
+			if msg == "" {
+				msg = DefaultRejection
+			}
+			res := tool.Result{Output: msg, IsError: true}
+			l.emit(Event{Kind: EventToolResult, Agent: slot.key, Call: &c, Result: toolOut(res)})
+			l.st.Items = append(l.st.Items, outputItem(modelCall(c), res))
+			continue
+		}
+		out, err := l.callTool(ctx, slot, c)
+		if err != nil {
+			return fmt.Errorf("approved tool %s: %w", c.Name, err)
+		}
+		l.st.Items = append(l.st.Items, out)
+	}
+	l.st.Pending = nil
+	return nil
+}
+
+// needsApproval applies the agent's policy for the call's tool.
+func (l *runLoop) needsApproval(ctx context.Context, slot *agentSlot, call ToolCall) (bool, error) {
+	policy := slot.a.Approvals[call.Name]
+	if policy == nil {
+		return false, nil
+	}
+	return policy(ctx, call)
+}
+
+// callModel runs one model call for the slot's agent.
+func (l *runLoop) callModel(ctx context.Context, slot *agentSlot) (*model.Response, error) {
+	a := slot.a
+	m := a.Model
+	if m == nil {
+		m = l.r.Model
+	}
+	if m == nil {
+		return nil, fmt.Errorf("agent %q has no model and the runner has none", a.Name)
+	}
+	input := l.st.Items
+	for _, c := range slot.caps {
+		if f, ok := c.(capability.InputFilter); ok {
+			input = f.FilterInput(input)
+		}
+	}
+	req := &model.Request{Model: l.r.modelName(a), Instructions: slot.instr, Input: input, Tools: slot.defs,
+		Output: a.Output, Reasoning: a.Reasoning, Settings: a.Settings}
+	for _, c := range slot.caps {
+		if adj, ok := c.(capability.RequestAdjuster); ok {
+			adj.AdjustRequest(req)
+		}
+	}
+	for ev, err := range m.Stream(ctx, req) {
+		if err != nil {
+			return nil, err
+		}
+		switch ev.Kind {
+		case model.EventTextDelta:
+			l.emit(Event{Kind: EventTextDelta, Agent: slot.key, Text: ev.Delta})
+		case model.EventReset:
+			l.emit(Event{Kind: EventModelReset, Agent: slot.key})
+		case model.EventCompleted:
+			return ev.Response, nil
+		}
+	}
+	return nil, errors.New("the model stream ended without a response")
+}
+
+// toolCallOf describes a model's tool call item.
+func toolCallOf(c model.Item) ToolCall {
+	call := ToolCall{ID: c.CallID, Name: c.Name, Kind: model.ToolFunction, Input: c.Arguments}
+	if c.Kind == model.ItemCustomToolCall {
+		call.Kind, call.Input = model.ToolCustom, c.Input
+	}
+	return call
+}
+
+// modelCall is the inverse of toolCallOf, enough to build its output item.
+func modelCall(c ToolCall) model.Item {
+	if c.Kind == model.ToolCustom {
+		return model.Item{Kind: model.ItemCustomToolCall, CallID: c.ID, Name: c.Name, Input: c.Input}
+	}
+	return model.Item{Kind: model.ItemFunctionCall, CallID: c.ID, Name: c.Name, Arguments: c.Input}
+}
+
+// outputItem is the conversation item answering call c with res.
+func outputItem(c model.Item, res tool.Result) model.Item {
+	out := model.Item{Kind: model.ItemFunctionCallOutput, CallID: c.CallID, Output: res.Output}
+	if c.Kind == model.ItemCustomToolCall {
+		out.Kind = model.ItemCustomToolCallOutput
+	}
+	if len(res.Images) > 0 {
+		out.Content = append([]model.Content{model.TextContent(res.Output)}, res.Images...)
+	}
+	return out
+}
+
+// callTool runs one tool call and returns its output item. Unknown tools
+// and tool-level failures become outputs the model sees; only harness
+// failures (a lost sandbox, cancellation) end the run.
+func (l *runLoop) callTool(ctx context.Context, slot *agentSlot, call ToolCall) (model.Item, error) {
+	a := slot.a
+	l.emit(Event{Kind: EventToolCall, Agent: slot.key, Call: &call})
+	if a.Hooks.OnToolCall != nil {
+		a.Hooks.OnToolCall(ctx, slot.rc, call)
+	}
+	var result tool.Result
+	t, ok := slot.tools[call.Name]
+	if !ok {
+		result = tool.Result{Output: fmt.Sprintf("There is no tool named %q.", call.Name), IsError: true}
+	} else {
+		tc := tool.Context{Session: slot.sess, RunAs: l.runAs(a), CallID: call.ID, Log: l.log.With(zap.String("tool", call.Name)),
+			Emit: func(p tool.Progress) { l.emit(Event{Kind: EventToolOutput, Agent: slot.key, Call: &call, Output: p.Output}) }}
+		if slot.sess != nil {
+			tc.Agent = slot.sess.Agent()
+		}
+		if l.cfg.Sandbox != nil {
+			tc.Workdir = l.cfg.Sandbox.Workdir
+		}
+		var err error
+		result, err = t.Call(ctx, tc, call.Input)
+		if err != nil {
+			return model.Item{}, err
+		}
+	}
+	if a.Hooks.OnToolResult != nil {
+		a.Hooks.OnToolResult(ctx, slot.rc, call, result)
+	}
+	l.emit(Event{Kind: EventToolResult, Agent: slot.key, Call: &call, Result: toolOut(result)})
+	return outputItem(modelCall(call), result), nil
+}
+
+// slot prepares an agent for its turns: capabilities cloned for this run,
+// its sandbox session resolved, tools and instructions built.
+func (l *runLoop) slot(ctx context.Context, a *Agent) (*agentSlot, error) {
+	key := l.keys[a]
+	if s := l.slots[key]; s != nil && s.ready {
+		return s, nil
+	}
+	s := &agentSlot{a: a, key: key, rc: &RunContext{Agent: a}}
+	l.slots[key] = s
+	sandbox := l.cfg.Sandbox != nil && !a.NoSandbox
+	if sandbox {
+		for _, c := range a.capabilities() {
+			s.caps = append(s.caps, c.Clone())
+		}
+		if err := checkRequirements(s.caps); err != nil {
+			return nil, fmt.Errorf("agent %q: %w", a.Name, err)
+		}
+		sess, owned, err := l.session(ctx, a, key, s.caps)
+		if err != nil {
+			return nil, err
+		}
+		s.sess, s.owned = sess, owned
+		s.rc.Manifest = sess.Manifest()
+		s.rc.Workdir = l.cfg.Sandbox.Workdir
+		if l.cfg.Sandbox.OnSession != nil && owned {
+			if err := l.cfg.Sandbox.OnSession(ctx, sess); err != nil {
+				return nil, fmt.Errorf("sandbox session hook: %w", err)
+			}
+		}
+	}
+	env := capability.Env{HasSession: s.sess != nil, Model: l.r.modelName(a)}
+	tools := slices.Clone(a.Tools)
+	for _, c := range s.caps {
+		tools = append(tools, c.Tools(env)...)
+	}
+	s.tools = map[string]tool.Tool{}
+	for _, t := range tools {
+		d := t.Definition()
+		if _, dup := s.tools[d.Name]; dup {
+			return nil, fmt.Errorf("agent %q: two tools are named %q", a.Name, d.Name)
+		}
+		s.tools[d.Name] = t
+		s.defs = append(s.defs, d)
+	}
+	s.handoff = map[string]*Agent{}
+	for _, h := range a.Handoffs {
+		def := handoffTool(h)
+		if _, dup := s.tools[def.Name]; dup || s.handoff[def.Name] != nil {
+			return nil, fmt.Errorf("agent %q: two tools are named %q", a.Name, def.Name)
+		}
+		s.handoff[def.Name] = h
+		s.defs = append(s.defs, def)
+	}
+	instr, err := buildInstructions(ctx, s.rc, s.caps, env)
+	if err != nil {
+		return nil, err
+	}
+	s.info = capability.RunInfo{Session: s.sess, Model: a.Model, ModelName: l.r.modelName(a), RunAs: l.runAs(a), Log: l.log}
+	if s.info.Model == nil {
+		s.info.Model = l.r.Model
+	}
+	if s.sess != nil {
+		s.info.Agent = s.sess.Agent()
+		s.info.Workdir = l.cfg.Sandbox.Workdir
+	}
+	for _, c := range s.caps {
+		if rs, ok := c.(capability.RunStarter); ok {
+			info := s.info
+			info.Items = l.st.Items
+			extra, err := rs.OnRunStart(ctx, info)
+			if err != nil {
+				return nil, fmt.Errorf("capability %s: %w", c.Name(), err)
+			}
+			if extra = strings.TrimSpace(extra); extra != "" {
+				instr += "\n\n" + extra
+			}
+		}
+	}
+	s.instr = instr
+	s.ready = true
+	return s, nil
+}
+
+// handoffTool is the tool that hands the conversation to target.
+func handoffTool(target *Agent) model.Tool {
+	desc := "Hand the conversation over to " + target.Name + "."
+	if target.HandoffDescription != "" {
+		desc += " " + target.HandoffDescription
+	}
+	return model.FunctionTool("transfer_to_"+toolName(target.Name), desc,
+		json.RawMessage(`{"type":"object","properties":{},"additionalProperties":false}`), true)
+}
+
+// toolName turns an agent name into a tool-name-safe string.
+func toolName(s string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(s) {
+		switch {
+		case r >= 'a' && r <= 'z', r >= '0' && r <= '9', r == '_', r == '-':
+			b.WriteRune(r)
+		default:
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// runAs is the account an agent's tools run as in this run.
+func (l *runLoop) runAs(a *Agent) string {
+	if l.cfg.Sandbox != nil && l.cfg.Sandbox.RunAs != "" {
+		return l.cfg.Sandbox.RunAs
+	}
+	return a.RunAs
 }
 
 // checkRequirements fails when a capability requires one that is absent.
@@ -308,73 +630,12 @@ func (r *Runner) modelName(a *Agent) string {
 	return r.ModelName
 }
 
-// call runs one model call, forwarding text deltas.
-func (r *Runner) call(ctx context.Context, m model.Model, req *model.Request, a *Agent, emit func(Event)) (*model.Response, error) {
-	for ev, err := range m.Stream(ctx, req) {
-		if err != nil {
-			return nil, err
-		}
-		switch ev.Kind {
-		case model.EventTextDelta:
-			emit(Event{Kind: EventTextDelta, Agent: a.Name, Text: ev.Delta})
-		case model.EventReset:
-			emit(Event{Kind: EventModelReset, Agent: a.Name})
-		case model.EventCompleted:
-			return ev.Response, nil
-		}
-	}
-	return nil, errors.New("the model stream ended without a response")
-}
-
-// callTool runs one tool call and returns its output item. Unknown tools
-// and tool-level failures become outputs the model sees; only harness
-// failures (a lost sandbox, cancellation) end the run.
-func (r *Runner) callTool(ctx context.Context, rc *RunContext, byName map[string]tool.Tool, c model.Item, sess *compute.Session,
-	cfg RunConfig, a *Agent, emit func(Event), log *zap.Logger) (model.Item, error) {
-	call := ToolCall{ID: c.CallID, Name: c.Name, Kind: model.ToolFunction, Input: c.Arguments}
-	if c.Kind == model.ItemCustomToolCall {
-		call.Kind, call.Input = model.ToolCustom, c.Input
-	}
-	emit(Event{Kind: EventToolCall, Agent: a.Name, Call: &call})
-	if a.Hooks.OnToolCall != nil {
-		a.Hooks.OnToolCall(ctx, rc, call)
-	}
-	var result tool.Result
-	t, ok := byName[c.Name]
-	if !ok {
-		result = tool.Result{Output: fmt.Sprintf("There is no tool named %q.", c.Name), IsError: true}
-	} else {
-		tc := tool.Context{Session: sess, RunAs: a.RunAs, CallID: c.CallID, Log: log.With(zap.String("tool", c.Name)),
-			Emit: func(p tool.Progress) { emit(Event{Kind: EventToolOutput, Agent: a.Name, Call: &call, Output: p.Output}) }}
-		if sess != nil {
-			tc.Agent = sess.Agent()
-		}
-		if cfg.Sandbox != nil {
-			tc.Workdir = cfg.Sandbox.Workdir
-		}
-		var err error
-		result, err = t.Call(ctx, tc, call.Input)
-		if err != nil {
-			return model.Item{}, err
-		}
-	}
-	if a.Hooks.OnToolResult != nil {
-		a.Hooks.OnToolResult(ctx, rc, call, result)
-	}
-	emit(Event{Kind: EventToolResult, Agent: a.Name, Call: &call, Result: toolOut(result)})
-	out := model.Item{Kind: model.ItemFunctionCallOutput, CallID: c.CallID, Output: result.Output}
-	if c.Kind == model.ItemCustomToolCall {
-		out.Kind = model.ItemCustomToolCallOutput
-	}
-	if len(result.Images) > 0 {
-		out.Content = append([]model.Content{model.TextContent(result.Output)}, result.Images...)
-	}
-	return out, nil
-}
-
-// session resolves the run's sandbox session (see SandboxConfig) and
-// reports whether the runner owns it.
-func (r *Runner) session(ctx context.Context, a *Agent, sc *SandboxConfig, caps []capability.Capability) (*compute.Session, bool, error) {
+// session resolves an agent's sandbox session (see SandboxConfig) and
+// reports whether the runner owns it: an injected live session, then the
+// session recorded for this agent in the run state, then an explicit
+// session state (for the run's first agent), then a fresh session.
+func (l *runLoop) session(ctx context.Context, a *Agent, key string, caps []capability.Capability) (*compute.Session, bool, error) {
+	sc := l.cfg.Sandbox
 	if sc.Session != nil {
 		return sc.Session, false, nil
 	}
@@ -385,18 +646,22 @@ func (r *Runner) session(ctx context.Context, a *Agent, sc *SandboxConfig, caps 
 		sess *compute.Session
 		err  error
 	)
-	if sc.SessionState != nil {
+	state := l.st.Sessions[key]
+	if state == nil && sc.SessionState != nil && len(l.slots) == 1 {
+		state = sc.SessionState
+	}
+	if state != nil {
 		var opts []compute.ResumeOption
 		if sc.TrustedManifest != nil {
 			opts = append(opts, compute.WithTrustedManifest(sc.TrustedManifest))
 		}
-		if sess, err = sc.Client.Resume(ctx, sc.SessionState, opts...); err != nil {
+		if sess, err = sc.Client.Resume(ctx, state, opts...); err != nil {
 			return nil, false, err
 		}
 	} else {
-		m := sc.Manifest
-		if m == nil {
-			m = a.DefaultManifest
+		m := a.DefaultManifest
+		if sc.Manifest != nil && len(l.slots) == 1 {
+			m = sc.Manifest
 		}
 		if m == nil {
 			m = &manifest.Manifest{}
@@ -406,14 +671,14 @@ func (r *Runner) session(ctx context.Context, a *Agent, sc *SandboxConfig, caps 
 				return nil, false, fmt.Errorf("capability %s: %w", c.Name(), err)
 			}
 		}
-		m = withRunAs(m, a.RunAs)
+		m = withRunAs(m, l.runAs(a))
 		sess, err = sc.Client.Create(ctx, compute.CreateOptions{Manifest: m, SnapshotID: sc.SnapshotID, ProviderOptions: sc.ProviderOptions})
 		if err != nil {
 			return nil, false, err
 		}
 	}
 	if err := sess.Start(ctx); err != nil {
-		cctx, cancel := r.cleanupContext(ctx)
+		cctx, cancel := l.r.cleanupContext(ctx)
 		defer cancel()
 		return nil, false, errors.Join(err, sc.Client.Delete(cctx, sess))
 	}
@@ -447,17 +712,56 @@ func (r *Runner) cleanupContext(ctx context.Context) (context.Context, context.C
 	return context.WithTimeout(context.WithoutCancel(ctx), d)
 }
 
-// cleanup ends a runner-owned session: persist it, then either release it
-// (KeepSession) or close and delete it. It runs even when ctx is done.
-func (r *Runner) cleanup(ctx context.Context, sess *compute.Session, sc *SandboxConfig) (*compute.State, error) {
-	cctx, cancel := r.cleanupContext(ctx)
+// finish releases what the run holds: capabilities are closed; runner-owned
+// sessions are persisted and released when the run is interrupted (or
+// KeepSession is set), and closed and deleted otherwise. It runs even when
+// ctx is done, and records the sessions' states.
+func (l *runLoop) finish(ctx context.Context, interrupted bool) error {
+	cctx, cancel := l.r.cleanupContext(ctx)
 	defer cancel()
-	if sc.KeepSession {
-		err := sess.Stop(cctx)
-		st, serr := sess.State()
-		return st, errors.Join(err, serr, sess.Release())
+	var errs []error
+	keys := make([]string, 0, len(l.slots))
+	for k := range l.slots {
+		keys = append(keys, k)
 	}
-	err := sess.Close(cctx)
-	st, serr := sess.State()
-	return st, errors.Join(err, serr, sc.Client.Delete(cctx, sess))
+	slices.Sort(keys)
+	for _, k := range keys {
+		s := l.slots[k]
+		for _, c := range s.caps {
+			if cl, ok := c.(capability.Closer); ok {
+				if err := cl.Close(); err != nil {
+					l.log.Warn("closing capability", zap.String("capability", c.Name()), zap.Error(err))
+				}
+			}
+		}
+		if s.sess == nil {
+			continue
+		}
+		var st *compute.State
+		switch {
+		case !s.owned:
+			st, _ = s.sess.State()
+		case interrupted || l.cfg.Sandbox.KeepSession:
+			err := s.sess.Stop(cctx)
+			var serr error
+			st, serr = s.sess.State()
+			errs = append(errs, err, serr, s.sess.Release())
+			if st != nil {
+				if l.st.Sessions == nil {
+					l.st.Sessions = map[string]*compute.State{}
+				}
+				l.st.Sessions[k] = st
+			}
+		default:
+			err := s.sess.Close(cctx)
+			var serr error
+			st, serr = s.sess.State()
+			errs = append(errs, err, serr, l.cfg.Sandbox.Client.Delete(cctx, s.sess))
+			delete(l.st.Sessions, k)
+		}
+		if k == l.st.Agent || l.result.SessionState == nil {
+			l.result.SessionState = st
+		}
+	}
+	return errors.Join(errs...)
 }
