@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -43,6 +45,13 @@ type runFlags struct {
 	export           string
 	instructions     string
 	keep             bool
+	approvalFor      []string
+	allowCommands    []string
+	interactive      bool
+	resume           string
+	approve          []string
+	reject           []string
+	approveAll       bool
 }
 
 func newRunCmd(g *globals) *cobra.Command {
@@ -56,8 +65,20 @@ final output is printed last. The exit status is non-zero when the run fails.
 
 --replay FILE replays a recorded model session instead of calling a model (offline, labelled as a
 replay); --replay-without-key FILE does so only when $OPENAI_API_KEY is not set.`,
-		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return runTask(cmd, g, f, args[0]) },
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			switch {
+			case f.resume == "" && len(args) != 1:
+				return errors.New("give the task as the one argument (or --resume a stopped run)")
+			case f.resume != "" && len(args) != 0:
+				return errors.New("a resumed run takes no task argument")
+			}
+			task := ""
+			if len(args) == 1 {
+				task = args[0]
+			}
+			return runTask(cmd, g, f, task)
+		},
 	}
 	fl := cmd.Flags()
 	fl.StringVarP(&f.manifest, "manifest", "m", "", "workspace manifest (YAML or JSON); host sources are read relative to its directory")
@@ -71,6 +92,13 @@ replay); --replay-without-key FILE does so only when $OPENAI_API_KEY is not set.
 	fl.StringVar(&f.export, "export", "", "copy the final workspace into this local directory (created; must be empty)")
 	fl.StringVar(&f.instructions, "instructions", "", "the agent's instructions (default: a coding-task prompt)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the sandbox after the run and print its session state file")
+	fl.StringArrayVar(&f.approvalFor, "approval-for", nil, "tool whose calls need approval (repeatable), e.g. exec_command")
+	fl.StringArrayVar(&f.allowCommands, "allow-command", nil, "exec_command needs approval unless the whole command matches this regexp (repeatable)")
+	fl.BoolVar(&f.interactive, "interactive", false, "ask on the terminal for approvals instead of stopping the run")
+	fl.StringVar(&f.resume, "resume", "", "resume the stopped run saved in this file (use the same --manifest and approval flags)")
+	fl.StringArrayVar(&f.approve, "approve", nil, "with --resume: approve this tool call id (repeatable)")
+	fl.StringArrayVar(&f.reject, "reject", nil, "with --resume: reject this tool call id, optionally ID=message for the model (repeatable)")
+	fl.BoolVar(&f.approveAll, "approve-all", false, "with --resume: approve every pending call")
 	return cmd
 }
 
@@ -95,7 +123,29 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 		}
 		baseDir = abs
 	}
-	mdl, label, closeModel, err := chooseModel(f, g)
+	var resumed *harness.RunState
+	if f.resume != "" {
+		data, err := os.ReadFile(f.resume)
+		if err != nil {
+			return fmt.Errorf("resume: %w", err)
+		}
+		if resumed, err = harness.DecodeRunState(data); err != nil {
+			return err
+		}
+		if err := applyDecisionFlags(f, resumed); err != nil {
+			return err
+		}
+		if f.interactive && len(resumed.Undecided()) > 0 {
+			if err := askDecisions(cmd, resumed); err != nil {
+				return err
+			}
+		}
+	}
+	skip := 0
+	if resumed != nil {
+		skip = resumed.Turn
+	}
+	mdl, label, closeModel, err := chooseModel(f, g, skip)
 	if err != nil {
 		return err
 	}
@@ -131,13 +181,48 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 			return nil
 		}
 	}
-	r := &harness.Runner{Model: mdl, ModelName: modelName, Log: g.logger()}
-	stream := r.RunStreamed(ctx, agent, task, harness.RunConfig{MaxTurns: f.maxTurns, Sandbox: sc})
-	p := &printer{w: out, json: f.json}
-	for ev := range stream.Events() {
-		p.event(ev)
+	agent.Approvals, err = approvalPolicies(f)
+	if err != nil {
+		return err
 	}
-	res, runErr := stream.Wait()
+	r := &harness.Runner{Model: mdl, ModelName: modelName, Log: g.logger()}
+	cfg := harness.RunConfig{MaxTurns: f.maxTurns, Sandbox: sc}
+	p := &printer{w: out, json: f.json}
+	var stream *harness.Stream
+	if resumed != nil {
+		sc.TrustedManifest = m
+		stream = r.ResumeStreamed(ctx, agent, resumed, cfg)
+	} else {
+		stream = r.RunStreamed(ctx, agent, task, cfg)
+	}
+	var res *harness.Result
+	var runErr error
+	for {
+		for ev := range stream.Events() {
+			p.event(ev)
+		}
+		res, runErr = stream.Wait()
+		if runErr != nil || res == nil || len(res.Interruptions) == 0 {
+			break
+		}
+		if !f.interactive {
+			path, err := saveRunState(g, res.State)
+			if err != nil {
+				return err
+			}
+			p.endText()
+			fmt.Fprintf(cmd.ErrOrStderr(), "\nThe run stopped: %d tool call(s) need approval:\n", len(res.Interruptions))
+			for _, pc := range res.Interruptions {
+				fmt.Fprintf(cmd.ErrOrStderr(), "  %s  %s\n", pc.Call.ID, describeCall(&pc.Call))
+			}
+			fmt.Fprintf(cmd.ErrOrStderr(), "Resume with: harness run --resume %s [--approve ID | --reject ID=reason | --approve-all] (and the same --manifest)\n", path)
+			return exitError{code: 3}
+		}
+		if err := askDecisions(cmd, res.State); err != nil {
+			return err
+		}
+		stream = r.ResumeStreamed(ctx, agent, res.State, cfg)
+	}
 	if f.keep && res != nil && res.SessionState != nil {
 		if path, err := saveState(g, res.SessionState); err == nil {
 			fmt.Fprintf(cmd.ErrOrStderr(), "sandbox kept: %s (state in %s)\n", res.SessionState.SessionID, path)
@@ -154,7 +239,7 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 
 // chooseModel returns the OpenAI model, or a replay of a recording with a
 // label saying so.
-func chooseModel(f *runFlags, g *globals) (model.Model, string, func(), error) {
+func chooseModel(f *runFlags, g *globals, skipTurns int) (model.Model, string, func(), error) {
 	rec := f.replay
 	label := ""
 	if rec == "" && f.replayWithoutKey != "" && os.Getenv("OPENAI_API_KEY") == "" {
@@ -166,7 +251,12 @@ func chooseModel(f *runFlags, g *globals) (model.Model, string, func(), error) {
 		if err != nil {
 			return nil, "", nil, err
 		}
-		srv := responsestest.NewServer(r.ScriptTurns()...)
+		turns := r.ScriptTurns()
+		if skipTurns > len(turns) {
+			return nil, "", nil, fmt.Errorf("the recording %s has %d turns; the resumed run already made %d", rec, len(turns), skipTurns)
+		}
+		// A resumed run continues the recording where the run stopped.
+		srv := responsestest.NewServer(turns[skipTurns:]...)
 		m, err := model.NewOpenAI(model.Config{APIKey: "replay", BaseURL: srv.URL(), Logger: g.logger(), Retry: model.RetryPolicy{MaxAttempts: 1}})
 		if err != nil {
 			srv.Close()
@@ -331,4 +421,93 @@ func saveState(g *globals, st *compute.State) (string, error) {
 		return "", fmt.Errorf("save session state: %w", err)
 	}
 	return p, nil
+}
+
+// approvalPolicies builds the agent's approval policies from the flags.
+func approvalPolicies(f *runFlags) (map[string]harness.ApprovalPolicy, error) {
+	out := map[string]harness.ApprovalPolicy{}
+	for _, name := range f.approvalFor {
+		out[name] = harness.AlwaysApprove()
+	}
+	if len(f.allowCommands) > 0 {
+		var res []*regexp.Regexp
+		for _, s := range f.allowCommands {
+			re, err := regexp.Compile(s)
+			if err != nil {
+				return nil, fmt.Errorf("--allow-command %q: %w", s, err)
+			}
+			res = append(res, re)
+		}
+		if _, always := out["exec_command"]; !always {
+			out["exec_command"] = harness.CommandsOutside(res...)
+		}
+	}
+	return out, nil
+}
+
+// applyDecisionFlags records --approve, --reject and --approve-all.
+func applyDecisionFlags(f *runFlags, st *harness.RunState) error {
+	for _, id := range f.approve {
+		if err := st.Approve(id); err != nil {
+			return err
+		}
+	}
+	for _, r := range f.reject {
+		id, msg, _ := strings.Cut(r, "=")
+		if err := st.Reject(id, msg); err != nil {
+			return err
+		}
+	}
+	if f.approveAll {
+		for _, p := range st.Undecided() {
+			if err := st.Approve(p.Call.ID); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// askDecisions asks on the command's input for each undecided call:
+// y approves, anything else rejects (a longer answer is the message the
+// model sees).
+func askDecisions(cmd *cobra.Command, st *harness.RunState) error {
+	in := bufio.NewReader(cmd.InOrStdin())
+	for _, p := range st.Undecided() {
+		fmt.Fprintf(cmd.ErrOrStderr(), "\nApprove %s? [y/N or a reason to refuse] ", describeCall(&p.Call))
+		line, err := in.ReadString('\n')
+		if err != nil && line == "" {
+			return fmt.Errorf("approval of %s: no answer (%v)", p.Call.ID, err)
+		}
+		switch ans := strings.TrimSpace(line); strings.ToLower(ans) {
+		case "y", "yes":
+			_ = st.Approve(p.Call.ID)
+		case "", "n", "no":
+			_ = st.Reject(p.Call.ID, "")
+		default:
+			_ = st.Reject(p.Call.ID, ans)
+		}
+	}
+	return nil
+}
+
+// saveRunState writes a stopped run's state under the state directory.
+func saveRunState(g *globals, st *harness.RunState) (string, error) {
+	dir, err := g.dir("runs")
+	if err != nil {
+		return "", err
+	}
+	data, err := st.Encode()
+	if err != nil {
+		return "", err
+	}
+	f, err := os.CreateTemp(dir, "run-*.json")
+	if err != nil {
+		return "", fmt.Errorf("save run state: %w", err)
+	}
+	defer f.Close()
+	if _, err := f.Write(data); err != nil {
+		return "", fmt.Errorf("save run state: %w", err)
+	}
+	return f.Name(), f.Close()
 }

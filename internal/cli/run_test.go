@@ -144,3 +144,79 @@ func TestRunJSONAndFailures(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
 }
+
+// TestRunStopsForApprovalAndResumes is the approval flow across processes:
+// the run stops before apply_patch with exit code 3 and a saved RunState;
+// a second invocation approves the call and finishes the task.
+func TestRunStopsForApprovalAndResumes(t *testing.T) {
+	bin, err := runAgentd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	state, export := t.TempDir(), filepath.Join(t.TempDir(), "ws")
+	example := repoFile(t, "examples/coding-task")
+	common := []string{"--state-dir", state, "--agentd", bin, "--isolation", "none",
+		"--manifest", filepath.Join(example, "manifest.yaml"), "--replay", filepath.Join(example, "replay.json"),
+		"--approval-for", "apply_patch"}
+	out, errOut, code := runCLI(t, append([]string{"run"}, append(common, "fix the bug")...)...)
+	if code != 3 {
+		t.Fatalf("exit %d, want 3 (stopped for approval)\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(errOut, "call_4  apply_patch: update repo/lib/credit_note.sh") {
+		t.Fatalf("stderr lacks the pending call:\n%s", errOut)
+	}
+	i := strings.Index(errOut, "--resume ")
+	if i < 0 {
+		t.Fatalf("no resume hint:\n%s", errOut)
+	}
+	statePath := strings.Fields(errOut[i+len("--resume "):])[0]
+	// The sandbox stays alive (persisted) while the run waits.
+	if entries, _ := os.ReadDir(filepath.Join(state, "local")); len(entries) != 1 {
+		t.Fatalf("sandboxes while waiting: %v", entries)
+	}
+	// A wrong id is refused and changes nothing.
+	if _, errOut, code := runCLI(t, append([]string{"run", "--resume", statePath, "--approve", "call_99"}, common...)...); code == 0 || !strings.Contains(errOut, "call_99") {
+		t.Fatalf("bad approve: exit %d %q", code, errOut)
+	}
+	out, errOut, code = runCLI(t, append([]string{"run", "--resume", statePath, "--approve", "call_4", "--export", export}, common...)...)
+	if code != 0 {
+		t.Fatalf("resume: exit %d\n%s\n%s", code, out, errOut)
+	}
+	if !strings.Contains(out, "all tests passed") || !strings.Contains(out, "== done: 6 turns") {
+		t.Fatalf("resumed output:\n%s", out)
+	}
+	fixed, _ := os.ReadFile(filepath.Join(export, "repo", "lib", "credit_note.sh"))
+	if !strings.Contains(string(fixed), "invoice - credit") {
+		t.Fatalf("not fixed:\n%s", fixed)
+	}
+	if entries, _ := os.ReadDir(filepath.Join(state, "local")); len(entries) != 0 {
+		t.Fatalf("sandboxes left after the run: %v", entries)
+	}
+}
+
+func TestRunAsksInteractively(t *testing.T) {
+	bin, err := runAgentd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	example := repoFile(t, "examples/coding-task")
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	var out, errb bytes.Buffer
+	// Refuse the patch with a reason: the model sees it, and the recorded
+	// session goes on (its test run then still fails, which the replay does
+	// not know about; what matters here is the decision's path).
+	code := Execute(ctx, []string{"run", "--state-dir", t.TempDir(), "--agentd", bin, "--isolation", "none",
+		"--manifest", filepath.Join(example, "manifest.yaml"), "--replay", filepath.Join(example, "replay.json"),
+		"--approval-for", "apply_patch", "--interactive", "fix"},
+		Streams{In: strings.NewReader("not like this\n"), Out: &out, Err: &errb})
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, out.String(), errb.String())
+	}
+	if !strings.Contains(errb.String(), "Approve apply_patch: update repo/lib/credit_note.sh?") {
+		t.Errorf("no prompt:\n%s", errb.String())
+	}
+	if !strings.Contains(out.String(), "not like this") || !strings.Contains(out.String(), "tests failed") {
+		t.Errorf("the rejection did not reach the run:\n%s", out.String())
+	}
+}
