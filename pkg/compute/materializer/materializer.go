@@ -34,8 +34,13 @@ type Options struct {
 	// Concurrency bounds git fetches and host directory walks running at
 	// once (default 4).
 	Concurrency int
-	// Owner owns the materialized entries; "" means the manifest's RunAs
-	// (the agent's account owns its workspace), or the daemon's identity.
+	// Owner owns the materialized entries that declare no group; "" means
+	// the manifest's RunAs (the agent's account owns its workspace), or the
+	// daemon's identity. Entries that declare a group are shared through
+	// it: they belong to the daemon's identity (root in a sandbox) and that
+	// group, so their group and other bits decide what accounts may do, and
+	// no account can change their mode (a read-only data room stays
+	// read-only).
 	Owner string
 	// Include, when set, selects the entries to apply (for example only
 	// the ephemeral ones after a restore); a directory not included is
@@ -215,13 +220,13 @@ func (b *builder) collect(m *manifest.Manifest) error {
 		case s.e.Type == manifest.TypeFile:
 			content := s.e.Content
 			b.add(&agentdv1.MaterializeEntry{Path: s.path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE,
-				Mode: mode, User: b.owner, Group: s.e.Group, Size: int64(len(content))},
+				Mode: mode, User: b.ownerOf(s.e), Group: s.e.Group, Size: int64(len(content))},
 				source{path: s.path, size: int64(len(content)), open: func() (io.ReadCloser, int64, error) {
 					return io.NopCloser(bytesReader(content)), int64(len(content)), nil
 				}})
 		case s.e.Type == manifest.TypeDir:
 			b.add(&agentdv1.MaterializeEntry{Path: s.path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY,
-				Mode: mode, User: b.owner, Group: s.e.Group})
+				Mode: mode, User: b.ownerOf(s.e), Group: s.e.Group})
 		case s.e.Type.IsMount():
 			b.log.Warn("mount entries are not mounted by this provider; skipped", zap.String("path", s.path), zap.String("type", string(s.e.Type)))
 			b.p.Skipped = append(b.p.Skipped, s.path)
@@ -230,7 +235,7 @@ func (b *builder) collect(m *manifest.Manifest) error {
 				// The manifest entry's owner, group and permissions apply to
 				// its root; what lies below keeps the host's mode bits.
 				if we.Kind != agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_SYMLINK {
-					we.User, we.Group = b.owner, s.e.Group
+					we.User, we.Group = b.ownerOf(s.e), s.e.Group
 					if we.Path == s.path {
 						we.Mode = mode
 					}
@@ -246,6 +251,14 @@ func (b *builder) collect(m *manifest.Manifest) error {
 		}
 	}
 	return nil
+}
+
+// ownerOf is the user owning an entry (see Options.Owner).
+func (b *builder) ownerOf(e *manifest.Entry) string {
+	if e.Group != "" {
+		return ""
+	}
+	return b.owner
 }
 
 // add appends an entry (and its bytes' source, for files) to the plan.

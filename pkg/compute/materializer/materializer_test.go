@@ -149,9 +149,15 @@ func TestApplyManifest(t *testing.T) {
 		st := fi.Sys().(*syscall.Stat_t)
 		passwd, _ := os.ReadFile(filepath.Join(etc, "etc", "passwd"))
 		group, _ := os.ReadFile(filepath.Join(etc, "etc", "group"))
-		if !strings.Contains(string(passwd), fmt.Sprintf("\nanalyst:x:%d:", st.Uid)) ||
-			!strings.Contains(string(group), fmt.Sprintf("\nanalysts:x:%d:analyst\n", st.Gid)) {
-			t.Errorf("out owned by %d:%d; want analyst:analysts\n%s%s", st.Uid, st.Gid, passwd, group)
+		// An entry with a group is shared through it: root:analysts.
+		if st.Uid != 0 || !strings.Contains(string(group), fmt.Sprintf("\nanalysts:x:%d:analyst\n", st.Gid)) {
+			t.Errorf("out owned by %d:%d; want root:analysts\n%s%s", st.Uid, st.Gid, passwd, group)
+		}
+		// Entries without a group belong to the run_as account.
+		fi, _ = os.Stat(filepath.Join(ws, "task.md"))
+		st = fi.Sys().(*syscall.Stat_t)
+		if !strings.Contains(string(passwd), fmt.Sprintf("\nanalyst:x:%d:%d:", st.Uid, st.Gid)) {
+			t.Errorf("task.md owned by %d:%d; want analyst\n%s", st.Uid, st.Gid, passwd)
 		}
 		// Materializing again is idempotent: accounts exist, files replaced.
 		resp, err = materializer.Apply(ctxT(t), d.Client, m, opts)
