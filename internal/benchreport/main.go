@@ -41,6 +41,9 @@ type config struct {
 	startupRounds   int
 	sandboxes       int
 	dockerSandboxes int
+	// Harness figures (harness.go).
+	toolCalls int
+	scaling   []int
 }
 
 func main() {
@@ -56,7 +59,19 @@ func main() {
 	flag.IntVar(&cfg.startupRounds, "startup-rounds", 5, "create-to-first-exec rounds per provider (median)")
 	flag.IntVar(&cfg.sandboxes, "sandboxes", 100, "local sandboxes kept alive at once (0: skip)")
 	flag.IntVar(&cfg.dockerSandboxes, "docker-sandboxes", 100, "docker sandboxes kept alive at once (0: skip)")
+	flag.IntVar(&cfg.toolCalls, "tool-calls", 200, "exec_command tool calls through the runner")
+	scaling := flag.String("scaling", "1,10,50,100", "concurrent sandbox counts of the scaling series (empty: skip)")
 	flag.Parse()
+	for _, f := range strings.Split(*scaling, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			n, err := strconv.Atoi(f)
+			if err != nil || n <= 0 {
+				fmt.Fprintf(os.Stderr, "benchreport: -scaling: bad count %q\n", f)
+				os.Exit(2)
+			}
+			cfg.scaling = append(cfg.scaling, n)
+		}
+	}
 	if err := run(context.Background(), cfg); err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
@@ -126,6 +141,11 @@ func run(ctx context.Context, cfg config) error {
 	}
 	add(row{"sandbox-agentd RSS after the runs above", busy.String(), "", "", "bounded"})
 	r, err = benchSandboxes(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	add(r...)
+	r, err = benchHarness(ctx, cfg, agentd)
 	if err != nil {
 		return err
 	}

@@ -309,6 +309,9 @@ func benchMany(ctx context.Context, k sandboxKind, n int, memory func(ctx contex
 // sandbox-agentd processes: those of this binary whose socket is in a
 // session's private directory.
 func localDaemonsMemory(agentd string) func(context.Context, []*compute.Session) (string, error) {
+	if abs, err := filepath.Abs(agentd); err == nil {
+		agentd = abs // the provider starts the daemon by its absolute path
+	}
 	return func(_ context.Context, sessions []*compute.Session) (string, error) {
 		var dirs [][]byte
 		for _, s := range sessions {

@@ -102,6 +102,12 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 		}
 		cfg.AgentdPath = p
 	}
+	// Absolute: the daemon is started (and, isolated, bind-mounted) by path.
+	abs, err := filepath.Abs(cfg.AgentdPath)
+	if err != nil {
+		return nil, fmt.Errorf("local provider: agentd path: %w", err)
+	}
+	cfg.AgentdPath = abs
 	if cfg.ReadyTimeout <= 0 {
 		cfg.ReadyTimeout = 10 * time.Second
 	}
