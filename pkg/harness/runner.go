@@ -470,7 +470,9 @@ func (l *runLoop) callTool(ctx context.Context, slot *agentSlot, call ToolCall) 
 		result = tool.Result{Output: fmt.Sprintf("There is no tool named %q.", call.Name), IsError: true}
 	} else {
 		tc := tool.Context{Session: slot.sess, RunAs: l.runAs(a), CallID: call.ID, Log: l.log.With(zap.String("tool", call.Name)),
-			Emit: func(p tool.Progress) { l.emit(Event{Kind: EventToolOutput, Agent: slot.key, Call: &call, Output: p.Output}) }}
+			Emit: func(p tool.Progress) {
+				l.emit(Event{Kind: EventToolOutput, Agent: slot.key, Call: &call, Output: p.Output})
+			}}
 		if slot.sess != nil {
 			tc.Agent = slot.sess.Agent()
 		}
