@@ -6,10 +6,17 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -28,14 +35,25 @@ type ClientOptions struct {
 	Log *zap.Logger
 	// Now is the clock for lifetimes (tests); nil means time.Now.
 	Now func() time.Time
+	// TracerProvider receives spans of the sandbox operations
+	// (compute.create, compute.resume, compute.delete, session.start with
+	// session.restore and session.materialize, session.stop with
+	// session.archive, session.shutdown, session.close) with the session,
+	// provider and snapshot ids (bulkhead.session.id, bulkhead.provider,
+	// bulkhead.snapshot.id), never file contents or environment; a failure
+	// is recorded by its class (error.type), not its message. nil means the global OpenTelemetry provider (a no-op
+	// unless the application set one). The daemon's gRPC calls are traced
+	// by the agentclient (agentclient.Options.TracerProvider).
+	TracerProvider trace.TracerProvider
 }
 
 // Client creates, resumes and deletes sessions of one provider. It is safe
 // for concurrent use.
 type Client struct {
-	p    Provider
-	opts ClientOptions
-	log  *zap.Logger
+	p      Provider
+	opts   ClientOptions
+	log    *zap.Logger
+	tracer trace.Tracer
 }
 
 // NewClient returns a Client over a provider.
@@ -47,8 +65,104 @@ func NewClient(p Provider, opts ClientOptions) *Client {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	return &Client{p: p, opts: opts, log: log.With(zap.String("provider", p.Name()))}
+	tp := opts.TracerProvider
+	if tp == nil {
+		tp = otel.GetTracerProvider() // delegates to a provider set later
+	}
+	return &Client{p: p, opts: opts, log: log.With(zap.String("provider", p.Name())),
+		tracer: tp.Tracer(TracerName, trace.WithInstrumentationVersion(buildinfo.Version()))}
 }
+
+// TracerName is the instrumentation scope of the compute plane's spans.
+const TracerName = "github.com/bulkhead-dev/bulkhead/pkg/compute"
+
+// Span attributes of the compute plane's spans (the harness's tracing
+// package uses the same names).
+const (
+	attrSessionID  = "bulkhead.session.id"
+	attrProvider   = "bulkhead.provider"
+	attrSnapshotID = "bulkhead.snapshot.id"
+	attrResume     = "bulkhead.session.resume"   // "reattached" or "replaced"
+	attrKept       = "bulkhead.workspace.kept"   // a replacement found the workspace
+	attrRestore    = "bulkhead.snapshot.restore" // what Start did with the snapshot
+	attrRestored   = "bulkhead.session.restored"
+	attrPersisted  = "bulkhead.snapshot.persisted"
+	attrReady      = "bulkhead.session.ready" // Start found the workspace ready
+	attrErrorType  = "error.type"
+
+	attrEphemeralOnly = "bulkhead.materialize.ephemeral_only" // after a restore
+)
+
+// startSpan starts a span of a sandbox operation of this client's provider.
+func (c *Client) startSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	attrs = append([]attribute.KeyValue{attribute.String(attrProvider, c.p.Name())}, attrs...)
+	return c.tracer.Start(ctx, name, trace.WithAttributes(attrs...))
+}
+
+// endSpan records err, by its class only (messages can quote files), and
+// ends span.
+func endSpan(span trace.Span, err error) {
+	if err != nil {
+		typ := errorType(err)
+		span.SetAttributes(attribute.String(attrErrorType, typ))
+		span.SetStatus(codes.Error, typ)
+	}
+	span.End()
+}
+
+// errorClasses name the compute errors for spans, most specific first.
+var errorClasses = []struct {
+	err  error
+	name string
+}{
+	{errdefs.ErrPathEscape, "path_escape"}, {errdefs.ErrPatchRejected, "patch_rejected"},
+	{errdefs.ErrReadOnly, "read_only"}, {errdefs.ErrNotFound, "not_found"}, {fs.ErrNotExist, "not_found"},
+	{errdefs.ErrAlreadyExists, "already_exists"}, {fs.ErrExist, "already_exists"},
+	{errdefs.ErrInvalidArgument, "invalid_argument"},
+	{errdefs.ErrPermissionDenied, "permission_denied"}, {fs.ErrPermission, "permission_denied"},
+	{errdefs.ErrNotDirectory, "not_directory"},
+	{errdefs.ErrIsDirectory, "is_directory"}, {errdefs.ErrNotEmpty, "not_empty"},
+	{errdefs.ErrNoSpace, "no_space"}, {errdefs.ErrResourceExhausted, "resource_exhausted"},
+	{errdefs.ErrFailedPrecondition, "failed_precondition"}, {errdefs.ErrConflict, "conflict"},
+	{errdefs.ErrUnauthenticated, "unauthenticated"}, {errdefs.ErrUnavailable, "unavailable"},
+	{errdefs.ErrUnimplemented, "unimplemented"},
+	{errdefs.ErrCanceled, "canceled"}, {context.Canceled, "canceled"},
+	{errdefs.ErrDeadlineExceeded, "deadline_exceeded"}, {context.DeadlineExceeded, "deadline_exceeded"},
+	{errdefs.ErrInternal, "internal"},
+}
+
+// errorType is the compute class of err, or the Go type of the innermost
+// wrapped error that has a type of its own, or "_OTHER" (as
+// tracing.ErrorType in the harness).
+func errorType(err error) string {
+	for _, c := range errorClasses {
+		if errors.Is(err, c.err) {
+			return c.name
+		}
+	}
+	typ := "_OTHER"
+	for err != nil {
+		if t := fmt.Sprintf("%T", err); !genericErrors[t] {
+			typ = t
+		}
+		switch u := err.(type) {
+		case interface{ Unwrap() error }:
+			err = u.Unwrap()
+		case interface{ Unwrap() []error }:
+			if errs := u.Unwrap(); len(errs) > 0 {
+				err = errs[0]
+			} else {
+				err = nil
+			}
+		default:
+			err = nil
+		}
+	}
+	return typ
+}
+
+// genericErrors are the types that say nothing about a failure.
+var genericErrors = map[string]bool{"*errors.errorString": true, "*fmt.wrapError": true, "*fmt.wrapErrors": true, "*errors.joinError": true}
 
 // Provider returns the provider's name.
 func (c *Client) Provider() string { return c.p.Name() }
@@ -74,7 +188,9 @@ type CreateOptions struct {
 
 // Create launches a sandbox for a new session. Call Start to apply the
 // manifest (or restore the snapshot) before using it.
-func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Session, error) {
+func (c *Client) Create(ctx context.Context, opts CreateOptions) (_ *Session, err error) {
+	ctx, span := c.startSpan(ctx, "compute.create")
+	defer func() { endSpan(span, err) }()
 	m := opts.Manifest
 	if m == nil {
 		m = &manifest.Manifest{}
@@ -84,7 +200,6 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Session, erro
 	}
 	id := opts.SessionID
 	if id == "" {
-		var err error
 		if id, err = newSessionID(); err != nil {
 			return nil, err
 		}
@@ -99,6 +214,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (*Session, erro
 	if err := snapshot.ValidateID(snap); err != nil {
 		return nil, err
 	}
+	span.SetAttributes(attribute.String(attrSessionID, id), attribute.String(attrSnapshotID, snap))
 	life := Lifetime{CreatedAt: c.opts.Now().UTC(), TTL: opts.TTL, IdleTimeout: opts.IdleTimeout}
 	sb, err := c.p.Launch(ctx, LaunchSpec{SessionID: id, Manifest: m, Lifetime: life, Labels: opts.Labels, Options: opts.ProviderOptions})
 	if err != nil {
@@ -133,10 +249,13 @@ func WithProviderOptions(v any) ResumeOption {
 // a replacement on whatever survived (a directory, a volume). Call Start:
 // it is a no-op for a live sandbox and restores the snapshot for a
 // replacement, unless the fingerprint shows the kept workspace unchanged.
-func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (*Session, error) {
+func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (_ *Session, err error) {
+	ctx, span := c.startSpan(ctx, "compute.resume")
+	defer func() { endSpan(span, err) }()
 	if st == nil {
 		return nil, fmt.Errorf("%w: nil session state", ErrInvalidArgument)
 	}
+	span.SetAttributes(attribute.String(attrSessionID, st.SessionID))
 	if st.Provider != c.p.Name() {
 		return nil, fmt.Errorf("%w: session %s belongs to provider %q, not %q", ErrInvalidArgument, st.SessionID, st.Provider, c.p.Name())
 	}
@@ -149,7 +268,6 @@ func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (*
 		m = &manifest.Manifest{}
 	}
 	if o.trusted != nil {
-		var err error
 		if m, err = m.Rebind(o.trusted); err != nil {
 			return nil, fmt.Errorf("%w: trusted manifest: %v", ErrInvalidArgument, err)
 		}
@@ -160,10 +278,12 @@ func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (*
 	if init.snapshotID == "" {
 		init.snapshotID = st.SessionID
 	}
+	span.SetAttributes(attribute.String(attrSnapshotID, init.snapshotID))
 	sb, err := c.p.Reattach(ctx, spec, st.ProviderState)
 	switch {
 	case err == nil:
 		c.log.Info("sandbox reattached", zap.String("session", st.SessionID))
+		span.SetAttributes(attribute.String(attrResume, "reattached"))
 		init.live = st.Started
 		return newSession(c, sb, init), nil
 	case !errors.Is(err, ErrNotFound):
@@ -174,16 +294,19 @@ func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (*
 		return nil, fmt.Errorf("resume session %s: launch a replacement: %w", st.SessionID, err)
 	}
 	c.log.Info("sandbox replaced", zap.String("session", st.SessionID), zap.Bool("workspace_kept", sb.WorkspaceKept()))
+	span.SetAttributes(attribute.String(attrResume, "replaced"), attribute.Bool(attrKept, sb.WorkspaceKept()))
 	return newSession(c, sb, init), nil
 }
 
 // Delete removes the session's sandbox and what the provider created for
 // it. The session's snapshot stays in the store (delete it there), so the
 // session can still be resumed from it. Deleting twice is not an error.
-func (c *Client) Delete(ctx context.Context, s *Session) error {
+func (c *Client) Delete(ctx context.Context, s *Session) (err error) {
 	if s == nil {
 		return nil
 	}
+	ctx, span := c.startSpan(ctx, "compute.delete", attribute.String(attrSessionID, s.id))
+	defer func() { endSpan(span, err) }()
 	st, err := s.sb.State()
 	if err != nil {
 		return fmt.Errorf("delete session %s: %w", s.id, err)

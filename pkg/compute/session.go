@@ -8,6 +8,8 @@ import (
 	"io"
 	"sync"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
@@ -87,6 +89,12 @@ func (s *Session) OnPreStop(h PreStopHook) {
 	s.hooks = append(s.hooks, h)
 }
 
+// startSpan starts a span of an operation on this session.
+func (s *Session) startSpan(ctx context.Context, name string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	attrs = append([]attribute.KeyValue{attribute.String(attrSessionID, s.id), attribute.String(attrSnapshotID, s.snapshotID)}, attrs...)
+	return s.c.startSpan(ctx, name, attrs...)
+}
+
 // excludes are the workspace paths snapshots leave out.
 func (s *Session) excludes() []string {
 	return append(s.manifest.EphemeralPaths(), s.skip...)
@@ -103,13 +111,16 @@ func (s *Session) fingerprintExtra() ([]byte, error) {
 // when a kept workspace's fingerprint matches the one persisted), and the
 // accounts, grants and ephemeral entries are applied on top; when there is
 // no snapshot the whole manifest is materialized. Start is idempotent.
-func (s *Session) Start(ctx context.Context) error {
+func (s *Session) Start(ctx context.Context) (err error) {
+	ctx, span := s.startSpan(ctx, "session.start")
+	defer func() { endSpan(span, err) }()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return fmt.Errorf("%w: session %s is closed", ErrFailedPrecondition, s.id)
 	}
 	if s.started {
+		span.SetAttributes(attribute.Bool(attrReady, true))
 		return nil
 	}
 	agent := s.sb.Agent()
@@ -117,12 +128,15 @@ func (s *Session) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	span.SetAttributes(attribute.Bool(attrRestored, restored))
 	opts := s.c.opts.Materializer
 	opts.Log = s.c.log
 	if restored {
 		opts.Include = func(_ string, e *manifest.Entry) bool { return e.IsEphemeral() }
 	}
-	resp, err := materializer.Apply(ctx, agent, s.manifest, opts)
+	mctx, mspan := s.startSpan(ctx, "session.materialize", attribute.Bool(attrEphemeralOnly, restored))
+	resp, err := materializer.Apply(mctx, agent, s.manifest, opts)
+	endSpan(mspan, err)
 	if err != nil {
 		return fmt.Errorf("start session %s: %w", s.id, err)
 	}
@@ -134,11 +148,19 @@ func (s *Session) Start(ctx context.Context) error {
 
 // restore brings the workspace back from the snapshot when there is one,
 // and reports whether the workspace now holds the session's files.
-func (s *Session) restore(ctx context.Context, agent *agentclient.Client) (bool, error) {
+func (s *Session) restore(ctx context.Context, agent *agentclient.Client) (restored bool, err error) {
 	store := s.c.opts.Snapshots
 	if store == nil {
 		return false, nil
 	}
+	ctx, span := s.startSpan(ctx, "session.restore")
+	outcome := "absent"
+	defer func() {
+		if err == nil {
+			span.SetAttributes(attribute.String(attrRestore, outcome))
+		}
+		endSpan(span, err)
+	}()
 	if s.sb.WorkspaceKept() && s.fingerprint != "" {
 		extra, err := s.fingerprintExtra()
 		if err != nil {
@@ -149,6 +171,7 @@ func (s *Session) restore(ctx context.Context, agent *agentclient.Client) (bool,
 			return false, fmt.Errorf("start session %s: fingerprint: %w", s.id, err)
 		}
 		if live == s.fingerprint {
+			outcome = "unchanged"
 			s.c.log.Info("workspace unchanged since the snapshot; restore skipped", zap.String("session", s.id))
 			return true, nil
 		}
@@ -169,6 +192,7 @@ func (s *Session) restore(ctx context.Context, agent *agentclient.Client) (bool,
 		return false, fmt.Errorf("start session %s: restore snapshot %s: %w", s.id, s.snapshotID, err)
 	}
 	s.c.log.Info("workspace restored from snapshot", zap.String("session", s.id), zap.String("snapshot", s.snapshotID))
+	outcome = "restored"
 	return true, nil
 }
 
@@ -180,7 +204,13 @@ func (s *Session) Stop(ctx context.Context) error {
 	return s.stop(ctx)
 }
 
-func (s *Session) stop(ctx context.Context) error {
+func (s *Session) stop(ctx context.Context) (err error) {
+	ctx, span := s.startSpan(ctx, "session.stop")
+	persisted := false
+	defer func() {
+		span.SetAttributes(attribute.Bool(attrPersisted, persisted))
+		endSpan(span, err)
+	}()
 	store := s.c.opts.Snapshots
 	if store == nil || !s.started {
 		return nil
@@ -193,18 +223,21 @@ func (s *Session) stop(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	actx, aspan := s.startSpan(ctx, "session.archive")
 	pr, pw := io.Pipe()
 	archived := make(chan error, 1)
 	go func() {
-		_, err := agent.Archive(ctx, &agentdv1.ArchiveRequest{Exclude: s.excludes()}, pw)
+		_, err := agent.Archive(actx, &agentdv1.ArchiveRequest{Exclude: s.excludes()}, pw)
 		pw.CloseWithError(err)
 		archived <- err
 	}()
-	_, err = store.Put(ctx, s.snapshotID, pr)
+	_, err = store.Put(actx, s.snapshotID, pr)
 	pr.CloseWithError(errors.New("snapshot store stopped reading"))
 	if aerr := <-archived; aerr != nil {
+		endSpan(aspan, aerr)
 		return fmt.Errorf("stop session %s: archive workspace: %w", s.id, aerr)
 	}
+	endSpan(aspan, err)
 	if err != nil {
 		return fmt.Errorf("stop session %s: store snapshot %s: %w", s.id, s.snapshotID, err)
 	}
@@ -213,12 +246,15 @@ func (s *Session) stop(ctx context.Context) error {
 		return fmt.Errorf("stop session %s: fingerprint: %w", s.id, err)
 	}
 	s.fingerprint = fp
+	persisted = true
 	s.c.log.Info("workspace persisted", zap.String("session", s.id), zap.String("snapshot", s.snapshotID))
 	return nil
 }
 
 // Shutdown stops the sandbox (its processes end); Delete removes it.
-func (s *Session) Shutdown(ctx context.Context) error {
+func (s *Session) Shutdown(ctx context.Context) (err error) {
+	ctx, span := s.startSpan(ctx, "session.shutdown")
+	defer func() { endSpan(span, err) }()
 	if err := s.sb.Shutdown(ctx); err != nil {
 		return fmt.Errorf("shut down session %s: %w", s.id, err)
 	}
@@ -237,6 +273,7 @@ func (s *Session) Close(ctx context.Context) error {
 	}
 	hooks := s.hooks
 	s.mu.Unlock()
+	ctx, span := s.startSpan(ctx, "session.close")
 	var errs []error
 	for _, h := range hooks {
 		if err := h(ctx, s); err != nil {
@@ -249,6 +286,7 @@ func (s *Session) Close(ctx context.Context) error {
 	s.mu.Unlock()
 	errs = append(errs, s.Shutdown(ctx), s.sb.Close())
 	err := errors.Join(errs...)
+	endSpan(span, err)
 	s.mu.Lock()
 	s.closeErr = err
 	s.mu.Unlock()

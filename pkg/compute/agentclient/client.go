@@ -12,11 +12,16 @@ import (
 	"net/url"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
@@ -34,6 +39,12 @@ type Options struct {
 	TLS *tls.Config
 	// DialOptions are appended (tests use them for bufconn dialers).
 	DialOptions []grpc.DialOption
+	// TracerProvider, when set, gets a client span for every call
+	// (OpenTelemetry's gRPC conventions: rpc.method, rpc.response.status_code,
+	// server.address). A failed call's span has the status code, never the
+	// daemon's message (it may quote a file). No trace context or baggage
+	// is sent to the daemon. nil: no instrumentation.
+	TracerProvider trace.TracerProvider
 }
 
 // Client is a connection to one sandbox-agentd.
@@ -76,6 +87,9 @@ func Dial(opts Options) (*Client, error) {
 	}
 	if opts.Token != "" {
 		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: opts.Token}))
+	}
+	if opts.TracerProvider != nil {
+		dial = append(dial, grpc.WithStatsHandler(tracingHandler(opts.TracerProvider)))
 	}
 	dial = append(dial, opts.DialOptions...)
 	conn, err := grpc.NewClient(target, dial...)
@@ -125,6 +139,33 @@ func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]strin
 // RequireTransportSecurity is false: unix sockets and loopback TCP carry the
 // token without TLS; remote sandboxes should use TLS.
 func (b bearer) RequireTransportSecurity() bool { return false }
+
+// tracingHandler is otelgrpc's client handler over tp, with an empty
+// propagator (the sandbox is untrusted and has no tracing: it gets neither
+// trace context nor baggage) and failed calls reduced to their code.
+func tracingHandler(tp trace.TracerProvider) stats.Handler {
+	return codeOnly{otelgrpc.NewClientHandler(
+		otelgrpc.WithTracerProvider(tp),
+		otelgrpc.WithPropagators(propagation.NewCompositeTextMapPropagator()),
+	)}
+}
+
+// codeOnly passes a call's end to the handler with the error replaced by
+// its bare status code, so the span's status carries no message from the
+// daemon (a rejected patch quotes the file's lines).
+type codeOnly struct {
+	stats.Handler
+}
+
+func (h codeOnly) HandleRPC(ctx context.Context, rs stats.RPCStats) {
+	if end, ok := rs.(*stats.End); ok && end.Error != nil {
+		e := *end
+		code := status.Code(end.Error)
+		e.Error = status.Error(code, code.String())
+		rs = &e
+	}
+	h.Handler.HandleRPC(ctx, rs)
+}
 
 // wrap converts a gRPC error into a compute error.
 func wrap(err error) error {
