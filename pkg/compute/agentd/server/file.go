@@ -96,7 +96,7 @@ func (s *fileService) WriteFile(stream agentdv1.FileService_WriteFileServer) err
 		m, err := stream.Recv()
 		return m.GetData(), m.GetHeader() != nil, err
 	}
-	res, err := s.d.Workspace().WriteFile(stream.Context(), user, opts, &chunkReader{next: next})
+	res, err := s.d.Workspace().WriteFile(stream.Context(), user, opts, &chunkReader{next: next, release: pool.putBytes})
 	if err != nil {
 		return errmap.ToStatus(err)
 	}
@@ -106,9 +106,39 @@ func (s *fileService) WriteFile(stream agentdv1.FileService_WriteFileServer) err
 // chunkReader reads the data messages of a client stream (WriteFile,
 // Restore) as one byte stream. next returns the next message's data, whether
 // it was a header instead (a protocol error), and io.EOF at the end.
+//
+// It is also a workspace.ChunkReader: WriteFile takes the messages' data
+// as they are (decoded straight into pooled buffers by codec) and gives
+// each back through Release once written and hashed.
 type chunkReader struct {
-	next func() (data []byte, header bool, err error)
-	buf  []byte
+	next    func() (data []byte, header bool, err error)
+	buf     []byte
+	release func([]byte) // nil: chunks are left to the garbage collector
+}
+
+// NextChunk returns the rest of the current message's data, or the next
+// message's, whole; io.EOF at the end of the stream.
+func (c *chunkReader) NextChunk() ([]byte, error) {
+	for len(c.buf) == 0 {
+		data, header, err := c.next()
+		if err != nil {
+			return nil, err
+		}
+		if header {
+			return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "a second header arrived")
+		}
+		c.buf = data
+	}
+	b := c.buf
+	c.buf = nil
+	return b, nil
+}
+
+// Release hands back a chunk that NextChunk returned.
+func (c *chunkReader) Release(b []byte) {
+	if c.release != nil {
+		c.release(b)
+	}
 }
 
 func (c *chunkReader) Read(p []byte) (int, error) {

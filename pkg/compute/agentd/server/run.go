@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
@@ -74,6 +75,10 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 		grpc.InitialConnWindowSize(connWindowBytes),
 		grpc.ReadBufferSize(ioBufferBytes),
 		grpc.WriteBufferSize(ioBufferBytes),
+		// Buffers are not cleared before reuse, and WriteFile data is
+		// decoded with one copy (see codec).
+		experimental.BufferPool(pool),
+		grpc.ForceServerCodecV2(codec{}),
 	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))

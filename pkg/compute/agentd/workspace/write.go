@@ -307,6 +307,9 @@ func finishTemp(f *os.File, mode fs.FileMode, chown bool, uid, gid uint32) error
 // system calls. It returns the bytes copied (limit+1 when the limit was
 // exceeded).
 func copyLimited(ctx context.Context, dst io.Writer, h hash.Hash, r io.Reader, limit int64) (int64, error) {
+	if cr, ok := r.(ChunkReader); ok {
+		return copyChunks(ctx, dst, h, cr, limit)
+	}
 	const bufSize, nbuf = 1 << 20, 3
 	free := make(chan []byte, nbuf)
 	for range nbuf {
@@ -344,6 +347,64 @@ func copyLimited(ctx context.Context, dst io.Writer, h hash.Hash, r io.Reader, l
 		full <- buf[:m]
 		if limit >= 0 && n > limit {
 			return n, nil
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, fmt.Errorf("reading the content: %w", rerr)
+		}
+	}
+}
+
+// ChunkReader is a reader that can also hand over its content in chunks it
+// already holds (a gRPC stream's messages), saving WriteFile a copy of
+// every byte into a buffer of its own.
+type ChunkReader interface {
+	io.Reader
+	// NextChunk returns the next non-empty chunk, or io.EOF at the end.
+	// The chunk is the caller's until it passes it to Release.
+	NextChunk() ([]byte, error)
+	// Release gives back a chunk that the caller is done with.
+	Release([]byte)
+}
+
+// copyChunks is copyLimited for a ChunkReader: each chunk is written as it
+// is, then hashed on the second goroutine, which releases it. At most
+// chunksInFlight chunks wait for the hash, which bounds memory.
+func copyChunks(ctx context.Context, dst io.Writer, h hash.Hash, r ChunkReader, limit int64) (int64, error) {
+	const chunksInFlight = 4
+	full := make(chan []byte, chunksInFlight)
+	hashed := make(chan struct{})
+	go func() {
+		defer close(hashed)
+		for b := range full {
+			h.Write(b)
+			r.Release(b)
+		}
+	}()
+	defer func() {
+		close(full)
+		<-hashed
+	}()
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		b, rerr := r.NextChunk()
+		if len(b) > 0 {
+			if limit >= 0 && int64(len(b)) > limit-n+1 {
+				b = b[:limit-n+1]
+			}
+			if _, err := dst.Write(b); err != nil {
+				return n, err
+			}
+			n += int64(len(b))
+			full <- b
+			if limit >= 0 && n > limit {
+				return n, nil
+			}
 		}
 		if rerr == io.EOF {
 			return n, nil
