@@ -10,12 +10,14 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -31,6 +33,10 @@ type Runner struct {
 	// run, which runs even when the run's context was cancelled (default
 	// 2 minutes).
 	CleanupTimeout time.Duration
+	// TracerProvider receives the spans of runs, turns, model calls, tool
+	// calls and handoffs (see pkg/harness/tracing); nil means the global
+	// OpenTelemetry provider, a no-op unless the application set one.
+	TracerProvider trace.TracerProvider
 }
 
 // Result is a finished or interrupted run.
@@ -165,6 +171,7 @@ func AgentKeys(start *Agent) map[*Agent]string {
 // runLoop is the state of one run.
 type runLoop struct {
 	r      *Runner
+	tr     *tracing.Tracer
 	cfg    RunConfig
 	emit   func(Event)
 	log    *zap.Logger
@@ -173,6 +180,7 @@ type runLoop struct {
 	byKey  map[string]*Agent
 	slots  map[string]*agentSlot
 	result *Result
+	final  bool // the run gave its final output
 }
 
 // agentSlot is what one agent of the run holds: its cloned capabilities,
@@ -197,7 +205,17 @@ func (r *Runner) run(ctx context.Context, start *Agent, st *RunState, cfg RunCon
 	if start == nil {
 		return nil, errors.New("run: nil agent")
 	}
-	l := &runLoop{r: r, cfg: cfg, emit: emit, st: st, keys: AgentKeys(start), byKey: map[string]*Agent{}, slots: map[string]*agentSlot{}}
+	tr := tracing.New(r.TracerProvider)
+	ctx, span := tr.StartRun(ctx, start.Name, tracing.WithMaxTurns(cfg.MaxTurns), tracing.WithResumed(st.Turn > 0 || len(st.Pending) > 0),
+		tracing.WithStreamed(emit != nil))
+	l := &runLoop{r: r, tr: tr, cfg: cfg, emit: emit, st: st, keys: AgentKeys(start), byKey: map[string]*Agent{}, slots: map[string]*agentSlot{}}
+	defer func() {
+		rr := tracing.RunResult{Turns: l.st.Turn, FinalAgent: l.st.Agent, Usage: l.st.Usage}
+		if res != nil {
+			rr.PendingApprovals = len(res.Interruptions)
+		}
+		tracing.EndRun(span, rr, err)
+	}()
 	if l.emit == nil {
 		l.emit = func(Event) {}
 	}
@@ -282,70 +300,92 @@ func (l *runLoop) loop(ctx context.Context) (interrupted bool, err error) {
 			a.Hooks.OnTurn(ctx, slot.rc, turn)
 		}
 		l.emit(Event{Kind: EventTurnStarted, Agent: slot.key, Turn: turn})
-		resp, err := l.callModel(ctx, slot)
-		if err != nil {
-			return false, fmt.Errorf("turn %d: %w", turn, err)
+		tctx, tspan := l.tr.StartTurn(ctx, turn, slot.key, l.r.modelName(a))
+		interrupted, err := l.turn(tctx, slot, turn)
+		tracing.EndTurn(tspan, err)
+		if err != nil || interrupted {
+			return interrupted, err
 		}
-		l.st.Usage.Add(resp.Usage)
-		l.st.Items = append(l.st.Items, resp.Output...)
-		calls := resp.ToolCalls()
-		if len(calls) == 0 {
-			res.FinalOutput = resp.Text()
-			if a.Output != nil && !json.Valid([]byte(res.FinalOutput)) {
-				return false, fmt.Errorf("turn %d: the structured output is not valid JSON", turn)
-			}
-			for _, c := range slot.caps {
-				if en, ok := c.(capability.RunEnder); ok {
-					info := slot.info
-					info.Items, info.FinalOutput = l.st.Items, res.FinalOutput
-					if err := en.OnRunEnd(ctx, info); err != nil {
-						return false, fmt.Errorf("capability %s at the end of the run: %w", c.Name(), err)
-					}
-				}
-			}
-			l.emit(Event{Kind: EventFinalOutput, Agent: slot.key, Text: res.FinalOutput})
+		if l.final {
 			return false, nil
 		}
-		var next *Agent
-		for _, c := range calls {
-			call := toolCallOf(c)
-			if target, ok := slot.handoff[c.Name]; ok {
-				l.emit(Event{Kind: EventToolCall, Agent: slot.key, Call: &call})
-				if next == nil {
-					next = target
+	}
+}
+
+// turn runs one model call and its tool calls. It reports whether the run
+// stopped for approvals; l.final is set when the run gave its final output.
+func (l *runLoop) turn(ctx context.Context, slot *agentSlot, turn int) (interrupted bool, err error) {
+	a, res := slot.a, l.result
+	mctx, mspan := l.tr.StartModelCall(ctx, l.r.modelName(a))
+	resp, err := l.callModel(mctx, slot)
+	tracing.EndModelCall(mspan, resp, err)
+	if err != nil {
+		return false, fmt.Errorf("turn %d: %w", turn, err)
+	}
+	l.st.Usage.Add(resp.Usage)
+	l.st.Items = append(l.st.Items, resp.Output...)
+	calls := resp.ToolCalls()
+	if len(calls) == 0 {
+		res.FinalOutput = resp.Text()
+		if a.Output != nil && !json.Valid([]byte(res.FinalOutput)) {
+			return false, fmt.Errorf("turn %d: the structured output is not valid JSON", turn)
+		}
+		for _, c := range slot.caps {
+			if en, ok := c.(capability.RunEnder); ok {
+				info := slot.info
+				info.Items, info.FinalOutput = l.st.Items, res.FinalOutput
+				if err := en.OnRunEnd(ctx, info); err != nil {
+					return false, fmt.Errorf("capability %s at the end of the run: %w", c.Name(), err)
 				}
-				out := fmt.Sprintf(`{"assistant": %q}`, target.Name)
-				l.emit(Event{Kind: EventToolResult, Agent: slot.key, Call: &call, Result: &ToolOut{Output: out}})
-				l.st.Items = append(l.st.Items, outputItem(c, tool.Result{Output: out}))
-				continue
 			}
-			need, err := l.needsApproval(ctx, slot, call)
-			if err != nil {
-				return false, fmt.Errorf("turn %d: approval policy of %s: %w", turn, c.Name, err)
-			}
-			if need {
-				l.st.Pending = append(l.st.Pending, &PendingCall{Call: call, Agent: slot.key})
-				continue
-			}
-			out, err := l.callTool(ctx, slot, call)
-			if err != nil {
-				return false, fmt.Errorf("turn %d: tool %s: %w", turn, c.Name, err)
-			}
-			l.st.Items = append(l.st.Items, out)
 		}
-		if len(l.st.Pending) > 0 {
-			// Handoffs wait until the decisions are applied.
-			if next != nil {
-				l.st.Agent = l.keys[next]
+		l.emit(Event{Kind: EventFinalOutput, Agent: slot.key, Text: res.FinalOutput})
+		l.final = true
+		return false, nil
+	}
+	var next *Agent
+	for _, c := range calls {
+		call := toolCallOf(c)
+		if target, ok := slot.handoff[c.Name]; ok {
+			l.emit(Event{Kind: EventToolCall, Agent: slot.key, Call: &call})
+			if next == nil {
+				next = target
 			}
-			res.Interruptions = l.st.Undecided()
-			return true, nil
+			out := fmt.Sprintf(`{"assistant": %q}`, target.Name)
+			l.emit(Event{Kind: EventToolResult, Agent: slot.key, Call: &call, Result: &ToolOut{Output: out}})
+			l.st.Items = append(l.st.Items, outputItem(c, tool.Result{Output: out}))
+			continue
 		}
+		need, err := l.needsApproval(ctx, slot, call)
+		if err != nil {
+			return false, fmt.Errorf("turn %d: approval policy of %s: %w", turn, c.Name, err)
+		}
+		if need {
+			l.st.Pending = append(l.st.Pending, &PendingCall{Call: call, Agent: slot.key})
+			tracing.RecordApproval(ctx, call.Name, call.ID, tracing.ApprovalPending)
+			continue
+		}
+		out, err := l.callTool(ctx, slot, call)
+		if err != nil {
+			return false, fmt.Errorf("turn %d: tool %s: %w", turn, c.Name, err)
+		}
+		l.st.Items = append(l.st.Items, out)
+	}
+	if len(l.st.Pending) > 0 {
+		// Handoffs wait until the decisions are applied.
 		if next != nil {
-			l.log.Info("handoff", zap.String("from", slot.key), zap.String("to", l.keys[next]))
 			l.st.Agent = l.keys[next]
 		}
+		res.Interruptions = l.st.Undecided()
+		return true, nil
 	}
+	if next != nil {
+		l.log.Info("handoff", zap.String("from", slot.key), zap.String("to", l.keys[next]))
+		_, hspan := l.tr.StartHandoff(ctx, slot.key, l.keys[next])
+		tracing.EndHandoff(hspan, nil)
+		l.st.Agent = l.keys[next]
+	}
+	return false, nil
 }
 
 // applyDecisions runs the approved pending calls and answers the rejected
@@ -358,6 +398,11 @@ func (l *runLoop) applyDecisions(ctx context.Context) error {
 			return err
 		}
 		c := p.Call
+		decision := tracing.ApprovalApproved
+		if !p.Decision.Approved {
+			decision = tracing.ApprovalRejected
+		}
+		tracing.RecordApproval(ctx, c.Name, c.ID, decision)
 		if !p.Decision.Approved {
 			msg := p.Decision.Message
 			if msg == "" {
@@ -479,8 +524,10 @@ func (l *runLoop) callTool(ctx context.Context, slot *agentSlot, call ToolCall) 
 		if l.cfg.Sandbox != nil {
 			tc.Workdir = l.cfg.Sandbox.Workdir
 		}
+		tctx, tspan := l.tr.StartToolCall(ctx, call.Name, call.ID)
 		var err error
-		result, err = t.Call(ctx, tc, call.Input)
+		result, err = t.Call(tctx, tc, call.Input)
+		tracing.EndToolCall(tspan, result.IsError, err)
 		if err != nil {
 			return model.Item{}, err
 		}
