@@ -83,6 +83,21 @@ func buildParams(modelName string, req *Request) (responses.ResponseNewParams, e
 		p.Text = responses.ResponseTextConfigParam{Format: responses.ResponseFormatTextConfigUnionParam{OfJSONSchema: js}}
 	}
 
+	for i, cm := range req.ContextManagement {
+		if cm.Type == "" {
+			return p, fmt.Errorf("model: invalid request: context management entry %d has no type", i)
+		}
+		if cm.CompactThreshold < 0 {
+			return p, fmt.Errorf("model: invalid request: context management entry %d (%s): negative compact threshold %d",
+				i, cm.Type, cm.CompactThreshold)
+		}
+		e := responses.ResponseNewParamsContextManagement{Type: cm.Type}
+		if cm.CompactThreshold > 0 {
+			e.CompactThreshold = param.NewOpt(cm.CompactThreshold)
+		}
+		p.ContextManagement = append(p.ContextManagement, e)
+	}
+
 	if r := req.Reasoning; r != nil {
 		p.Reasoning = shared.ReasoningParam{
 			Effort:  shared.ReasoningEffort(r.Effort),
@@ -299,6 +314,15 @@ func inputItem(it Item) (responses.ResponseInputItemUnionParam, error) {
 			r.EncryptedContent = param.NewOpt(it.EncryptedContent)
 		}
 		return responses.ResponseInputItemUnionParam{OfReasoning: r}, nil
+	case ItemCompaction:
+		if it.EncryptedContent == "" {
+			return none, fmt.Errorf("compaction item without encrypted content")
+		}
+		v := responses.ResponseInputItemParamOfCompaction(it.EncryptedContent)
+		if it.ID != "" {
+			v.OfCompaction.ID = param.NewOpt(it.ID)
+		}
+		return v, nil
 	}
 	return none, fmt.Errorf("unknown item kind")
 }
@@ -375,6 +399,8 @@ func outputItem(o responses.ResponseOutputItemUnion) (Item, bool) {
 			}
 		}
 		return it, true
+	case "compaction":
+		return Item{Kind: ItemCompaction, ID: o.ID, EncryptedContent: o.EncryptedContent}, true
 	}
 	return Item{}, false
 }

@@ -4,8 +4,8 @@
 //
 // [OpenAI] implements [Model] on the OpenAI Responses API through openai-go,
 // with its own retries (the SDK's are disabled) and a stateless conversation:
-// store=false, with reasoning items and their encrypted content passed back
-// by the caller on the next call.
+// store=false, with reasoning and compaction items and their encrypted
+// content passed back by the caller on the next call.
 package model
 
 import (
@@ -63,7 +63,33 @@ type Request struct {
 	// value) and Settings.Store is false, the encrypted reasoning content is
 	// requested so that reasoning items can be passed back on the next call.
 	Reasoning *Reasoning
-	Settings  Settings
+	// ContextManagement configures server-side context management (the
+	// request's context_management). With a compaction entry the provider
+	// compacts the conversation once its rendered size crosses the entry's
+	// threshold and returns an ItemCompaction output item, which the caller
+	// passes back like any other output item; the items before the last
+	// compaction item may then be left out of later requests.
+	ContextManagement []ContextManagement
+	Settings          Settings
+}
+
+// ContextCompaction is the ContextManagement type of server-side compaction.
+const ContextCompaction = "compaction"
+
+// ContextManagement is one context management entry of a request. On the
+// wire: {"type": "compaction", "compact_threshold": 240000}.
+type ContextManagement struct {
+	// Type is the entry's kind; ContextCompaction is the only one defined.
+	Type string
+	// CompactThreshold is the rendered token count at which the provider
+	// compacts the context; 0 leaves it to the provider.
+	CompactThreshold int64
+}
+
+// Compaction returns a server-side compaction entry triggered at threshold
+// tokens (0: the provider's default).
+func Compaction(threshold int64) ContextManagement {
+	return ContextManagement{Type: ContextCompaction, CompactThreshold: threshold}
 }
 
 // Settings are sampling and bookkeeping options of a call.
@@ -144,6 +170,10 @@ const (
 	ItemCustomToolCall       ItemKind = "custom_tool_call"
 	ItemCustomToolCallOutput ItemKind = "custom_tool_call_output"
 	ItemReasoning            ItemKind = "reasoning"
+	// ItemCompaction is an opaque summary of the conversation before it,
+	// produced by server-side compaction (see Request.ContextManagement).
+	// It carries ID and EncryptedContent and is passed back verbatim.
+	ItemCompaction ItemKind = "compaction"
 )
 
 // Message roles.
@@ -177,6 +207,7 @@ type Item struct {
 	Output string
 
 	// Summary, ReasoningText and EncryptedContent make a reasoning item.
+	// EncryptedContent is also the opaque state of a compaction item.
 	Summary          []string
 	ReasoningText    []string
 	EncryptedContent string

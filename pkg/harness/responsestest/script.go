@@ -9,12 +9,15 @@ const (
 	ItemFunctionCall   ItemType = "function_call"
 	ItemCustomToolCall ItemType = "custom_tool_call"
 	ItemReasoning      ItemType = "reasoning"
+	// ItemCompaction is the opaque item server-side compaction produces
+	// (when the request's context_management has a compaction entry).
+	ItemCompaction ItemType = "compaction"
 )
 
 // Item is one output item of a scripted turn. Which fields matter depends on
-// Type; the constructors [Message], [FunctionCall], [CustomToolCall] and
-// [Reasoning] fill the right ones. An empty ID is replaced by a generated one
-// ("msg_…", "fc_…", "ctc_…", "rs_…").
+// Type; the constructors [Message], [FunctionCall], [CustomToolCall],
+// [Reasoning] and [Compaction] fill the right ones. An empty ID is replaced by
+// a generated one ("msg_…", "fc_…", "ctc_…", "rs_…", "cmp_…").
 type Item struct {
 	Type ItemType
 	ID   string
@@ -31,7 +34,8 @@ type Item struct {
 	Input string
 
 	// Summary holds the reasoning summary parts, EncryptedContent the opaque
-	// reasoning state returned when reasoning.encrypted_content is included.
+	// reasoning state returned when reasoning.encrypted_content is included,
+	// or the opaque state of a compaction item.
 	Summary          []string
 	EncryptedContent string
 }
@@ -53,6 +57,13 @@ func CustomToolCall(callID, name, input string) Item {
 // content and summary parts.
 func Reasoning(id, encryptedContent string, summary ...string) Item {
 	return Item{Type: ItemReasoning, ID: id, EncryptedContent: encryptedContent, Summary: summary}
+}
+
+// Compaction returns a compaction item, as server-side compaction emits it:
+// {"type": "compaction", "id": id, "encrypted_content": encryptedContent}.
+// An empty id is generated.
+func Compaction(id, encryptedContent string) Item {
+	return Item{Type: ItemCompaction, ID: id, EncryptedContent: encryptedContent}
 }
 
 // Usage is the token accounting reported with a completed turn.

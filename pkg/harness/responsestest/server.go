@@ -61,6 +61,32 @@ func (r *Request) InputOfType(typ string) []map[string]any {
 	return out
 }
 
+// ContextManagement returns the request's context_management entries
+// (e.g. {"type": "compaction", "compact_threshold": json.Number("240000")}),
+// or nil when it sent none.
+func (r *Request) ContextManagement() []map[string]any {
+	in, _ := r.Body["context_management"].([]any)
+	if in == nil {
+		return nil
+	}
+	return objects(in)
+}
+
+// CompactThreshold returns the compact_threshold of the request's compaction
+// context management entry; ok is false when there is no compaction entry.
+// A compaction entry without an integer threshold reports 0.
+func (r *Request) CompactThreshold() (threshold int64, ok bool) {
+	for _, e := range r.ContextManagement() {
+		if e["type"] != "compaction" {
+			continue
+		}
+		n, _ := e["compact_threshold"].(json.Number)
+		v, _ := n.Int64()
+		return v, true
+	}
+	return 0, false
+}
+
 // Tools returns the tool definitions the request offered.
 func (r *Request) Tools() []map[string]any {
 	in, _ := r.Body["tools"].([]any)

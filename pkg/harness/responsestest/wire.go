@@ -44,6 +44,8 @@ func idPrefix(t ItemType) string {
 		return "ctc"
 	case ItemReasoning:
 		return "rs"
+	case ItemCompaction:
+		return "cmp"
 	default:
 		return "msg"
 	}
@@ -82,6 +84,8 @@ func itemJSON(it Item, done bool) obj {
 			o["encrypted_content"] = it.EncryptedContent
 		}
 		return o
+	case ItemCompaction:
+		return obj{"id": it.ID, "type": "compaction", "encrypted_content": it.EncryptedContent}
 	default:
 		content := []any{}
 		if done {
@@ -202,6 +206,9 @@ func (b *builder) events() []obj {
 				add("response.reasoning_summary_text.done", at(obj{"summary_index": si, "text": s}))
 				add("response.reasoning_summary_part.done", at(obj{"summary_index": si, "part": summaryPart(s)}))
 			}
+		case ItemCompaction:
+			// No deltas: the item arrives whole in output_item.added and
+			// output_item.done.
 		default:
 			add("response.content_part.added", at(obj{"content_index": 0, "part": textPart("")}))
 			for _, c := range chunks(it.Text, size) {
