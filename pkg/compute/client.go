@@ -191,6 +191,7 @@ type CreateOptions struct {
 func (c *Client) Create(ctx context.Context, opts CreateOptions) (_ *Session, err error) {
 	ctx, span := c.startSpan(ctx, "compute.create")
 	defer func() { endSpan(span, err) }()
+	ctx = WithRPCTracing(ctx, c.opts.TracerProvider)
 	m := opts.Manifest
 	if m == nil {
 		m = &manifest.Manifest{}
@@ -252,6 +253,7 @@ func WithProviderOptions(v any) ResumeOption {
 func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (_ *Session, err error) {
 	ctx, span := c.startSpan(ctx, "compute.resume")
 	defer func() { endSpan(span, err) }()
+	ctx = WithRPCTracing(ctx, c.opts.TracerProvider)
 	if st == nil {
 		return nil, fmt.Errorf("%w: nil session state", ErrInvalidArgument)
 	}

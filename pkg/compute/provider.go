@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
@@ -118,3 +120,23 @@ type SandboxInfo struct {
 
 // Expired reports whether the sandbox outlived its TTL or idle timeout at now.
 func (i SandboxInfo) Expired(now time.Time) bool { return i.Lifetime.Expired(now, i.LastActive) }
+
+// tracerKey keys the tracer provider in a context.
+type tracerKey struct{}
+
+// WithRPCTracing returns a context telling providers to instrument the
+// daemon clients they dial with tp (agentclient.Options.TracerProvider).
+// Client.Create and Client.Resume set it from ClientOptions.TracerProvider.
+func WithRPCTracing(ctx context.Context, tp trace.TracerProvider) context.Context {
+	if tp == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, tracerKey{}, tp)
+}
+
+// RPCTracing returns the tracer provider set by WithRPCTracing, or nil (no
+// instrumentation). Providers pass it to agentclient.Dial.
+func RPCTracing(ctx context.Context) trace.TracerProvider {
+	tp, _ := ctx.Value(tracerKey{}).(trace.TracerProvider)
+	return tp
+}

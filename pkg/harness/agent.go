@@ -60,8 +60,9 @@ type Agent struct {
 	// BaseInstructions, when non-nil, replace the built-in base prompt of
 	// sandbox agents.
 	BaseInstructions *string
-	// Capabilities replace the defaults (Filesystem and Shell) when
-	// non-nil; an empty non-nil slice means none.
+	// Capabilities replace the defaults (Filesystem, Shell, Compaction)
+	// when non-nil; an empty non-nil slice means none. Capabilities apply
+	// to agents that run with a sandbox session.
 	Capabilities []capability.Capability
 	// RunAs is the sandbox account model-directed work runs as.
 	RunAs string

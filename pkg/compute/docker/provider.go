@@ -302,7 +302,7 @@ func (p *Provider) containerConfig(set sandboxSettings, root string, dir private
 // connect dials the daemon through the run directory's socket and waits
 // until it serves and accepts the token.
 func (p *Provider) connect(ctx context.Context, st State, dir privateDir, token string, kept bool) (*sandbox, error) {
-	ac, err := agentclient.Dial(agentclient.Options{Address: "unix://" + dir.socket(), Token: token})
+	ac, err := agentclient.Dial(agentclient.Options{Address: "unix://" + dir.socket(), Token: token, TracerProvider: compute.RPCTracing(ctx)})
 	if err != nil {
 		return nil, fmt.Errorf("docker: sandbox %s: %w", st.Name, err)
 	}

@@ -23,6 +23,7 @@ import (
 	"go.uber.org/zap"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
@@ -153,7 +154,7 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	if werr != nil {
 		return fail(fmt.Errorf("send token to daemon: %w", werr))
 	}
-	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + s.Socket, Token: token})
+	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + s.Socket, Token: token, TracerProvider: compute.RPCTracing(ctx)})
 	if err != nil {
 		return fail(err)
 	}

@@ -243,7 +243,7 @@ func (p *Provider) Reattach(ctx context.Context, _ compute.LaunchSpec, prior jso
 	if err != nil {
 		return nil, fmt.Errorf("%w: sandbox token: %v", compute.ErrNotFound, err)
 	}
-	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + filepath.Join(dir, runDir, socketName), Token: string(token)})
+	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + filepath.Join(dir, runDir, socketName), Token: string(token), TracerProvider: compute.RPCTracing(ctx)})
 	if err != nil {
 		return nil, err
 	}

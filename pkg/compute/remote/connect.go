@@ -46,7 +46,7 @@ func (p *Provider) connect(ctx context.Context) (*agentclient.Client, *agentdv1.
 	if err := probe(ctx, p.ep, tc); err != nil {
 		return nil, nil, err
 	}
-	client, err := agentclient.Dial(agentclient.Options{Address: p.ep.String(), Token: token, TLS: tc})
+	client, err := agentclient.Dial(agentclient.Options{Address: p.ep.String(), Token: token, TLS: tc, TracerProvider: compute.RPCTracing(ctx)})
 	if err != nil {
 		return nil, nil, fmt.Errorf("remote sandbox %s: %w", p.ep, err)
 	}
