@@ -17,7 +17,7 @@ const fileChunkBytes = 256 << 10
 // ReadFile streams a file (from offset, at most limit bytes when limit > 0)
 // into w and returns the file's info.
 func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w io.Writer) (*agentdv1.FileInfo, error) {
-	stream, err := c.file.ReadFile(ctx, req)
+	stream, err := c.file.ReadFile(ctx, req, bulk)
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -33,10 +33,11 @@ func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w 
 		if msg.GetInfo() != nil {
 			info = msg.GetInfo()
 		}
-		if len(msg.GetData()) > 0 {
-			if _, err := w.Write(msg.GetData()); err != nil {
+		if data := msg.GetData(); len(data) > 0 {
+			if _, err := w.Write(data); err != nil {
 				return info, fmt.Errorf("read %s: write to destination: %w", req.GetPath(), err)
 			}
+			pool.putBytes(data) // the message goes no further (Write keeps no reference)
 		}
 	}
 }
@@ -47,7 +48,7 @@ func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w 
 func (c *Client) WriteFile(ctx context.Context, header *agentdv1.WriteFileHeader, r io.Reader) (*agentdv1.WriteFileResponse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // aborts the stream (and so the write) on an early return
-	stream, err := c.file.WriteFile(ctx)
+	stream, err := c.file.WriteFile(ctx, bulk)
 	if err != nil {
 		return nil, wrap(err)
 	}

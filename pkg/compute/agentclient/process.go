@@ -33,7 +33,7 @@ func (c *Client) ReadOutput(ctx context.Context, processID string, cursor int64,
 	var resp *agentdv1.ReadOutputResponse
 	err := retry(ctx, func() error {
 		var err error
-		resp, err = c.process.ReadOutput(ctx, req)
+		resp, err = c.process.ReadOutput(ctx, req, bulk)
 		return wrap(err)
 	})
 	return resp, err
@@ -47,7 +47,7 @@ func (c *Client) ReadOutput(ctx context.Context, processID string, cursor int64,
 func (c *Client) Follow(ctx context.Context, processID string, cursor int64, fn func(*agentdv1.AttachResponse) error) (*agentdv1.ExitStatus, error) {
 	var exit *agentdv1.ExitStatus
 	err := retry(ctx, func() error {
-		stream, err := c.process.Attach(ctx, &agentdv1.AttachRequest{ProcessId: processID, Cursor: cursor})
+		stream, err := c.process.Attach(ctx, &agentdv1.AttachRequest{ProcessId: processID, Cursor: cursor}, bulk)
 		if err != nil {
 			return wrap(err)
 		}
@@ -150,7 +150,7 @@ func (c *Client) Exec(ctx context.Context, req *agentdv1.ExecRequest, fn func(*a
 	if req.GetRequestId() == "" {
 		req.RequestId = NewRequestID()
 	}
-	stream, err := c.process.Exec(ctx, req)
+	stream, err := c.process.Exec(ctx, req, bulk)
 	if err != nil {
 		return nil, wrap(err)
 	}
