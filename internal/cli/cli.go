@@ -11,8 +11,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
@@ -23,6 +25,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing"
 )
 
 // Streams are the command's standard streams.
@@ -74,6 +77,9 @@ type globals struct {
 	isolation string
 	image     string
 	verbose   bool
+	trace     string
+	// tracer is set by setupTracing for the command's run.
+	tracer trace.TracerProvider
 }
 
 func newRoot(s Streams) *cobra.Command {
@@ -92,6 +98,7 @@ func newRoot(s Streams) *cobra.Command {
 	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: none, bubblewrap or auto")
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
+	pf.StringVar(&g.trace, "trace", "none", "export OpenTelemetry traces: none, otlp (OTEL_EXPORTER_OTLP_* honoured) or stdout (to stderr)")
 	root.AddCommand(newRunCmd(g), newDemoCmd(g), newSandboxCmd(g), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
@@ -100,6 +107,26 @@ func newRoot(s Streams) *cobra.Command {
 		},
 	})
 	return root
+}
+
+// setupTracing builds the trace provider --trace asks for and returns the
+// function flushing it (call it before the command returns).
+func (g *globals) setupTracing(ctx context.Context) (func(), error) {
+	if g.trace == "" || g.trace == tracing.ExporterNone {
+		return func() {}, nil
+	}
+	tp, shutdown, err := tracing.NewProvider(ctx, tracing.Config{Exporter: g.trace, Writer: g.streams.Err, ServiceName: "bulkhead-harness"})
+	if err != nil {
+		return nil, fmt.Errorf("--trace: %w", err)
+	}
+	g.tracer = tp
+	return func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if err := shutdown(sctx); err != nil {
+			fmt.Fprintf(g.streams.Err, "harness: flushing traces: %v\n", err)
+		}
+	}, nil
 }
 
 // logger returns the command's logger.
@@ -141,7 +168,7 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 		return nil, nil, err
 	}
 	log := g.logger()
-	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log}
+	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log, TracerProvider: g.tracer}
 	switch g.provider {
 	case "local":
 		dir, err := g.dir("local")

@@ -145,6 +145,11 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 	if resumed != nil {
 		skip = resumed.Turn
 	}
+	flush, err := g.setupTracing(ctx)
+	if err != nil {
+		return err
+	}
+	defer flush()
 	mdl, label, closeModel, err := chooseModel(f, g, skip)
 	if err != nil {
 		return err
@@ -185,7 +190,7 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 	if err != nil {
 		return err
 	}
-	r := &harness.Runner{Model: mdl, ModelName: modelName, Log: g.logger()}
+	r := &harness.Runner{Model: mdl, ModelName: modelName, Log: g.logger(), TracerProvider: g.tracer}
 	cfg := harness.RunConfig{MaxTurns: f.maxTurns, Sandbox: sc}
 	p := &printer{w: out, json: f.json}
 	var stream *harness.Stream
