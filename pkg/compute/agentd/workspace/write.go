@@ -230,7 +230,7 @@ func (w *Workspace) fillAndCommit(ctx context.Context, u *userdb.User, opts Writ
 		limit = opts.ExpectedSize
 	}
 	h := sha256.New()
-	n, err := copyLimited(ctx, s.tmp, h, r, limit)
+	n, err := copyLimited(ctx, &writeBehind{f: s.tmp}, h, r, limit)
 	if err != nil {
 		return WriteResult{}, err
 	}
@@ -413,4 +413,32 @@ func copyChunks(ctx context.Context, dst io.Writer, h hash.Hash, r ChunkReader, 
 			return n, fmt.Errorf("reading the content: %w", rerr)
 		}
 	}
+}
+
+// writeBehindBytes is how much written data writeBehind lets accumulate
+// before it starts writing it back.
+const writeBehindBytes = 8 << 20
+
+// writeBehind writes to a file and starts the writeback of every
+// writeBehindBytes written (sync_file_range SYNC_FILE_RANGE_WRITE, which
+// does not wait), so that the disk works while the rest arrives and the
+// final fsync has little left to wait for. Best effort: a failure only
+// leaves the work to the fsync.
+type writeBehind struct {
+	f        *os.File
+	off      int64 // bytes written
+	from     int64 // start of the range not yet handed to writeback
+	disabled bool
+}
+
+func (w *writeBehind) Write(p []byte) (int, error) {
+	n, err := w.f.Write(p)
+	w.off += int64(n)
+	if !w.disabled && w.off-w.from >= writeBehindBytes {
+		if serr := unix.SyncFileRange(int(w.f.Fd()), w.from, w.off-w.from, unix.SYNC_FILE_RANGE_WRITE); serr != nil {
+			w.disabled = true
+		}
+		w.from = w.off
+	}
+	return n, err
 }
