@@ -184,6 +184,26 @@ type CreateOptions struct {
 	Labels map[string]string
 	// ProviderOptions are options for this provider (see its package).
 	ProviderOptions any
+	// Limits bound the session's materialization and snapshot restores.
+	Limits Limits
+}
+
+// Limits bound the work a session does for the harness.
+type Limits struct {
+	// MaterializeConcurrency bounds the git fetches and host directory
+	// walks of a materialization running at once (0: the client's
+	// materializer setting, default 4).
+	MaterializeConcurrency int
+	// Archive bounds snapshot restores; zero fields take the daemon's
+	// defaults.
+	Archive ArchiveLimits
+}
+
+// ArchiveLimits bound what a snapshot may make a restore do.
+type ArchiveLimits struct {
+	MaxMembers        int64
+	MaxExtractedBytes int64
+	MaxInputBytes     int64
 }
 
 // Create launches a sandbox for a new session. Call Start to apply the
@@ -222,7 +242,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (_ *Session, er
 		return nil, fmt.Errorf("create %s sandbox: %w", c.p.Name(), err)
 	}
 	c.log.Info("sandbox created", zap.String("session", id))
-	return newSession(c, sb, sessionInit{id: id, manifest: m, snapshotID: snap, skip: opts.SkipPaths, lifetime: life}), nil
+	return newSession(c, sb, sessionInit{id: id, manifest: m, snapshotID: snap, skip: opts.SkipPaths, lifetime: life, limits: opts.Limits}), nil
 }
 
 // ResumeOption adjusts Resume.
@@ -231,6 +251,12 @@ type ResumeOption func(*resumeOptions)
 type resumeOptions struct {
 	trusted  *manifest.Manifest
 	provider any
+	limits   Limits
+}
+
+// WithLimits sets the resumed session's limits.
+func WithLimits(l Limits) ResumeOption {
+	return func(o *resumeOptions) { o.limits = l }
 }
 
 // WithTrustedManifest gives Resume the application's trusted manifest, so
@@ -276,7 +302,7 @@ func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (_
 	}
 	spec := LaunchSpec{SessionID: st.SessionID, Manifest: m, Lifetime: st.Lifetime, Prior: st.ProviderState, Options: o.provider}
 	init := sessionInit{id: st.SessionID, manifest: m, snapshotID: st.SnapshotID, skip: st.SkipPaths,
-		lifetime: st.Lifetime, fingerprint: st.Fingerprint}
+		lifetime: st.Lifetime, fingerprint: st.Fingerprint, limits: o.limits}
 	if init.snapshotID == "" {
 		init.snapshotID = st.SessionID
 	}

@@ -37,6 +37,7 @@ type Session struct {
 	skip        []string
 	lifetime    Lifetime
 	fingerprint string
+	limits      Limits
 	started     bool
 	hooks       []PreStopHook
 	closed      bool
@@ -53,11 +54,12 @@ type sessionInit struct {
 	lifetime    Lifetime
 	fingerprint string
 	live        bool // reattached to a sandbox whose workspace is ready
+	limits      Limits
 }
 
 func newSession(c *Client, sb Sandbox, in sessionInit) *Session {
 	return &Session{c: c, sb: sb, id: in.id, manifest: in.manifest, snapshotID: in.snapshotID,
-		skip: in.skip, lifetime: in.lifetime, fingerprint: in.fingerprint, started: in.live}
+		skip: in.skip, lifetime: in.lifetime, fingerprint: in.fingerprint, started: in.live, limits: in.limits}
 }
 
 // ID returns the session id.
@@ -131,6 +133,9 @@ func (s *Session) Start(ctx context.Context) (err error) {
 	span.SetAttributes(attribute.Bool(attrRestored, restored))
 	opts := s.c.opts.Materializer
 	opts.Log = s.c.log
+	if s.limits.MaterializeConcurrency > 0 {
+		opts.Concurrency = s.limits.MaterializeConcurrency
+	}
 	if restored {
 		opts.Include = func(_ string, e *manifest.Entry) bool { return e.IsEphemeral() }
 	}
@@ -188,7 +193,10 @@ func (s *Session) restore(ctx context.Context, agent *agentclient.Client) (resto
 		return false, fmt.Errorf("start session %s: open snapshot: %w", s.id, err)
 	}
 	defer r.Close()
-	if _, err := agent.Restore(ctx, &agentdv1.RestoreHeader{Exclude: s.excludes(), PreserveOwnership: true}, r); err != nil {
+	al := s.limits.Archive
+	hdr := &agentdv1.RestoreHeader{Exclude: s.excludes(), PreserveOwnership: true, Limits: &agentdv1.ArchiveLimits{
+		MaxMembers: al.MaxMembers, MaxExtractedBytes: al.MaxExtractedBytes, MaxInputBytes: al.MaxInputBytes}}
+	if _, err := agent.Restore(ctx, hdr, r); err != nil {
 		return false, fmt.Errorf("start session %s: restore snapshot %s: %w", s.id, s.snapshotID, err)
 	}
 	s.c.log.Info("workspace restored from snapshot", zap.String("session", s.id), zap.String("snapshot", s.snapshotID))

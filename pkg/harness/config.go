@@ -45,6 +45,9 @@ type SandboxConfig struct {
 	SnapshotID string
 	// ProviderOptions are passed to the provider for a fresh session.
 	ProviderOptions any
+	// Limits bound materialization concurrency and snapshot restores of
+	// the sessions the runner creates or resumes.
+	Limits compute.Limits
 	// RunAs, when set, overrides the agents' RunAs in this run.
 	RunAs string
 	// Workdir is the run's working directory, relative to the workspace

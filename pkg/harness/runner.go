@@ -700,7 +700,7 @@ func (l *runLoop) session(ctx context.Context, a *Agent, key string, caps []capa
 		state = sc.SessionState
 	}
 	if state != nil {
-		var opts []compute.ResumeOption
+		opts := []compute.ResumeOption{compute.WithLimits(sc.Limits)}
 		if sc.TrustedManifest != nil {
 			opts = append(opts, compute.WithTrustedManifest(sc.TrustedManifest))
 		}
@@ -721,7 +721,7 @@ func (l *runLoop) session(ctx context.Context, a *Agent, key string, caps []capa
 			}
 		}
 		m = withRunAs(m, l.runAs(a))
-		sess, err = sc.Client.Create(ctx, compute.CreateOptions{Manifest: m, SnapshotID: sc.SnapshotID, ProviderOptions: sc.ProviderOptions})
+		sess, err = sc.Client.Create(ctx, compute.CreateOptions{Manifest: m, SnapshotID: sc.SnapshotID, ProviderOptions: sc.ProviderOptions, Limits: sc.Limits})
 		if err != nil {
 			return nil, false, err
 		}

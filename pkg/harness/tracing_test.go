@@ -21,7 +21,9 @@ func TestRunIsTraced(t *testing.T) {
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	echo := tool.Func{Def: model.FunctionTool("echo", "echo", []byte(`{"type":"object"}`), false),
-		Fn: func(_ context.Context, _ tool.Context, in string) (tool.Result, error) { return tool.Result{Output: in}, nil }}
+		Fn: func(_ context.Context, _ tool.Context, in string) (tool.Result, error) {
+			return tool.Result{Output: in}, nil
+		}}
 	r := &Runner{Model: m, ModelName: "test-model", TracerProvider: tp}
 	if _, err := r.Run(ctxT(t), &Agent{Name: "tracer", Tools: []tool.Tool{echo}}, "go "+secret, RunConfig{}); err != nil {
 		t.Fatal(err)

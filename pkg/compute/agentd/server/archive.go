@@ -77,6 +77,11 @@ func (s *workspaceService) Restore(stream agentdv1.WorkspaceService_RestoreServe
 		Exclude:               h.GetExclude(),
 		PreserveOwnership:     h.GetPreserveOwnership(),
 		AllowExternalSymlinks: h.GetAllowExternalSymlinks(),
+		Limits: archive.Limits{
+			MaxMembers:    h.GetLimits().GetMaxMembers(),
+			MaxBytes:      h.GetLimits().GetMaxExtractedBytes(),
+			MaxInputBytes: h.GetLimits().GetMaxInputBytes(),
+		},
 	})
 	if err != nil {
 		return errmap.ToStatus(err)

@@ -1072,8 +1072,11 @@ type RestoreHeader struct {
 	PreserveOwnership bool `protobuf:"varint,2,opt,name=preserve_ownership,json=preserveOwnership,proto3" json:"preserve_ownership,omitempty"`
 	// Accept symlinks that point outside the workspace (virtualenvs).
 	AllowExternalSymlinks bool `protobuf:"varint,3,opt,name=allow_external_symlinks,json=allowExternalSymlinks,proto3" json:"allow_external_symlinks,omitempty"`
-	unknownFields         protoimpl.UnknownFields
-	sizeCache             protoimpl.SizeCache
+	// Limits on what the archive may make the restore do; unset fields take
+	// the daemon's defaults.
+	Limits        *ArchiveLimits `protobuf:"bytes,4,opt,name=limits,proto3" json:"limits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreHeader) Reset() {
@@ -1127,6 +1130,77 @@ func (x *RestoreHeader) GetAllowExternalSymlinks() bool {
 	return false
 }
 
+func (x *RestoreHeader) GetLimits() *ArchiveLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// ArchiveLimits bound a Restore. Zero means the daemon's default.
+type ArchiveLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Most members (entries) in the archive.
+	MaxMembers int64 `protobuf:"varint,1,opt,name=max_members,json=maxMembers,proto3" json:"max_members,omitempty"`
+	// Most bytes actually written (not the sizes the archive declares).
+	MaxExtractedBytes int64 `protobuf:"varint,2,opt,name=max_extracted_bytes,json=maxExtractedBytes,proto3" json:"max_extracted_bytes,omitempty"`
+	// Most bytes of (compressed) archive read.
+	MaxInputBytes int64 `protobuf:"varint,3,opt,name=max_input_bytes,json=maxInputBytes,proto3" json:"max_input_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ArchiveLimits) Reset() {
+	*x = ArchiveLimits{}
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ArchiveLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ArchiveLimits) ProtoMessage() {}
+
+func (x *ArchiveLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ArchiveLimits.ProtoReflect.Descriptor instead.
+func (*ArchiveLimits) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *ArchiveLimits) GetMaxMembers() int64 {
+	if x != nil {
+		return x.MaxMembers
+	}
+	return 0
+}
+
+func (x *ArchiveLimits) GetMaxExtractedBytes() int64 {
+	if x != nil {
+		return x.MaxExtractedBytes
+	}
+	return 0
+}
+
+func (x *ArchiveLimits) GetMaxInputBytes() int64 {
+	if x != nil {
+		return x.MaxInputBytes
+	}
+	return 0
+}
+
 // RestoreRequest is the header (first message) or a chunk of the archive.
 type RestoreRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1141,7 +1215,7 @@ type RestoreRequest struct {
 
 func (x *RestoreRequest) Reset() {
 	*x = RestoreRequest{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1153,7 +1227,7 @@ func (x *RestoreRequest) String() string {
 func (*RestoreRequest) ProtoMessage() {}
 
 func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[12]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1166,7 +1240,7 @@ func (x *RestoreRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreRequest.ProtoReflect.Descriptor instead.
 func (*RestoreRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{12}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *RestoreRequest) GetMessage() isRestoreRequest_Message {
@@ -1220,7 +1294,7 @@ type RestoreResponse struct {
 
 func (x *RestoreResponse) Reset() {
 	*x = RestoreResponse{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[13]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1232,7 +1306,7 @@ func (x *RestoreResponse) String() string {
 func (*RestoreResponse) ProtoMessage() {}
 
 func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[13]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1245,7 +1319,7 @@ func (x *RestoreResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreResponse.ProtoReflect.Descriptor instead.
 func (*RestoreResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{13}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *RestoreResponse) GetStats() *ArchiveStats {
@@ -1268,7 +1342,7 @@ type FingerprintRequest struct {
 
 func (x *FingerprintRequest) Reset() {
 	*x = FingerprintRequest{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[14]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1280,7 +1354,7 @@ func (x *FingerprintRequest) String() string {
 func (*FingerprintRequest) ProtoMessage() {}
 
 func (x *FingerprintRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[14]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1293,7 +1367,7 @@ func (x *FingerprintRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FingerprintRequest.ProtoReflect.Descriptor instead.
 func (*FingerprintRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{14}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *FingerprintRequest) GetExclude() []string {
@@ -1320,7 +1394,7 @@ type FingerprintResponse struct {
 
 func (x *FingerprintResponse) Reset() {
 	*x = FingerprintResponse{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[15]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1332,7 +1406,7 @@ func (x *FingerprintResponse) String() string {
 func (*FingerprintResponse) ProtoMessage() {}
 
 func (x *FingerprintResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[15]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1345,7 +1419,7 @@ func (x *FingerprintResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FingerprintResponse.ProtoReflect.Descriptor instead.
 func (*FingerprintResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{15}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *FingerprintResponse) GetFingerprint() string {
@@ -1370,7 +1444,7 @@ type PatchOperation struct {
 
 func (x *PatchOperation) Reset() {
 	*x = PatchOperation{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[16]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1382,7 +1456,7 @@ func (x *PatchOperation) String() string {
 func (*PatchOperation) ProtoMessage() {}
 
 func (x *PatchOperation) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[16]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1395,7 +1469,7 @@ func (x *PatchOperation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchOperation.ProtoReflect.Descriptor instead.
 func (*PatchOperation) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{16}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *PatchOperation) GetType() PatchOperationType {
@@ -1436,7 +1510,7 @@ type PatchOperations struct {
 
 func (x *PatchOperations) Reset() {
 	*x = PatchOperations{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[17]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1448,7 +1522,7 @@ func (x *PatchOperations) String() string {
 func (*PatchOperations) ProtoMessage() {}
 
 func (x *PatchOperations) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[17]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1461,7 +1535,7 @@ func (x *PatchOperations) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchOperations.ProtoReflect.Descriptor instead.
 func (*PatchOperations) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{17}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *PatchOperations) GetOperations() []*PatchOperation {
@@ -1491,7 +1565,7 @@ type ApplyPatchRequest struct {
 
 func (x *ApplyPatchRequest) Reset() {
 	*x = ApplyPatchRequest{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[18]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1503,7 +1577,7 @@ func (x *ApplyPatchRequest) String() string {
 func (*ApplyPatchRequest) ProtoMessage() {}
 
 func (x *ApplyPatchRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[18]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1516,7 +1590,7 @@ func (x *ApplyPatchRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPatchRequest.ProtoReflect.Descriptor instead.
 func (*ApplyPatchRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{18}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ApplyPatchRequest) GetInput() isApplyPatchRequest_Input {
@@ -1596,7 +1670,7 @@ type PatchChange struct {
 
 func (x *PatchChange) Reset() {
 	*x = PatchChange{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[19]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1608,7 +1682,7 @@ func (x *PatchChange) String() string {
 func (*PatchChange) ProtoMessage() {}
 
 func (x *PatchChange) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[19]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1621,7 +1695,7 @@ func (x *PatchChange) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PatchChange.ProtoReflect.Descriptor instead.
 func (*PatchChange) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{19}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *PatchChange) GetKind() PatchChangeKind {
@@ -1655,7 +1729,7 @@ type ApplyPatchResponse struct {
 
 func (x *ApplyPatchResponse) Reset() {
 	*x = ApplyPatchResponse{}
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[20]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1667,7 +1741,7 @@ func (x *ApplyPatchResponse) String() string {
 func (*ApplyPatchResponse) ProtoMessage() {}
 
 func (x *ApplyPatchResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[20]
+	mi := &file_bulkhead_agentd_v1_workspace_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1680,7 +1754,7 @@ func (x *ApplyPatchResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ApplyPatchResponse.ProtoReflect.Descriptor instead.
 func (*ApplyPatchResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{20}
+	return file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *ApplyPatchResponse) GetChanges() []*PatchChange {
@@ -1755,11 +1829,17 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\x05level\x18\x03 \x01(\x05R\x05level\"]\n" +
 	"\x0fArchiveResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x126\n" +
-	"\x05stats\x18\x02 \x01(\v2 .bulkhead.agentd.v1.ArchiveStatsR\x05stats\"\x90\x01\n" +
+	"\x05stats\x18\x02 \x01(\v2 .bulkhead.agentd.v1.ArchiveStatsR\x05stats\"\xcb\x01\n" +
 	"\rRestoreHeader\x12\x18\n" +
 	"\aexclude\x18\x01 \x03(\tR\aexclude\x12-\n" +
 	"\x12preserve_ownership\x18\x02 \x01(\bR\x11preserveOwnership\x126\n" +
-	"\x17allow_external_symlinks\x18\x03 \x01(\bR\x15allowExternalSymlinks\"n\n" +
+	"\x17allow_external_symlinks\x18\x03 \x01(\bR\x15allowExternalSymlinks\x129\n" +
+	"\x06limits\x18\x04 \x01(\v2!.bulkhead.agentd.v1.ArchiveLimitsR\x06limits\"\x88\x01\n" +
+	"\rArchiveLimits\x12\x1f\n" +
+	"\vmax_members\x18\x01 \x01(\x03R\n" +
+	"maxMembers\x12.\n" +
+	"\x13max_extracted_bytes\x18\x02 \x01(\x03R\x11maxExtractedBytes\x12&\n" +
+	"\x0fmax_input_bytes\x18\x03 \x01(\x03R\rmaxInputBytes\"n\n" +
 	"\x0eRestoreRequest\x12;\n" +
 	"\x06header\x18\x01 \x01(\v2!.bulkhead.agentd.v1.RestoreHeaderH\x00R\x06header\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\t\n" +
@@ -1836,7 +1916,7 @@ func file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP() []byte {
 }
 
 var file_bulkhead_agentd_v1_workspace_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bulkhead_agentd_v1_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 21)
+var file_bulkhead_agentd_v1_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_bulkhead_agentd_v1_workspace_proto_goTypes = []any{
 	(MaterializeEntryKind)(0),   // 0: bulkhead.agentd.v1.MaterializeEntryKind
 	(ArchiveCompression)(0),     // 1: bulkhead.agentd.v1.ArchiveCompression
@@ -1854,15 +1934,16 @@ var file_bulkhead_agentd_v1_workspace_proto_goTypes = []any{
 	(*ArchiveRequest)(nil),      // 13: bulkhead.agentd.v1.ArchiveRequest
 	(*ArchiveResponse)(nil),     // 14: bulkhead.agentd.v1.ArchiveResponse
 	(*RestoreHeader)(nil),       // 15: bulkhead.agentd.v1.RestoreHeader
-	(*RestoreRequest)(nil),      // 16: bulkhead.agentd.v1.RestoreRequest
-	(*RestoreResponse)(nil),     // 17: bulkhead.agentd.v1.RestoreResponse
-	(*FingerprintRequest)(nil),  // 18: bulkhead.agentd.v1.FingerprintRequest
-	(*FingerprintResponse)(nil), // 19: bulkhead.agentd.v1.FingerprintResponse
-	(*PatchOperation)(nil),      // 20: bulkhead.agentd.v1.PatchOperation
-	(*PatchOperations)(nil),     // 21: bulkhead.agentd.v1.PatchOperations
-	(*ApplyPatchRequest)(nil),   // 22: bulkhead.agentd.v1.ApplyPatchRequest
-	(*PatchChange)(nil),         // 23: bulkhead.agentd.v1.PatchChange
-	(*ApplyPatchResponse)(nil),  // 24: bulkhead.agentd.v1.ApplyPatchResponse
+	(*ArchiveLimits)(nil),       // 16: bulkhead.agentd.v1.ArchiveLimits
+	(*RestoreRequest)(nil),      // 17: bulkhead.agentd.v1.RestoreRequest
+	(*RestoreResponse)(nil),     // 18: bulkhead.agentd.v1.RestoreResponse
+	(*FingerprintRequest)(nil),  // 19: bulkhead.agentd.v1.FingerprintRequest
+	(*FingerprintResponse)(nil), // 20: bulkhead.agentd.v1.FingerprintResponse
+	(*PatchOperation)(nil),      // 21: bulkhead.agentd.v1.PatchOperation
+	(*PatchOperations)(nil),     // 22: bulkhead.agentd.v1.PatchOperations
+	(*ApplyPatchRequest)(nil),   // 23: bulkhead.agentd.v1.ApplyPatchRequest
+	(*PatchChange)(nil),         // 24: bulkhead.agentd.v1.PatchChange
+	(*ApplyPatchResponse)(nil),  // 25: bulkhead.agentd.v1.ApplyPatchResponse
 }
 var file_bulkhead_agentd_v1_workspace_proto_depIdxs = []int32{
 	0,  // 0: bulkhead.agentd.v1.MaterializeEntry.kind:type_name -> bulkhead.agentd.v1.MaterializeEntryKind
@@ -1874,28 +1955,29 @@ var file_bulkhead_agentd_v1_workspace_proto_depIdxs = []int32{
 	10, // 6: bulkhead.agentd.v1.MaterializeResponse.files:type_name -> bulkhead.agentd.v1.MaterializedFile
 	1,  // 7: bulkhead.agentd.v1.ArchiveRequest.compression:type_name -> bulkhead.agentd.v1.ArchiveCompression
 	12, // 8: bulkhead.agentd.v1.ArchiveResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
-	15, // 9: bulkhead.agentd.v1.RestoreRequest.header:type_name -> bulkhead.agentd.v1.RestoreHeader
-	12, // 10: bulkhead.agentd.v1.RestoreResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
-	2,  // 11: bulkhead.agentd.v1.PatchOperation.type:type_name -> bulkhead.agentd.v1.PatchOperationType
-	20, // 12: bulkhead.agentd.v1.PatchOperations.operations:type_name -> bulkhead.agentd.v1.PatchOperation
-	21, // 13: bulkhead.agentd.v1.ApplyPatchRequest.operations:type_name -> bulkhead.agentd.v1.PatchOperations
-	3,  // 14: bulkhead.agentd.v1.PatchChange.kind:type_name -> bulkhead.agentd.v1.PatchChangeKind
-	23, // 15: bulkhead.agentd.v1.ApplyPatchResponse.changes:type_name -> bulkhead.agentd.v1.PatchChange
-	22, // 16: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:input_type -> bulkhead.agentd.v1.ApplyPatchRequest
-	13, // 17: bulkhead.agentd.v1.WorkspaceService.Archive:input_type -> bulkhead.agentd.v1.ArchiveRequest
-	16, // 18: bulkhead.agentd.v1.WorkspaceService.Restore:input_type -> bulkhead.agentd.v1.RestoreRequest
-	18, // 19: bulkhead.agentd.v1.WorkspaceService.Fingerprint:input_type -> bulkhead.agentd.v1.FingerprintRequest
-	9,  // 20: bulkhead.agentd.v1.WorkspaceService.Materialize:input_type -> bulkhead.agentd.v1.MaterializeRequest
-	24, // 21: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:output_type -> bulkhead.agentd.v1.ApplyPatchResponse
-	14, // 22: bulkhead.agentd.v1.WorkspaceService.Archive:output_type -> bulkhead.agentd.v1.ArchiveResponse
-	17, // 23: bulkhead.agentd.v1.WorkspaceService.Restore:output_type -> bulkhead.agentd.v1.RestoreResponse
-	19, // 24: bulkhead.agentd.v1.WorkspaceService.Fingerprint:output_type -> bulkhead.agentd.v1.FingerprintResponse
-	11, // 25: bulkhead.agentd.v1.WorkspaceService.Materialize:output_type -> bulkhead.agentd.v1.MaterializeResponse
-	21, // [21:26] is the sub-list for method output_type
-	16, // [16:21] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	16, // 9: bulkhead.agentd.v1.RestoreHeader.limits:type_name -> bulkhead.agentd.v1.ArchiveLimits
+	15, // 10: bulkhead.agentd.v1.RestoreRequest.header:type_name -> bulkhead.agentd.v1.RestoreHeader
+	12, // 11: bulkhead.agentd.v1.RestoreResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
+	2,  // 12: bulkhead.agentd.v1.PatchOperation.type:type_name -> bulkhead.agentd.v1.PatchOperationType
+	21, // 13: bulkhead.agentd.v1.PatchOperations.operations:type_name -> bulkhead.agentd.v1.PatchOperation
+	22, // 14: bulkhead.agentd.v1.ApplyPatchRequest.operations:type_name -> bulkhead.agentd.v1.PatchOperations
+	3,  // 15: bulkhead.agentd.v1.PatchChange.kind:type_name -> bulkhead.agentd.v1.PatchChangeKind
+	24, // 16: bulkhead.agentd.v1.ApplyPatchResponse.changes:type_name -> bulkhead.agentd.v1.PatchChange
+	23, // 17: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:input_type -> bulkhead.agentd.v1.ApplyPatchRequest
+	13, // 18: bulkhead.agentd.v1.WorkspaceService.Archive:input_type -> bulkhead.agentd.v1.ArchiveRequest
+	17, // 19: bulkhead.agentd.v1.WorkspaceService.Restore:input_type -> bulkhead.agentd.v1.RestoreRequest
+	19, // 20: bulkhead.agentd.v1.WorkspaceService.Fingerprint:input_type -> bulkhead.agentd.v1.FingerprintRequest
+	9,  // 21: bulkhead.agentd.v1.WorkspaceService.Materialize:input_type -> bulkhead.agentd.v1.MaterializeRequest
+	25, // 22: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:output_type -> bulkhead.agentd.v1.ApplyPatchResponse
+	14, // 23: bulkhead.agentd.v1.WorkspaceService.Archive:output_type -> bulkhead.agentd.v1.ArchiveResponse
+	18, // 24: bulkhead.agentd.v1.WorkspaceService.Restore:output_type -> bulkhead.agentd.v1.RestoreResponse
+	20, // 25: bulkhead.agentd.v1.WorkspaceService.Fingerprint:output_type -> bulkhead.agentd.v1.FingerprintResponse
+	11, // 26: bulkhead.agentd.v1.WorkspaceService.Materialize:output_type -> bulkhead.agentd.v1.MaterializeResponse
+	22, // [22:27] is the sub-list for method output_type
+	17, // [17:22] is the sub-list for method input_type
+	17, // [17:17] is the sub-list for extension type_name
+	17, // [17:17] is the sub-list for extension extendee
+	0,  // [0:17] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_agentd_v1_workspace_proto_init() }
@@ -1907,11 +1989,11 @@ func file_bulkhead_agentd_v1_workspace_proto_init() {
 		(*MaterializeRequest_Plan)(nil),
 		(*MaterializeRequest_Data)(nil),
 	}
-	file_bulkhead_agentd_v1_workspace_proto_msgTypes[12].OneofWrappers = []any{
+	file_bulkhead_agentd_v1_workspace_proto_msgTypes[13].OneofWrappers = []any{
 		(*RestoreRequest_Header)(nil),
 		(*RestoreRequest_Data)(nil),
 	}
-	file_bulkhead_agentd_v1_workspace_proto_msgTypes[18].OneofWrappers = []any{
+	file_bulkhead_agentd_v1_workspace_proto_msgTypes[19].OneofWrappers = []any{
 		(*ApplyPatchRequest_Patch)(nil),
 		(*ApplyPatchRequest_Operations)(nil),
 	}
@@ -1921,7 +2003,7 @@ func file_bulkhead_agentd_v1_workspace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_agentd_v1_workspace_proto_rawDesc), len(file_bulkhead_agentd_v1_workspace_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   21,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
