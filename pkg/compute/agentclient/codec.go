@@ -177,3 +177,114 @@ func copySkip(dst []byte, data mem.BufferSlice, skip int) {
 		skip = 0
 	}
 }
+
+// followCodec is codec for the stream of one Follow: the chunks' data of
+// an AttachResponse aliases the buffer the message was received into,
+// instead of being copied out of it (and into newly allocated memory),
+// and that buffer goes back to the pool when Follow's callback returned
+// (release). Messages are decoded by the goroutine calling Recv, so the
+// one buffer held needs no lock.
+type followCodec struct {
+	codec
+	held mem.Buffer
+}
+
+func (c *followCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	m, ok := v.(*agentdv1.AttachResponse)
+	if !ok {
+		return c.codec.Unmarshal(data, v)
+	}
+	c.release()
+	buf := data.MaterializeToBuffer(pool)
+	if decodeAttach(buf.ReadOnlyData(), m) {
+		c.held = buf
+		return nil
+	}
+	defer buf.Free()
+	return proto.Unmarshal(buf.ReadOnlyData(), m)
+}
+
+// release gives back the buffer of the last message decoded.
+func (c *followCodec) release() {
+	if c.held != nil {
+		c.held.Free()
+		c.held = nil
+	}
+}
+
+// decodeAttach decodes an AttachResponse with its chunks' data aliasing b.
+// It reports false for input it does not handle itself (a chunk with
+// fields it does not know, malformed input), which proto.Unmarshal then
+// decodes (or rejects).
+func decodeAttach(b []byte, m *agentdv1.AttachResponse) bool {
+	proto.Reset(m)
+	var rest []byte // the other fields, merged by proto.Unmarshal
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		if num == 1 && typ == protowire.BytesType {
+			v, k := protowire.ConsumeBytes(b[n:])
+			if k < 0 {
+				return false
+			}
+			ch := &agentdv1.OutputChunk{}
+			if !decodeChunk(v, ch) {
+				return false
+			}
+			m.Chunks = append(m.Chunks, ch)
+			b = b[n+k:]
+			continue
+		}
+		k := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if k < 0 {
+			return false
+		}
+		rest = append(rest, b[:n+k]...)
+		b = b[n+k:]
+	}
+	if len(rest) > 0 {
+		if err := (proto.UnmarshalOptions{Merge: true}).Unmarshal(rest, m); err != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// decodeChunk decodes an OutputChunk with its data aliasing b.
+func decodeChunk(b []byte, ch *agentdv1.OutputChunk) bool {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return false
+		}
+		b = b[n:]
+		switch {
+		case num == 1 && typ == protowire.VarintType:
+			v, k := protowire.ConsumeVarint(b)
+			if k < 0 {
+				return false
+			}
+			ch.Stream, b = agentdv1.OutputStream(int32(v)), b[k:]
+		case num == 2 && typ == protowire.VarintType:
+			v, k := protowire.ConsumeVarint(b)
+			if k < 0 {
+				return false
+			}
+			ch.Offset, b = int64(v), b[k:]
+		case num == 3 && typ == protowire.BytesType:
+			v, k := protowire.ConsumeBytes(b)
+			if k < 0 {
+				return false
+			}
+			ch.Data, b = nil, b[k:]
+			if len(v) > 0 {
+				ch.Data = v[:len(v):len(v)]
+			}
+		default:
+			return false
+		}
+	}
+	return true
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
@@ -44,10 +45,15 @@ func (c *Client) ReadOutput(ctx context.Context, processID string, cursor int64,
 // re-attaches from the last cursor it delivered, so no output is lost or
 // repeated (output the daemon's buffer already dropped is reported through
 // dropped_bytes).
+//
+// The chunks' data is valid only until fn returns: it is the buffer the
+// message was received into, which is then reused. Copy what you keep.
 func (c *Client) Follow(ctx context.Context, processID string, cursor int64, fn func(*agentdv1.AttachResponse) error) (*agentdv1.ExitStatus, error) {
 	var exit *agentdv1.ExitStatus
 	err := retry(ctx, func() error {
-		stream, err := c.process.Attach(ctx, &agentdv1.AttachRequest{ProcessId: processID, Cursor: cursor}, bulk)
+		fc := &followCodec{}
+		defer fc.release()
+		stream, err := c.process.Attach(ctx, &agentdv1.AttachRequest{ProcessId: processID, Cursor: cursor}, grpc.ForceCodecV2(fc))
 		if err != nil {
 			return wrap(err)
 		}
@@ -60,7 +66,9 @@ func (c *Client) Follow(ctx context.Context, processID string, cursor int64, fn 
 				return wrap(err)
 			}
 			cursor = msg.GetNextCursor()
-			if err := fn(msg); err != nil {
+			err = fn(msg)
+			fc.release() // msg's data is reused from now on
+			if err != nil {
 				return err
 			}
 			if msg.GetExit() != nil {

@@ -1,0 +1,103 @@
+package agentclient
+
+import (
+	"bytes"
+	"testing"
+
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// split cuts b into buffers of n bytes, as received frames are.
+func split(b []byte, n int) mem.BufferSlice {
+	var s mem.BufferSlice
+	for len(b) > 0 {
+		k := min(n, len(b))
+		s = append(s, mem.SliceBuffer(bytes.Clone(b[:k])))
+		b = b[k:]
+	}
+	return s
+}
+
+func TestFollowCodecMatchesProto(t *testing.T) {
+	big := bytes.Repeat([]byte("0123456789"), 50000)
+	msgs := []*agentdv1.AttachResponse{
+		{},
+		{NextCursor: 7},
+		{Chunks: []*agentdv1.OutputChunk{{Stream: agentdv1.OutputStream_OUTPUT_STREAM_STDOUT, Offset: 3, Data: []byte("hello")}}, NextCursor: 8},
+		{Chunks: []*agentdv1.OutputChunk{
+			{Stream: agentdv1.OutputStream_OUTPUT_STREAM_STDERR, Offset: 1 << 40, Data: big},
+			{Stream: agentdv1.OutputStream_OUTPUT_STREAM_PTY, Data: nil},
+			{Stream: agentdv1.OutputStream(42), Offset: 9, Data: []byte{0}},
+		}, NextCursor: 1<<40 + 500000, DroppedBytes: 12, Exit: &agentdv1.ExitStatus{ExitCode: 3, Signal: "KILL", TimedOut: true}},
+	}
+	for i, want := range msgs {
+		wire, err := proto.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, frame := range []int{1, 7, 16 << 10, 1 << 30} {
+			fc := &followCodec{}
+			got := &agentdv1.AttachResponse{NextCursor: 99, Chunks: []*agentdv1.OutputChunk{{}}} // reset first
+			if err := fc.Unmarshal(split(wire, frame), got); err != nil {
+				t.Fatalf("message %d, frames of %d: %v", i, frame, err)
+			}
+			if !proto.Equal(got, want) {
+				t.Fatalf("message %d, frames of %d: got %v, want %v", i, frame, got, want)
+			}
+			fc.release()
+		}
+	}
+}
+
+func TestFollowCodecFallsBack(t *testing.T) {
+	// A chunk with a field the fast path does not know: proto decodes it,
+	// keeping the unknown field.
+	chunk := protowire.AppendTag(nil, 3, protowire.BytesType)
+	chunk = protowire.AppendBytes(chunk, []byte("data"))
+	chunk = protowire.AppendTag(chunk, 9, protowire.VarintType)
+	chunk = protowire.AppendVarint(chunk, 5)
+	wire := protowire.AppendTag(nil, 1, protowire.BytesType)
+	wire = protowire.AppendBytes(wire, chunk)
+	want := &agentdv1.AttachResponse{}
+	if err := proto.Unmarshal(wire, want); err != nil {
+		t.Fatal(err)
+	}
+	fc := &followCodec{}
+	got := &agentdv1.AttachResponse{}
+	if err := fc.Unmarshal(split(wire, 3), got); err != nil {
+		t.Fatal(err)
+	}
+	if !proto.Equal(got, want) || fc.held != nil {
+		t.Fatalf("got %v, want %v (held %v)", got, want, fc.held != nil)
+	}
+	// Malformed input is an error, as with proto.
+	if err := fc.Unmarshal(split(wire[:len(wire)-1], 3), got); err == nil {
+		t.Fatal("truncated message decoded")
+	}
+}
+
+func TestReadFileDataDecode(t *testing.T) {
+	data := bytes.Repeat([]byte{1, 2, 3}, 100000)
+	for _, want := range []*agentdv1.ReadFileResponse{
+		{Data: data},
+		{Data: []byte{9}},
+		{Info: &agentdv1.FileInfo{Path: "p", Size: 3}, Data: data},
+		{},
+	} {
+		wire, err := proto.Marshal(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &agentdv1.ReadFileResponse{Data: []byte("stale")}
+		if err := (codec{}).Unmarshal(split(wire, 16<<10), got); err != nil {
+			t.Fatal(err)
+		}
+		if !proto.Equal(got, want) {
+			t.Fatalf("got %d bytes, want %d", len(got.GetData()), len(want.GetData()))
+		}
+	}
+}
