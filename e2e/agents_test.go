@@ -154,7 +154,7 @@ func TestAgentAsToolSharedSession(t *testing.T) {
 			if o := outs["c2"]; o != "Created output/report.md" {
 				t.Errorf("the coordinator's apply_patch: %q", o)
 			}
-			if o := outs["c3"]; !strings.HasPrefix(shellOutputBody(o), "2102\n") || strings.Contains(o, "exited with code 0") || !permDeniedRE.MatchString(o) {
+			if o := outs["c3"]; !regexp.MustCompile(`(?m)^2102$`).MatchString(shellOutputBody(o)) || strings.Contains(o, "exited with code 0") || !permDeniedRE.MatchString(o) {
 				t.Errorf("the coordinator's write into dataroom/ did not fail with a permission error:\n%s", o)
 			}
 
