@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -117,6 +118,20 @@ func TestResumeAcrossProcesses(t *testing.T) {
 			if m == nil || !strings.Contains(errOut, "call_2  $ sh tests/test_credit_note.sh") {
 				t.Fatalf("run 1: no pending test command or resume hint:\n%s", errOut)
 			}
+			// Whatever happens below, the run's sandbox is removed at the end.
+			if data, err := os.ReadFile(m[1]); err == nil {
+				var st struct {
+					Sessions map[string]struct {
+						SessionID string `json:"session_id"`
+					} `json:"sessions"`
+				}
+				if json.Unmarshal(data, &st) == nil {
+					for _, s := range st.Sessions {
+						id := s.SessionID
+						t.Cleanup(func() { harness(t, "", append([]string{"sandbox", "rm", id}, base...)...) })
+					}
+				}
+			}
 			lsBefore, _, _ := harness(t, "", append([]string{"sandbox", "ls", "--json"}, base...)...)
 
 			// Run 2, a new process: approve everything and keep the sandbox.
@@ -135,14 +150,16 @@ func TestResumeAcrossProcesses(t *testing.T) {
 				t.Fatalf("run 2: exit %d\n%s\n%s", code, out, errOut)
 			}
 			lsAfter, _, _ := harness(t, "", append([]string{"sandbox", "ls", "--json"}, base...)...)
-			if id := sandboxIDs(lsBefore); len(id) != 1 || strings.Join(sandboxIDs(lsAfter), ",") != id[0] {
-				t.Fatalf("run 2 did not reattach the same sandbox: before %v after %v", sandboxIDs(lsBefore), sandboxIDs(lsAfter))
-			}
 			kept := regexp.MustCompile(`sandbox kept: (\S+)`).FindStringSubmatch(errOut)
 			if kept == nil {
 				t.Fatalf("run 2: the sandbox was not kept:\n%s", errOut)
 			}
 			id := kept[1]
+			// The same sandbox (directory or container), not a replacement.
+			before, after := sandboxOf(t, lsBefore, id), sandboxOf(t, lsAfter, id)
+			if before == "" || before != after {
+				t.Fatalf("run 2 did not reattach the same sandbox: before %q after %q\n%s\n%s", before, after, lsBefore, lsAfter)
+			}
 
 			// Delete the sandbox, keep its snapshot; a third process rebuilds it.
 			if out, errOut, code := harness(t, "", append([]string{"sandbox", "rm", id, "--keep-snapshot"}, base...)...); code != 0 {
@@ -162,12 +179,22 @@ func TestResumeAcrossProcesses(t *testing.T) {
 	}
 }
 
-// sandboxIDs extracts the ids of running sandboxes from `sandbox ls --json`.
-func sandboxIDs(lsJSON string) []string {
-	var ids []string
-	for _, m := range regexp.MustCompile(`"session_id":\s*"([^"]+)"`).FindAllStringSubmatch(lsJSON, -1) {
-		ids = append(ids, m[1])
+// sandboxOf returns the provider's id of the running sandbox of session id
+// in `sandbox ls --json` output (other tests' sandboxes may be listed too).
+func sandboxOf(t *testing.T, lsJSON, id string) string {
+	t.Helper()
+	var entries []struct {
+		SessionID string `json:"session_id"`
+		Sandbox   string `json:"sandbox"`
+		Running   bool   `json:"running"`
 	}
-	sort.Strings(ids)
-	return ids
+	if err := json.Unmarshal([]byte(lsJSON), &entries); err != nil {
+		t.Fatalf("sandbox ls --json: %v\n%s", err, lsJSON)
+	}
+	for _, e := range entries {
+		if e.SessionID == id && e.Running {
+			return e.Sandbox
+		}
+	}
+	return ""
 }

@@ -7,6 +7,7 @@ package errmap
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -113,6 +114,14 @@ func FromStatus(err error) error {
 	if detail != nil && detail.GetMessage() != "" {
 		msg = detail.GetMessage()
 	}
+	if detail == nil && st.Code() == codes.Unavailable {
+		// A transport failure: gRPC's text names socket paths of the
+		// harness host. Say what happened, keep only the cause.
+		msg = "the sandbox is unavailable: its daemon cannot be reached"
+		if r := transportReason(st.Message()); r != "" {
+			msg += " (" + r + ")"
+		}
+	}
 	var out error = &wireError{sentinel: sentinel, msg: msg, status: err}
 	switch {
 	case detail != nil && detail.GetPath() != "":
@@ -124,6 +133,19 @@ func FromStatus(err error) error {
 		out = errdefs.MarkRetryable(out)
 	}
 	return out
+}
+
+// transportReason extracts the final cause of a gRPC transport error
+// message ("connection refused", "EOF"), or "" when it names a path.
+func transportReason(msg string) string {
+	if i := strings.LastIndex(msg, ": "); i >= 0 {
+		msg = msg[i+2:]
+	}
+	msg = strings.Trim(strings.TrimSpace(msg), `"`)
+	if msg == "" || strings.ContainsAny(msg, "/\\") || len(msg) > 80 {
+		return ""
+	}
+	return msg
 }
 
 // PatchRejection returns the PatchRejection detail of a gRPC error, if any.

@@ -266,12 +266,7 @@ func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
 	if err != nil {
 		return err
 	}
-	if pid, alive := p.running(dir); alive {
-		if err := stopPID(ctx, pid); err != nil {
-			return err
-		}
-	}
-	if err := waitNoDaemons(ctx, filepath.Join(dir, runDir, socketName)); err != nil {
+	if err := p.stopSandbox(ctx, dir); err != nil {
 		return err
 	}
 	if err := removeTree(dir); err != nil {
@@ -385,13 +380,14 @@ func (s *sandbox) Touch(context.Context) error {
 
 // Shutdown stops the daemon (SIGTERM: it kills its processes and drains).
 func (s *sandbox) Shutdown(ctx context.Context) error {
+	if err := s.p.stopSandbox(ctx, s.dir); err != nil {
+		return err
+	}
 	if s.child != nil {
+		// Reap the process this harness started (it has exited by now).
 		return s.child.Stop(ctx)
 	}
-	if _, alive := s.p.running(s.dir); !alive {
-		return nil
-	}
-	return stopPID(ctx, s.pid)
+	return nil
 }
 
 // Close drops the connection; the sandbox keeps running. Idempotent.
@@ -400,54 +396,70 @@ func (s *sandbox) Close() error {
 	return s.closeErr
 }
 
-// stopPID sends SIGTERM and waits for the process to go, then kills its
-// process group when ctx ends or 10 s pass.
-func stopPID(ctx context.Context, pid int) error {
-	_ = syscall.Kill(pid, syscall.SIGTERM)
-	deadline := time.NewTimer(10 * time.Second)
-	defer deadline.Stop()
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		if !alivePID(pid) {
-			return nil
-		}
-		select {
-		case <-tick.C:
-		case <-ctx.Done():
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
-			return fmt.Errorf("sandbox daemon %d did not stop in time; killed: %w", pid, ctx.Err())
-		case <-deadline.C:
-			_ = syscall.Kill(-pid, syscall.SIGKILL)
-			return fmt.Errorf("sandbox daemon %d did not stop in 10s; killed", pid)
+// stopSandbox ends the sandbox in dir: SIGTERM to its daemon (which kills
+// its process groups and drains), then, if anything of the sandbox still
+// runs after ctx ends or 10 s, SIGKILL to every process naming its socket
+// (under bubblewrap that includes the pid namespace's init, whose death
+// ends everything inside).
+func (p *Provider) stopSandbox(ctx context.Context, dir string) error {
+	socket := filepath.Join(dir, runDir, socketName)
+	procs := sandboxProcesses(socket)
+	signalled := false
+	for _, pr := range procs {
+		if pr.argv0 == p.cfg.AgentdPath {
+			_ = syscall.Kill(pr.pid, syscall.SIGTERM)
+			signalled = true
 		}
 	}
+	if !signalled {
+		for _, pr := range procs {
+			_ = syscall.Kill(pr.pid, syscall.SIGTERM)
+		}
+	}
+	return waitNoDaemons(ctx, socket)
 }
 
-// waitNoDaemons waits until no live process's command line names socket
-// (an isolated sandbox's inner processes die just after the outer one).
+// sandboxProc is a live process of a sandbox.
+type sandboxProc struct {
+	pid   int
+	argv0 string
+}
+
+// sandboxProcesses lists the live processes whose command line names socket.
+func sandboxProcesses(socket string) []sandboxProc {
+	var out []sandboxProc
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || !bytes.Contains(cmdline, []byte(socket)) || !alivePID(pid) {
+			continue
+		}
+		argv0, _, _ := bytes.Cut(cmdline, []byte{0})
+		out = append(out, sandboxProc{pid: pid, argv0: string(argv0)})
+	}
+	return out
+}
+
+// waitNoDaemons waits until no live process's command line names socket,
+// killing what remains after ctx ends or 10 s pass.
 func waitNoDaemons(ctx context.Context, socket string) error {
 	deadline := time.Now().Add(10 * time.Second)
+	killed := false
 	for {
-		found := false
-		entries, _ := os.ReadDir("/proc")
-		for _, e := range entries {
-			pid, err := strconv.Atoi(e.Name())
-			if err != nil {
-				continue
-			}
-			cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			if err == nil && bytes.Contains(cmdline, []byte(socket)) && alivePID(pid) {
-				if time.Now().After(deadline) || ctx.Err() != nil {
-					_ = syscall.Kill(pid, syscall.SIGKILL)
-				}
-				found = true
-			}
-		}
-		if !found {
+		procs := sandboxProcesses(socket)
+		if len(procs) == 0 {
 			return nil
 		}
-		if time.Now().After(deadline.Add(5 * time.Second)) {
+		if !killed && (time.Now().After(deadline) || ctx.Err() != nil) {
+			for _, pr := range procs {
+				_ = syscall.Kill(pr.pid, syscall.SIGKILL)
+			}
+			killed, deadline = true, time.Now().Add(5*time.Second)
+		} else if killed && time.Now().After(deadline) {
 			return fmt.Errorf("sandbox processes of %s survive SIGKILL", filepath.Dir(filepath.Dir(socket)))
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -471,7 +483,9 @@ func alivePID(pid int) bool {
 // user namespace maps the harness user.
 func (p *Provider) bubblewrap(dir string, argv []string) []string {
 	out := []string{p.bwrap,
-		"--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+		// The daemon is the pid namespace's init (it reaps like one): when
+		// it dies, for whatever reason, the kernel ends everything inside.
+		"--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
 		// After the fresh /tmp: the daemon binary and the sandbox's own
 		// directories may live below /tmp.
@@ -489,9 +503,9 @@ func (p *Provider) bubblewrap(dir string, argv []string) []string {
 		"--bind", filepath.Join(dir, "workspace"), filepath.Join(dir, "workspace"),
 		"--bind", filepath.Join(dir, runDir), filepath.Join(dir, runDir),
 		"--bind", filepath.Join(dir, "etc"), filepath.Join(dir, "etc"),
-		// The sandbox ends with the bwrap process the harness started: a
-		// stop or kill of that pid takes the whole pid namespace along.
-		"--die-with-parent", "--new-session")
+		// No --die-with-parent: the sandbox outlives the harness process so
+		// a later one can resume it; stopSandbox ends it explicitly.
+		"--new-session")
 	if !p.cfg.Network {
 		out = append(out, "--unshare-net")
 	}
