@@ -288,3 +288,21 @@ func decodeChunk(b []byte, ch *agentdv1.OutputChunk) bool {
 	}
 	return true
 }
+
+// handOffCodec is codec for the stream of one WriteFile, whose data chunks
+// are pooled buffers that the caller hands over (uploadHandOff): a data
+// message is marshaled as its few header bytes followed by the chunk
+// itself, which the transport writes out and then returns to the pool,
+// instead of being copied into a buffer of the message's own.
+type handOffCodec struct{ codec }
+
+func (c handOffCodec) Marshal(v any) (mem.BufferSlice, error) {
+	m, ok := v.(*agentdv1.WriteFileRequest)
+	data := m.GetData()
+	if !ok || len(data) == 0 {
+		return c.codec.Marshal(v)
+	}
+	head := protowire.AppendTag(make([]byte, 0, binaryHeadMax), 2, protowire.BytesType)
+	head = protowire.AppendVarint(head, uint64(len(data)))
+	return mem.BufferSlice{mem.SliceBuffer(head), mem.NewBuffer(&data, pool)}, nil
+}

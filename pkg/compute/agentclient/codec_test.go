@@ -101,3 +101,23 @@ func TestReadFileDataDecode(t *testing.T) {
 		}
 	}
 }
+
+func TestHandOffCodecMatchesProto(t *testing.T) {
+	for _, m := range []*agentdv1.WriteFileRequest{
+		{Message: &agentdv1.WriteFileRequest_Data{Data: bytes.Repeat([]byte{5}, 300000)}},
+		{Message: &agentdv1.WriteFileRequest_Data{Data: []byte("x")}},
+		{Message: &agentdv1.WriteFileRequest_Header{Header: &agentdv1.WriteFileHeader{Path: "a/b", Mode: 0o644}}},
+	} {
+		want, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := handOffCodec{}.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Materialize(), want) {
+			t.Fatalf("marshaled %d bytes, want %d", got.Len(), len(want))
+		}
+	}
+}

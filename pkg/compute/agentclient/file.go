@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 
+	"google.golang.org/grpc"
+
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -48,15 +50,16 @@ func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w 
 func (c *Client) WriteFile(ctx context.Context, header *agentdv1.WriteFileHeader, r io.Reader) (*agentdv1.WriteFileResponse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // aborts the stream (and so the write) on an early return
-	stream, err := c.file.WriteFile(ctx, bulk)
+	stream, err := c.file.WriteFile(ctx, grpc.ForceCodecV2(handOffCodec{}))
 	if err != nil {
 		return nil, wrap(err)
 	}
-	err = upload(r,
+	err = uploadHandOff(r,
 		func() error {
 			return stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Header{Header: header}})
 		},
 		func(p []byte) error {
+			// p goes to the transport as it is (handOffCodec).
 			return stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: p}})
 		})
 	if err != nil {
@@ -80,6 +83,33 @@ func upload(r io.Reader, sendHeader func() error, sendData func([]byte) error) e
 			if err := sendData(buf[:n]); err != nil {
 				return &sendError{err}
 			}
+		}
+		if errors.Is(rerr, io.EOF) {
+			return nil
+		}
+		if rerr != nil {
+			return fmt.Errorf("read source: %w", rerr)
+		}
+	}
+}
+
+// uploadHandOff is upload for a stream whose codec hands every data
+// chunk over to the transport without copying it (handOffCodec): each
+// chunk is read into a buffer of its own from the pool, which the
+// transport returns to the pool once written.
+func uploadHandOff(r io.Reader, sendHeader func() error, sendData func([]byte) error) error {
+	if err := sendHeader(); err != nil {
+		return &sendError{err}
+	}
+	for {
+		b := pool.Get(fileChunkBytes)
+		n, rerr := r.Read(*b)
+		if n > 0 {
+			if err := sendData((*b)[:n]); err != nil {
+				return &sendError{err}
+			}
+		} else {
+			pool.Put(b)
 		}
 		if errors.Is(rerr, io.EOF) {
 			return nil
