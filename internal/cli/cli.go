@@ -24,6 +24,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/remote"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing"
 )
@@ -78,6 +79,7 @@ type globals struct {
 	image     string
 	verbose   bool
 	trace     string
+	remote    remoteFlags
 	// tracer is set by setupTracing for the command's run.
 	tracer trace.TracerProvider
 }
@@ -92,12 +94,17 @@ func newRoot(s Streams) *cobra.Command {
 		SilenceErrors: true,
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.provider, "provider", "local", "sandbox provider: local or docker")
+	pf.StringVar(&g.provider, "provider", "local", "sandbox provider: local, docker or remote")
 	pf.StringVar(&g.stateDir, "state-dir", "", "where sandboxes, session states and snapshots are kept (default: user cache dir/bulkhead)")
 	pf.StringVar(&g.agentd, "agentd", "", "sandbox-agentd binary for local sandboxes (default: next to harness, then PATH)")
 	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: none, bubblewrap or auto")
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
+	pf.StringVar(&g.remote.address, "address", "", "remote sandboxes: the daemon's address (unix:///path.sock or tcp://host:port)")
+	pf.StringVar(&g.remote.tokenFile, "token-file", "", "remote sandboxes: file holding the daemon's token")
+	pf.StringVar(&g.remote.ca, "tls-ca", "", "remote sandboxes: CA certificates of the daemon (PEM)")
+	pf.StringVar(&g.remote.cert, "tls-cert", "", "remote sandboxes: client certificate for mTLS (PEM)")
+	pf.StringVar(&g.remote.key, "tls-key", "", "remote sandboxes: client key for mTLS (PEM)")
 	pf.StringVar(&g.trace, "trace", "none", "export OpenTelemetry traces: none, otlp (OTEL_EXPORTER_OTLP_* honoured) or stdout (to stderr)")
 	root.AddCommand(newRunCmd(g), newDemoCmd(g), newSandboxCmd(g), &cobra.Command{
 		Use:   "version",
@@ -107,6 +114,11 @@ func newRoot(s Streams) *cobra.Command {
 		},
 	})
 	return root
+}
+
+// remoteFlags configure the remote provider.
+type remoteFlags struct {
+	address, tokenFile, ca, cert, key string
 }
 
 // setupTracing builds the trace provider --trace asks for and returns the
@@ -194,8 +206,18 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 			return nil, nil, err
 		}
 		return compute.NewClient(p, opts), func() { _ = p.Close() }, nil
+	case "remote":
+		cfg := remote.Config{Address: g.remote.address, TokenFile: g.remote.tokenFile}
+		if g.remote.ca != "" || g.remote.cert != "" || g.remote.key != "" {
+			cfg.TLS = &remote.TLSConfig{CAFile: g.remote.ca, CertFile: g.remote.cert, KeyFile: g.remote.key}
+		}
+		p, err := remote.New(cfg, log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return compute.NewClient(p, opts), func() {}, nil
 	}
-	return nil, nil, fmt.Errorf("unknown provider %q (local or docker)", g.provider)
+	return nil, nil, fmt.Errorf("unknown provider %q (local, docker or remote)", g.provider)
 }
 
 func newDemoCmd(g *globals) *cobra.Command {

@@ -220,3 +220,50 @@ func TestRunAsksInteractively(t *testing.T) {
 		t.Errorf("the rejection did not reach the run:\n%s", out.String())
 	}
 }
+
+// TestRunOnARemoteSandbox: a daemon started by someone else (here, the
+// test), reached by address and token file; the run works in it and leaves
+// it running.
+func TestRunOnARemoteSandbox(t *testing.T) {
+	bin, err := runAgentd()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	token := "remote-test-token-0123456789"
+	for _, f := range []string{"daemon-token", "harness-token"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte(token), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	socket := filepath.Join(dir, "agentd.sock")
+	daemon := exec.Command(bin, "--listen", "unix://"+socket, "--token-file", filepath.Join(dir, "daemon-token"),
+		"--workspace", filepath.Join(dir, "ws"), "--etc-root", "/")
+	if err := daemon.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = daemon.Process.Kill(); _ = daemon.Wait() })
+	example := repoFile(t, "examples/coding-task")
+	var out, errOut string
+	var code int
+	for i := 0; i < 100; i++ { // the daemon needs a moment to listen
+		out, errOut, code = runCLI(t, "run", "--state-dir", t.TempDir(), "--provider", "remote", "--address", "unix://"+socket,
+			"--token-file", filepath.Join(dir, "harness-token"), "--manifest", filepath.Join(example, "manifest.yaml"),
+			"--replay", filepath.Join(example, "replay.json"), "fix")
+		if code == 0 || !strings.Contains(errOut, "unavailable") {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if code != 0 || !strings.Contains(out, "all tests passed") {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	// The sandbox is someone else's: still running, workspace in place.
+	if daemon.ProcessState != nil {
+		t.Fatal("the remote daemon was stopped")
+	}
+	fixed, err := os.ReadFile(filepath.Join(dir, "ws", "repo", "lib", "credit_note.sh"))
+	if err != nil || !strings.Contains(string(fixed), "invoice - credit") {
+		t.Fatalf("remote workspace: %q %v", fixed, err)
+	}
+}
