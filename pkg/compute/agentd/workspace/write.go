@@ -11,6 +11,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"sync"
 	"syscall"
 
 	"go.uber.org/zap"
@@ -371,16 +372,27 @@ type ChunkReader interface {
 
 // copyChunks is copyLimited for a ChunkReader: each chunk is written as it
 // is, then hashed on the second goroutine, which releases it. At most
-// chunksInFlight chunks wait for the hash, which bounds memory.
+// hashBacklogBytes (or one larger chunk) wait for the hash, which bounds
+// memory; a deep backlog lets the writer run ahead while the hashing
+// goroutine waits for a CPU, and the other way round.
 func copyChunks(ctx context.Context, dst io.Writer, h hash.Hash, r ChunkReader, limit int64) (int64, error) {
-	const chunksInFlight = 4
-	full := make(chan []byte, chunksInFlight)
+	const hashBacklogBytes, hashBacklogChunks = 8 << 20, 64
+	var (
+		mu      sync.Mutex
+		drained = sync.NewCond(&mu)
+		backlog int // bytes written and not yet hashed
+	)
+	full := make(chan []byte, hashBacklogChunks)
 	hashed := make(chan struct{})
 	go func() {
 		defer close(hashed)
 		for b := range full {
 			h.Write(b)
 			r.Release(b)
+			mu.Lock()
+			backlog -= len(b)
+			drained.Signal()
+			mu.Unlock()
 		}
 	}()
 	defer func() {
@@ -401,6 +413,12 @@ func copyChunks(ctx context.Context, dst io.Writer, h hash.Hash, r ChunkReader, 
 				return n, err
 			}
 			n += int64(len(b))
+			mu.Lock()
+			for backlog > 0 && backlog+len(b) > hashBacklogBytes {
+				drained.Wait()
+			}
+			backlog += len(b)
+			mu.Unlock()
 			full <- b
 			if limit >= 0 && n > limit {
 				return n, nil
