@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
+)
+
+// buildAgentd builds sandbox-agentd from the repository root into dir.
+func buildAgentd(t *testing.T, dir string) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "sandbox-agentd")
+	cmd := exec.Command("go", "build", "-o", bin, "./cmd/sandbox-agentd")
+	cmd.Dir = root
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build sandbox-agentd: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestRun runs the example as `go run .` would, offline: a local sandbox
+// and the scripted model.
+func TestRun(t *testing.T) {
+	// A short state directory: unix socket paths are short.
+	dir, err := os.MkdirTemp("", "bh-resume-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	cfg := config{StateDir: filepath.Join(dir, "state"), AgentdPath: buildAgentd(t, dir), Isolation: local.IsolationNone}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out strings.Builder
+	if err := run(ctx, cfg, &out, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))); err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	got := out.String()
+	// The output tells the story in order.
+	want := []string{
+		"== Part 1",
+		"closed: workspace persisted to snapshot",
+		"deleted the sandbox: 0 sandboxes left",
+		"resumed session",
+		"data/readings.csv is back (31 bytes, unchanged)",
+		"notes/todo.md is back (34 bytes, unchanged)",
+		"build 42: ok",
+		"== Part 2",
+		"Created report/summary.md",
+		"stopped: exec_command: $ tar -czf report.tar.gz report && tar -tzf report.tar.gz needs approval (call call_3)",
+		"deleted the sandbox of agent \"packer\" while the run waited",
+		"approved call call_3",
+		"report/summary.md",
+		"final output: Packed report/ into report.tar.gz.",
+		"the runner cleaned up: 0 sandboxes left",
+	}
+	rest := got
+	for _, w := range want {
+		i := strings.Index(rest, w)
+		if i < 0 {
+			t.Fatalf("output lacks %q (in order):\n%s", w, got)
+		}
+		rest = rest[i+len(w):]
+	}
+	// Nothing is left running: the sandboxes' directories are gone.
+	entries, err := os.ReadDir(filepath.Join(cfg.StateDir, "sandboxes"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 0 {
+		t.Errorf("sandboxes left behind: %v", entries)
+	}
+}
