@@ -77,11 +77,14 @@ func (p *bufferPool) putBytes(b []byte) {
 	}
 }
 
-// codec is gRPC's proto codec with two changes for the bulk paths:
-// marshaling and unmarshaling use the non-clearing pool, and a WriteFile
-// data message is decoded with a single copy, from the received frames
-// straight into a pooled buffer, which the handler hands to the writer and
-// returns to the pool once written and hashed (see chunkReader).
+// codec is gRPC's proto codec with three changes for the bulk paths:
+// marshaling and unmarshaling use the non-clearing pool; a WriteFile data
+// message is decoded with a single copy, from the received frames straight
+// into a pooled buffer, which the handler hands to the writer and returns
+// to the pool once written and hashed (see chunkReader); and a ReadFile
+// data-only message is marshaled as its few header bytes followed by its
+// data, a pooled buffer that the ReadFile handler hands over and the
+// transport returns to the pool once written, instead of being copied.
 type codec struct{}
 
 var _ encoding.CodecV2 = codec{}
@@ -89,6 +92,12 @@ var _ encoding.CodecV2 = codec{}
 func (codec) Name() string { return "proto" }
 
 func (codec) Marshal(v any) (mem.BufferSlice, error) {
+	if r, ok := v.(*agentdv1.ReadFileResponse); ok && r.Info == nil && len(r.Data) > 0 && len(r.ProtoReflect().GetUnknown()) == 0 {
+		head := protowire.AppendTag(make([]byte, 0, binaryHeadMax), 2, protowire.BytesType)
+		head = protowire.AppendVarint(head, uint64(len(r.Data)))
+		data := r.Data
+		return mem.BufferSlice{mem.SliceBuffer(head), mem.NewBuffer(&data, pool)}, nil
+	}
 	m, ok := v.(proto.Message)
 	if !ok {
 		return nil, fmt.Errorf("proto: failed to marshal, message is %T, want proto.Message", v)

@@ -50,3 +50,24 @@ func TestBufferPoolTiers(t *testing.T) {
 		pool.Put(b)
 	}
 }
+
+func TestCodecReadFileResponse(t *testing.T) {
+	for _, m := range []*agentdv1.ReadFileResponse{
+		{Data: bytes.Repeat([]byte{3}, 600000)},
+		{Data: []byte{1}},
+		{Info: &agentdv1.FileInfo{Path: "f", Size: 1}, Data: []byte{1}},
+		{},
+	} {
+		want, err := proto.Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := (codec{}).Marshal(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got.Materialize(), want) {
+			t.Fatalf("marshaled %d bytes, want %d", got.Len(), len(want))
+		}
+	}
+}

@@ -41,16 +41,21 @@ func (s *fileService) ReadFile(req *agentdv1.ReadFileRequest, stream agentdv1.Fi
 	}
 	defer r.Close()
 	msg := &agentdv1.ReadFileResponse{Info: fileInfo(r.Info)}
-	buf := make([]byte, min(readChunkBytes, max(r.Length, 1)))
+	size := min(readChunkBytes, max(r.Length, 1))
 	for {
-		n, rerr := io.ReadFull(r, buf)
+		// A buffer of its own for every chunk: a data-only message hands
+		// it to the transport, which returns it to the pool once sent
+		// (see codec), so it is not touched after Send.
+		buf := pool.Get(int(size))
+		n, rerr := io.ReadFull(r, *buf)
 		if n > 0 || msg.Info != nil {
-			msg.Data = buf[:n]
-			// Send serializes before returning, so buf is reused safely.
+			msg.Data = (*buf)[:n]
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
 			msg = &agentdv1.ReadFileResponse{}
+		} else {
+			pool.Put(buf)
 		}
 		if errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF) {
 			return nil
