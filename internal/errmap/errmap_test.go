@@ -122,7 +122,7 @@ func TestTransportErrorsNameNoHostPaths(t *testing.T) {
 	for raw, want := range map[string]string{
 		`connection error: desc = "transport: Error while dialing: dial unix /tmp/x/run/agentd.sock: connect: connection refused"`: "the sandbox is unavailable: its daemon cannot be reached (connection refused)",
 		"error reading from server: EOF": "the sandbox is unavailable: its daemon cannot be reached (EOF)",
-		"dial unix /tmp/a/b.sock":       "the sandbox is unavailable: its daemon cannot be reached",
+		"dial unix /tmp/a/b.sock":        "the sandbox is unavailable: its daemon cannot be reached",
 	} {
 		err := FromStatus(status.Error(codes.Unavailable, raw))
 		if err.Error() != want || !errors.Is(err, errdefs.ErrUnavailable) || !errdefs.Retryable(err) {

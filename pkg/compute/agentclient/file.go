@@ -39,7 +39,7 @@ func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w 
 			if _, err := w.Write(data); err != nil {
 				return info, fmt.Errorf("read %s: write to destination: %w", req.GetPath(), err)
 			}
-			pool.putBytes(data) // the message goes no further (Write keeps no reference)
+			pool.PutBytes(data) // the message goes no further (Write keeps no reference)
 		}
 	}
 }

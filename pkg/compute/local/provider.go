@@ -224,7 +224,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		_ = sb.Close(ctx)
 		return nil, err
 	}
-	s := &sandbox{p: p, dir: dir, client: sb.Client, child: sb, pid: sb.PID(), kept: kept}
+	s := &sandbox{p: p, dir: dir, client: sb.Client, child: sb, kept: kept}
 	_ = s.Touch(ctx)
 	return s, nil
 }
@@ -254,7 +254,7 @@ func (p *Provider) Reattach(ctx context.Context, _ compute.LaunchSpec, prior jso
 		client.Close()
 		return nil, fmt.Errorf("%w: the sandbox daemon (pid %d) does not answer: %v", compute.ErrUnavailable, pid, err)
 	}
-	s := &sandbox{p: p, dir: dir, client: client, pid: pid, kept: true}
+	s := &sandbox{p: p, dir: dir, client: client, kept: true}
 	_ = s.Touch(ctx)
 	return s, nil
 }
@@ -327,13 +327,7 @@ func (p *Provider) running(dir string) (int, bool) {
 	if err != nil || !bytes.Contains(cmdline, []byte(filepath.Join(dir, runDir, socketName))) {
 		return m.PID, false
 	}
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", m.PID))
-	if err == nil {
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && i+2 < len(stat) && stat[i+2] == 'Z' {
-			return m.PID, false
-		}
-	}
-	return m.PID, true
+	return m.PID, alivePID(m.PID)
 }
 
 func readMeta(dir string) (meta, error) {
@@ -351,7 +345,6 @@ type sandbox struct {
 	dir    string
 	client *agentclient.Client
 	child  *Sandbox // set when this process started the daemon
-	pid    int
 	kept   bool
 
 	closeOnce sync.Once

@@ -2,80 +2,18 @@ package server
 
 import (
 	"fmt"
-	"math/bits"
-	"sync"
 
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/bulkhead-dev/bulkhead/internal/bufpool"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
-// bufferPool is a tiered pool of byte buffers (powers of two from 4 KiB to
-// 16 MiB) that, unlike gRPC's default pool, does not clear a buffer when it
-// is handed out again: every user overwrites the bytes it reads. Clearing
-// cost as much as a copy on the bulk paths (output streaming, file
-// transfer). The buffers only ever hold this sandbox's own data.
-type bufferPool struct {
-	tiers [poolMaxShift - poolMinShift + 1]sync.Pool
-}
-
-const (
-	poolMinShift = 12
-	poolMaxShift = 24
-)
-
-var pool = &bufferPool{}
-
-// tier returns the index of the smallest tier holding n bytes, or -1 when
-// n is larger than the largest tier.
-func tier(n int) int {
-	if n <= 1<<poolMinShift {
-		return 0
-	}
-	s := bits.Len(uint(n - 1))
-	if s > poolMaxShift {
-		return -1
-	}
-	return s - poolMinShift
-}
-
-// Get returns a buffer of length n (its bytes are not cleared).
-func (p *bufferPool) Get(n int) *[]byte {
-	t := tier(n)
-	if t < 0 {
-		b := make([]byte, n)
-		return &b
-	}
-	if b, ok := p.tiers[t].Get().(*[]byte); ok {
-		*b = (*b)[:n]
-		return b
-	}
-	b := make([]byte, n, 1<<(t+poolMinShift))
-	return &b
-}
-
-// Put returns a buffer obtained from Get (any prefix of it). Buffers whose
-// capacity is not a tier's are dropped.
-func (p *bufferPool) Put(b *[]byte) {
-	c := cap(*b)
-	if c < 1<<poolMinShift || c&(c-1) != 0 {
-		return
-	}
-	if t := tier(c); t >= 0 {
-		p.tiers[t].Put(b)
-	}
-}
-
-// putBytes returns a buffer whose slice is all that is left of it (a data
-// chunk decoded by codec).
-func (p *bufferPool) putBytes(b []byte) {
-	if b != nil {
-		p.Put(&b)
-	}
-}
+// pool holds the buffers of the bulk paths (see package bufpool).
+var pool = &bufpool.Pool{}
 
 // codec is gRPC's proto codec with three changes for the bulk paths:
 // marshaling and unmarshaling use the non-clearing pool; a WriteFile data

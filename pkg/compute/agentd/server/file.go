@@ -101,7 +101,7 @@ func (s *fileService) WriteFile(stream agentdv1.FileService_WriteFileServer) err
 		m, err := stream.Recv()
 		return m.GetData(), m.GetHeader() != nil, err
 	}
-	res, err := s.d.Workspace().WriteFile(stream.Context(), user, opts, &chunkReader{next: next, release: pool.putBytes})
+	res, err := s.d.Workspace().WriteFile(stream.Context(), user, opts, &chunkReader{next: next, release: pool.PutBytes})
 	if err != nil {
 		return errmap.ToStatus(err)
 	}
