@@ -19,6 +19,8 @@ const fileChunkBytes = 256 << 10
 // ReadFile streams a file (from offset, at most limit bytes when limit > 0)
 // into w and returns the file's info.
 func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w io.Writer) (*agentdv1.FileInfo, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // releases the stream when the destination fails
 	stream, err := c.file.ReadFile(ctx, req, bulk)
 	if err != nil {
 		return nil, wrap(err)

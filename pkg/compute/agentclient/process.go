@@ -53,6 +53,8 @@ func (c *Client) Follow(ctx context.Context, processID string, cursor int64, fn 
 	err := retry(ctx, func() error {
 		fc := &followCodec{}
 		defer fc.release()
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel() // releases the stream when it ends before its trailers
 		stream, err := c.process.Attach(ctx, &agentdv1.AttachRequest{ProcessId: processID, Cursor: cursor}, grpc.ForceCodecV2(fc))
 		if err != nil {
 			return wrap(err)
@@ -158,6 +160,8 @@ func (c *Client) Exec(ctx context.Context, req *agentdv1.ExecRequest, fn func(*a
 	if req.GetRequestId() == "" {
 		req.RequestId = NewRequestID()
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // releases the stream, which ends at the exit before its trailers
 	stream, err := c.process.Exec(ctx, req, bulk)
 	if err != nil {
 		return nil, wrap(err)

@@ -11,6 +11,8 @@ import (
 
 // Archive streams the workspace as an archive into w and returns what it holds.
 func (c *Client) Archive(ctx context.Context, req *agentdv1.ArchiveRequest, w io.Writer) (*agentdv1.ArchiveStats, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel() // releases the stream, which ends at the stats before its trailers
 	stream, err := c.workspace.Archive(ctx, req)
 	if err != nil {
 		return nil, wrap(err)

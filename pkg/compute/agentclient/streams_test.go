@@ -1,0 +1,105 @@
+package agentclient_test
+
+// Calls that end a server stream before its trailers arrive (Exec at the
+// exit, Follow at the exit or when the callback fails, ReadFile when the
+// destination fails, Archive at its stats) must release the stream; grpc-go
+// otherwise keeps a goroutine per call until the caller's context ends.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errors.New("destination full") }
+
+func TestStreamsEndedEarlyAreReleased(t *testing.T) {
+	ctx := context.Background() // long-lived, as in a server embedding the client
+	d := agentdtest.Start(t, nil)
+	c := d.Client
+	if _, err := c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "f.txt"}, bytes.NewReader(bytes.Repeat([]byte("x"), 1<<20))); err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"Exec": func() error {
+			_, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, nil)
+			return err
+		},
+		"Follow": func() error {
+			st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}})
+			if err != nil {
+				return err
+			}
+			_, err = c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(*agentdv1.AttachResponse) error { return nil })
+			return err
+		},
+		"Follow stopped by its callback": func() error {
+			st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "echo hi; sleep 30"}})
+			if err != nil {
+				return err
+			}
+			defer c.Signal(ctx, st.GetProcess().GetProcessId(), "KILL")
+			stop := errors.New("enough")
+			_, err = c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+				if len(m.GetChunks()) > 0 {
+					return stop
+				}
+				return nil
+			})
+			if !errors.Is(err, stop) {
+				return err
+			}
+			return nil
+		},
+		"ReadFile into a failing writer": func() error {
+			if _, err := c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "f.txt"}, failingWriter{}); err == nil {
+				return errors.New("ReadFile into a failing writer succeeded")
+			}
+			return nil
+		},
+		"Archive": func() error {
+			_, err := c.Archive(ctx, &agentdv1.ArchiveRequest{}, new(bytes.Buffer))
+			return err
+		},
+	}
+	for name, call := range calls {
+		t.Run(name, func(t *testing.T) {
+			if err := call(); err != nil { // warm up: connection, pools
+				t.Fatal(err)
+			}
+			before := settledGoroutines(-1)
+			const n = 20
+			for range n {
+				if err := call(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if after := settledGoroutines(before); after > before+n/2 {
+				t.Fatalf("%d calls left %d goroutines behind (%d before, %d after)", n, after-before, before, after)
+			}
+		})
+	}
+}
+
+// settledGoroutines waits up to 2 s for the goroutine count to come down to
+// target (or, with target < 0, to stop changing) and returns it.
+func settledGoroutines(target int) int {
+	n := runtime.NumGoroutine()
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+		time.Sleep(20 * time.Millisecond)
+		m := runtime.NumGoroutine()
+		if target >= 0 && m <= target || target < 0 && m == n {
+			return m
+		}
+		n = m
+	}
+	return n
+}
