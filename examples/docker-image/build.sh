@@ -28,7 +28,7 @@ fi
 context="$(mktemp -d)"
 trap 'rm -rf "$context"' EXIT
 pkg=github.com/bulkhead-dev/bulkhead/internal/buildinfo
-(cd "$root" && CGO_ENABLED=0 "$GO" build -trimpath \
+(cd "$root" && CGO_ENABLED=0 "$GO" build -trimpath -tags grpcnotrace \
 	-ldflags "-s -w -X $pkg.version=$VERSION -X $pkg.commit=$COMMIT" \
 	-o "$context/sandbox-agentd" ./cmd/sandbox-agentd)
 cp "$here/Dockerfile" "$context/Dockerfile"
