@@ -154,7 +154,7 @@ func (t *tour) pty(ctx context.Context) error {
 
 func (t *tour) files(ctx context.Context) error {
 	content := "def total(xs):\n    return sum(xs) - 1\n"
-	w, err := t.c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "src/calc.py", CreateParents: true}, strings.NewReader(content))
+	w, err := t.c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "src/calc.py", CreateParents: true, ComputeSha256: true}, strings.NewReader(content))
 	if err != nil {
 		return err
 	}

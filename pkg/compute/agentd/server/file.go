@@ -93,6 +93,7 @@ func (s *fileService) WriteFile(stream agentdv1.FileService_WriteFileServer) err
 		Overwrite:      overwritePolicy(h.GetOverwrite()),
 		ExpectedSize:   workspace.UnknownSize,
 		ExpectedSHA256: h.GetExpectedSha256(),
+		ComputeSHA256:  h.GetComputeSha256(),
 	}
 	if h.ExpectedSize != nil {
 		opts.ExpectedSize = h.GetExpectedSize()
@@ -105,7 +106,7 @@ func (s *fileService) WriteFile(stream agentdv1.FileService_WriteFileServer) err
 	if err != nil {
 		return errmap.ToStatus(err)
 	}
-	return stream.SendAndClose(&agentdv1.WriteFileResponse{Info: fileInfo(res.Info), Sha256: res.SHA256[:]})
+	return stream.SendAndClose(&agentdv1.WriteFileResponse{Info: fileInfo(res.Info), Sha256: res.SHA256})
 }
 
 // chunkReader reads the data messages of a client stream (WriteFile,

@@ -321,6 +321,44 @@ func TestWriteReadRoundTripLarge(t *testing.T) {
 	assertNoTemp(t, filepath.Join(td.workspace, "deep/dir"))
 }
 
+// TestWriteFileHashOnlyWhenAsked: the SHA-256 comes back when asked for
+// (compute_sha256) or checked (expected_sha256), and is not computed
+// otherwise; the content lands whole either way, and the size limit of
+// expected_size holds on the unhashed path too.
+func TestWriteFileHashOnlyWhenAsked(t *testing.T) {
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	data := pseudoRandomBytes(2<<20+333, 3)
+	sum := sha256.Sum256(data)
+	for _, c := range []struct {
+		name   string
+		header *agentdv1.WriteFileHeader
+		want   []byte
+	}{
+		{"default", &agentdv1.WriteFileHeader{Path: "a.bin"}, nil},
+		{"compute_sha256", &agentdv1.WriteFileHeader{Path: "b.bin", ComputeSha256: true}, sum[:]},
+		{"expected_sha256", &agentdv1.WriteFileHeader{Path: "c.bin", ExpectedSha256: sum[:]}, sum[:]},
+	} {
+		resp, err := writeBytes(ctx, td.client, c.header, data)
+		if err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		if !bytes.Equal(resp.GetSha256(), c.want) {
+			t.Errorf("%s: sha256 %x, want %x", c.name, resp.GetSha256(), c.want)
+		}
+		if got := sha256.Sum256([]byte(diskContent(t, filepath.Join(td.workspace, c.header.GetPath())))); got != sum {
+			t.Errorf("%s: the file on disk differs from what was sent", c.name)
+		}
+	}
+	short := int64(len(data) - 1)
+	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "d.bin", ExpectedSize: &short}, data)
+	assertPathErr(t, err, errdefs.ErrConflict, "d.bin")
+	if _, err := os.Lstat(filepath.Join(td.workspace, "d.bin")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a refused write left d.bin behind: %v", err)
+	}
+	assertNoTemp(t, td.workspace)
+}
+
 func TestWriteFileMismatchKeepsOldFile(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)

@@ -62,14 +62,19 @@ type WriteOptions struct {
 	ExpectedSize int64
 	// ExpectedSHA256 is the announced SHA-256 of the content (nil: none).
 	ExpectedSHA256 []byte
+	// ComputeSHA256 asks for the content's SHA-256 in the result. It is
+	// implied by ExpectedSHA256. Hashing costs CPU (about a second per
+	// 2 GiB), so it is done only when asked for.
+	ComputeSHA256 bool
 }
 
 // WriteResult describes a completed write.
 type WriteResult struct {
 	// Info describes the new file.
 	Info FileInfo
-	// SHA256 is the digest of the bytes written.
-	SHA256 [sha256.Size]byte
+	// SHA256 is the digest of the bytes written, when it was asked for
+	// (WriteOptions.ComputeSHA256 or ExpectedSHA256); nil otherwise.
+	SHA256 []byte
 }
 
 // stagedWrite is a write between its temporary file's creation and the
@@ -230,19 +235,24 @@ func (w *Workspace) fillAndCommit(ctx context.Context, u *userdb.User, opts Writ
 	if opts.ExpectedSize >= 0 && (limit < 0 || opts.ExpectedSize < limit) {
 		limit = opts.ExpectedSize
 	}
-	h := sha256.New()
+	var h hash.Hash
+	if opts.ComputeSHA256 || opts.ExpectedSHA256 != nil {
+		h = sha256.New()
+	}
 	n, err := copyLimited(ctx, &writeBehind{f: s.tmp}, h, r, limit)
 	if err != nil {
 		return WriteResult{}, err
 	}
-	var sum [sha256.Size]byte
-	h.Sum(sum[:0])
+	var sum []byte
+	if h != nil {
+		sum = h.Sum(nil)
+	}
 	switch {
 	case opts.ExpectedSize >= 0 && n != opts.ExpectedSize:
 		return WriteResult{}, errorf(errdefs.ErrConflict, "received %d bytes but %d were announced", n, opts.ExpectedSize)
 	case w.maxWrite > 0 && n > w.maxWrite:
 		return WriteResult{}, errorf(errdefs.ErrResourceExhausted, "the content exceeds the %d-byte write limit", w.maxWrite)
-	case opts.ExpectedSHA256 != nil && !bytes.Equal(sum[:], opts.ExpectedSHA256):
+	case opts.ExpectedSHA256 != nil && !bytes.Equal(sum, opts.ExpectedSHA256):
 		return WriteResult{}, errorf(errdefs.ErrConflict, "the content's SHA-256 does not match the announced one")
 	}
 	mode := opts.Mode
@@ -303,13 +313,24 @@ func finishTemp(f *os.File, mode fs.FileMode, chown bool, uid, gid uint32) error
 }
 
 // copyLimited copies r to dst until EOF, failing once more than limit bytes
-// arrive (limit < 0: no limit) or when ctx ends, and feeds every byte to h.
-// Hashing runs on a second goroutine, overlapping the read and write
-// system calls. It returns the bytes copied (limit+1 when the limit was
-// exceeded).
+// arrive (limit < 0: no limit) or when ctx ends, and feeds every byte to h
+// (nil: no hashing). Hashing runs on a second goroutine, overlapping the
+// read and write system calls. It returns the bytes copied (limit+1 when
+// the limit was exceeded).
 func copyLimited(ctx context.Context, dst io.Writer, h hash.Hash, r io.Reader, limit int64) (int64, error) {
 	if cr, ok := r.(ChunkReader); ok {
+		if h == nil {
+			return copyChunksUnhashed(ctx, dst, cr, limit)
+		}
 		return copyChunks(ctx, dst, h, cr, limit)
+	}
+	if h == nil {
+		// io.CopyBuffer through a limit: one buffer, no second goroutine.
+		src := io.Reader(r)
+		if limit >= 0 {
+			src = io.LimitReader(r, limit+1)
+		}
+		return io.CopyBuffer(dst, ctxReader{ctx, src}, make([]byte, 1<<20))
 	}
 	const bufSize, nbuf = 1 << 20, 3
 	free := make(chan []byte, nbuf)
@@ -368,6 +389,55 @@ type ChunkReader interface {
 	NextChunk() ([]byte, error)
 	// Release gives back a chunk that the caller is done with.
 	Release([]byte)
+}
+
+// ctxReader fails reads once ctx ended.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	n, err := c.r.Read(p)
+	if err != nil && err != io.EOF {
+		err = fmt.Errorf("reading the content: %w", err)
+	}
+	return n, err
+}
+
+// copyChunksUnhashed is copyChunks without a hash: each chunk is written
+// and released at once.
+func copyChunksUnhashed(ctx context.Context, dst io.Writer, r ChunkReader, limit int64) (int64, error) {
+	var n int64
+	for {
+		if err := ctx.Err(); err != nil {
+			return n, err
+		}
+		b, rerr := r.NextChunk()
+		if len(b) > 0 {
+			if limit >= 0 && int64(len(b)) > limit-n+1 {
+				b = b[:limit-n+1]
+			}
+			_, err := dst.Write(b)
+			r.Release(b)
+			if err != nil {
+				return n, err
+			}
+			n += int64(len(b))
+			if limit >= 0 && n > limit {
+				return n, nil
+			}
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, fmt.Errorf("reading the content: %w", rerr)
+		}
+	}
 }
 
 // copyChunks is copyLimited for a ChunkReader: each chunk is written as it

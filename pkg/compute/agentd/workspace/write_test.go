@@ -189,10 +189,22 @@ func TestWriteSemantics(t *testing.T) {
 
 	res, err := e.w.WriteFile(ctx, nil, WriteOptions{Path: "new/dir/f.txt", CreateParents: true, ExpectedSize: 6, ExpectedSHA256: sum[:]}, strings.NewReader(content))
 	must(t, err)
-	if res.SHA256 != sum || res.Info.Size != 6 || res.Info.Mode != DefaultFileMode || res.Info.Name != "f.txt" || res.Info.Path != "new/dir/f.txt" || res.Info.Owner != "root" {
+	if !bytes.Equal(res.SHA256, sum[:]) || res.Info.Size != 6 || res.Info.Mode != DefaultFileMode || res.Info.Name != "f.txt" || res.Info.Path != "new/dir/f.txt" || res.Info.Owner != "root" {
 		t.Fatalf("result %+v", res)
 	}
 	checkErr(t, e, writeString(ctx, e.w, nil, "missing/f.txt", "x"), errdefs.ErrNotFound)
+
+	// The digest is computed when asked for, and only then.
+	res, err = e.w.WriteFile(ctx, nil, WriteOptions{Path: "h1.txt", ExpectedSize: UnknownSize, ComputeSHA256: true}, strings.NewReader(content))
+	must(t, err)
+	if !bytes.Equal(res.SHA256, sum[:]) {
+		t.Fatalf("ComputeSHA256: digest %x", res.SHA256)
+	}
+	res, err = e.w.WriteFile(ctx, nil, WriteOptions{Path: "h2.txt", ExpectedSize: UnknownSize}, strings.NewReader(content))
+	must(t, err)
+	if res.SHA256 != nil || res.Info.Size != 6 {
+		t.Fatalf("no digest asked for: %+v", res)
+	}
 
 	// Mode 0 keeps the old mode; an explicit mode is exact (no umask).
 	e.put(t, "m.txt", "x", 0o600)

@@ -413,8 +413,11 @@ type WriteFileHeader struct {
 	ExpectedSize *int64 `protobuf:"varint,6,opt,name=expected_size,json=expectedSize,proto3,oneof" json:"expected_size,omitempty"`
 	// When set, the write fails (and changes nothing) unless the content has this SHA-256.
 	ExpectedSha256 []byte `protobuf:"bytes,7,opt,name=expected_sha256,json=expectedSha256,proto3" json:"expected_sha256,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// Return the content's SHA-256 (WriteFileResponse.sha256), computed as the bytes arrive.
+	// Implied by expected_sha256. Off by default: hashing costs the sandbox CPU on every byte.
+	ComputeSha256 bool `protobuf:"varint,8,opt,name=compute_sha256,json=computeSha256,proto3" json:"compute_sha256,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WriteFileHeader) Reset() {
@@ -494,6 +497,13 @@ func (x *WriteFileHeader) GetExpectedSha256() []byte {
 		return x.ExpectedSha256
 	}
 	return nil
+}
+
+func (x *WriteFileHeader) GetComputeSha256() bool {
+	if x != nil {
+		return x.ComputeSha256
+	}
+	return false
 }
 
 // WriteFileRequest is the header (first message) or a data chunk.
@@ -581,9 +591,10 @@ func (*WriteFileRequest_Data) isWriteFileRequest_Message() {}
 
 // WriteFileResponse describes the written file.
 type WriteFileResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Info          *FileInfo              `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
-	Sha256        []byte                 `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Info  *FileInfo              `protobuf:"bytes,1,opt,name=info,proto3" json:"info,omitempty"`
+	// The content's SHA-256, when compute_sha256 or expected_sha256 was set; empty otherwise.
+	Sha256        []byte `protobuf:"bytes,2,opt,name=sha256,proto3" json:"sha256,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1204,7 +1215,7 @@ const file_bulkhead_agentd_v1_file_proto_rawDesc = "" +
 	"\x04user\x18\x04 \x01(\tR\x04user\"X\n" +
 	"\x10ReadFileResponse\x120\n" +
 	"\x04info\x18\x01 \x01(\v2\x1c.bulkhead.agentd.v1.FileInfoR\x04info\x12\x12\n" +
-	"\x04data\x18\x02 \x01(\fR\x04data\"\x9c\x02\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\xc3\x02\n" +
 	"\x0fWriteFileHeader\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x12\n" +
 	"\x04mode\x18\x02 \x01(\rR\x04mode\x12\x12\n" +
@@ -1212,7 +1223,8 @@ const file_bulkhead_agentd_v1_file_proto_rawDesc = "" +
 	"\x0ecreate_parents\x18\x04 \x01(\bR\rcreateParents\x12A\n" +
 	"\toverwrite\x18\x05 \x01(\x0e2#.bulkhead.agentd.v1.OverwritePolicyR\toverwrite\x12(\n" +
 	"\rexpected_size\x18\x06 \x01(\x03H\x00R\fexpectedSize\x88\x01\x01\x12'\n" +
-	"\x0fexpected_sha256\x18\a \x01(\fR\x0eexpectedSha256B\x10\n" +
+	"\x0fexpected_sha256\x18\a \x01(\fR\x0eexpectedSha256\x12%\n" +
+	"\x0ecompute_sha256\x18\b \x01(\bR\rcomputeSha256B\x10\n" +
 	"\x0e_expected_size\"r\n" +
 	"\x10WriteFileRequest\x12=\n" +
 	"\x06header\x18\x01 \x01(\v2#.bulkhead.agentd.v1.WriteFileHeaderH\x00R\x06header\x12\x14\n" +
