@@ -319,37 +319,30 @@ func finishTemp(f *os.File, mode fs.FileMode, chown bool, uid, gid uint32) error
 // the limit was exceeded).
 func copyLimited(ctx context.Context, dst io.Writer, h hash.Hash, r io.Reader, limit int64) (int64, error) {
 	if cr, ok := r.(ChunkReader); ok {
-		if h == nil {
-			return copyChunksUnhashed(ctx, dst, cr, limit)
-		}
 		return copyChunks(ctx, dst, h, cr, limit)
-	}
-	if h == nil {
-		// io.CopyBuffer through a limit: one buffer, no second goroutine.
-		src := io.Reader(r)
-		if limit >= 0 {
-			src = io.LimitReader(r, limit+1)
-		}
-		return io.CopyBuffer(dst, ctxReader{ctx, src}, make([]byte, 1<<20))
 	}
 	const bufSize, nbuf = 1 << 20, 3
 	free := make(chan []byte, nbuf)
 	for range nbuf {
 		free <- make([]byte, bufSize)
 	}
-	full := make(chan []byte, nbuf)
-	hashed := make(chan struct{})
-	go func() {
-		defer close(hashed)
-		for b := range full {
-			h.Write(b)
-			free <- b[:cap(b)]
-		}
-	}()
-	defer func() {
-		close(full)
-		<-hashed
-	}()
+	written := func(b []byte) { free <- b[:cap(b)] } // unhashed: reusable at once
+	if h != nil {
+		full := make(chan []byte, nbuf)
+		hashed := make(chan struct{})
+		go func() {
+			defer close(hashed)
+			for b := range full {
+				h.Write(b)
+				free <- b[:cap(b)]
+			}
+		}()
+		defer func() {
+			close(full)
+			<-hashed
+		}()
+		written = func(b []byte) { full <- b }
+	}
 	var n int64
 	for {
 		if err := ctx.Err(); err != nil {
@@ -366,7 +359,7 @@ func copyLimited(ctx context.Context, dst io.Writer, h hash.Hash, r io.Reader, l
 			}
 			n += int64(m)
 		}
-		full <- buf[:m]
+		written(buf[:m])
 		if limit >= 0 && n > limit {
 			return n, nil
 		}
@@ -391,84 +384,48 @@ type ChunkReader interface {
 	Release([]byte)
 }
 
-// ctxReader fails reads once ctx ended.
-type ctxReader struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (c ctxReader) Read(p []byte) (int, error) {
-	if err := c.ctx.Err(); err != nil {
-		return 0, err
-	}
-	n, err := c.r.Read(p)
-	if err != nil && err != io.EOF {
-		err = fmt.Errorf("reading the content: %w", err)
-	}
-	return n, err
-}
-
-// copyChunksUnhashed is copyChunks without a hash: each chunk is written
-// and released at once.
-func copyChunksUnhashed(ctx context.Context, dst io.Writer, r ChunkReader, limit int64) (int64, error) {
-	var n int64
-	for {
-		if err := ctx.Err(); err != nil {
-			return n, err
-		}
-		b, rerr := r.NextChunk()
-		if len(b) > 0 {
-			if limit >= 0 && int64(len(b)) > limit-n+1 {
-				b = b[:limit-n+1]
-			}
-			_, err := dst.Write(b)
-			r.Release(b)
-			if err != nil {
-				return n, err
-			}
-			n += int64(len(b))
-			if limit >= 0 && n > limit {
-				return n, nil
-			}
-		}
-		if rerr == io.EOF {
-			return n, nil
-		}
-		if rerr != nil {
-			return n, fmt.Errorf("reading the content: %w", rerr)
-		}
-	}
-}
-
 // copyChunks is copyLimited for a ChunkReader: each chunk is written as it
-// is, then hashed on the second goroutine, which releases it. At most
-// hashBacklogBytes (or one larger chunk) wait for the hash, which bounds
-// memory; a deep backlog lets the writer run ahead while the hashing
-// goroutine waits for a CPU, and the other way round.
+// is, then hashed on the second goroutine, which releases it (without a
+// hash it is released at once). At most hashBacklogBytes (or one larger
+// chunk) wait for the hash, which bounds memory; a deep backlog lets the
+// writer run ahead while the hashing goroutine waits for a CPU, and the
+// other way round.
 func copyChunks(ctx context.Context, dst io.Writer, h hash.Hash, r ChunkReader, limit int64) (int64, error) {
-	const hashBacklogBytes, hashBacklogChunks = 8 << 20, 64
-	var (
-		mu      sync.Mutex
-		drained = sync.NewCond(&mu)
-		backlog int // bytes written and not yet hashed
-	)
-	full := make(chan []byte, hashBacklogChunks)
-	hashed := make(chan struct{})
-	go func() {
-		defer close(hashed)
-		for b := range full {
-			h.Write(b)
-			r.Release(b)
+	written := r.Release
+	if h != nil {
+		const hashBacklogBytes, hashBacklogChunks = 8 << 20, 64
+		var (
+			mu      sync.Mutex
+			drained = sync.NewCond(&mu)
+			backlog int // bytes written and not yet hashed
+		)
+		full := make(chan []byte, hashBacklogChunks)
+		hashed := make(chan struct{})
+		go func() {
+			defer close(hashed)
+			for b := range full {
+				h.Write(b)
+				r.Release(b)
+				mu.Lock()
+				backlog -= len(b)
+				drained.Signal()
+				mu.Unlock()
+			}
+		}()
+		defer func() {
+			close(full)
+			<-hashed
+		}()
+		written = func(b []byte) {
 			mu.Lock()
-			backlog -= len(b)
-			drained.Signal()
+			for backlog > 0 && backlog+len(b) > hashBacklogBytes {
+				drained.Wait()
+			}
+			backlog += len(b)
 			mu.Unlock()
+			full <- b
 		}
-	}()
-	defer func() {
-		close(full)
-		<-hashed
-	}()
+	}
 	var n int64
 	for {
 		if err := ctx.Err(); err != nil {
@@ -483,13 +440,7 @@ func copyChunks(ctx context.Context, dst io.Writer, h hash.Hash, r ChunkReader, 
 				return n, err
 			}
 			n += int64(len(b))
-			mu.Lock()
-			for backlog > 0 && backlog+len(b) > hashBacklogBytes {
-				drained.Wait()
-			}
-			backlog += len(b)
-			mu.Unlock()
-			full <- b
+			written(b)
 			if limit >= 0 && n > limit {
 				return n, nil
 			}
