@@ -9,4 +9,5 @@ const (
 	sysSetgroups = unix.SYS_SETGROUPS
 	sysSetfsuid  = unix.SYS_SETFSUID
 	sysSetfsgid  = unix.SYS_SETFSGID
+	sysGetgroups = unix.SYS_GETGROUPS
 )

@@ -9,4 +9,5 @@ const (
 	sysSetgroups = unix.SYS_SETGROUPS32
 	sysSetfsuid  = unix.SYS_SETFSUID32
 	sysSetfsgid  = unix.SYS_SETFSGID32
+	sysGetgroups = unix.SYS_GETGROUPS32
 )
