@@ -71,7 +71,7 @@ func sandboxExec(cmd *cobra.Command, g *globals, f *execFlags, id string, argv [
 	}
 	defer r.release()
 	r.noteRebuilt(stderr)
-	spec := &agentdv1.ProcessSpec{Argv: argv, Cwd: f.workdir, User: f.user, Tty: f.tty}
+	spec := &agentdv1.ProcessSpec{Argv: argv, Cwd: f.workdir, User: runAsUser(r.sess, f.user), Tty: f.tty}
 	if f.tty {
 		spec.Size = termSize(cmd.OutOrStdout())
 		spec.Env = map[string]string{"TERM": termName()}
@@ -86,6 +86,18 @@ func sandboxExec(cmd *cobra.Command, g *globals, f *execFlags, id string, argv [
 		return fmt.Errorf("exec in session %s: %w", id, err)
 	}
 	return exitWith(res.Exit)
+}
+
+// runAsUser is the user a command runs as: the --user flag, else the
+// session manifest's run_as user (else the daemon's default user).
+func runAsUser(sess *compute.Session, flag string) string {
+	if flag != "" {
+		return flag
+	}
+	if m := sess.Manifest(); m != nil {
+		return m.RunAs
+	}
+	return ""
 }
 
 // writeOutput writes a batch of process output: stderr chunks to stderr,
@@ -156,7 +168,7 @@ func sandboxShell(cmd *cobra.Command, g *globals, id, user string) error {
 	if _, ok := fdOf(out); !ok {
 		sizeOf = in
 	}
-	spec := &agentdv1.ProcessSpec{Argv: []string{"/bin/sh", "-c", shellCommand}, User: user, Tty: true, Size: termSize(sizeOf),
+	spec := &agentdv1.ProcessSpec{Argv: []string{"/bin/sh", "-c", shellCommand}, User: runAsUser(r.sess, user), Tty: true, Size: termSize(sizeOf),
 		Env: map[string]string{"TERM": termName()}}
 	started, err := agent.Start(ctx, &agentdv1.StartRequest{Spec: spec})
 	if err != nil {

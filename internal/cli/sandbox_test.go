@@ -487,3 +487,48 @@ func TestProgress(t *testing.T) {
 		t.Fatalf("unknown total drew %q", s)
 	}
 }
+
+// TestSandboxExecRunsAsManifestUser checks exec runs as the manifest's
+// run_as user unless --user says otherwise (it used to run as the daemon's
+// own user, root, whatever the manifest said).
+func TestSandboxExecRunsAsManifestUser(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("local sandboxes need Linux")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("the daemon must be root to run commands as another user")
+	}
+	bin := buildAgentd(t, t.TempDir())
+	state := t.TempDir()
+	// Plain local sandboxes keep the workspace below the state directory:
+	// the run_as user must be able to pass through it (t.TempDir is 0700).
+	for d := state; d != filepath.Dir(d) && strings.HasPrefix(d, os.TempDir()+"/"); d = filepath.Dir(d) {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	run := newCLIRun(t.Context(), state, bin)
+	t.Cleanup(func() { newCLIRun(context.Background(), state, bin)("sandbox", "rm", "u1") })
+	dir := t.TempDir()
+	m := filepath.Join(dir, "manifest.yaml")
+	if err := os.WriteFile(m, []byte("version: 1\nrun_as: agent\nusers:\n  - name: agent\nentries:\n  notes.txt:\n    type: file\n    content: \"hi\\n\"\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, run, "sandbox", "create", "--id", "u1", "--manifest", m)
+	// notes.txt belongs to run_as; the command must run as the same uid.
+	owner := strings.TrimSpace(mustRun(t, run, "sandbox", "exec", "u1", "--user", "root", "--", "stat", "-c", "%u", "notes.txt"))
+	if owner == "0" || owner == "" {
+		t.Fatalf("notes.txt owned by %q, want the run_as user's uid", owner)
+	}
+	if got := strings.TrimSpace(mustRun(t, run, "sandbox", "exec", "u1", "--", "id", "-u")); got != owner {
+		t.Fatalf("exec ran as uid %s, want the run_as user's %s", got, owner)
+	}
+	if got := strings.TrimSpace(mustRun(t, run, "sandbox", "exec", "u1", "--user", "root", "--", "id", "-u")); got != "0" {
+		t.Fatalf("exec --user root ran as uid %s", got)
+	}
+	// A file the command creates belongs to run_as too.
+	mustRun(t, run, "sandbox", "exec", "u1", "--", "sh", "-c", "echo x > made.txt")
+	if got := strings.TrimSpace(mustRun(t, run, "sandbox", "exec", "u1", "--", "stat", "-c", "%u", "made.txt")); got != owner {
+		t.Fatalf("made.txt owned by %s, want %s", got, owner)
+	}
+}

@@ -130,6 +130,9 @@ func Prepare(ctx context.Context, m *manifest.Manifest, opts Options) (*Prepared
 		}
 		b.p.Plan.Users = append(b.p.Plan.Users, wu)
 	}
+	// The run_as user owns its workspace root, so it can create files at
+	// the top of it (entries without a group belong to it likewise).
+	b.p.Plan.RootUser = owner
 	b.p.Plan.SetGrants = true
 	for _, g := range m.ExtraPathGrants {
 		b.p.Plan.Grants = append(b.p.Plan.Grants, &agentdv1.MaterializeGrant{Path: g.Path, ReadOnly: g.ReadOnly})

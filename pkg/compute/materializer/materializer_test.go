@@ -159,6 +159,12 @@ func TestApplyManifest(t *testing.T) {
 		if !strings.Contains(string(passwd), fmt.Sprintf("\nanalyst:x:%d:%d:", st.Uid, st.Gid)) {
 			t.Errorf("task.md owned by %d:%d; want analyst\n%s", st.Uid, st.Gid, passwd)
 		}
+		// So does the workspace root, so the agent can create files at
+		// the top of its workspace.
+		fi, _ = os.Stat(ws)
+		if rst := fi.Sys().(*syscall.Stat_t); rst.Uid != st.Uid || rst.Gid != st.Gid {
+			t.Errorf("workspace root owned by %d:%d; want analyst (%d:%d)", rst.Uid, rst.Gid, st.Uid, st.Gid)
+		}
 		// Materializing again is idempotent: accounts exist, files replaced.
 		resp, err = materializer.Apply(ctxT(t), d.Client, m, opts)
 		if err != nil || len(resp.GetUsersCreated()) != 0 {

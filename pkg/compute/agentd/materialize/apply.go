@@ -88,6 +88,14 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 		}
 		a.owners[e] = owner{uid, gid}
 	}
+	var rootOwner *owner
+	if plan.RootUser != "" {
+		uid, gid, err := acct.IDs(plan.RootUser, "")
+		if err != nil {
+			return res, &errdefs.PathError{Op: "materialize", Path: ".", Err: err}
+		}
+		rootOwner = &owner{uid, gid}
+	}
 	id, err := randomID()
 	if err != nil {
 		return res, err
@@ -116,7 +124,36 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 	if err := a.setDirModes(); err != nil {
 		return res, err
 	}
+	if rootOwner != nil {
+		if err := a.chownRoot(*rootOwner); err != nil {
+			return res, err
+		}
+	}
 	return res, nil
+}
+
+// chownRoot gives the workspace root directory to o, unless it has it.
+func (a *applier) chownRoot(o owner) error {
+	d, err := a.rt.Open(".")
+	if err != nil {
+		return &errdefs.PathError{Op: "materialize", Path: ".", Err: errdefs.ClassifyFS(err)}
+	}
+	defer d.Close()
+	fi, err := d.Stat()
+	if err != nil {
+		return &errdefs.PathError{Op: "materialize", Path: ".", Err: errdefs.ClassifyFS(err)}
+	}
+	if st, ok := fi.Sys().(*unix.Stat_t); ok && st.Uid == o.uid && st.Gid == o.gid {
+		return nil
+	}
+	if err := d.Chown(int(o.uid), int(o.gid)); err != nil {
+		err = errdefs.ClassifyFS(err)
+		if errors.Is(err, errdefs.ErrPermissionDenied) && a.euid != 0 {
+			err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "cannot give the workspace root to %d:%d: the daemon does not run as root", o.uid, o.gid)
+		}
+		return &errdefs.PathError{Op: "materialize", Path: ".", Err: err}
+	}
+	return nil
 }
 
 // setDirModes gives the directories their modes once everything is in

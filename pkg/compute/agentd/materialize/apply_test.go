@@ -243,6 +243,27 @@ func TestApplyOwners(t *testing.T) {
 	}
 }
 
+// TestApplyRootUser checks Plan.RootUser gives the workspace root itself
+// to the user and its primary group, keeping its mode.
+func TestApplyRootUser(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("giving files to other users needs root")
+	}
+	root := t.TempDir()
+	must(t, os.Chmod(root, 0o750))
+	plan := Plan{RootUser: "alice", Entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 1, User: "alice"}}}
+	for range 2 { // the second time it is the owner already
+		if _, err := Apply(context.Background(), root, plan, bytes.NewReader(tarOf(t, member{name: "a.txt", data: []byte("x")})), &fakeAccounts{}, Options{}); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Stat(root)
+		must(t, err)
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != 4242 || st.Gid != 4242 || fi.Mode().Perm() != 0o750 {
+			t.Fatalf("workspace root %d:%d %v, want 4242:4242 0750", st.Uid, st.Gid, fi.Mode().Perm())
+		}
+	}
+}
+
 func TestApplyRejectsAndChangesNothing(t *testing.T) {
 	okFile := []Entry{{Path: "a.txt", Kind: KindFile, Size: 2}}
 	okStream := func(t *testing.T) []byte { return tarOf(t, member{name: "a.txt", data: []byte("hi")}) }
@@ -252,6 +273,7 @@ func TestApplyRejectsAndChangesNothing(t *testing.T) {
 		stream  func(t *testing.T) []byte
 		acctErr error
 		users   []User
+		root    string // Plan.RootUser
 		want    error
 	}{
 		{name: "absolute path", entries: []Entry{{Path: "/etc/passwd", Kind: KindDir}}, want: errdefs.ErrPathEscape},
@@ -273,6 +295,7 @@ func TestApplyRejectsAndChangesNothing(t *testing.T) {
 		{name: "file over an existing directory", entries: []Entry{{Path: "dir", Kind: KindFile}}, stream: func(t *testing.T) []byte { return tarOf(t, member{name: "dir"}) }, want: errdefs.ErrIsDirectory},
 		{name: "through a symlinked directory", entries: []Entry{{Path: "out/x", Kind: KindDir}}, want: errdefs.ErrConflict},
 		{name: "unknown owner", entries: []Entry{{Path: "d", Kind: KindDir, User: "mallory"}}, want: errdefs.ErrNotFound},
+		{name: "unknown root owner", entries: okFile, stream: okStream, root: "mallory", want: errdefs.ErrNotFound},
 		{name: "accounts fail", entries: okFile, stream: okStream, users: []User{{Name: "bob"}}, acctErr: errdefs.Errorf(errdefs.ErrFailedPrecondition, "no root"), want: errdefs.ErrFailedPrecondition},
 		{name: "member missing", entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 2}, {Path: "b.txt", Kind: KindFile, Size: 1}}, stream: okStream, want: errdefs.ErrInvalidArgument},
 		{name: "members out of order", entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 2}, {Path: "b.txt", Kind: KindFile, Size: 1}},
@@ -307,7 +330,7 @@ func TestApplyRejectsAndChangesNothing(t *testing.T) {
 			} else {
 				stream = tarOf(t)
 			}
-			_, err := Apply(context.Background(), root, Plan{Users: tc.users, Entries: tc.entries}, bytes.NewReader(stream),
+			_, err := Apply(context.Background(), root, Plan{Users: tc.users, Entries: tc.entries, RootUser: tc.root}, bytes.NewReader(stream),
 				&fakeAccounts{fail: tc.acctErr}, Options{MaxFileBytes: 1 << 20})
 			if !errors.Is(err, tc.want) {
 				t.Fatalf("error %v, want %v", err, tc.want)

@@ -74,6 +74,9 @@ type Plan struct {
 	Groups  []Group
 	Users   []User
 	Entries []Entry
+	// RootUser, when set, owns the workspace root directory itself (with
+	// its primary group; the mode is kept) once the plan is applied.
+	RootUser string
 }
 
 // Accounts creates and resolves the sandbox's accounts.

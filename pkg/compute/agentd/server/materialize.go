@@ -81,6 +81,7 @@ func materializeRequest(p *agentdv1.MaterializePlan) (agentd.MaterializeRequest,
 		}
 		req.Plan.Entries[i] = me
 	}
+	req.Plan.RootUser = p.GetRootUser()
 	if p.GetSetGrants() {
 		req.SetGrants = true
 		for _, g := range p.GetGrants() {

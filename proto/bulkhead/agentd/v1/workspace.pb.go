@@ -547,8 +547,12 @@ type MaterializePlan struct {
 	// existing directories kept (their mode and owner set from the entry).
 	Entries []*MaterializeEntry `protobuf:"bytes,3,rep,name=entries,proto3" json:"entries,omitempty"`
 	// Replace the daemon's extra path grants with these when set_grants.
-	Grants        []*MaterializeGrant `protobuf:"bytes,4,rep,name=grants,proto3" json:"grants,omitempty"`
-	SetGrants     bool                `protobuf:"varint,5,opt,name=set_grants,json=setGrants,proto3" json:"set_grants,omitempty"`
+	Grants    []*MaterializeGrant `protobuf:"bytes,4,rep,name=grants,proto3" json:"grants,omitempty"`
+	SetGrants bool                `protobuf:"varint,5,opt,name=set_grants,json=setGrants,proto3" json:"set_grants,omitempty"`
+	// When set, the workspace root directory itself belongs to this user and
+	// the user's primary group once the plan is applied (its mode is kept),
+	// so that the run_as user can create files at the top of its workspace.
+	RootUser      string `protobuf:"bytes,6,opt,name=root_user,json=rootUser,proto3" json:"root_user,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -616,6 +620,13 @@ func (x *MaterializePlan) GetSetGrants() bool {
 		return x.SetGrants
 	}
 	return false
+}
+
+func (x *MaterializePlan) GetRootUser() string {
+	if x != nil {
+		return x.RootUser
+	}
+	return ""
 }
 
 // MaterializeRequest is the plan (first message) or a chunk of the tar
@@ -1791,14 +1802,15 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\ahas_gid\x18\x03 \x01(\bR\x06hasGid\"C\n" +
 	"\x10MaterializeGrant\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
-	"\tread_only\x18\x02 \x01(\bR\breadOnly\"\xa7\x02\n" +
+	"\tread_only\x18\x02 \x01(\bR\breadOnly\"\xc4\x02\n" +
 	"\x0fMaterializePlan\x12<\n" +
 	"\x06groups\x18\x01 \x03(\v2$.bulkhead.agentd.v1.MaterializeGroupR\x06groups\x129\n" +
 	"\x05users\x18\x02 \x03(\v2#.bulkhead.agentd.v1.MaterializeUserR\x05users\x12>\n" +
 	"\aentries\x18\x03 \x03(\v2$.bulkhead.agentd.v1.MaterializeEntryR\aentries\x12<\n" +
 	"\x06grants\x18\x04 \x03(\v2$.bulkhead.agentd.v1.MaterializeGrantR\x06grants\x12\x1d\n" +
 	"\n" +
-	"set_grants\x18\x05 \x01(\bR\tsetGrants\"p\n" +
+	"set_grants\x18\x05 \x01(\bR\tsetGrants\x12\x1b\n" +
+	"\troot_user\x18\x06 \x01(\tR\brootUser\"p\n" +
 	"\x12MaterializeRequest\x129\n" +
 	"\x04plan\x18\x01 \x01(\v2#.bulkhead.agentd.v1.MaterializePlanH\x00R\x04plan\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\t\n" +
