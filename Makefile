@@ -67,6 +67,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 30s)
 
 .PHONY: bench
 bench: build ## measure the daemon against same-run baselines; prints a table of ratios
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '-s -w' -o $(BIN)/grpcfloor ./internal/benchreport/grpcfloor
 	$(GO) run ./internal/benchreport -bin $(BIN)
 
 # Sandbox images, built locally with no registry (images/build.sh): the small

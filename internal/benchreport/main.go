@@ -103,10 +103,24 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	add(row{"sandbox-agentd binary size (static, stripped)", mib(fi.Size()), "", "", "small"})
-	add(row{"sandbox-agentd idle RSS: total (private anonymous + shared clean pages of the binary)", idle.String(), "", "", "< 10 MB"})
+	// The floor: grpc-go alone, serving health and reflection, built with
+	// the daemon's flags and with a client connected, as the daemon is.
+	fl, ferr := startFloor(ctx, cfg.binDir)
+	if ferr == nil {
+		defer fl.close()
+		base, err := readRSS(fl.pid())
+		if err != nil {
+			return err
+		}
+		add(row{"sandbox-agentd idle RSS: total (private anonymous + shared clean pages of the binary)", idle.String(),
+			base.String() + " (grpcfloor: grpc-go with health and reflection only)", fmt.Sprintf("%.2fx", float64(idle.total)/float64(base.total)), "< 10 MB"})
+	} else {
+		fmt.Fprintln(os.Stderr, "benchreport: no grpc-go floor:", ferr)
+		add(row{"sandbox-agentd idle RSS: total (private anonymous + shared clean pages of the binary)", idle.String(), "", "", "< 10 MB"})
+	}
 
 	fmt.Fprintln(os.Stderr, "exec round trips ...")
-	r, err := benchExec(ctx, c, cfg.execN)
+	r, err := benchExec(ctx, c, cfg.execN, fl)
 	if err != nil {
 		return err
 	}
@@ -168,10 +182,18 @@ func run(ctx context.Context, cfg config) error {
 	return nil
 }
 
-func benchExec(ctx context.Context, c *agentclient.Client, n int) ([]row, error) {
+// benchExec times Exec of /bin/true through the daemon (as the daemon's
+// user, and as a run_as user when the host has "nobody") beside os/exec of
+// the same, interleaved, and the transport's share: a unary call to the
+// daemon, and one to grpcfloor (fl, when running), each right after an
+// os/exec.
+func benchExec(ctx context.Context, c *agentclient.Client, n int, fl *floor) ([]row, error) {
+	const runAs = "nobody"
+	withUser := hasUser(runAs)
 	daemon := make([]time.Duration, 0, n)
 	direct := make([]time.Duration, 0, n)
 	unary := make([]time.Duration, 0, n)
+	var asUser, floorRT []time.Duration
 	for i := 0; i < n+20; i++ { // interleave, first 20 are warm-up
 		start := time.Now()
 		res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, nil)
@@ -198,15 +220,60 @@ func benchExec(ctx context.Context, c *agentclient.Client, n int) ([]row, error)
 		if i >= 20 {
 			daemon, direct, unary = append(daemon, d), append(direct, e), append(unary, u)
 		}
+		if !withUser && fl == nil {
+			continue
+		}
+		var du time.Duration
+		if withUser {
+			start = time.Now()
+			res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}, User: runAs}}, nil)
+			du = time.Since(start)
+			if err != nil {
+				return nil, fmt.Errorf("exec as %s: %w", runAs, err)
+			}
+			if res.Exit.GetExitCode() != 0 {
+				return nil, fmt.Errorf("/bin/true as %s exited %d", runAs, res.Exit.GetExitCode())
+			}
+		}
+		start = time.Now()
+		if err := exec.Command("/bin/true").Run(); err != nil {
+			return nil, err
+		}
+		e = time.Since(start)
+		var f time.Duration
+		if fl != nil {
+			var err error
+			if f, err = fl.roundTrip(ctx); err != nil {
+				return nil, fmt.Errorf("grpcfloor: %w", err)
+			}
+		}
+		if i >= 20 {
+			direct = append(direct, e)
+			if withUser {
+				asUser = append(asUser, du)
+			}
+			if fl != nil {
+				floorRT = append(floorRT, f)
+			}
+		}
 	}
 	dp50, dp99 := percentiles(daemon)
 	ep50, ep99 := percentiles(direct)
 	up50, _ := percentiles(unary)
-	return []row{
+	rows := []row{
 		{"Exec /bin/true round trip, p50", us(dp50), us(ep50) + " (os/exec)", ratio(dp50, ep50), "<= 1.3x"},
 		{"Exec /bin/true round trip, p99", us(dp99), us(ep99) + " (os/exec)", ratio(dp99, ep99), ""},
-		{"of which the gRPC round trip itself: a unary Stat between the same processes, p50", us(up50), "", "", ""},
-	}, nil
+	}
+	if withUser {
+		a50, _ := percentiles(asUser)
+		rows = append(rows, row{"Exec /bin/true as a run_as user (" + runAs + "), p50", us(a50), us(ep50) + " (os/exec)", ratio(a50, ep50), ""})
+	}
+	transport := row{"of which the gRPC round trip itself: a unary Stat between the same processes right after an os/exec, p50", us(up50), "", "", ""}
+	if fl != nil {
+		f50, _ := percentiles(floorRT)
+		transport.baseline, transport.ratio = us(f50)+" (grpcfloor health check, right after an os/exec)", ratio(up50, f50)
+	}
+	return append(rows, transport), nil
 }
 
 func benchStream(ctx context.Context, c *agentclient.Client, size int64) ([]row, error) {

@@ -103,6 +103,12 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		if dir, err = os.MkdirTemp("", "bulkhead-sandbox-"); err != nil {
 			return nil, fmt.Errorf("create sandbox directory: %w", err)
 		}
+		// 0711, as the provider's: run_as users must pass through to the
+		// workspace (MkdirTemp makes it 0700).
+		if err := os.Chmod(dir, 0o711); err != nil {
+			_ = os.RemoveAll(dir)
+			return nil, fmt.Errorf("create sandbox directory: %w", err)
+		}
 	}
 	s := &Sandbox{Dir: dir, Workspace: opts.Workspace, Socket: filepath.Join(dir, "agentd.sock"), exited: make(chan struct{}), log: log, ownDir: ownDir}
 	if s.Workspace == "" {
