@@ -161,6 +161,7 @@ func (d *Daemon) StartProcess(ctx context.Context, spec StartSpec) (process.Info
 	}
 	opts := spec.StartOptions
 	opts.Dir = dir
+	opts.RunAs = user
 	return d.procs.StartOrFind(ctx, opts)
 }
 

@@ -5,10 +5,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
@@ -381,6 +384,29 @@ func TestExitRetention(t *testing.T) {
 	for _, id := range ids[1:] {
 		if _, err := m2.Get(id); err != nil {
 			t.Errorf("newer exited process %s forgotten: %v", id, err)
+		}
+	}
+}
+
+// TestStdioBlocks checks the child's stdin, stdout and stderr are in
+// blocking mode (the daemon's own ends are non-blocking, for its poller): a
+// program writing to a non-blocking pipe would see EAGAIN.
+func TestStdioBlocks(t *testing.T) {
+	m := newTestManager(t, Config{})
+	for _, stdin := range []bool{false, true} {
+		o := run(t, m, StartOptions{Command: "grep -h '^flags' /proc/self/fdinfo/0 /proc/self/fdinfo/1 /proc/self/fdinfo/2", Stdin: stdin, Dir: "/"})
+		lines := strings.Fields(o.stdout.String())
+		if len(lines) != 6 {
+			t.Fatalf("stdin %v: fdinfo flags %q (stderr %q)", stdin, o.stdout.String(), o.stderr.String())
+		}
+		for i := 1; i < len(lines); i += 2 {
+			flags, err := strconv.ParseUint(lines[i], 8, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if flags&unix.O_NONBLOCK != 0 {
+				t.Errorf("stdin %v: fd %d is non-blocking (flags %s)", stdin, i/2, lines[i])
+			}
 		}
 	}
 }

@@ -60,14 +60,16 @@ func resourceErr(what string, err error) error {
 // *os.File: parentReads selects which end that is.
 func pipe(name string, parentReads bool) (parent *os.File, child int, err error) {
 	var fds [2]int
-	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC); err != nil {
+	if err := unix.Pipe2(fds[:], unix.O_CLOEXEC|unix.O_NONBLOCK); err != nil {
 		return nil, -1, resourceErr("create "+name+" pipe", err)
 	}
 	p, c := fds[1], fds[0]
 	if parentReads {
 		p, c = fds[0], fds[1]
 	}
-	if err := unix.SetNonblock(p, true); err != nil {
+	// The child's end blocks, as a program expects of its stdio. A pipe
+	// has no other status flag to keep, so one F_SETFL does it.
+	if _, err := unix.FcntlInt(uintptr(c), unix.F_SETFL, 0); err != nil {
 		unix.Close(p)
 		unix.Close(c)
 		return nil, -1, fmt.Errorf("%w: %s pipe: %v", errdefs.ErrInternal, name, err)

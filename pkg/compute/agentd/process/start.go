@@ -198,9 +198,13 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 		name = m.cfg.DefaultUser
 	}
 	if name != "" {
-		var err error
-		if u, err = m.cfg.Users.Lookup(name); err != nil {
-			return nil, fmt.Errorf("run_as user: %w", err)
+		if o.RunAs != nil && o.RunAs.Name == name {
+			u = o.RunAs
+		} else {
+			var err error
+			if u, err = m.cfg.Users.Lookup(name); err != nil {
+				return nil, fmt.Errorf("run_as user: %w", err)
+			}
 		}
 		switch {
 		case m.euid == 0:

@@ -1,6 +1,10 @@
 package process
 
-import "time"
+import (
+	"time"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
+)
 
 // Stream tells which output a chunk came from.
 type Stream uint8
@@ -52,6 +56,11 @@ type StartOptions struct {
 	// User is the run_as user (name or numeric uid); empty means
 	// Config.DefaultUser.
 	User string
+	// RunAs, when set, is the account the caller already resolved for
+	// User (or the default user): the Manager uses it instead of reading
+	// the account files again, if its name is the one asked for. It takes
+	// no part in recognising a retried Start.
+	RunAs *userdb.User
 	// TTY runs the process on a pseudo-terminal of Rows x Cols (default
 	// 24 x 80). Output is a single PTY stream and input is always open.
 	TTY        bool

@@ -94,3 +94,21 @@ func TestRunAsErrors(t *testing.T) {
 	_, err = m3.Start(testCtx(t), StartOptions{Argv: []string{"true"}})
 	wantErr(t, err, errdefs.ErrNotFound, "ghost")
 }
+
+// TestRunAsResolvedByCaller checks StartOptions.RunAs is used instead of a
+// second lookup when it is the account asked for, and ignored otherwise.
+func TestRunAsResolvedByCaller(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch users")
+	}
+	m := newTestManager(t, Config{Users: fakeUsers(t)})
+	// "ghost" is in no account file: only the resolved account can start it.
+	ghost := &userdb.User{Name: "ghost", UID: 65534, GID: 65534, Home: "/nonexistent", Shell: "/bin/sh"}
+	o := run(t, m, StartOptions{Command: `echo "$(id -u) $USER"`, User: "ghost", RunAs: ghost, Dir: "/"})
+	if o.stdout.String() != "65534 ghost\n" {
+		t.Fatalf("output %q (stderr %q)", o.stdout.String(), o.stderr.String())
+	}
+	// A resolved account under another name is not taken for the one asked.
+	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{"true"}, User: "nobody-else", RunAs: ghost})
+	wantErr(t, err, errdefs.ErrNotFound, "nobody-else")
+}

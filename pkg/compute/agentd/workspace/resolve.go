@@ -118,6 +118,13 @@ func (w *Workspace) ResolveDir(ctx context.Context, u *userdb.User, path string)
 	if path == "" {
 		path = "."
 	}
+	if path == "." && (u == nil || (u.UID == w.euid && u.GID == w.egid)) {
+		// The root of the workspace, for the daemon itself: nothing to
+		// resolve and nothing to check (process starts mostly ask this).
+		if l, err := w.locate(path, true); err == nil && l.isRoot() {
+			return l.abs(), nil
+		}
+	}
 	var out string
 	err := w.runAs(ctx, u, func() error {
 		l, err := w.locate(path, true)
