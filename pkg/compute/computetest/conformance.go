@@ -291,7 +291,16 @@ func testRunAs(t *testing.T, env Env) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "id -un; cat dataroom/q3.csv > output/report.csv && echo ok", User: "analyst"}}, nil)
+	// The workspace root is the agent's too: it can create files at the
+	// top, but not write into the group's read-only data room.
+	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo top > top.txt && echo top-ok; echo x > dataroom/x.txt || echo ro-ok", User: "analyst"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if out := string(res.Stdout); !strings.Contains(out, "top-ok") || !strings.Contains(out, "ro-ok") {
+		t.Fatalf("as analyst at the top of the workspace: %q, stderr %q", out, res.Stderr)
+	}
+	res, err = s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "id -un; cat dataroom/q3.csv > output/report.csv && echo ok", User: "analyst"}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
