@@ -53,6 +53,13 @@ type Options struct {
 	// Wrap, when set, turns the daemon's argv into the argv actually run
 	// (an isolation wrapper such as bubblewrap).
 	Wrap func(argv []string) []string
+	// Cgroup, when set, is a cgroup v2 directory the daemon (or its
+	// wrapper) is started in, atomically (clone3 with CLONE_INTO_CGROUP),
+	// so that every process of the sandbox starts there. The caller creates
+	// it and removes it. Where the kernel refuses (no clone3, no right to
+	// the cgroup...), the daemon is started outside it: Sandbox.Cgroup is
+	// then empty and CgroupErr says why.
+	Cgroup string
 }
 
 // Sandbox is a running local daemon and a client connected to it.
@@ -61,6 +68,10 @@ type Sandbox struct {
 	Dir       string // private directory: socket, and workspace when not given
 	Workspace string
 	Socket    string
+	// Cgroup is the cgroup the daemon was started in (Options.Cgroup), or
+	// "" when it runs outside one.
+	Cgroup    string
+	cgroupErr error
 	ownDir    bool
 	cmd       *exec.Cmd
 	exited    chan struct{}
@@ -137,19 +148,40 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	if opts.Wrap != nil {
 		argv = opts.Wrap(argv)
 	}
-	cmd := exec.Command(argv[0], argv[1:]...)
-	cmd.ExtraFiles = []*os.File{tokenR}
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the daemon gets no harness secrets
-	cmd.Stdout = opts.Stderr
-	cmd.Stderr = opts.Stderr
-	// Its own process group: a Ctrl-C meant for the harness does not hit the
-	// sandbox, and Close can kill the whole group. No Pdeathsig: a local
-	// sandbox may outlive the harness, to be resumed by the next one.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	if err := cmd.Start(); err != nil {
-		tokenR.Close()
-		tokenW.Close()
-		return fail(fmt.Errorf("start %s: %w", bin, err))
+	newCmd := func(cgroup *os.File) *exec.Cmd {
+		cmd := exec.Command(argv[0], argv[1:]...)
+		cmd.ExtraFiles = []*os.File{tokenR}
+		cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the daemon gets no harness secrets
+		cmd.Stdout = opts.Stderr
+		cmd.Stderr = opts.Stderr
+		// Its own process group: a Ctrl-C meant for the harness does not hit the
+		// sandbox, and Close can kill the whole group. No Pdeathsig: a local
+		// sandbox may outlive the harness, to be resumed by the next one.
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if cgroup != nil {
+			cmd.SysProcAttr.UseCgroupFD = true
+			cmd.SysProcAttr.CgroupFD = int(cgroup.Fd())
+		}
+		return cmd
+	}
+	var cmd *exec.Cmd
+	if opts.Cgroup != "" {
+		cmd, err = startInCgroup(opts.Cgroup, newCmd)
+		if err != nil {
+			// Started outside: as without a cgroup.
+			s.cgroupErr = err
+			cmd = nil
+		} else {
+			s.Cgroup = opts.Cgroup
+		}
+	}
+	if cmd == nil {
+		cmd = newCmd(nil)
+		if err := cmd.Start(); err != nil {
+			tokenR.Close()
+			tokenW.Close()
+			return fail(fmt.Errorf("start %s: %w", bin, err))
+		}
 	}
 	tokenR.Close()
 	s.cmd = cmd
@@ -170,6 +202,25 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	}
 	return s, nil
 }
+
+// startInCgroup starts the command newCmd makes for the cgroup directory
+// at path (open for the start only). On error nothing was started.
+func startInCgroup(path string, newCmd func(cgroup *os.File) *exec.Cmd) (*exec.Cmd, error) {
+	dir, err := os.OpenFile(path, os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open cgroup: %w", err)
+	}
+	defer dir.Close()
+	cmd := newCmd(dir)
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start in cgroup %s: %w", path, err)
+	}
+	return cmd, nil
+}
+
+// CgroupErr says why the daemon runs outside the cgroup Options.Cgroup
+// named (nil when it runs in it or none was asked for).
+func (s *Sandbox) CgroupErr() error { return s.cgroupErr }
 
 func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)

@@ -70,6 +70,8 @@ type Provider struct {
 	cfg   Config
 	log   *zap.Logger
 	bwrap string // bwrap binary when sandboxes are isolated
+	// noCgroup logs, once, why a sandbox runs without a cgroup.
+	noCgroup sync.Once
 }
 
 // Isolated reports whether this provider's sandboxes run under bubblewrap.
@@ -176,6 +178,11 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	if pid, alive := p.running(dir); alive {
 		return nil, fmt.Errorf("%w: a sandbox of session %s is running (pid %d)", compute.ErrAlreadyExists, spec.SessionID, pid)
 	}
+	// What a dead daemon left running (processes that never wrote, or left
+	// its process groups) ends before its replacement starts.
+	if err := p.removeCgroup(ctx, dir); err != nil {
+		return nil, fmt.Errorf("replace the sandbox of session %s: %w", spec.SessionID, err)
+	}
 	kept := false
 	if fi, err := os.Stat(filepath.Join(dir, "workspace")); err == nil && fi.IsDir() && spec.Prior != nil {
 		kept = true
@@ -211,17 +218,33 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	if p.bwrap != "" {
 		opts.Wrap = func(argv []string) []string { return p.bubblewrap(dir, argv) }
 	}
+	if cg, err := makeCgroup(dir); err != nil {
+		p.withoutCgroup(err)
+	} else {
+		opts.Cgroup = cg
+	}
 	sb, err := Start(ctx, opts, p.log)
 	if err != nil {
+		if rerr := p.removeCgroup(ctx, dir); rerr != nil {
+			p.log.Warn("a sandbox that failed to start left its cgroup", zap.String("dir", dir), zap.Error(rerr))
+		}
 		if !kept {
 			_ = removeTree(dir)
 		}
 		return nil, err
 	}
+	if opts.Cgroup != "" && sb.Cgroup == "" {
+		// Started outside the cgroup: drop it (it is empty) and the record.
+		p.withoutCgroup(sb.CgroupErr())
+		if err := p.removeCgroup(ctx, dir); err != nil {
+			p.log.Warn("an unused sandbox cgroup could not be removed", zap.String("dir", dir), zap.Error(err))
+		}
+	}
 	m := meta{SessionID: spec.SessionID, Lifetime: spec.Lifetime, Labels: spec.Labels, PID: sb.PID()}
 	data, _ := json.Marshal(m)
 	if err := writeFileAtomic(filepath.Join(dir, metaFile), data, 0o600); err != nil {
 		_ = sb.Close(ctx)
+		_ = p.removeCgroup(ctx, dir)
 		return nil, err
 	}
 	s := &sandbox{p: p, dir: dir, client: sb.Client, child: sb, kept: kept}
@@ -393,8 +416,16 @@ func (s *sandbox) Close() error {
 // its process groups and drains), then, if anything of the sandbox still
 // runs after ctx ends or 10 s, SIGKILL to every process naming its socket
 // (under bubblewrap that includes the pid namespace's init, whose death
-// ends everything inside).
+// ends everything inside). Last, the sandbox's cgroup, when it has one, is
+// killed and removed: whatever escaped the daemon's process groups, or
+// outlived a daemon that died without draining, ends there.
 func (p *Provider) stopSandbox(ctx context.Context, dir string) error {
+	return errors.Join(p.stopDaemon(ctx, dir), p.removeCgroup(ctx, dir))
+}
+
+// stopDaemon is stopSandbox's graceful part: SIGTERM to the daemon, and
+// SIGKILL to the processes naming its socket if they do not end in time.
+func (p *Provider) stopDaemon(ctx context.Context, dir string) error {
 	socket := filepath.Join(dir, runDir, socketName)
 	procs := sandboxProcesses(socket)
 	signalled := false
@@ -410,6 +441,41 @@ func (p *Provider) stopSandbox(ctx context.Context, dir string) error {
 		}
 	}
 	return waitNoDaemons(ctx, socket)
+}
+
+// removeCgroup kills and removes the cgroup recorded in dir, if any, and
+// then the record. A record that does not pass validation is not acted on
+// (only dropped, with a warning), nor is a cgroup this process may not
+// touch (a harness without the rights of the one that made it): without
+// usable cgroups a sandbox ends as it did before them. It fails when the
+// cgroup's processes do not end in time.
+func (p *Provider) removeCgroup(ctx context.Context, dir string) error {
+	record := filepath.Join(dir, cgroupFile)
+	cg, err := recordedCgroup(dir)
+	if err != nil {
+		p.log.Warn("ignoring the sandbox's cgroup record", zap.String("dir", dir), zap.Error(err))
+	} else if cg != "" {
+		err := killCgroup(ctx, cg)
+		switch {
+		case err == nil:
+		case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+			p.log.Warn("cannot end the sandbox's cgroup", zap.String("cgroup", cg), zap.Error(err))
+		default:
+			return fmt.Errorf("end the sandbox's processes: %w", err)
+		}
+	}
+	if err := os.Remove(record); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove the sandbox's cgroup record: %w", err)
+	}
+	return nil
+}
+
+// withoutCgroup notes (once per provider, at debug level) that a sandbox
+// runs without a cgroup, and why.
+func (p *Provider) withoutCgroup(reason error) {
+	p.noCgroup.Do(func() {
+		p.log.Debug("local sandboxes run without a cgroup of their own: processes a SIGKILLed daemon leaves behind are not ended", zap.Error(reason))
+	})
 }
 
 // sandboxProc is a live process of a sandbox.
