@@ -169,10 +169,20 @@ const (
 // Launch starts a daemon for a session.
 func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute.Sandbox, error) {
 	dir := filepath.Join(p.cfg.StateDir, spec.SessionID)
+	if filepath.Dir(dir) != filepath.Clean(p.cfg.StateDir) || filepath.Base(dir) != spec.SessionID {
+		return nil, fmt.Errorf("%w: session id %q cannot name a local sandbox directory", compute.ErrInvalidArgument, spec.SessionID)
+	}
 	if spec.Prior != nil {
 		var ps providerState
 		if err := json.Unmarshal(spec.Prior, &ps); err == nil && ps.Dir != "" {
-			dir = ps.Dir
+			// The replaced sandbox's directory, if it is one of ours: a
+			// state naming any other directory is refused, never created
+			// or removed.
+			d, err := p.dirOf(spec.Prior)
+			if err != nil {
+				return nil, err
+			}
+			dir = d
 		}
 	}
 	if pid, alive := p.running(dir); alive {
@@ -217,6 +227,12 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		Stderr: p.cfg.Stderr, ReadyTimeout: p.cfg.ReadyTimeout}
 	if p.bwrap != "" {
 		opts.Wrap = func(argv []string) []string { return p.bubblewrap(dir, argv) }
+	} else if m := spec.Manifest; m != nil && m.RunAs != "" && m.RunAs != "root" {
+		if blocked := unsearchableAncestor(ws); blocked != "" {
+			p.log.Warn("the run_as user cannot reach this plain local sandbox's workspace: commands run as it will fail to start; "+
+				"use a state directory whose parents other users may search, or bubblewrap isolation",
+				zap.String("run_as", m.RunAs), zap.String("workspace", ws), zap.String("not searchable by others", blocked))
+		}
 	}
 	if cg, err := makeCgroup(dir); err != nil {
 		p.withoutCgroup(err)
@@ -468,6 +484,26 @@ func (p *Provider) removeCgroup(ctx context.Context, dir string) error {
 		return fmt.Errorf("remove the sandbox's cgroup record: %w", err)
 	}
 	return nil
+}
+
+// unsearchableAncestor returns the first directory on the way from / to
+// path that other users may not search (a 0700 home directory above the
+// state directory, say), or "" when there is none.
+func unsearchableAncestor(path string) string {
+	var parts []string
+	for d := filepath.Clean(path); ; d = filepath.Dir(d) {
+		parts = append(parts, d)
+		if d == filepath.Dir(d) {
+			break
+		}
+	}
+	for i := len(parts) - 1; i >= 0; i-- {
+		fi, err := os.Stat(parts[i])
+		if err == nil && fi.IsDir() && fi.Mode().Perm()&0o001 == 0 {
+			return parts[i]
+		}
+	}
+	return ""
 }
 
 // withoutCgroup notes (once per provider, at debug level) that a sandbox

@@ -234,3 +234,55 @@ func TestCreateRefusesARunningSessionID(t *testing.T) {
 		t.Fatalf("second create: %v", err)
 	}
 }
+
+// TestLaunchRefusesForeignDirectories checks a session state (or id) that
+// names a directory outside the provider's state directory is refused:
+// nothing is created there, and nothing removed.
+func TestLaunchRefusesForeignDirectories(t *testing.T) {
+	stateDir, elsewhere := t.TempDir(), t.TempDir()
+	p, err := New(Config{StateDir: stateDir, AgentdPath: agentdBin}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := filepath.Join(elsewhere, "victim")
+	prior, _ := json.Marshal(providerState{Dir: victim})
+	for name, spec := range map[string]compute.LaunchSpec{
+		"prior elsewhere": {SessionID: "s1", Prior: prior},
+		"id with a slash": {SessionID: "../" + filepath.Base(elsewhere) + "/victim"},
+		"dot dot":         {SessionID: ".."},
+	} {
+		if _, err := p.Launch(t.Context(), spec); !errors.Is(err, compute.ErrInvalidArgument) {
+			t.Errorf("%s: Launch error %v, want ErrInvalidArgument", name, err)
+		}
+	}
+	if entries, _ := os.ReadDir(elsewhere); len(entries) != 0 {
+		t.Fatalf("Launch created %v outside its state directory", entries)
+	}
+}
+
+func TestUnsearchableAncestor(t *testing.T) {
+	base := t.TempDir()
+	deep := filepath.Join(base, "a", "b", "c")
+	if err := os.MkdirAll(deep, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// t.TempDir's own directories are 0700; open them (and below) up.
+	for _, d := range []string{filepath.Dir(base), base} {
+		if err := os.Chmod(d, 0o711); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if blocked := unsearchableAncestor(filepath.Dir(filepath.Dir(base))); blocked != "" {
+		t.Skipf("%s is not searchable by others here", blocked)
+	}
+	if got := unsearchableAncestor(deep); got != "" {
+		t.Fatalf("unsearchableAncestor of an open path = %q", got)
+	}
+	a := filepath.Join(base, "a")
+	if err := os.Chmod(a, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if got := unsearchableAncestor(deep); got != a {
+		t.Fatalf("unsearchableAncestor = %q, want %s", got, a)
+	}
+}
