@@ -50,7 +50,8 @@ func parseCpPath(s string) cpPath {
 
 // newSandboxCpCmd returns `harness sandbox cp`.
 func newSandboxCpCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var user string
+	cmd := &cobra.Command{
 		Use:   "cp SRC DST",
 		Short: "Copy files and directories into or out of a sandbox",
 		Long: `Copy a file or a directory (recursively) between this machine and a sandbox. One of SRC and DST
@@ -69,11 +70,13 @@ new or empty local directory (symbolic links leading out of it are left out). Tr
 			case !src.remote && !dst.remote:
 				return usageErr(compute.ErrInvalidArgument, "cp: neither %s nor %s is a sandbox path (ID:PATH)", args[0], args[1])
 			case dst.remote:
-				return copyIn(cmd, g, src.path, dst)
+				return copyIn(cmd, g, src.path, dst, user)
 			}
 			return copyOut(cmd, g, src, dst.path)
 		},
 	}
+	cmd.Flags().StringVarP(&user, "user", "u", "", "sandbox user the files copied in belong to (default: the manifest's run_as user)")
+	return cmd
 }
 
 // localEntry is a file or directory of a local tree copied in.
@@ -87,7 +90,7 @@ type localEntry struct {
 // copyIn copies a local file or directory into the sandbox. The local
 // side is read completely before anything is sent, so a local error
 // changes nothing in the sandbox.
-func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath) error {
+func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath, user string) error {
 	ctx := cmd.Context()
 	stderr := cmd.ErrOrStderr()
 	fi, err := os.Stat(local)
@@ -113,6 +116,7 @@ func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath) error {
 	defer r.release()
 	r.noteRebuilt(stderr)
 	agent := r.sess.Agent()
+	as := runAsUser(r.sess, user) // files copied in are the agent's, like its manifest's
 	target, err := remoteTarget(ctx, agent, dst.path, localBase(local), fi.IsDir())
 	if err != nil {
 		return err
@@ -125,12 +129,12 @@ func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath) error {
 	for _, e := range tree {
 		p := path.Join(target, e.rel)
 		if e.dir {
-			if _, err := agent.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: p, Mode: uint32(e.mode), Parents: true}); err != nil {
+			if _, err := agent.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: p, Mode: uint32(e.mode), Parents: true, User: as}); err != nil {
 				return fmt.Errorf("cp: %w", err)
 			}
 			continue
 		}
-		if err := writeRemote(ctx, agent, filepath.Join(local, filepath.FromSlash(e.rel)), p, e, prog); err != nil {
+		if err := writeRemote(ctx, agent, filepath.Join(local, filepath.FromSlash(e.rel)), p, as, e, prog); err != nil {
 			return err
 		}
 	}
@@ -215,14 +219,14 @@ func remoteTarget(ctx context.Context, agent *agentclient.Client, dst, base stri
 
 // writeRemote streams one local file into the sandbox (atomically, its
 // parents created, refused if its size changes while it is read).
-func writeRemote(ctx context.Context, agent *agentclient.Client, local, remote string, e localEntry, prog *progress) error {
+func writeRemote(ctx context.Context, agent *agentclient.Client, local, remote, user string, e localEntry, prog *progress) error {
 	f, err := os.Open(local)
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
 	defer f.Close()
 	size := e.size
-	hdr := &agentdv1.WriteFileHeader{Path: remote, Mode: uint32(e.mode), CreateParents: true, ExpectedSize: &size}
+	hdr := &agentdv1.WriteFileHeader{Path: remote, Mode: uint32(e.mode), CreateParents: true, ExpectedSize: &size, User: user}
 	if _, err := agent.WriteFile(ctx, hdr, progressReader{r: f, p: prog}); err != nil {
 		return fmt.Errorf("cp %s: %w", local, err)
 	}

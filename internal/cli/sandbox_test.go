@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"io/fs"
 	"os"
@@ -530,5 +531,16 @@ func TestSandboxExecRunsAsManifestUser(t *testing.T) {
 	mustRun(t, run, "sandbox", "exec", "u1", "--", "sh", "-c", "echo x > made.txt")
 	if got := strings.TrimSpace(mustRun(t, run, "sandbox", "exec", "u1", "--", "stat", "-c", "%u", "made.txt")); got != owner {
 		t.Fatalf("made.txt owned by %s, want %s", got, owner)
+	}
+	// So do files and directories copied in, unless --user says otherwise.
+	local := t.TempDir()
+	writeTree(t, local, map[string]string{"in.txt": "in\n", "tree/sub/deep.txt": "deep\n"})
+	mustRun(t, run, "sandbox", "cp", filepath.Join(local, "in.txt"), "u1:in.txt")
+	mustRun(t, run, "sandbox", "cp", filepath.Join(local, "tree"), "u1:")
+	mustRun(t, run, "sandbox", "cp", "--user", "root", filepath.Join(local, "in.txt"), "u1:root.txt")
+	got := mustRun(t, run, "sandbox", "exec", "u1", "--", "stat", "-c", "%n %u", "in.txt", "tree", "tree/sub", "tree/sub/deep.txt", "root.txt")
+	want := fmt.Sprintf("in.txt %[1]s\ntree %[1]s\ntree/sub %[1]s\ntree/sub/deep.txt %[1]s\nroot.txt 0\n", owner)
+	if got != want {
+		t.Fatalf("owners of copied files:\n%s\nwant\n%s", got, want)
 	}
 }
