@@ -79,7 +79,10 @@ type globals struct {
 	image     string
 	verbose   bool
 	trace     string
-	remote    remoteFlags
+	// hostGrants are host directories absolute local_file/local_dir
+	// sources may be read from (materializer.Options.HostGrants).
+	hostGrants []string
+	remote     remoteFlags
 	// tracer is set by setupTracing for the command's run.
 	tracer trace.TracerProvider
 }
@@ -100,6 +103,7 @@ func newRoot(s Streams) *cobra.Command {
 	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: none, bubblewrap or auto")
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
+	pf.StringArrayVar(&g.hostGrants, "host-grant", nil, "host directory that absolute local_file/local_dir sources of a manifest may be read from (repeatable; relative sources come from the manifest's directory)")
 	pf.StringVar(&g.remote.address, "address", "", "remote sandboxes: the daemon's address (unix:///path.sock or tcp://host:port)")
 	pf.StringVar(&g.remote.tokenFile, "token-file", "", "remote sandboxes: file holding the daemon's token")
 	pf.StringVar(&g.remote.ca, "tls-ca", "", "remote sandboxes: CA certificates of the daemon (PEM)")
@@ -180,6 +184,16 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 		return nil, nil, err
 	}
 	log := g.logger()
+	for _, d := range g.hostGrants {
+		abs, err := filepath.Abs(d)
+		if err != nil {
+			return nil, nil, usageErr(compute.ErrInvalidArgument, "--host-grant %s: %v", d, err)
+		}
+		if abs == "/" {
+			return nil, nil, usageErr(compute.ErrInvalidArgument, "--host-grant must not be the file system root")
+		}
+		mat.HostGrants = append(mat.HostGrants, abs)
+	}
 	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log, TracerProvider: g.tracer}
 	switch g.provider {
 	case "local":

@@ -544,3 +544,30 @@ func TestSandboxExecRunsAsManifestUser(t *testing.T) {
 		t.Fatalf("owners of copied files:\n%s\nwant\n%s", got, want)
 	}
 }
+
+// TestSandboxHostGrant checks an absolute host source is read only inside
+// a --host-grant directory.
+func TestSandboxHostGrant(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("local sandboxes need Linux")
+	}
+	bin := buildAgentd(t, t.TempDir())
+	state := t.TempDir()
+	run := newCLIRun(t.Context(), state, bin)
+	t.Cleanup(func() { newCLIRun(context.Background(), state, bin)("sandbox", "rm", "g1") })
+	data := t.TempDir()
+	writeTree(t, data, map[string]string{"q3.csv": "q,rev\n3,10\n"})
+	m := filepath.Join(t.TempDir(), "manifest.yaml")
+	if err := os.WriteFile(m, []byte(fmt.Sprintf("version: 1\nentries:\n  q3.csv:\n    type: local_file\n    src: %s\n", filepath.Join(data, "q3.csv"))), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs := run("sandbox", "create", "--id", "g1", "--manifest", m)
+	if code == 0 || !strings.Contains(errs, "host grants") || strings.Contains(errs, data) {
+		t.Fatalf("create without a grant: exit %d, stderr %q (want a refusal naming no host path)", code, errs)
+	}
+	run("sandbox", "rm", "g1")
+	mustRun(t, run, "--host-grant", data, "sandbox", "create", "--id", "g1", "--manifest", m)
+	if out := mustRun(t, run, "sandbox", "exec", "g1", "--", "cat", "q3.csv"); out != "q,rev\n3,10\n" {
+		t.Fatalf("q3.csv = %q", out)
+	}
+}

@@ -131,8 +131,10 @@ type Entry struct {
 	// Children of a TypeDir entry, keyed by paths relative to the entry.
 	Children map[string]*Entry
 	// Src of a TypeLocalFile or TypeLocalDir entry: a path relative to the
-	// trusted base directory the harness reads host sources from. Empty only
-	// in a redacted copy.
+	// trusted base directory the harness reads host sources from, or an
+	// absolute host path, which the harness reads only inside one of the
+	// application's host grants (materializer.Options.HostGrants). Empty
+	// only in a redacted copy.
 	Src string
 	// Git describes a TypeGitRepo entry.
 	Git *GitRepo

@@ -103,8 +103,10 @@ func checkAbsPath(p string) error {
 }
 
 // checkHostSrc checks the src of a local_file/local_dir entry: a relative
-// path below the trusted base directory. "." (the base directory itself) is
-// allowed for a local_dir.
+// path below the trusted base directory ("." is the base directory itself,
+// for a local_dir), or an absolute clean path, which the harness reads only
+// when it lies in one of the application's host grants (checked when the
+// manifest is materialized: a manifest cannot grant itself host access).
 func checkHostSrc(src string, dir bool) error {
 	if dir && src == "." {
 		return nil
@@ -112,8 +114,14 @@ func checkHostSrc(src string, dir bool) error {
 	if err := checkPathText(src); err != nil {
 		return err
 	}
-	if src[0] == '/' || hasDriveLetter(src) {
-		return errors.New("must be relative to the trusted base directory, not absolute")
+	if hasDriveLetter(src) {
+		return errors.New("must be a POSIX path relative to the trusted base directory, or absolute")
+	}
+	if src[0] == '/' {
+		if src == "/" {
+			return errors.New("must not be the file system root")
+		}
+		return checkComponents(src[1:])
 	}
 	return checkComponents(src)
 }

@@ -148,7 +148,10 @@ func TestValidateRules(t *testing.T) {
 
 		// Host sources.
 		{"local_file without src", func(m *Manifest) { m.Entries["cfg.json"].Src = "" }, []string{`entries["cfg.json"].src: required`}},
-		{"absolute src", func(m *Manifest) { m.Entries["cfg.json"].Src = "/etc/shadow" }, []string{`entries["cfg.json"].src: must be relative to the trusted base directory`}},
+		{"root src", func(m *Manifest) { m.Entries["dataroom"].Src = "/" }, []string{`entries["dataroom"].src: must not be the file system root`}},
+		{"absolute src with ..", func(m *Manifest) { m.Entries["cfg.json"].Src = "/srv/data/../../etc/shadow" }, []string{`entries["cfg.json"].src: path has a ".." component`}},
+		{"unclean absolute src", func(m *Manifest) { m.Entries["cfg.json"].Src = "/srv//data" }, []string{`entries["cfg.json"].src: path has an empty component`}},
+		{"drive letter src", func(m *Manifest) { m.Entries["cfg.json"].Src = "C:/data" }, []string{`entries["cfg.json"].src: must be a POSIX path`}},
 		{"src escapes base", func(m *Manifest) { m.Entries["dataroom"].Src = "../../secrets" }, []string{`entries["dataroom"].src: path has a ".." component`}},
 		{"local_file of base dir", func(m *Manifest) { m.Entries["cfg.json"].Src = "." }, []string{`entries["cfg.json"].src: path has a "." component`}},
 

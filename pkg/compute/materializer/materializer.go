@@ -14,6 +14,7 @@ import (
 	"io/fs"
 	"os"
 	"path"
+	"strings"
 	"sync"
 
 	"go.uber.org/zap"
@@ -27,8 +28,15 @@ import (
 // Options says where host sources come from and how much runs at once.
 type Options struct {
 	// BaseDir is the trusted host directory that local_file and local_dir
-	// sources are relative to. Required when the manifest has host sources.
+	// sources are relative to. Required when the manifest has relative host
+	// sources.
 	BaseDir string
+	// HostGrants are further host directories, absolute, that the
+	// application allows absolute local_file and local_dir sources to be
+	// read from (the innermost grant holding a source is its root: nothing
+	// outside it is reached, and symbolic links below it are refused as
+	// below BaseDir). A manifest cannot add to them.
+	HostGrants []string
 	// Git fetches git_repo entries; nil means the git command line.
 	Git GitFetcher
 	// Concurrency bounds git fetches and host directory walks running at
@@ -264,6 +272,35 @@ func (b *builder) ownerOf(e *manifest.Entry) string {
 	return b.owner
 }
 
+// hostRoot returns the trusted directory a host source is read from and the
+// source's path relative to it: BaseDir for a relative source, the
+// innermost host grant holding an absolute one.
+func (b *builder) hostRoot(src string) (root, rel string, err error) {
+	if !path.IsAbs(src) {
+		if b.opts.BaseDir == "" {
+			return "", "", errdefs.Errorf(errdefs.ErrFailedPrecondition, "host sources need a trusted base directory (materializer.Options.BaseDir)")
+		}
+		return b.opts.BaseDir, src, nil
+	}
+	for _, g := range b.opts.HostGrants {
+		g = path.Clean(g)
+		if !path.IsAbs(g) || g == "/" {
+			return "", "", errdefs.Errorf(errdefs.ErrInvalidArgument, "host grant %q must be an absolute directory other than /", g)
+		}
+		if (src == g || strings.HasPrefix(src, g+"/")) && len(g) > len(root) {
+			root = g
+		}
+	}
+	if root == "" {
+		// The path is the manifest's; it is not repeated (errors reach logs).
+		return "", "", errdefs.Errorf(errdefs.ErrPermissionDenied, "the absolute host source is in none of the application's host grants (materializer.Options.HostGrants)")
+	}
+	if rel = strings.TrimPrefix(strings.TrimPrefix(src, root), "/"); rel == "" {
+		rel = "."
+	}
+	return root, rel, nil
+}
+
 // add appends an entry (and its bytes' source, for files) to the plan.
 func (b *builder) add(e *agentdv1.MaterializeEntry, src ...source) {
 	b.p.Plan.Entries = append(b.p.Plan.Entries, e)
@@ -274,15 +311,16 @@ func (b *builder) add(e *agentdv1.MaterializeEntry, src ...source) {
 func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
 	switch e.Type {
 	case manifest.TypeLocalFile, manifest.TypeLocalDir:
-		if b.opts.BaseDir == "" {
-			x.err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "entry %s: host sources need a trusted base directory (materializer.Options.BaseDir)", p)
-			return
-		}
 		if e.Src == "" {
 			x.err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "entry %s: the host source was redacted; resume with the trusted manifest", p)
 			return
 		}
-		x.entries, x.sources, x.err = walkHost(b.ctx, b.opts.BaseDir, e.Src, p, e.Type == manifest.TypeLocalDir, false, &x.cleanup)
+		base, src, err := b.hostRoot(e.Src)
+		if err != nil {
+			x.err = fmt.Errorf("entry %s: %w", p, err)
+			return
+		}
+		x.entries, x.sources, x.err = walkHost(b.ctx, base, src, p, e.Type == manifest.TypeLocalDir, false, &x.cleanup)
 	case manifest.TypeGitRepo:
 		dir, err := os.MkdirTemp("", "bulkhead-git-")
 		if err != nil {

@@ -226,6 +226,56 @@ func TestHostSourcesRefuseLinksAndEscapes(t *testing.T) {
 	}
 }
 
+// TestHostGrants checks absolute host sources are read only inside the
+// application's host grants (the innermost holding them is their root),
+// with the same refusals as below the base directory, and that a manifest
+// cannot reach outside them.
+func TestHostGrants(t *testing.T) {
+	d := agentdtest.Start(t, nil)
+	granted, other := hostTree(t), hostTree(t)
+	must(t, os.Symlink(filepath.Join(other, "config.toml"), filepath.Join(granted, "src", "leak")))
+	opts := materializer.Options{HostGrants: []string{filepath.Join(granted, "nowhere"), granted, filepath.Join(granted, "src")}}
+	m := &manifest.Manifest{Entries: map[string]*manifest.Entry{
+		"cfg.toml": {Type: manifest.TypeLocalFile, Src: filepath.Join(granted, "config.toml")},
+		"deep":     {Type: manifest.TypeLocalDir, Src: filepath.Join(granted, "src", "pkg")},
+	}}
+	must(t, m.Validate())
+	if _, err := materializer.Apply(ctxT(t), d.Client, m, opts); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]string{"cfg.toml": "x = 1\n", "deep/deep/data.txt": "deep"} {
+		if b, err := os.ReadFile(filepath.Join(d.Workspace, p)); err != nil || string(b) != want {
+			t.Errorf("%s = %q, %v; want %q", p, b, err, want)
+		}
+	}
+	for name, tc := range map[string]struct {
+		src  string
+		typ  manifest.EntryType
+		opts materializer.Options
+		want error
+	}{
+		"outside every grant":      {filepath.Join(other, "config.toml"), manifest.TypeLocalFile, opts, errdefs.ErrPermissionDenied},
+		"no grants at all":         {filepath.Join(granted, "config.toml"), manifest.TypeLocalFile, materializer.Options{BaseDir: granted}, errdefs.ErrPermissionDenied},
+		"a sibling sharing prefix": {granted + "-x/config.toml", manifest.TypeLocalFile, opts, errdefs.ErrPermissionDenied},
+		"symlink below a grant":    {filepath.Join(granted, "src", "leak"), manifest.TypeLocalFile, opts, errdefs.ErrPermissionDenied},
+		"directory with a symlink": {filepath.Join(granted, "src"), manifest.TypeLocalDir, opts, errdefs.ErrPermissionDenied},
+		"relative grant":           {filepath.Join(granted, "config.toml"), manifest.TypeLocalFile, materializer.Options{HostGrants: []string{"rel"}}, errdefs.ErrInvalidArgument},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := agentdtest.Start(t, nil)
+			m := &manifest.Manifest{Entries: map[string]*manifest.Entry{"x": {Type: tc.typ, Src: tc.src}}}
+			must(t, m.Validate())
+			_, err := materializer.Apply(ctxT(t), d.Client, m, tc.opts)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("error %v, want %v", err, tc.want)
+			}
+			if entries, _ := os.ReadDir(d.Workspace); len(entries) != 0 {
+				t.Errorf("workspace changed: %v", entries)
+			}
+		})
+	}
+}
+
 func TestSourceSwappedAfterPlanning(t *testing.T) {
 	base := hostTree(t)
 	m := &manifest.Manifest{Entries: map[string]*manifest.Entry{"cfg": {Type: manifest.TypeLocalFile, Src: "config.toml"}}}
