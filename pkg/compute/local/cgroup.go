@@ -67,7 +67,11 @@ func parseCgroup2Mounts(mountinfo []byte) []cgroupMount {
 		if sep+3 < len(fields) && slices.Contains(strings.Split(fields[sep+3], ","), "ro") {
 			ro = true
 		}
-		out = append(out, cgroupMount{point: unescapeMountinfo(fields[4]), root: unescapeMountinfo(fields[3]), readOnly: ro})
+		point, root := unescapeMountinfo(fields[4]), unescapeMountinfo(fields[3])
+		if !filepath.IsAbs(point) || !filepath.IsAbs(root) {
+			continue // not what the kernel writes
+		}
+		out = append(out, cgroupMount{point: filepath.Clean(point), root: filepath.Clean(root), readOnly: ro})
 	}
 	return out
 }
