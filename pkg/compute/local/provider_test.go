@@ -18,6 +18,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -123,6 +124,37 @@ func TestProviderConformanceIsolated(t *testing.T) {
 		}
 		if strings.Contains(out, "eth") {
 			t.Errorf("network interfaces visible: %q", out)
+		}
+	})
+	// The sandbox's accounts resolve by name inside it (its /etc/passwd and
+	// /etc/group are the private copies the daemon edits), and the rest of
+	// the host's /etc is there, read-only.
+	t.Run("Accounts", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("creating sandbox accounts needs a root harness")
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		c := env.NewClient(t, nil)
+		m := &manifest.Manifest{Groups: []manifest.Group{{Name: "crew"}}, Users: []manifest.User{{Name: "mate", Groups: []string{"crew"}}}, RunAs: "mate"}
+		s, err := c.Create(ctx, compute.CreateOptions{Manifest: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{User: "mate",
+			Command: "id -un; id -Gn; touch /etc/x 2>/dev/null && echo wrote-etc; test -e /etc/hostname -o -e /etc/os-release && echo host-etc"}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(res.Stdout); got != "mate\nmate crew\nhost-etc\n" {
+			t.Errorf("inside the sandbox: %q (stderr %q)", got, res.Stderr)
+		}
+		if host, _ := os.ReadFile("/etc/passwd"); strings.Contains(string(host), "\nmate:") {
+			t.Error("the sandbox's account reached the host's /etc/passwd")
 		}
 	})
 }
