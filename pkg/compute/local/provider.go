@@ -159,6 +159,7 @@ type meta struct {
 // user; with the daemon's sandboxed processes running as other users (or
 // under isolation) it is never reachable from inside.
 const (
+	homeDir    = "home" // the sandbox accounts' homes (below the etc root, as the daemon makes them)
 	metaFile   = "meta.json"
 	tokenFile  = "token"
 	activeFile = "active"
@@ -218,7 +219,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	}
 	args := append([]string{"--etc-root", dir}, p.cfg.Args...)
 	run, ws := filepath.Join(dir, runDir), filepath.Join(dir, "workspace")
-	for _, d := range []string{run, ws} {
+	for _, d := range []string{run, ws, filepath.Join(dir, homeDir)} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("create sandbox directory: %w", err)
 		}
@@ -587,19 +588,31 @@ func (p *Provider) bubblewrap(dir string, argv []string) []string {
 		// After the fresh /tmp: the daemon binary and the sandbox's own
 		// directories may live below /tmp.
 		"--ro-bind", argv[0], argv[0])
-	// Directories bwrap makes on the new /tmp on the way to the binds are
-	// 0700; run_as accounts must pass through them to the workspace.
+	// The sandbox sees of the state directory only its own workspace,
+	// socket directory, accounts and homes: a fresh tmpfs hides the rest
+	// (its token, other sandboxes and theirs) from the highest directory
+	// that needs hiding (see hiddenTop), and the directories on the way
+	// down are made 0711, so run_as accounts pass through to the workspace
+	// even below a 0700 home.
+	top := hiddenTop(p.cfg.StateDir, dir)
+	if top != "/tmp" {
+		out = append(out, "--perms", "0711", "--tmpfs", top)
+	}
 	var chain []string
-	for a := dir; strings.HasPrefix(a, "/tmp/"); a = filepath.Dir(a) {
+	for a := dir; a != top && a != filepath.Dir(a); a = filepath.Dir(a) {
 		chain = append([]string{a}, chain...)
 	}
 	for _, a := range chain {
 		out = append(out, "--perms", "0711", "--dir", a)
 	}
+	home := filepath.Join(dir, homeDir)
 	out = append(out,
 		"--bind", filepath.Join(dir, "workspace"), filepath.Join(dir, "workspace"),
 		"--bind", filepath.Join(dir, runDir), filepath.Join(dir, runDir),
 		"--bind", filepath.Join(dir, "etc"), filepath.Join(dir, "etc"),
+		// Homes: where the daemon creates them (below its etc root) and
+		// where the accounts say they are; the host's /home is hidden.
+		"--bind", home, home, "--bind", home, "/home",
 		// No --die-with-parent: the sandbox outlives the harness process so
 		// a later one can resume it; stopSandbox ends it explicitly.
 		"--new-session")
@@ -645,6 +658,23 @@ func privateEtc(dir string) []string {
 		out = append(out, "--symlink", filepath.Join(dir, "etc", name), filepath.Join("/etc", name))
 	}
 	return append(out, "--remount-ro", "/etc")
+}
+
+// hiddenTop returns the directory an isolated sandbox's view of the state
+// directory is rebuilt from: /tmp (already a fresh tmpfs) when dir lies
+// below it, else the highest directory above stateDir that other users
+// may not search (a 0700 home), else stateDir itself.
+func hiddenTop(stateDir, dir string) string {
+	if strings.HasPrefix(dir, "/tmp/") {
+		return "/tmp"
+	}
+	top := filepath.Clean(stateDir)
+	for a := filepath.Dir(top); a != filepath.Dir(a); a = filepath.Dir(a) {
+		if fi, err := os.Stat(a); err == nil && fi.Mode().Perm()&0o001 == 0 {
+			top = a
+		}
+	}
+	return top
 }
 
 // hostEtc is where, in an isolated sandbox's /etc, the host's /etc is
