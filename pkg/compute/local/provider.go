@@ -584,10 +584,6 @@ func (p *Provider) bubblewrap(dir string, argv []string) []string {
 		"--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"}
 	out = append(out, privateEtc(dir)...)
-	out = append(out,
-		// After the fresh /tmp: the daemon binary and the sandbox's own
-		// directories may live below /tmp.
-		"--ro-bind", argv[0], argv[0])
 	// The sandbox sees of the state directory only its own workspace,
 	// socket directory, accounts and homes: a fresh tmpfs hides the rest
 	// (its token, other sandboxes and theirs) from the highest directory
@@ -613,6 +609,9 @@ func (p *Provider) bubblewrap(dir string, argv []string) []string {
 		// Homes: where the daemon creates them (below its etc root) and
 		// where the accounts say they are; the host's /home is hidden.
 		"--bind", home, home, "--bind", home, "/home",
+		// Last, after every tmpfs: the daemon binary may live below /tmp
+		// or below the hidden directory (a root harness's ~/go/bin).
+		"--ro-bind", argv[0], argv[0],
 		// No --die-with-parent: the sandbox outlives the harness process so
 		// a later one can resume it; stopSandbox ends it explicitly.
 		"--new-session")

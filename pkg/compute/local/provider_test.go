@@ -344,9 +344,22 @@ func TestIsolatedStateDirBelowAPrivateHome(t *testing.T) {
 		t.Fatal(err)
 	}
 	stateDir := filepath.Join(private, ".cache", "bulkhead", "local")
+	// The daemon binary below the hidden home too (a root harness's
+	// ~/go/bin): it must still be reachable inside.
+	bin := filepath.Join(private, "go", "bin", AgentdBinary)
+	data, err := os.ReadFile(agentdBin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	c, err := NewClient(Config{StateDir: stateDir, AgentdPath: agentdBin, Isolation: IsolationBubblewrap},
+	c, err := NewClient(Config{StateDir: stateDir, AgentdPath: bin, Isolation: IsolationBubblewrap},
 		compute.ClientOptions{Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
 	if err != nil {
 		t.Fatal(err)
@@ -380,7 +393,7 @@ func TestIsolatedStateDirBelowAPrivateHome(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := s.ID() + "\netc\nhome\nrun\nworkspace\n.cache\n"
+	want := s.ID() + "\netc\nhome\nrun\nworkspace\n.cache\ngo\n"
 	if got := string(res.Stdout); got != want {
 		t.Errorf("as root inside, the state directory shows %q, want %q (stderr %q)", got, want, res.Stderr)
 	}
