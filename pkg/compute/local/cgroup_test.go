@@ -2,7 +2,6 @@ package local
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -182,19 +181,12 @@ func TestCgroupEndsWhatADeadDaemonLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
-	st, err := s.State()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ps providerState
-	if err := json.Unmarshal(st.ProviderState, &ps); err != nil {
-		t.Fatal(err)
-	}
-	cg, err := recordedCgroup(ps.Dir)
+	_, dir := sandboxState(t, s)
+	cg, err := recordedCgroup(dir)
 	if err != nil || cg == "" {
 		t.Fatalf("cgroup v2 is usable here, but the sandbox records no cgroup (%q, %v)", cg, err)
 	}
-	daemon := daemonPID(t, ps.Dir)
+	daemon := daemonPID(t, dir)
 	if !slices.Contains(cgroupPIDs(cg), daemon) {
 		t.Fatalf("the daemon (pid %d) is not in its cgroup %s: %v", daemon, cg, cgroupPIDs(cg))
 	}
@@ -229,7 +221,7 @@ func TestCgroupEndsWhatADeadDaemonLeft(t *testing.T) {
 		t.Fatalf("no marked process leads its own group: %v", pids)
 	}
 
-	killDaemon(t, ps.Dir)
+	killDaemon(t, dir)
 	if left := processesWith(marker); len(left) < 2 {
 		t.Fatalf("the marked processes should outlive the SIGKILLed daemon by themselves (left: %v)", left)
 	}
@@ -258,15 +250,8 @@ func TestCgroupShutdownAndReplace(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
-	st, err := s.State()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ps providerState
-	if err := json.Unmarshal(st.ProviderState, &ps); err != nil {
-		t.Fatal(err)
-	}
-	cg, err := recordedCgroup(ps.Dir)
+	st, dir := sandboxState(t, s)
+	cg, err := recordedCgroup(dir)
 	if err != nil || cg == "" {
 		t.Fatalf("no cgroup recorded: %q, %v", cg, err)
 	}
@@ -288,13 +273,13 @@ func TestCgroupShutdownAndReplace(t *testing.T) {
 	if _, err := os.Stat(cg); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the cgroup %s survives Shutdown: %v", cg, err)
 	}
-	if _, err := os.Stat(filepath.Join(ps.Dir, cgroupFile)); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := os.Stat(filepath.Join(dir, cgroupFile)); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the cgroup record survives Shutdown: %v", err)
 	}
 
 	// A cgroup recorded in the directory, still holding a process (as a
 	// crashed harness's sandbox would), is ended by the next launch there.
-	prev, err := makeCgroup(ps.Dir)
+	prev, err := makeCgroup(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -319,7 +304,7 @@ func TestCgroupShutdownAndReplace(t *testing.T) {
 	if _, err := os.Stat(prev); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the previous cgroup %s survives the replacement's launch: %v", prev, err)
 	}
-	if cg2, err := recordedCgroup(ps.Dir); err != nil || cg2 == "" || cg2 == prev {
+	if cg2, err := recordedCgroup(dir); err != nil || cg2 == "" || cg2 == prev {
 		t.Errorf("the replacement records cgroup %q (%v), want a new one", cg2, err)
 	}
 }

@@ -8,7 +8,6 @@ package local
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -79,15 +78,8 @@ func newFaultSession(t *testing.T, ctx context.Context, iso Isolation) *faultSes
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.State()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ps providerState
-	if err := json.Unmarshal(st.ProviderState, &ps); err != nil {
-		t.Fatal(err)
-	}
-	return &faultSession{env: env.NewClient, store: store, c: c, s: s, dir: ps.Dir}
+	_, dir := sandboxState(t, s)
+	return &faultSession{env: env.NewClient, store: store, c: c, s: s, dir: dir}
 }
 
 // daemonPID finds the sandbox-agentd process serving dir's socket (under

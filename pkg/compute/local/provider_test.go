@@ -182,15 +182,8 @@ func TestResumeAfterDaemonKilled(t *testing.T) {
 	if err := s.Stop(ctx); err != nil {
 		t.Fatal(err)
 	}
-	st, err := s.State()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ps providerState
-	if err := json.Unmarshal(st.ProviderState, &ps); err != nil {
-		t.Fatal(err)
-	}
-	m, err := readMeta(ps.Dir)
+	st, dir := sandboxState(t, s)
+	m, err := readMeta(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -404,4 +397,19 @@ func TestIsolatedStateDirBelowAPrivateHome(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(stateDir, s.ID(), "home", "mate", "h")); err != nil || string(b) != "h\n" {
 		t.Errorf("home file on the host: %q, %v", b, err)
 	}
+}
+
+// sandboxState returns a session's state and its sandbox's private
+// directory.
+func sandboxState(t *testing.T, s *compute.Session) (*compute.State, string) {
+	t.Helper()
+	st, err := s.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ps providerState
+	if err := json.Unmarshal(st.ProviderState, &ps); err != nil {
+		t.Fatal(err)
+	}
+	return st, ps.Dir
 }

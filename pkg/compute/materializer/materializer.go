@@ -123,7 +123,14 @@ func Prepare(ctx context.Context, m *manifest.Manifest, opts Options) (*Prepared
 	if owner == "" && m.RunAs != "root" {
 		owner = m.RunAs
 	}
-	b := &builder{ctx: ctx, opts: opts, owner: owner, log: log, p: &Prepared{Plan: &agentdv1.MaterializePlan{}}}
+	grants := make([]string, 0, len(opts.HostGrants))
+	for _, g := range opts.HostGrants {
+		if g = path.Clean(g); !path.IsAbs(g) || g == "/" {
+			return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "host grant %q must be an absolute directory other than /", g)
+		}
+		grants = append(grants, g)
+	}
+	b := &builder{ctx: ctx, opts: opts, grants: grants, owner: owner, log: log, p: &Prepared{Plan: &agentdv1.MaterializePlan{}}}
 	for _, g := range m.Groups {
 		wg := &agentdv1.MaterializeGroup{Name: g.Name}
 		if g.GID != nil {
@@ -154,11 +161,12 @@ func Prepare(ctx context.Context, m *manifest.Manifest, opts Options) (*Prepared
 
 // builder accumulates a plan.
 type builder struct {
-	ctx   context.Context
-	opts  Options
-	owner string
-	log   *zap.Logger
-	p     *Prepared
+	ctx    context.Context
+	opts   Options
+	grants []string // opts.HostGrants, cleaned and checked
+	owner  string
+	log    *zap.Logger
+	p      *Prepared
 }
 
 // expansion is the entries one host-backed manifest entry expands to,
@@ -282,11 +290,7 @@ func (b *builder) hostRoot(src string) (root, rel string, err error) {
 		}
 		return b.opts.BaseDir, src, nil
 	}
-	for _, g := range b.opts.HostGrants {
-		g = path.Clean(g)
-		if !path.IsAbs(g) || g == "/" {
-			return "", "", errdefs.Errorf(errdefs.ErrInvalidArgument, "host grant %q must be an absolute directory other than /", g)
-		}
+	for _, g := range b.grants {
 		if (src == g || strings.HasPrefix(src, g+"/")) && len(g) > len(root) {
 			root = g
 		}

@@ -47,7 +47,7 @@ func (w *Workspace) runAs(ctx context.Context, u *userdb.User, fn func() error) 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if u == nil || (u.UID == w.euid && u.GID == w.egid) {
+	if w.isSelf(u) {
 		return fn()
 	}
 	if w.euid != 0 {
@@ -59,6 +59,12 @@ func (w *Workspace) runAs(ctx context.Context, u *userdb.User, fn func() error) 
 		return runBesideMainThread(u, fn)
 	}
 	return switchedRun(u, fn)
+}
+
+// isSelf reports whether acting as u is acting as the daemon itself (u nil,
+// or the daemon's own uid and gid): nothing to switch.
+func (w *Workspace) isSelf(u *userdb.User) bool {
+	return u == nil || (u.UID == w.euid && u.GID == w.egid)
 }
 
 // switchedRun runs fn as u on the calling goroutine, which the caller

@@ -118,7 +118,7 @@ func (w *Workspace) ResolveDir(ctx context.Context, u *userdb.User, path string)
 	if path == "" {
 		path = "."
 	}
-	if path == "." && (u == nil || (u.UID == w.euid && u.GID == w.egid)) {
+	if path == "." && w.isSelf(u) {
 		// The root of the workspace, for the daemon itself: nothing to
 		// resolve and nothing to check (process starts mostly ask this).
 		if l, err := w.locate(path, true); err == nil && l.isRoot() {
