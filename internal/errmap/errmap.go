@@ -5,8 +5,8 @@
 package errmap
 
 import (
-	"context"
 	"errors"
+	"slices"
 	"strings"
 
 	"google.golang.org/grpc/codes"
@@ -17,33 +17,85 @@ import (
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
-// entry binds a sentinel to its wire form. Order matters: the first sentinel
-// an error matches wins, so more specific ones come first.
-type entry struct {
-	sentinel error
-	code     codes.Code
-	reason   agentdv1.ErrorReason
+// wire is the gRPC form of an error class.
+type wire struct {
+	code   codes.Code
+	reason agentdv1.ErrorReason
 }
 
-var table = [...]entry{
-	{errdefs.ErrPathEscape, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE},
-	{errdefs.ErrReadOnly, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_READ_ONLY},
-	{errdefs.ErrPatchRejected, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED},
-	{errdefs.ErrNoSpace, codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_NO_SPACE},
-	{errdefs.ErrNotFound, codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND},
-	{errdefs.ErrAlreadyExists, codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS},
-	{errdefs.ErrNotDirectory, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY},
-	{errdefs.ErrIsDirectory, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY},
-	{errdefs.ErrNotEmpty, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY},
-	{errdefs.ErrPermissionDenied, codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED},
-	{errdefs.ErrResourceExhausted, codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED},
-	{errdefs.ErrConflict, codes.Aborted, agentdv1.ErrorReason_ERROR_REASON_CONFLICT},
-	{errdefs.ErrFailedPrecondition, codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_FAILED_PRECONDITION},
-	{errdefs.ErrInvalidArgument, codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT},
-	{errdefs.ErrUnauthenticated, codes.Unauthenticated, agentdv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED},
-	{errdefs.ErrUnimplemented, codes.Unimplemented, agentdv1.ErrorReason_ERROR_REASON_UNIMPLEMENTED},
-	{errdefs.ErrUnavailable, codes.Unavailable, agentdv1.ErrorReason_ERROR_REASON_UNAVAILABLE},
-	{errdefs.ErrInternal, codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL},
+// wireOf returns the gRPC code and ErrorReason of the errdefs class whose
+// sentinel is s; ok is false for an error that is not a class sentinel.
+// The classes, their names and their order are errdefs.Classes; this is
+// only their wire form, and a test keeps it complete and one to one.
+func wireOf(s error) (w wire, ok bool) {
+	switch s {
+	case errdefs.ErrCanceled:
+		return wire{codes.Canceled, agentdv1.ErrorReason_ERROR_REASON_CANCELED}, true
+	case errdefs.ErrDeadlineExceeded:
+		return wire{codes.DeadlineExceeded, agentdv1.ErrorReason_ERROR_REASON_DEADLINE_EXCEEDED}, true
+	case errdefs.ErrPathEscape:
+		return wire{codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE}, true
+	case errdefs.ErrReadOnly:
+		return wire{codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_READ_ONLY}, true
+	case errdefs.ErrPatchRejected:
+		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED}, true
+	case errdefs.ErrNoSpace:
+		return wire{codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_NO_SPACE}, true
+	case errdefs.ErrUserNotFound:
+		return wire{codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND}, true
+	case errdefs.ErrNotFound:
+		return wire{codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND}, true
+	case errdefs.ErrAlreadyExists:
+		return wire{codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS}, true
+	case errdefs.ErrNotDirectory:
+		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY}, true
+	case errdefs.ErrIsDirectory:
+		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY}, true
+	case errdefs.ErrNotEmpty:
+		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY}, true
+	case errdefs.ErrPermissionDenied:
+		return wire{codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED}, true
+	case errdefs.ErrResourceExhausted:
+		return wire{codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED}, true
+	case errdefs.ErrConflict:
+		return wire{codes.Aborted, agentdv1.ErrorReason_ERROR_REASON_CONFLICT}, true
+	case errdefs.ErrFailedPrecondition:
+		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_FAILED_PRECONDITION}, true
+	case errdefs.ErrInvalidArgument:
+		return wire{codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT}, true
+	case errdefs.ErrUnauthenticated:
+		return wire{codes.Unauthenticated, agentdv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED}, true
+	case errdefs.ErrUnimplemented:
+		return wire{codes.Unimplemented, agentdv1.ErrorReason_ERROR_REASON_UNIMPLEMENTED}, true
+	case errdefs.ErrUnavailable:
+		return wire{codes.Unavailable, agentdv1.ErrorReason_ERROR_REASON_UNAVAILABLE}, true
+	case errdefs.ErrInternal:
+		return wire{codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL}, true
+	}
+	return wire{}, false
+}
+
+// wireFor returns the wire form of err's class (errdefs.ClassOf); an error
+// of no class is internal.
+func wireFor(err error) wire {
+	if c, ok := errdefs.ClassOf(err); ok {
+		if w, ok := wireOf(c.Err); ok {
+			return w
+		}
+	}
+	return wire{codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL}
+}
+
+// Reason returns the ErrorReason of err's class, or UNSPECIFIED when err
+// is nil or of no class. The server uses it for the reasons inside a
+// PatchRejection.
+func Reason(err error) agentdv1.ErrorReason {
+	if c, ok := errdefs.ClassOf(err); ok {
+		if w, ok := wireOf(c.Err); ok {
+			return w.reason
+		}
+	}
+	return agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED
 }
 
 // ToStatus turns a daemon error into a gRPC status error with an ErrorDetail
@@ -55,21 +107,8 @@ func ToStatus(err error, extra ...*agentdv1.PatchRejection) error {
 	if _, ok := status.FromError(err); ok && !errdefs.Classified(err) {
 		return err // already a status (e.g. from an interceptor)
 	}
-	code, reason := codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL
-	switch {
-	case errors.Is(err, context.Canceled):
-		code, reason = codes.Canceled, agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED
-	case errors.Is(err, context.DeadlineExceeded):
-		code, reason = codes.DeadlineExceeded, agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED
-	default:
-		for _, e := range table {
-			if errors.Is(err, e.sentinel) {
-				code, reason = e.code, e.reason
-				break
-			}
-		}
-	}
-	detail := &agentdv1.ErrorDetail{Reason: reason, Message: err.Error()}
+	w := wireFor(err)
+	detail := &agentdv1.ErrorDetail{Reason: w.reason, Message: err.Error()}
 	var pe *errdefs.PathError
 	if errors.As(err, &pe) {
 		detail.Op, detail.Path, detail.Message = pe.Op, pe.Path, pe.Err.Error()
@@ -78,7 +117,7 @@ func ToStatus(err error, extra ...*agentdv1.PatchRejection) error {
 	if errors.As(err, &xe) {
 		detail.Op, detail.ProcessId, detail.Message = xe.Op, xe.ProcessID, xe.Err.Error()
 	}
-	st := status.New(code, err.Error())
+	st := status.New(w.code, err.Error())
 	details := []protoadapt.MessageV1{protoadapt.MessageV1Of(detail)}
 	for _, x := range extra {
 		if x != nil {
@@ -92,7 +131,8 @@ func ToStatus(err error, extra ...*agentdv1.PatchRejection) error {
 }
 
 // FromStatus turns a gRPC error back into a compute error that matches the
-// same sentinel under errors.Is, keeps the path or process it concerns, and
+// same sentinel under errors.Is (for a rejected patch also the sentinels of
+// its kind and cause, as in the daemon), keeps the path or process it concerns, and
 // is marked retryable when the daemon was unavailable. The original status
 // stays in the chain for diagnosis.
 func FromStatus(err error) error {
@@ -104,12 +144,24 @@ func FromStatus(err error) error {
 		return err
 	}
 	var detail *agentdv1.ErrorDetail
+	var rej *agentdv1.PatchRejection
 	for _, d := range st.Details() {
-		if x, ok := d.(*agentdv1.ErrorDetail); ok {
+		switch x := d.(type) {
+		case *agentdv1.ErrorDetail:
 			detail = x
+		case *agentdv1.PatchRejection:
+			rej = x
 		}
 	}
-	sentinel := sentinelFor(st.Code(), detail)
+	sentinels := []error{sentinelFor(st.Code(), detail.GetReason())}
+	// A rejected patch matches its kind and its cause too, as it does in
+	// the daemon: a patch whose file is a directory is both
+	// ErrPatchRejected and ErrIsDirectory.
+	for _, r := range []agentdv1.ErrorReason{rej.GetKind(), rej.GetCause()} {
+		if s := reasonSentinel(r); s != nil && !slices.Contains(sentinels, s) {
+			sentinels = append(sentinels, s)
+		}
+	}
 	msg := st.Message()
 	if detail != nil && detail.GetMessage() != "" {
 		msg = detail.GetMessage()
@@ -122,7 +174,7 @@ func FromStatus(err error) error {
 			msg += " (" + r + ")"
 		}
 	}
-	var out error = &wireError{sentinel: sentinel, msg: msg, status: err}
+	var out error = &wireError{sentinels: sentinels, msg: msg, status: err}
 	switch {
 	case detail != nil && detail.GetPath() != "":
 		out = &errdefs.PathError{Op: detail.GetOp(), Path: detail.GetPath(), Err: out}
@@ -166,43 +218,61 @@ func PatchRejection(err error) *agentdv1.PatchRejection {
 	return nil
 }
 
-func sentinelFor(code codes.Code, detail *agentdv1.ErrorDetail) error {
-	if detail != nil {
-		for _, e := range table {
-			if e.reason == detail.GetReason() {
-				return e.sentinel
-			}
+// sentinelFor returns the sentinel of the class whose ErrorReason is
+// reason, else (a reason this client does not know, from a newer daemon,
+// or none) the most general class with the status code: the last one in
+// errdefs' most-specific-first order (NOT_FOUND, not USER_NOT_FOUND), else
+// ErrInternal.
+func sentinelFor(code codes.Code, reason agentdv1.ErrorReason) error {
+	var general error
+	for _, c := range errdefs.Classes() {
+		w, ok := wireOf(c.Err)
+		if !ok {
+			continue
+		}
+		if reason != agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED && w.reason == reason {
+			return c.Err
+		}
+		if w.code == code {
+			general = c.Err
 		}
 	}
-	switch code {
-	case codes.Canceled:
-		return errdefs.ErrCanceled
-	case codes.DeadlineExceeded:
-		return errdefs.ErrDeadlineExceeded
-	case codes.Unavailable:
-		return errdefs.ErrUnavailable
-	}
-	for _, e := range table {
-		if e.code == code {
-			return e.sentinel
-		}
+	if general != nil {
+		return general
 	}
 	return errdefs.ErrInternal
 }
 
+// reasonSentinel returns the sentinel of the class whose ErrorReason is
+// reason, or nil when reason is unspecified or unknown.
+func reasonSentinel(reason agentdv1.ErrorReason) error {
+	if reason == agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
+		return nil
+	}
+	for _, c := range errdefs.Classes() {
+		if w, ok := wireOf(c.Err); ok && w.reason == reason {
+			return c.Err
+		}
+	}
+	return nil
+}
+
 // wireError is a compute error rebuilt from a status.
 type wireError struct {
-	sentinel error
-	msg      string
-	status   error
+	// sentinels are the class of the error, then (for a rejected patch)
+	// the patch's kind and its specific cause.
+	sentinels []error
+	msg       string
+	status    error
 }
 
 func (e *wireError) Error() string {
 	if e.msg == "" {
-		return e.sentinel.Error()
+		return e.sentinels[0].Error()
 	}
 	return e.msg
 }
 
-// Unwrap exposes both the sentinel (for errors.Is) and the status (for status.FromError).
-func (e *wireError) Unwrap() []error { return []error{e.sentinel, e.status} }
+// Unwrap exposes the sentinels (for errors.Is) and the status (for
+// status.FromError).
+func (e *wireError) Unwrap() []error { return append(append([]error(nil), e.sentinels...), e.status) }

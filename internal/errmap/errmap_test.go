@@ -14,18 +14,85 @@ import (
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
-// Every sentinel survives the trip server -> wire -> client, with its code.
-func TestRoundTripEverySentinel(t *testing.T) {
-	for _, e := range table {
-		t.Run(e.sentinel.Error(), func(t *testing.T) {
-			orig := &errdefs.PathError{Op: "write", Path: "dir/a.txt", Err: fmt.Errorf("%w: details here", e.sentinel)}
+// pinned is the wire contract: the gRPC code and ErrorReason of every
+// errdefs class, by name. A change here changes what every client sees.
+func pinned() map[string]wire {
+	r := func(code codes.Code, reason agentdv1.ErrorReason) wire { return wire{code, reason} }
+	return map[string]wire{
+		"canceled":            r(codes.Canceled, agentdv1.ErrorReason_ERROR_REASON_CANCELED),
+		"deadline_exceeded":   r(codes.DeadlineExceeded, agentdv1.ErrorReason_ERROR_REASON_DEADLINE_EXCEEDED),
+		"path_escape":         r(codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE),
+		"read_only":           r(codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_READ_ONLY),
+		"patch_rejected":      r(codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED),
+		"no_space":            r(codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_NO_SPACE),
+		"user_not_found":      r(codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND),
+		"not_found":           r(codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND),
+		"already_exists":      r(codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS),
+		"not_directory":       r(codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY),
+		"is_directory":        r(codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY),
+		"not_empty":           r(codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY),
+		"permission_denied":   r(codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED),
+		"resource_exhausted":  r(codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED),
+		"conflict":            r(codes.Aborted, agentdv1.ErrorReason_ERROR_REASON_CONFLICT),
+		"failed_precondition": r(codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_FAILED_PRECONDITION),
+		"invalid_argument":    r(codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT),
+		"unauthenticated":     r(codes.Unauthenticated, agentdv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED),
+		"unimplemented":       r(codes.Unimplemented, agentdv1.ErrorReason_ERROR_REASON_UNIMPLEMENTED),
+		"unavailable":         r(codes.Unavailable, agentdv1.ErrorReason_ERROR_REASON_UNAVAILABLE),
+		"internal":            r(codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL),
+	}
+}
+
+// detailOf returns the ErrorDetail of a status error.
+func detailOf(t *testing.T, err error) *agentdv1.ErrorDetail {
+	t.Helper()
+	st, ok := status.FromError(err)
+	if !ok {
+		t.Fatalf("%v is not a status", err)
+	}
+	for _, d := range st.Details() {
+		if x, ok := d.(*agentdv1.ErrorDetail); ok {
+			return x
+		}
+	}
+	t.Fatalf("%v has no ErrorDetail", err)
+	return nil
+}
+
+// Every class of errdefs has its pinned code and reason, through a real
+// status, and survives the trip server -> wire -> client.
+func TestEveryClassHasItsPinnedWireForm(t *testing.T) {
+	pins := pinned()
+	classes := errdefs.Classes()
+	if len(pins) != len(classes) {
+		t.Errorf("%d pinned wire forms for %d classes", len(pins), len(classes))
+	}
+	for _, c := range classes {
+		t.Run(c.Name, func(t *testing.T) {
+			pin, ok := pins[c.Name]
+			if !ok {
+				t.Fatalf("class %s has no pinned wire form", c.Name)
+			}
+			if w, ok := wireOf(c.Err); !ok || w != pin {
+				t.Fatalf("wireOf(%v) = %v, %v; pinned %v", c.Err, w, ok, pin)
+			}
+			orig := &errdefs.PathError{Op: "write", Path: "dir/a.txt", Err: fmt.Errorf("%w: details here", c.Err)}
 			wire := ToStatus(orig)
-			if got := status.Code(wire); got != e.code {
-				t.Fatalf("code %v, want %v", got, e.code)
+			if got := status.Code(wire); got != pin.code {
+				t.Fatalf("code %v, want %v", got, pin.code)
+			}
+			if got := detailOf(t, wire).GetReason(); got != pin.reason {
+				t.Fatalf("reason %v, want %v", got, pin.reason)
+			}
+			if got := Reason(orig); got != pin.reason {
+				t.Fatalf("Reason = %v, want %v", got, pin.reason)
 			}
 			back := FromStatus(wire)
-			if !errors.Is(back, e.sentinel) {
-				t.Fatalf("errors.Is(%v, %v) is false", back, e.sentinel)
+			if !errors.Is(back, c.Err) {
+				t.Fatalf("errors.Is(%v, %v) is false", back, c.Err)
+			}
+			if got, _ := errdefs.ClassOf(back); got.Name != c.Name {
+				t.Fatalf("came back as %q", got.Name)
 			}
 			var pe *errdefs.PathError
 			if !errors.As(back, &pe) || pe.Path != "dir/a.txt" || pe.Op != "write" {
@@ -34,13 +101,103 @@ func TestRoundTripEverySentinel(t *testing.T) {
 			if back.Error() != orig.Error() {
 				t.Fatalf("message %q, want %q", back.Error(), orig.Error())
 			}
-			if errdefs.Retryable(back) != (e.sentinel == errdefs.ErrUnavailable) {
-				t.Fatalf("retryable=%v for %v", errdefs.Retryable(back), e.sentinel)
+			if errdefs.Retryable(back) != (c.Err == errdefs.ErrUnavailable) {
+				t.Fatalf("retryable=%v for %v", errdefs.Retryable(back), c.Err)
 			}
-			if st, ok := status.FromError(back); !ok || st.Code() != e.code {
+			if st, ok := status.FromError(back); !ok || st.Code() != pin.code {
 				t.Fatalf("the status is not kept for diagnosis: %v", st)
 			}
 		})
+	}
+}
+
+// Every ErrorReason the contract defines names exactly one class, and a
+// status carrying it comes back as that class whatever its code: the
+// mapping is one to one in both directions.
+func TestEveryReasonNamesOneClass(t *testing.T) {
+	byReason := map[agentdv1.ErrorReason]string{}
+	for _, c := range errdefs.Classes() {
+		w, _ := wireOf(c.Err)
+		if other, dup := byReason[w.reason]; dup {
+			t.Errorf("%v is the reason of both %s and %s", w.reason, other, c.Name)
+		}
+		byReason[w.reason] = c.Name
+	}
+	for n := range agentdv1.ErrorReason_name {
+		reason := agentdv1.ErrorReason(n)
+		if reason == agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
+			continue
+		}
+		name, ok := byReason[reason]
+		if !ok {
+			t.Errorf("%v names no class", reason)
+			continue
+		}
+		st, err := status.New(codes.Unknown, "x").WithDetails(&agentdv1.ErrorDetail{Reason: reason})
+		if err != nil {
+			t.Fatal(err)
+		}
+		back := FromStatus(st.Err())
+		if got, _ := errdefs.ClassOf(back); got.Name != name {
+			t.Errorf("%v came back as %q, want %q", reason, got.Name, name)
+		}
+	}
+}
+
+// A status without a detail (from gRPC itself, an interceptor or a proxy)
+// or with a reason this client does not know maps by its code to the most
+// general class of that code.
+func TestBareCodesMapToTheGeneralClass(t *testing.T) {
+	want := map[codes.Code]error{
+		codes.Canceled:           errdefs.ErrCanceled,
+		codes.Unknown:            errdefs.ErrInternal,
+		codes.InvalidArgument:    errdefs.ErrInvalidArgument,
+		codes.DeadlineExceeded:   errdefs.ErrDeadlineExceeded,
+		codes.NotFound:           errdefs.ErrNotFound,
+		codes.AlreadyExists:      errdefs.ErrAlreadyExists,
+		codes.PermissionDenied:   errdefs.ErrPermissionDenied,
+		codes.ResourceExhausted:  errdefs.ErrResourceExhausted,
+		codes.FailedPrecondition: errdefs.ErrFailedPrecondition,
+		codes.Aborted:            errdefs.ErrConflict,
+		codes.OutOfRange:         errdefs.ErrInternal,
+		codes.Unimplemented:      errdefs.ErrUnimplemented,
+		codes.Internal:           errdefs.ErrInternal,
+		codes.Unavailable:        errdefs.ErrUnavailable,
+		codes.DataLoss:           errdefs.ErrInternal,
+		codes.Unauthenticated:    errdefs.ErrUnauthenticated,
+	}
+	for code, sentinel := range want {
+		bare := FromStatus(status.Error(code, "x"))
+		if c, _ := errdefs.ClassOf(bare); c.Err != sentinel {
+			t.Errorf("bare %v -> %q, want %v", code, c.Name, sentinel)
+		}
+		st, _ := status.New(code, "x").WithDetails(&agentdv1.ErrorDetail{Reason: agentdv1.ErrorReason(9999)})
+		if c, _ := errdefs.ClassOf(FromStatus(st.Err())); c.Err != sentinel {
+			t.Errorf("%v with an unknown reason -> %q, want %v", code, c.Name, sentinel)
+		}
+	}
+	// A more specific class is never guessed from a code alone.
+	if errors.Is(FromStatus(status.Error(codes.PermissionDenied, "x")), errdefs.ErrPathEscape) ||
+		errors.Is(FromStatus(status.Error(codes.NotFound, "x")), errdefs.ErrUserNotFound) {
+		t.Error("a bare code mapped to a specific class")
+	}
+}
+
+// The unknown run_as user is a not_found of its own: a client tells it
+// from a missing file by the reason alone, and code that only knows
+// not_found still sees one.
+func TestUserNotFoundIsANotFound(t *testing.T) {
+	err := &errdefs.PathError{Op: "stat", Path: "a.txt", Err: fmt.Errorf("run_as: %w", errdefs.Errorf(errdefs.ErrUserNotFound, "%q unknown", "ghost"))}
+	wire := ToStatus(err)
+	if status.Code(wire) != codes.NotFound || detailOf(t, wire).GetReason() != agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND {
+		t.Fatalf("wire %v", wire)
+	}
+	back := FromStatus(wire)
+	if !errors.Is(back, errdefs.ErrUserNotFound) || !errors.Is(back, errdefs.ErrNotFound) {
+		t.Fatalf("got %v", back)
+	}
+	if missing := FromStatus(ToStatus(errdefs.Errorf(errdefs.ErrNotFound, "no file"))); errors.Is(missing, errdefs.ErrUserNotFound) {
+		t.Fatal("a missing file came back as an unknown user")
 	}
 }
 
@@ -93,6 +250,38 @@ func TestPatchRejectionDetail(t *testing.T) {
 	got := PatchRejection(back)
 	if got == nil || got.GetPath() != "a.go" || got.GetClosestLine() != 3 {
 		t.Fatalf("got %v", got)
+	}
+}
+
+// A rejected patch matches its kind and its cause on the client as it
+// does in the daemon, while the status's reason stays the most specific.
+func TestPatchRejectionKindAndCauseMatch(t *testing.T) {
+	rej := &agentdv1.PatchRejection{
+		Path:    "dir",
+		Kind:    agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED,
+		Cause:   agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY,
+		Message: "patch rejected: update dir: is a directory",
+	}
+	back := FromStatus(ToStatus(fmt.Errorf("%w: %w", errdefs.ErrPatchRejected, errdefs.ErrIsDirectory), rej))
+	for _, s := range []error{errdefs.ErrPatchRejected, errdefs.ErrIsDirectory} {
+		if !errors.Is(back, s) {
+			t.Errorf("errors.Is(%v, %v) is false", back, s)
+		}
+	}
+	if errors.Is(back, errdefs.ErrNotFound) {
+		t.Error("matches a sentinel it does not carry")
+	}
+	if c, _ := errdefs.ClassOf(back); c.Name != "patch_rejected" {
+		t.Errorf("class %q", c.Name)
+	}
+	// Unknown reasons (a newer daemon) add nothing.
+	rej = &agentdv1.PatchRejection{Kind: agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED, Cause: agentdv1.ErrorReason(9999)}
+	back = FromStatus(ToStatus(errdefs.ErrPatchRejected, rej))
+	if !errors.Is(back, errdefs.ErrPatchRejected) || errors.Is(back, errdefs.ErrInternal) {
+		t.Errorf("got %v", back)
+	}
+	if Reason(nil) != agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED || Reason(errors.New("x")) != agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
+		t.Error("Reason of nil or of no class must be UNSPECIFIED")
 	}
 }
 

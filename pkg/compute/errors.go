@@ -7,6 +7,7 @@ import "github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 // package). Test with errors.Is.
 var (
 	ErrNotFound           = errdefs.ErrNotFound
+	ErrUserNotFound       = errdefs.ErrUserNotFound
 	ErrAlreadyExists      = errdefs.ErrAlreadyExists
 	ErrInvalidArgument    = errdefs.ErrInvalidArgument
 	ErrPermissionDenied   = errdefs.ErrPermissionDenied

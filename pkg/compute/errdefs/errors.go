@@ -7,6 +7,13 @@
 // pkg/compute/agentd/server and read back only in pkg/compute/agentclient;
 // everywhere else callers use errors.Is on the sentinels below and
 // Retryable(err) to decide whether trying again can help.
+//
+// Classes (registry.go) is the one list of the taxonomy: every sentinel,
+// its stable name and which class wins when an error matches several.
+// Spans (ErrorType), logs and the wire mapping (internal/errmap, which adds
+// the gRPC code and ErrorReason of each class) all read it; a new sentinel
+// gets a row there and a wire form in errmap, and tests fail until it has
+// both.
 package errdefs
 
 import (
@@ -14,11 +21,29 @@ import (
 	"fmt"
 )
 
+// refinedError is a sentinel that is a special case of another one:
+// errors.Is matches it and its parent.
+type refinedError struct {
+	msg    string
+	parent error
+}
+
+func (e *refinedError) Error() string { return e.msg }
+
+// Unwrap returns the more general sentinel.
+func (e *refinedError) Unwrap() error { return e.parent }
+
 // Sentinel errors. Wrap them (fmt.Errorf("...: %w", ErrNotFound)) or use the
 // typed errors below; test with errors.Is.
 var (
 	// ErrNotFound: the file, directory, process, user or sandbox does not exist.
 	ErrNotFound = errors.New("not found")
+	// ErrUserNotFound: a user the request names (its run_as user, the
+	// daemon's default user, a file's owner) does not exist in the
+	// sandbox. It is a case of ErrNotFound (errors.Is matches both) that
+	// callers tell apart from a missing file: it is a configuration error
+	// of the run, not something the model can fix.
+	ErrUserNotFound error = &refinedError{msg: "user not found", parent: ErrNotFound}
 	// ErrAlreadyExists: the target exists and the operation may not replace it.
 	ErrAlreadyExists = errors.New("already exists")
 	// ErrInvalidArgument: the request is malformed; retrying it unchanged cannot help.
@@ -60,24 +85,6 @@ var (
 	// ErrInternal: a bug or an unexpected failure inside the daemon.
 	ErrInternal = errors.New("internal error")
 )
-
-// sentinels are every error a classified error wraps.
-var sentinels = [...]error{
-	ErrNotFound, ErrAlreadyExists, ErrInvalidArgument, ErrPermissionDenied, ErrPathEscape,
-	ErrReadOnly, ErrNotDirectory, ErrIsDirectory, ErrNotEmpty, ErrNoSpace, ErrResourceExhausted,
-	ErrFailedPrecondition, ErrConflict, ErrPatchRejected, ErrUnauthenticated, ErrUnavailable,
-	ErrUnimplemented, ErrCanceled, ErrDeadlineExceeded, ErrInternal,
-}
-
-// Classified reports whether err already wraps one of this package's sentinels.
-func Classified(err error) bool {
-	for _, s := range sentinels {
-		if errors.Is(err, s) {
-			return true
-		}
-	}
-	return false
-}
 
 // PathError records a failed operation on a workspace path. Path is always
 // the path as the caller gave it (or as it is shown inside the sandbox), never

@@ -92,7 +92,7 @@ func TestStartValidation(t *testing.T) {
 		{"nothing", StartOptions{}, errdefs.ErrInvalidArgument, nil},
 		{"both", StartOptions{Argv: []string{"true"}, Command: "true"}, errdefs.ErrInvalidArgument, nil},
 		{"empty argv0", StartOptions{Argv: []string{""}}, errdefs.ErrInvalidArgument, nil},
-		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, errdefs.ErrInvalidArgument, []string{`"tmp"`}},
+		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, errdefs.ErrInvalidArgument, []string{"chdir tmp", "not absolute"}},
 		{"missing dir", StartOptions{Argv: []string{"true"}, Dir: "/no/such/dir"}, errdefs.ErrNotFound, []string{"/no/such/dir", "does not exist"}},
 		{"file as dir", StartOptions{Argv: []string{"true"}, Dir: file}, errdefs.ErrNotDirectory, []string{file}},
 		{"missing binary", StartOptions{Argv: []string{"no-such-binary-xyz", "-v"}}, errdefs.ErrNotFound, []string{"no-such-binary-xyz"}},

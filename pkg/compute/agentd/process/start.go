@@ -149,6 +149,11 @@ func (m *Manager) startPlanned(opts StartOptions) (*proc, error) {
 	return p, nil
 }
 
+// workdirError reports a failure about the working directory dir.
+func workdirError(dir string, err error) error {
+	return &errdefs.PathError{Op: "chdir", Path: dir, Err: err}
+}
+
 // validateOptions checks what needs no lookup.
 func validateOptions(o StartOptions) error {
 	switch {
@@ -159,7 +164,7 @@ func validateOptions(o StartOptions) error {
 	case len(o.Argv) > 0 && o.Argv[0] == "":
 		return errdefs.Errorf(errdefs.ErrInvalidArgument, "argv[0] is empty")
 	case o.Dir != "" && !filepath.IsAbs(o.Dir):
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "working directory %q is not absolute", o.Dir)
+		return workdirError(o.Dir, errdefs.Errorf(errdefs.ErrInvalidArgument, "the working directory is not absolute"))
 	case o.Timeout < 0:
 		return errdefs.Errorf(errdefs.ErrInvalidArgument, "negative timeout %s", o.Timeout)
 	case !o.TTY && (o.Rows != 0 || o.Cols != 0):
@@ -236,16 +241,18 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 			}
 		}
 	}
+	// A failure about the working directory is a PathError on it: the path
+	// tells callers that the directory, not the program, is at fault.
 	fi, err := os.Stat(pl.dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, errdefs.Errorf(errdefs.ErrNotFound, "working directory %q does not exist", pl.dir)
+		return nil, workdirError(pl.dir, errdefs.Errorf(errdefs.ErrNotFound, "the working directory does not exist"))
 	case errors.Is(err, unix.ENOTDIR):
-		return nil, errdefs.Errorf(errdefs.ErrNotDirectory, "working directory %q: a parent is not a directory", pl.dir)
+		return nil, workdirError(pl.dir, errdefs.Errorf(errdefs.ErrNotDirectory, "a parent of the working directory is not a directory"))
 	case err != nil:
-		return nil, errdefs.Errorf(errdefs.ErrPermissionDenied, "working directory %q: %v", pl.dir, err)
+		return nil, workdirError(pl.dir, errdefs.Errorf(errdefs.ErrPermissionDenied, "the working directory cannot be entered: %v", err))
 	case !fi.IsDir():
-		return nil, errdefs.Errorf(errdefs.ErrNotDirectory, "working directory %q is not a directory", pl.dir)
+		return nil, workdirError(pl.dir, errdefs.Errorf(errdefs.ErrNotDirectory, "the working directory is not a directory"))
 	}
 
 	if len(o.Argv) > 0 {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"errors"
+	"strings"
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
@@ -58,13 +59,23 @@ func operationType(t agentdv1.PatchOperationType) string {
 	return "" // rejected by the patch package with a clear error
 }
 
-// patchRejection extracts the structured reason of a failed patch.
+// patchRejection extracts the structured reason of a failed patch: every
+// failure of the patch engine has one (path empty for the patch as a
+// whole), with its kind, its specific cause and the engine's one-line
+// message, which is written for the model and names only the patch's
+// paths. Other failures (of the commit, of the run_as user) have none.
 func patchRejection(err error) *agentdv1.PatchRejection {
 	var pe *patch.Error
-	if !errors.As(err, &pe) || pe.Path == "" {
+	if !errors.As(err, &pe) {
 		return nil
 	}
-	out := &agentdv1.PatchRejection{Path: validUTF8(pe.Path)}
+	line, _, _ := strings.Cut(pe.Error(), "\n")
+	out := &agentdv1.PatchRejection{
+		Path:    validUTF8(pe.Path),
+		Kind:    errmap.Reason(pe.Err),
+		Cause:   errmap.Reason(pe.Cause),
+		Message: validUTF8(line),
+	}
 	for _, l := range pe.Context {
 		out.ExpectedLines = append(out.ExpectedLines, validUTF8(l))
 	}

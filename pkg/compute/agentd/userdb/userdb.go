@@ -82,7 +82,7 @@ func New(root string) *DB {
 
 // Lookup resolves a user by name, or by numeric uid when name is all digits
 // and no account has that exact name (a name always wins, as with chown and
-// id). An unknown user is a errdefs.ErrNotFound.
+// id). An unknown user is errdefs.ErrUserNotFound (a case of ErrNotFound).
 func (d *DB) Lookup(name string) (*User, error) {
 	if name == "" {
 		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "empty user name")
@@ -97,7 +97,7 @@ func (d *DB) Lookup(name string) (*User, error) {
 		found = findUser(passwd, func(f []string) bool { return f[2] == uid })
 	}
 	if found == nil {
-		return nil, errdefs.Errorf(errdefs.ErrNotFound, "user %q is not in the sandbox's /etc/passwd", name)
+		return nil, errdefs.Errorf(errdefs.ErrUserNotFound, "%q is not in the sandbox's /etc/passwd", name)
 	}
 	err = d.scan("group", func(f []string) bool {
 		if len(f) < 4 || f[3] == "" {

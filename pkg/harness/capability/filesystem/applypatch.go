@@ -146,7 +146,7 @@ func (t *applyPatchTool) Call(ctx context.Context, call tool.Context, input stri
 	resp, err := call.Agent.ApplyPatch(ctx, req)
 	if err != nil {
 		msg, ok := patchFailure(err, call.Workdir)
-		if !ok || isRunAsFailure(err) {
+		if !ok {
 			return tool.Result{}, fmt.Errorf("apply_patch: %w", err)
 		}
 		call.Log.Debug("apply_patch rejected", zap.String("call_id", call.CallID),
@@ -251,17 +251,23 @@ func successSummary(changes []*agentdv1.PatchChange) string {
 	return strings.Join(lines, "\n")
 }
 
-// The texts the patch engine starts its messages with. Only messages that
-// start so are quoted to the model: they are written for it and name only
-// paths from the patch.
-var patchMessagePrefixes = [...]string{"patch rejected: ", "invalid patch: ", "patch exceeds a limit: "}
-
 // patchFailure renders a failed ApplyPatch for the model. ok is false for
 // failures the model cannot act on (the daemon unreachable or broken, a
 // cancelled call, an unknown run_as user): those end the call with an error.
+// The daemon's own text is never quoted: only the patch engine's message
+// from the typed rejection, which is written for the model and names only
+// the patch's paths, and otherwise the harness's wording for the class.
 func patchFailure(err error, workdir string) (msg string, ok bool) {
+	if errors.Is(err, errdefs.ErrUserNotFound) {
+		return "", false
+	}
 	rej := agentclient.PatchRejection(err)
 	p := rejectedPath(err)
+	// A PathError says the workspace failed on a file the patch needed
+	// (while planning or committing): its cause is worded here, more
+	// precisely than the engine's generic "cannot access the file".
+	var pe *errdefs.PathError
+	fileFailure := errors.As(err, &pe)
 	var b strings.Builder
 	b.WriteString("apply_patch verification failed: ")
 	switch {
@@ -273,17 +279,19 @@ func patchFailure(err error, workdir string) (msg string, ok bool) {
 		b.WriteString("; every path of a patch must stay inside the workspace, also through symbolic links.")
 	case errors.Is(err, errdefs.ErrReadOnly):
 		fmt.Fprintf(&b, "the path '%s' is read-only.", p)
+	case rej.GetMessage() != "" && !fileFailure:
+		b.WriteString(rej.GetMessage())
+		writeRejectionDetail(&b, rej)
+	case rej != nil:
+		b.WriteString(pathCause(p, err))
+		writeRejectionDetail(&b, rej)
 	case errors.Is(err, errdefs.ErrPermissionDenied):
 		fmt.Fprintf(&b, "permission denied: the sandbox user may not change '%s'.", p)
 	case errors.Is(err, errdefs.ErrNoSpace):
 		b.WriteString("the sandbox has no space left on its disk.")
 	case errors.Is(err, errdefs.ErrPatchRejected), errors.Is(err, errdefs.ErrInvalidArgument),
 		errors.Is(err, errdefs.ErrResourceExhausted):
-		b.WriteString(reasonLine(err, p))
-		writeRejectionDetail(&b, rej)
-	case rej != nil && (errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, errdefs.ErrIsDirectory) ||
-		errors.Is(err, errdefs.ErrNotDirectory) || errors.Is(err, errdefs.ErrAlreadyExists)):
-		fmt.Fprintf(&b, "'%s': %s.", p, causeText(err))
+		b.WriteString(pathCause(p, err))
 	default:
 		return "", false
 	}
@@ -292,19 +300,12 @@ func patchFailure(err error, workdir string) (msg string, ok bool) {
 	return b.String(), true
 }
 
-// reasonLine is the first line of the patch engine's message, or a
-// generic reason when the message is not one of its own.
-func reasonLine(err error, path string) string {
-	line, _, _ := strings.Cut(err.Error(), "\n")
-	for _, prefix := range patchMessagePrefixes {
-		if strings.HasPrefix(line, prefix) {
-			return line
-		}
+// pathCause is "'path': cause." (or "cause." without a path).
+func pathCause(path string, err error) string {
+	if path == "" {
+		return causeText(err) + "."
 	}
-	if path != "" {
-		return fmt.Sprintf("'%s': %s.", path, causeText(err))
-	}
-	return causeText(err) + "."
+	return fmt.Sprintf("'%s': %s.", path, causeText(err))
 }
 
 // causes are the specific reasons a file operation fails, with how the
@@ -322,23 +323,25 @@ var causes = [...]struct {
 	{errdefs.ErrResourceExhausted, "a limit of the sandbox was exceeded"},
 }
 
-// causeText names the specific reason of a failure that is not the patch
-// engine's own message: the daemon reports a file system failure met while
-// planning as the error of that operation, whose class only survives in
-// its text. Only a known sentinel's wording is matched, so no other text of
-// the daemon reaches the model.
+// causeText names the specific reason of a failure by its class (a
+// rejected patch's cause counts, see agentclient): only known wording is
+// used, so no text of the daemon reaches the model.
 func causeText(err error) string {
-	msg := err.Error()
-	var pe *errdefs.PathError
-	if errors.As(err, &pe) {
-		msg = pe.Err.Error()
-	}
 	for _, c := range causes {
-		if errors.Is(err, c.sentinel) || strings.HasPrefix(msg, c.sentinel.Error()) {
+		if errors.Is(err, c.sentinel) {
 			return c.text
 		}
 	}
 	return sentinelText(err)
+}
+
+// sentinelText names err's class by its sentinel's text, never by the
+// error's own text.
+func sentinelText(err error) string {
+	if c, ok := errdefs.ClassOf(err); ok {
+		return c.Err.Error()
+	}
+	return "the operation failed"
 }
 
 // writeRejectionDetail quotes the lines the patch looked for and the
@@ -421,32 +424,5 @@ func rejectedPath(err error) string {
 	return ""
 }
 
-// classSentinels are the failure classes a message or a log names.
-var classSentinels = [...]error{
-	errdefs.ErrPathEscape, errdefs.ErrReadOnly, errdefs.ErrPatchRejected, errdefs.ErrNoSpace,
-	errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrNotDirectory, errdefs.ErrIsDirectory,
-	errdefs.ErrPermissionDenied, errdefs.ErrResourceExhausted, errdefs.ErrInvalidArgument,
-}
-
-// sentinelText names err's class by its sentinel's text, never by the
-// error's own text.
-func sentinelText(err error) string {
-	for _, s := range classSentinels {
-		if errors.Is(err, s) {
-			return s.Error()
-		}
-	}
-	return "the operation failed"
-}
-
-// isRunAsFailure reports whether the daemon refused the call's run_as user
-// (unknown to the sandbox): a configuration error of the run, not something
-// the model can fix. The daemon reports it as ErrNotFound on the request's
-// path, told apart from a missing file only by its "run_as: " text.
-func isRunAsFailure(err error) bool {
-	var pe *errdefs.PathError
-	return errors.As(err, &pe) && errors.Is(err, errdefs.ErrNotFound) && strings.HasPrefix(pe.Err.Error(), "run_as: ")
-}
-
 // errorClass names err's class for logs.
-func errorClass(err error) string { return sentinelText(err) }
+func errorClass(err error) string { return errdefs.Name(err) }

@@ -146,7 +146,7 @@ func notImage(shown string) tool.Result {
 func (t *viewImageTool) readFailure(call tool.Context, shown string, err error) (tool.Result, error) {
 	var msg string
 	switch {
-	case isRunAsFailure(err):
+	case errors.Is(err, errdefs.ErrUserNotFound):
 		return tool.Result{}, fmt.Errorf("view_image %s: %w", shown, err)
 	case errors.Is(err, errdefs.ErrNotFound):
 		msg = fmt.Sprintf("image path `%s` was not found", shown)

@@ -339,24 +339,26 @@ func startFailure(err error, workdir *string, spec *agentdv1.ProcessSpec) (strin
 	} else {
 		shell = "shell " + strconv.Quote(shell)
 	}
+	// The one path of a start is its working directory: a failure that
+	// carries a path concerns the directory, one without concerns the
+	// program (see ErrorDetail.path).
 	var pe *errdefs.PathError
 	isPath := errors.As(err, &pe)
-	msg := err.Error()
 	switch {
+	case errors.Is(err, errdefs.ErrUserNotFound):
+		return fmt.Sprintf("the user %q that commands run as does not exist in the sandbox", spec.GetUser()), true
 	case errors.Is(err, errdefs.ErrPathEscape):
 		return dir + " is outside the workspace", true
 	case errors.Is(err, errdefs.ErrReadOnly):
 		return dir + " is read-only", true
-	case isPath && errors.Is(err, errdefs.ErrNotFound), errors.Is(err, errdefs.ErrNotFound) && strings.Contains(msg, "working directory"):
+	case isPath && errors.Is(err, errdefs.ErrNotFound):
 		return dir + " does not exist", true
-	case isPath && errors.Is(err, errdefs.ErrNotDirectory), errors.Is(err, errdefs.ErrNotDirectory) && strings.Contains(msg, "working directory"):
+	case isPath && errors.Is(err, errdefs.ErrNotDirectory):
 		return dir + " is not a directory", true
 	case isPath && errors.Is(err, errdefs.ErrPermissionDenied):
 		return dir + " cannot be entered by the user commands run as", true
 	case isPath && errors.Is(err, errdefs.ErrInvalidArgument):
 		return dir + " is not a valid path", true
-	case errors.Is(err, errdefs.ErrNotFound) && strings.Contains(msg, "run_as"):
-		return fmt.Sprintf("the user %q that commands run as does not exist in the sandbox", spec.GetUser()), true
 	case errors.Is(err, errdefs.ErrNotFound):
 		return shell + " does not exist in the sandbox", true
 	case errors.Is(err, errdefs.ErrPermissionDenied):

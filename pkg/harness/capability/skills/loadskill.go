@@ -129,7 +129,7 @@ func staged(ctx context.Context, call tool.Context, p string) (bool, error) {
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.Is(err, errdefs.ErrNotFound) && !isRunAsFailure(err):
+	case errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUserNotFound):
 		return false, nil
 	}
 	return false, err
@@ -174,7 +174,7 @@ func write(ctx context.Context, call tool.Context, p string, f file) error {
 // anything else (the sandbox is gone, the run's user is unknown) ends the
 // call with an error.
 func (t *loadSkillTool) stageFailure(call tool.Context, name string, err error) (tool.Result, error) {
-	if isRunAsFailure(err) {
+	if errors.Is(err, errdefs.ErrUserNotFound) {
 		return tool.Result{}, fmt.Errorf("load_skill %s: %w", name, err)
 	}
 	for _, s := range []error{errdefs.ErrPermissionDenied, errdefs.ErrReadOnly, errdefs.ErrNotDirectory,
@@ -188,14 +188,6 @@ func (t *loadSkillTool) stageFailure(call tool.Context, name string, err error) 
 		}
 	}
 	return tool.Result{}, fmt.Errorf("load_skill %s: %w", name, err)
-}
-
-// isRunAsFailure reports whether the daemon refused the call's run_as user
-// (unknown in the sandbox): it reports that as ErrNotFound whose message
-// starts with "run_as: ".
-func isRunAsFailure(err error) bool {
-	var pe *errdefs.PathError
-	return errors.As(err, &pe) && errors.Is(err, errdefs.ErrNotFound) && strings.HasPrefix(pe.Err.Error(), "run_as: ")
 }
 
 // failure is an error result for the model.

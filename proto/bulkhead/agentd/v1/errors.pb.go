@@ -65,6 +65,14 @@ const (
 	ErrorReason_ERROR_REASON_UNAVAILABLE ErrorReason = 17
 	// A bug or unexpected failure inside the daemon.
 	ErrorReason_ERROR_REASON_INTERNAL ErrorReason = 18
+	// A user the request names (its run_as user, the daemon's default user, a
+	// file's owner) does not exist in the sandbox: a configuration error of
+	// the caller, not a missing file. Code NotFound, as for NOT_FOUND.
+	ErrorReason_ERROR_REASON_USER_NOT_FOUND ErrorReason = 19
+	// The call was canceled (code Canceled).
+	ErrorReason_ERROR_REASON_CANCELED ErrorReason = 20
+	// The call's deadline passed (code DeadlineExceeded).
+	ErrorReason_ERROR_REASON_DEADLINE_EXCEEDED ErrorReason = 21
 )
 
 // Enum value maps for ErrorReason.
@@ -89,6 +97,9 @@ var (
 		16: "ERROR_REASON_UNIMPLEMENTED",
 		17: "ERROR_REASON_UNAVAILABLE",
 		18: "ERROR_REASON_INTERNAL",
+		19: "ERROR_REASON_USER_NOT_FOUND",
+		20: "ERROR_REASON_CANCELED",
+		21: "ERROR_REASON_DEADLINE_EXCEEDED",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":         0,
@@ -110,6 +121,9 @@ var (
 		"ERROR_REASON_UNIMPLEMENTED":       16,
 		"ERROR_REASON_UNAVAILABLE":         17,
 		"ERROR_REASON_INTERNAL":            18,
+		"ERROR_REASON_USER_NOT_FOUND":      19,
+		"ERROR_REASON_CANCELED":            20,
+		"ERROR_REASON_DEADLINE_EXCEEDED":   21,
 	}
 )
 
@@ -142,11 +156,17 @@ func (ErrorReason) EnumDescriptor() ([]byte, []int) {
 
 // ErrorDetail is attached to every error status the daemon returns.
 type ErrorDetail struct {
-	state  protoimpl.MessageState `protogen:"open.v1"`
-	Reason ErrorReason            `protobuf:"varint,1,opt,name=reason,proto3,enum=bulkhead.agentd.v1.ErrorReason" json:"reason,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The most specific reason; clients that do not know it fall back on the
+	// status code.
+	Reason ErrorReason `protobuf:"varint,1,opt,name=reason,proto3,enum=bulkhead.agentd.v1.ErrorReason" json:"reason,omitempty"`
 	// The operation that failed ("write", "start", ...).
 	Op string `protobuf:"bytes,2,opt,name=op,proto3" json:"op,omitempty"`
-	// The path as the caller gave it, when the error concerns a path.
+	// The path as the caller gave it, when the error concerns a path. For
+	// ProcessService.Start (and Exec) the one path a request has is its
+	// working directory: a path here says the working directory is at fault
+	// (missing, not a directory, not enterable, outside the workspace), not
+	// the program.
 	Path string `protobuf:"bytes,3,opt,name=path,proto3" json:"path,omitempty"`
 	// The process, when the error concerns one.
 	ProcessId string `protobuf:"bytes,4,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
@@ -222,7 +242,9 @@ func (x *ErrorDetail) GetMessage() string {
 }
 
 // PatchRejection explains why an apply_patch did not apply, so the model can
-// retry with correct context.
+// retry with correct context. It accompanies every failure the patch engine
+// reports (malformed, not applying, past a limit); path is empty for
+// failures of the patch as a whole.
 type PatchRejection struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The file whose operation failed.
@@ -232,7 +254,20 @@ type PatchRejection struct {
 	// The 1-based line of the region of the current file closest to them (0 if none).
 	ClosestLine int32 `protobuf:"varint,3,opt,name=closest_line,json=closestLine,proto3" json:"closest_line,omitempty"`
 	// The closest region of the current file.
-	ClosestLines  []string `protobuf:"bytes,4,rep,name=closest_lines,json=closestLines,proto3" json:"closest_lines,omitempty"`
+	ClosestLines []string `protobuf:"bytes,4,rep,name=closest_lines,json=closestLines,proto3" json:"closest_lines,omitempty"`
+	// The kind of failure: INVALID_ARGUMENT (the patch is malformed),
+	// PATCH_REJECTED (it does not apply to the current files) or
+	// LIMIT_EXCEEDED (a size limit). ErrorDetail.reason may be more specific
+	// (PATH_ESCAPE for a patch whose path escapes).
+	Kind ErrorReason `protobuf:"varint,5,opt,name=kind,proto3,enum=bulkhead.agentd.v1.ErrorReason" json:"kind,omitempty"`
+	// The specific cause when an operation of the patch met a failing file
+	// (NOT_FOUND, IS_A_DIRECTORY, NOT_A_DIRECTORY, PERMISSION_DENIED,
+	// PATH_ESCAPE, ...); UNSPECIFIED when there is none.
+	Cause ErrorReason `protobuf:"varint,6,opt,name=cause,proto3,enum=bulkhead.agentd.v1.ErrorReason" json:"cause,omitempty"`
+	// The patch engine's one-line description of the failure, written for
+	// the model that wrote the patch: it names only paths from the patch and
+	// quotes nothing of the daemon's host.
+	Message       string `protobuf:"bytes,7,opt,name=message,proto3" json:"message,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -295,6 +330,27 @@ func (x *PatchRejection) GetClosestLines() []string {
 	return nil
 }
 
+func (x *PatchRejection) GetKind() ErrorReason {
+	if x != nil {
+		return x.Kind
+	}
+	return ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
+func (x *PatchRejection) GetCause() ErrorReason {
+	if x != nil {
+		return x.Cause
+	}
+	return ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
+func (x *PatchRejection) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
 var File_bulkhead_agentd_v1_errors_proto protoreflect.FileDescriptor
 
 const file_bulkhead_agentd_v1_errors_proto_rawDesc = "" +
@@ -306,12 +362,15 @@ const file_bulkhead_agentd_v1_errors_proto_rawDesc = "" +
 	"\x04path\x18\x03 \x01(\tR\x04path\x12\x1d\n" +
 	"\n" +
 	"process_id\x18\x04 \x01(\tR\tprocessId\x12\x18\n" +
-	"\amessage\x18\x05 \x01(\tR\amessage\"\x93\x01\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\"\x99\x02\n" +
 	"\x0ePatchRejection\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12%\n" +
 	"\x0eexpected_lines\x18\x02 \x03(\tR\rexpectedLines\x12!\n" +
 	"\fclosest_line\x18\x03 \x01(\x05R\vclosestLine\x12#\n" +
-	"\rclosest_lines\x18\x04 \x03(\tR\fclosestLines*\xeb\x04\n" +
+	"\rclosest_lines\x18\x04 \x03(\tR\fclosestLines\x123\n" +
+	"\x04kind\x18\x05 \x01(\x0e2\x1f.bulkhead.agentd.v1.ErrorReasonR\x04kind\x125\n" +
+	"\x05cause\x18\x06 \x01(\x0e2\x1f.bulkhead.agentd.v1.ErrorReasonR\x05cause\x12\x18\n" +
+	"\amessage\x18\a \x01(\tR\amessage*\xcb\x05\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16ERROR_REASON_NOT_FOUND\x10\x01\x12\x1f\n" +
@@ -332,7 +391,10 @@ const file_bulkhead_agentd_v1_errors_proto_rawDesc = "" +
 	"\x1cERROR_REASON_UNAUTHENTICATED\x10\x0f\x12\x1e\n" +
 	"\x1aERROR_REASON_UNIMPLEMENTED\x10\x10\x12\x1c\n" +
 	"\x18ERROR_REASON_UNAVAILABLE\x10\x11\x12\x19\n" +
-	"\x15ERROR_REASON_INTERNAL\x10\x12BDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
+	"\x15ERROR_REASON_INTERNAL\x10\x12\x12\x1f\n" +
+	"\x1bERROR_REASON_USER_NOT_FOUND\x10\x13\x12\x19\n" +
+	"\x15ERROR_REASON_CANCELED\x10\x14\x12\"\n" +
+	"\x1eERROR_REASON_DEADLINE_EXCEEDED\x10\x15BDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
 
 var (
 	file_bulkhead_agentd_v1_errors_proto_rawDescOnce sync.Once
@@ -355,11 +417,13 @@ var file_bulkhead_agentd_v1_errors_proto_goTypes = []any{
 }
 var file_bulkhead_agentd_v1_errors_proto_depIdxs = []int32{
 	0, // 0: bulkhead.agentd.v1.ErrorDetail.reason:type_name -> bulkhead.agentd.v1.ErrorReason
-	1, // [1:1] is the sub-list for method output_type
-	1, // [1:1] is the sub-list for method input_type
-	1, // [1:1] is the sub-list for extension type_name
-	1, // [1:1] is the sub-list for extension extendee
-	0, // [0:1] is the sub-list for field type_name
+	0, // 1: bulkhead.agentd.v1.PatchRejection.kind:type_name -> bulkhead.agentd.v1.ErrorReason
+	0, // 2: bulkhead.agentd.v1.PatchRejection.cause:type_name -> bulkhead.agentd.v1.ErrorReason
+	3, // [3:3] is the sub-list for method output_type
+	3, // [3:3] is the sub-list for method input_type
+	3, // [3:3] is the sub-list for extension type_name
+	3, // [3:3] is the sub-list for extension extendee
+	0, // [0:3] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_agentd_v1_errors_proto_init() }

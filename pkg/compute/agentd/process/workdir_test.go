@@ -1,0 +1,52 @@
+package process
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+)
+
+// A failed start says what is at fault by its type, not its text: a
+// working directory failure is a PathError on the directory, a program
+// failure has no path, and an unknown user is ErrUserNotFound.
+func TestStartFailuresSayWhatIsAtFault(t *testing.T) {
+	m := newTestManager(t, Config{})
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name     string
+		opts     StartOptions
+		sentinel error
+		workdir  string // the PathError's path; "" for none
+	}{
+		{"missing dir", StartOptions{Argv: []string{"true"}, Dir: "/no/such/dir"}, errdefs.ErrNotFound, "/no/such/dir"},
+		{"file as dir", StartOptions{Argv: []string{"true"}, Dir: file}, errdefs.ErrNotDirectory, file},
+		{"parent is a file", StartOptions{Argv: []string{"true"}, Dir: file + "/sub"}, errdefs.ErrNotDirectory, file + "/sub"},
+		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, errdefs.ErrInvalidArgument, "tmp"},
+		{"missing program", StartOptions{Argv: []string{"/no/such/program"}}, errdefs.ErrNotFound, ""},
+		{"unknown user", StartOptions{Argv: []string{"true"}, User: "no-such-user-xyz"}, errdefs.ErrUserNotFound, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			_, err := m.Start(testCtx(t), c.opts)
+			if !errors.Is(err, c.sentinel) {
+				t.Fatalf("error = %v, want %v", err, c.sentinel)
+			}
+			var pe *errdefs.PathError
+			isPath := errors.As(err, &pe)
+			switch {
+			case c.workdir == "" && isPath:
+				t.Errorf("a PathError on %q for a failure of no directory: %v", pe.Path, err)
+			case c.workdir != "" && (!isPath || pe.Path != c.workdir || pe.Op != "chdir"):
+				t.Errorf("want a chdir PathError on %q, got %v", c.workdir, err)
+			}
+			if c.sentinel != errdefs.ErrUserNotFound && errors.Is(err, errdefs.ErrUserNotFound) {
+				t.Errorf("%v is an unknown user", err)
+			}
+		})
+	}
+}
