@@ -27,8 +27,11 @@
 //     when no position anywhere after the cursor matches a stricter one;
 //   - a hunk made only of "+" lines is inserted right after its last anchor,
 //     or at the end of the file when it has none;
-//   - every line keeps its own line ending (LF, CRLF or lone CR); new lines
-//     take the file's first ending, and the result always ends with one;
+//   - a line the patch does not change keeps its bytes: its own line ending
+//     (LF, CRLF or lone CR), or none if it is the last line and had none
+//     (it gains the file's first ending only when lines are added after
+//     it); lines the patch adds take the file's first ending (LF in a file
+//     that has none), so replacing the last line ends the file with one;
 //   - files that are not valid UTF-8 are refused, never rewritten.
 //
 // Paths are used exactly as written in the patch. Resolving them and keeping

@@ -148,8 +148,8 @@ func FuzzApply(f *testing.F) {
 			if !utf8.Valid(c.Content) {
 				t.Fatalf("change %s has invalid UTF-8 content", c.Path)
 			}
-			if c.Kind == OpUpdate && len(c.Content) > 0 && !strings.ContainsAny(string(c.Content[len(c.Content)-1:]), "\r\n") {
-				t.Fatalf("updated %s does not end with a line ending: %q", c.Path, c.Content)
+			if orig, ok := before.files[c.Path]; ok && c.Kind == OpUpdate && namedOnce(p, c.Path) {
+				checkEndings(t, c.Path, string(orig), string(c.Content))
 			}
 		}
 		// A successful plan always commits: nothing is left to fail.
@@ -157,4 +157,48 @@ func FuzzApply(f *testing.F) {
 			t.Fatalf("commit of a successful plan failed: %v", err)
 		}
 	})
+}
+
+// namedOnce reports whether path is named by exactly one operation of p, so
+// that its content before that operation is the Source's.
+func namedOnce(p *Patch, path string) bool {
+	n := 0
+	for _, op := range p.Ops {
+		if op.Path == path {
+			n++
+		}
+		if op.MoveTo == path {
+			n++
+		}
+	}
+	return n == 1
+}
+
+// checkEndings checks the line-ending promises of an update from orig to
+// got: the result lacks a final line ending only when orig did and its last
+// line is orig's last line, kept; and a file whose every "\n" belongs to a
+// "\r\n" keeps it that way.
+func checkEndings(t *testing.T, path, orig, got string) {
+	t.Helper()
+	if got != "" && !strings.ContainsAny(got[len(got)-1:], "\r\n") {
+		lastLine := func(s string) string {
+			return strings.TrimPrefix(s[strings.LastIndexAny(s, "\r\n")+1:], utf8BOM)
+		}
+		if orig == "" || strings.ContainsAny(orig[len(orig)-1:], "\r\n") || lastLine(got) != lastLine(orig) {
+			t.Fatalf("updated %s has no final line ending, but its last line is not the original's unending last line:\norig %q\ngot  %q", path, orig, got)
+		}
+	}
+	if strings.Contains(orig, "\n") && !hasBareLF(orig) && hasBareLF(got) {
+		t.Fatalf("updated %s gained a bare LF in a CRLF file:\norig %q\ngot  %q", path, orig, got)
+	}
+}
+
+// hasBareLF reports whether s has a "\n" not preceded by "\r".
+func hasBareLF(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\n' && (i == 0 || s[i-1] != '\r') {
+			return true
+		}
+	}
+	return false
 }

@@ -19,8 +19,12 @@ type edit struct {
 // matcher's scan budget for the whole patch.
 //
 // Lines outside the hunks, and the file's own versions of context lines,
-// are kept byte for byte with their line endings; added lines take the
-// file's first line ending, as does a last line that had none.
+// are kept byte for byte with their line endings, a missing final ending
+// included: a last line without one stays without one while it stays last.
+// Added lines take the file's first line ending, and the last line gains
+// that ending only when lines come to follow it. So replacing the last line
+// gives a result that ends with a line ending (the reference's fixture 014),
+// while a patch that leaves the last line alone leaves it as it was.
 func updateText(op *FileOp, text string, budget *int) (string, *Error) {
 	bom := ""
 	if strings.HasPrefix(text, utf8BOM) {
@@ -100,14 +104,18 @@ func updateText(op *FileOp, text string, budget *int) (string, *Error) {
 	var b strings.Builder
 	b.Grow(len(bom) + len(text) + len(text)/8 + 64)
 	b.WriteString(bom)
+	// Only the file's last line can lack an ending (added lines always have
+	// one); it gets one only if another line is written after it.
+	pending := false
 	write := func(ls []textLine) {
 		for _, l := range ls {
-			b.WriteString(l.text)
-			if l.eol == "" {
+			if pending {
 				b.WriteString(eol)
-			} else {
-				b.WriteString(l.eol)
+				pending = false
 			}
+			b.WriteString(l.text)
+			b.WriteString(l.eol)
+			pending = l.eol == ""
 		}
 	}
 	pos := 0

@@ -121,3 +121,44 @@ func TestHandOffCodecMatchesProto(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCodecReadFileData decodes a 256 KiB ReadFile data message
+// received in 16 KiB frames (the one-copy path).
+func BenchmarkCodecReadFileData(b *testing.B) {
+	wire, err := proto.Marshal(&agentdv1.ReadFileResponse{Data: bytes.Repeat([]byte{7}, 256<<10)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	frames := split(wire, 16<<10)
+	b.SetBytes(int64(len(wire)))
+	for b.Loop() {
+		m := &agentdv1.ReadFileResponse{}
+		if err := (codec{}).Unmarshal(frames, m); err != nil {
+			b.Fatal(err)
+		}
+		pool.PutBytes(m.Data)
+	}
+}
+
+// BenchmarkFollowCodec decodes an AttachResponse of four 64 KiB chunks
+// received in 16 KiB frames (the aliasing path).
+func BenchmarkFollowCodec(b *testing.B) {
+	want := &agentdv1.AttachResponse{NextCursor: 1 << 20}
+	for i := range 4 {
+		want.Chunks = append(want.Chunks, &agentdv1.OutputChunk{Stream: agentdv1.OutputStream_OUTPUT_STREAM_STDOUT, Offset: int64(i) << 16, Data: bytes.Repeat([]byte{byte(i)}, 64<<10)})
+	}
+	wire, err := proto.Marshal(want)
+	if err != nil {
+		b.Fatal(err)
+	}
+	frames := split(wire, 16<<10)
+	fc := &followCodec{}
+	b.SetBytes(int64(len(wire)))
+	for b.Loop() {
+		m := &agentdv1.AttachResponse{}
+		if err := fc.Unmarshal(frames, m); err != nil {
+			b.Fatal(err)
+		}
+		fc.release()
+	}
+}

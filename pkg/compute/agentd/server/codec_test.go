@@ -71,3 +71,26 @@ func TestCodecReadFileResponse(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkCodecWriteFileData decodes a 256 KiB WriteFile data message
+// received in 16 KiB frames (the one-copy path).
+func BenchmarkCodecWriteFileData(b *testing.B) {
+	wire, err := proto.Marshal(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: bytes.Repeat([]byte{7}, 256<<10)}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	var frames mem.BufferSlice
+	for w := wire; len(w) > 0; {
+		k := min(16<<10, len(w))
+		frames = append(frames, mem.SliceBuffer(w[:k]))
+		w = w[k:]
+	}
+	b.SetBytes(int64(len(wire)))
+	for b.Loop() {
+		m := &agentdv1.WriteFileRequest{}
+		if err := (codec{}).Unmarshal(frames, m); err != nil {
+			b.Fatal(err)
+		}
+		pool.PutBytes(m.GetData())
+	}
+}
