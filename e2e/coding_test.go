@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"testing"
+
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 )
 
 // treeFiles maps the relative paths of the regular files under root to
@@ -63,7 +65,7 @@ func TestCodingTask(t *testing.T) {
 			p.skip(t)
 			state := stateDir(t)
 			export := filepath.Join(t.TempDir(), "ws")
-			args := append([]string{"run", "--state-dir", state, "--agentd", filepath.Join(env.bin, "sandbox-agentd")}, p.args...)
+			args := append([]string{"run", "--state-dir", state, "--agentd", agentdtest.Binaries(t).Agentd}, p.args...)
 			args = append(args, "--manifest", filepath.Join(example, "manifest.yaml"),
 				"--replay-without-key", filepath.Join(example, "replay.json"), "--export", export,
 				"Open repo/task.md, fix the bug, run the tests and summarize.")
@@ -106,7 +108,7 @@ func TestResumeAcrossProcesses(t *testing.T) {
 		t.Run(p.name, func(t *testing.T) {
 			p.skip(t)
 			state := stateDir(t)
-			base := append([]string{"--state-dir", state, "--agentd", filepath.Join(env.bin, "sandbox-agentd")}, p.args...)
+			base := append([]string{"--state-dir", state, "--agentd", agentdtest.Binaries(t).Agentd}, p.args...)
 			runArgs := append(append([]string{"run"}, base...), "--manifest", filepath.Join(example, "manifest.yaml"),
 				"--replay", filepath.Join(example, "replay.json"), "--allow-command", `cat .*`)
 			// Run 1: stops before the first test run (not an allowed command).

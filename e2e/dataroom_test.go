@@ -8,6 +8,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	hs "github.com/bulkhead-dev/bulkhead/pkg/harness"
@@ -44,9 +45,7 @@ func TestDataRoomAnalyst(t *testing.T) {
 	for _, p := range providers() {
 		t.Run(p.name, func(t *testing.T) {
 			p.skip(t)
-			if !p.users {
-				t.Skip("this provider's sandboxes cannot create accounts (not root)")
-			}
+			testenv.Require(t, testenv.Condition(p.users, "this provider's sandboxes cannot create accounts (the local provider needs root)"))
 			srv := rt.NewServer(
 				rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "exec_command", `{"cmd":"cat dataroom/q3.csv"}`)}},
 				rt.Turn{Items: []rt.Item{rt.FunctionCall("c2", "exec_command", `{"cmd":"echo 9999 >> dataroom/q3.csv"}`)}},

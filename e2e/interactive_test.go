@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
@@ -311,9 +312,7 @@ func TestInteractive(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if res.Exit.GetExitCode() != 0 {
-					t.Skip("python3 is not on this sandbox's PATH")
-				}
+				testenv.Require(t, testenv.Condition(res.Exit.GetExitCode() == 0, "python3 is not on this sandbox's PATH"))
 				runRepl(t, ctx, psess, "python3 -q -i", []replStep{
 					{name: "start", want: regexp.MustCompile(`>>> $`)},
 					{name: "arithmetic", chars: "6*7\n", want: regexp.MustCompile(`(?m)^42\r?$`)},

@@ -10,6 +10,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,6 +23,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
@@ -31,54 +34,64 @@ import (
 
 // env is decided once by TestMain.
 var env struct {
-	bin        string // directory with harness and sandbox-agentd
-	repo       string // repository root
-	dockerSkip string // non-empty: why Docker scenarios skip
-	dockerFail string // non-empty: why Docker scenarios fail (CI with Docker)
-	bwrapSkip  string // non-empty: why bubblewrap scenarios skip
+	repo     string // repository root
+	imageErr string // non-empty: why `make image` failed (Docker answers)
+	// runLabel marks every Docker container and volume of this test run
+	// (runLabelKey=runLabel): the tests list, find and clean up only
+	// those, never the user's own sandboxes.
+	runLabel string
 }
 
-func TestMain(m *testing.M) { os.Exit(run(m)) }
+// runLabelKey is the label of a test run's Docker objects.
+const runLabelKey = "test.bulkhead.run"
 
-func run(m *testing.M) int {
+func TestMain(m *testing.M) {
 	_, file, _, _ := runtime.Caller(0)
 	env.repo = filepath.Dir(filepath.Dir(file))
-	dir, err := os.MkdirTemp("", "bulkhead-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	env.bin = dir
-	build := exec.Command("go", "build", "-trimpath", "-o", dir+"/", "./cmd/harness", "./cmd/sandbox-agentd")
-	build.Dir = env.repo
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: build binaries: %v\n%s", err, out)
-		return 1
-	}
-	ci := os.Getenv("CI") == "true"
-	if _, err := exec.LookPath("bwrap"); err != nil {
-		env.bwrapSkip = "bwrap (bubblewrap) is not installed: skipping the isolated local provider"
-		if ci {
-			env.bwrapSkip = ""
-		}
-	}
-	if err := exec.Command("docker", "info").Run(); err != nil {
-		env.dockerSkip = "Docker does not answer (`docker info` failed): skipping the Docker provider"
-	} else {
+	env.runLabel = rand.Text()
+	// The Docker scenarios need the sandbox images: build them once here,
+	// when Docker answers (testenv decides, per test, what a missing Docker
+	// or a failed build means).
+	dockerUp := exec.Command("docker", "info").Run() == nil
+	if dockerUp {
 		mk := exec.Command("make", "image-sandbox", "image-sandbox-full")
 		mk.Dir = env.repo
 		if out, err := mk.CombinedOutput(); err != nil {
-			msg := fmt.Sprintf("make image failed: %v\n%s", err, tail(string(out), 20))
-			if ci {
-				env.dockerFail = msg
-			} else {
-				env.dockerSkip = msg
-			}
+			env.imageErr = fmt.Sprintf("make image failed: %v\n%s", err, tail(string(out), 20))
 		}
 	}
-	return m.Run()
+	code := agentdtest.Run(m)
+	if dockerUp {
+		if leaked, err := removeDockerLeaks(); err != nil || leaked != "" {
+			fmt.Fprintf(os.Stderr, "FAIL: the tests left Docker sandboxes (now removed): %s %v\n", leaked, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// removeDockerLeaks destroys the sandboxes of this test run (its label)
+// that the tests left, and names them; nothing else is looked at.
+func removeDockerLeaks() (string, error) {
+	dir, err := os.MkdirTemp("", "bh-e2e-")
+	if err != nil {
+		return "", err
+	}
+	defer os.RemoveAll(dir)
+	p, err := docker.New(dockerConfig(dir), zap.NewNop())
+	if err != nil {
+		return "", err
+	}
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	infos, err := p.List(ctx)
+	var leaked []string
+	for _, info := range infos {
+		leaked = append(leaked, info.SessionID)
+		_ = p.Destroy(ctx, info.State)
+	}
+	return strings.Join(leaked, ", "), err
 }
 
 func tail(s string, n int) string {
@@ -107,7 +120,7 @@ func providers() []provider {
 	localClient := func(iso local.Isolation) func(t *testing.T, dir string, store snapshot.Store, mat materializer.Options) *compute.Client {
 		return func(t *testing.T, dir string, store snapshot.Store, mat materializer.Options) *compute.Client {
 			log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-			c, err := local.NewClient(local.Config{StateDir: filepath.Join(dir, "local"), AgentdPath: filepath.Join(env.bin, "sandbox-agentd"), Isolation: iso},
+			c, err := local.NewClient(local.Config{StateDir: filepath.Join(dir, "local"), AgentdPath: agentdtest.Binaries(t).Agentd, Isolation: iso},
 				compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log})
 			if err != nil {
 				t.Fatal(err)
@@ -120,14 +133,12 @@ func providers() []provider {
 			client: localClient(local.IsolationNone), skip: func(*testing.T) {}},
 		{name: "local-bwrap", args: []string{"--provider", "local", "--isolation", "bubblewrap"}, users: os.Geteuid() == 0,
 			client: localClient(local.IsolationBubblewrap), skip: func(t *testing.T) {
-				if env.bwrapSkip != "" {
-					t.Skip(env.bwrapSkip)
-				}
+				testenv.Require(t, testenv.Bubblewrap)
 			}},
-		{name: "docker", args: []string{"--provider", "docker"}, users: true,
+		{name: "docker", args: []string{"--provider", "docker", "--label", runLabelKey + "=" + env.runLabel}, users: true,
 			client: func(t *testing.T, dir string, store snapshot.Store, mat materializer.Options) *compute.Client {
 				log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-				p, err := docker.New(docker.Config{StateDir: filepath.Join(dir, "docker")}, log)
+				p, err := docker.New(dockerConfig(dir), log)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -135,14 +146,18 @@ func providers() []provider {
 				return compute.NewClient(p, compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log})
 			},
 			skip: func(t *testing.T) {
-				if env.dockerFail != "" {
-					t.Fatal(env.dockerFail)
-				}
-				if env.dockerSkip != "" {
-					t.Skip(env.dockerSkip)
+				testenv.Require(t, testenv.Docker)
+				if env.imageErr != "" {
+					testenv.Skip(t, env.imageErr)
 				}
 			}},
 	}
+}
+
+// dockerConfig is the Docker provider's configuration for a test: its own
+// state directory under dir and this run's label.
+func dockerConfig(dir string) docker.Config {
+	return docker.Config{StateDir: filepath.Join(dir, "docker"), Labels: map[string]string{runLabelKey: env.runLabel}}
 }
 
 // stateDir returns a short state directory (unix socket paths are short).
@@ -164,8 +179,10 @@ func harness(t *testing.T, stdin string, args ...string) (stdout, stderr string,
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(env.bin, "harness"), args...)
-	cmd.Env = append(os.Environ(), "OPENAI_API_KEY=")
+	cmd := exec.CommandContext(ctx, agentdtest.Harness(t).Harness(), args...)
+	// Private cache and state homes: a command that forgot --state-dir
+	// must not reach the user's own sandboxes.
+	cmd.Env = append(os.Environ(), "OPENAI_API_KEY=", "XDG_CACHE_HOME="+t.TempDir(), "XDG_STATE_HOME="+t.TempDir())
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb

@@ -7,25 +7,24 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/cli"
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 )
+
+func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
 
 const task = "Using the data room, report FY2024 revenue by region and the operating margin per quarter in output/report.md."
 
 func TestReplay(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("the data room creates sandbox accounts, which the local provider can do only as root (or use --provider docker): skipping")
-	}
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
+	// The data room creates sandbox accounts, which the local provider can
+	// do only as root (elsewhere, use --provider docker).
+	testenv.Require(t, testenv.Root)
 	// A short private state directory (unix socket paths are short) that
 	// the sandbox's accounts can pass through.
 	state, err := os.MkdirTemp("", "bh-dataroom-")
@@ -36,13 +35,7 @@ func TestReplay(t *testing.T) {
 	if err := os.Chmod(state, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	agentd := filepath.Join(state, "sandbox-agentd")
-	build := exec.Command("go", "build", "-o", agentd, "./cmd/sandbox-agentd")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build sandbox-agentd: %v\n%s", err, out)
-	}
+	agentd := agentdtest.Binaries(t).Agentd
 	export := filepath.Join(state, "export")
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
@@ -217,9 +218,7 @@ func TestAgentKeysAreStableWithDuplicateNames(t *testing.T) {
 }
 
 func TestAgentAsToolSharingTheSession(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("running tools as another account needs a root daemon")
-	}
+	testenv.Require(t, testenv.Root) // running tools as another account needs a root daemon
 	srv, m := testModel(t,
 		rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "explorer", `{"input":"look around"}`)}},                // coordinator
 		rt.Turn{Items: []rt.Item{rt.FunctionCall("e1", "put", `{"path":"notes/explorer.txt","text":"seen"}`)}}, // explorer

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -43,9 +44,7 @@ func Run(t *testing.T, env Env) {
 	t.Run("Lifecycle", func(t *testing.T) { testLifecycle(t, env) })
 	t.Run("ResumeAfterDelete", func(t *testing.T) { testResumeAfterDelete(t, env) })
 	t.Run("RunAs", func(t *testing.T) {
-		if !env.Users {
-			t.Skip("this provider's sandboxes cannot create accounts")
-		}
+		testenv.Require(t, testenv.Condition(env.Users, "this provider's sandboxes cannot create accounts here"))
 		testRunAs(t, env)
 	})
 	t.Run("StateIsRedacted", func(t *testing.T) { testStateRedacted(t, env) })

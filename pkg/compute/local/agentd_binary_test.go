@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -241,16 +242,13 @@ func TestDaemonFlags(t *testing.T) {
 // TestDaemonAsPID1ReapsOrphans: as PID 1 of a PID namespace the daemon
 // reports pid 1 and reaps orphaned grandchildren, so no zombie piles up.
 func TestDaemonAsPID1ReapsOrphans(t *testing.T) {
-	unshare, err := exec.LookPath("unshare")
-	if err != nil {
-		t.Skip("unshare not found on PATH; cannot run the daemon as PID 1")
-	}
-	if out, err := exec.Command(unshare, "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
-		t.Skipf("unshare --pid --fork --mount-proc is not permitted here (%v: %s)", err, strings.TrimSpace(string(out)))
+	testenv.Require(t, testenv.Tool("unshare"))
+	if out, err := exec.Command("unshare", "--pid", "--fork", "--mount-proc", "true").CombinedOutput(); err != nil {
+		testenv.Skip(t, fmt.Sprintf("unshare --pid --fork --mount-proc is not permitted here (%v: %s)", err, strings.TrimSpace(string(out))))
 	}
 	dir, socket, ws := directDirs(t)
 	tokenFile := writeToken(t, dir, directToken)
-	d := startDirect(t, socket, unshare, "--pid", "--fork", "--mount-proc",
+	d := startDirect(t, socket, "unshare", "--pid", "--fork", "--mount-proc",
 		agentdBin, "--listen", "unix://"+socket, "--token-file", tokenFile, "--workspace", ws)
 	d.waitServing(t)
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -133,7 +134,9 @@ func requireCgroups(t *testing.T) cgroupPlace {
 		err = probeCgroup(pl)
 	}
 	if err != nil {
-		t.Skipf("cgroup v2 is not usable here (%v): local sandboxes run without cgroups", err)
+		// A property of the host, not a part CI can install: machines with
+		// only cgroup v1 (as this project's CI) never run these tests.
+		testenv.Optional(t, fmt.Sprintf("cgroup v2 not mounted or not delegated here (%v); they run on a host whose /sys/fs/cgroup is a writable cgroup2 hierarchy", err))
 	}
 	return pl
 }

@@ -10,10 +10,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -22,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/faultnet"
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
@@ -34,12 +33,7 @@ import (
 func forEachIsolation(t *testing.T, fn func(t *testing.T, iso Isolation)) {
 	t.Run("plain", func(t *testing.T) { fn(t, IsolationNone) })
 	t.Run("bubblewrap", func(t *testing.T) {
-		if _, err := exec.LookPath("bwrap"); err != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("bwrap is not installed (.ci/run installs bubblewrap)")
-			}
-			t.Skip("bwrap (bubblewrap) is not installed")
-		}
+		testenv.Require(t, testenv.Bubblewrap)
 		fn(t, IsolationBubblewrap)
 	})
 }
@@ -378,76 +372,6 @@ func TestFaultDaemonKilledDuringWriteFile(t *testing.T) {
 	})
 }
 
-// cutProxy forwards unix-socket connections to the daemon and can cut
-// every connection open through it at once, as a network failure would.
-type cutProxy struct {
-	addr   string
-	l      net.Listener
-	mu     sync.Mutex
-	conns  []net.Conn
-	cuts   int
-	closed bool
-}
-
-func startCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "proxy.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{addr: "unix://" + sock, l: l}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		l.Close()
-		p.mu.Lock()
-		p.closed = true
-		p.mu.Unlock()
-		p.cut()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			down, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("unix", target)
-			if err != nil {
-				down.Close()
-				continue
-			}
-			p.mu.Lock()
-			if p.closed {
-				p.mu.Unlock()
-				up.Close()
-				down.Close()
-				return
-			}
-			p.conns = append(p.conns, down, up)
-			p.mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(up, down); up.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(down, up); down.Close() }()
-		}
-	}()
-	return p
-}
-
-// cut closes every connection open through the proxy.
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	conns := p.conns
-	p.conns = nil
-	p.cuts++
-	p.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
-	}
-}
-
 // TestFaultConnectionCutDuringStream: the harness's connection is cut
 // (twice) while a command streams its output; Follow re-attaches from its
 // cursor through a new connection, and the output arrives complete, in
@@ -459,8 +383,8 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := startSandbox(t, Options{Token: token})
-	proxy := startCutProxy(t, sb.Socket)
-	client, err := agentclient.Dial(agentclient.Options{Address: proxy.addr, Token: token})
+	proxy := faultnet.Start(t, faultnet.Unix, "unix://"+sb.Socket)
+	client, err := agentclient.Dial(agentclient.Options{Address: proxy.Address(), Token: token})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -482,7 +406,7 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 		}
 		if len(cutAt) > 0 && bytes.Count(out.Bytes(), []byte("\n")) >= cutAt[0] && m.GetExit() == nil {
 			cutAt = cutAt[1:]
-			proxy.cut()
+			proxy.Cut()
 		}
 		return nil
 	})
@@ -523,7 +447,7 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 	case err := <-execErr:
 		t.Fatalf("Exec ended early: %v", err)
 	}
-	proxy.cut()
+	proxy.Cut()
 	select {
 	case err = <-execErr:
 	case <-time.After(30 * time.Second):

@@ -21,7 +21,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
@@ -53,6 +52,10 @@ type Options struct {
 	// Wrap, when set, turns the daemon's argv into the argv actually run
 	// (an isolation wrapper such as bubblewrap).
 	Wrap func(argv []string) []string
+	// ExtraFiles are inherited by the daemon (or its wrapper) as
+	// descriptors 4, 5, ... in order, after the token's 3 (bubblewrap's
+	// seccomp filter, for one). Start does not close them.
+	ExtraFiles []*os.File
 	// Cgroup, when set, is a cgroup v2 directory the daemon (or its
 	// wrapper) is started in, atomically (clone3 with CLONE_INTO_CGROUP),
 	// so that every process of the sandbox starts there. The caller creates
@@ -150,7 +153,7 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	}
 	newCmd := func(cgroup *os.File) *exec.Cmd {
 		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.ExtraFiles = []*os.File{tokenR}
+		cmd.ExtraFiles = append([]*os.File{tokenR}, opts.ExtraFiles...)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the daemon gets no harness secrets
 		cmd.Stdout = opts.Stderr
 		cmd.Stderr = opts.Stderr
@@ -222,23 +225,22 @@ func startInCgroup(path string, newCmd func(cgroup *os.File) *exec.Cmd) (*exec.C
 // named (nil when it runs in it or none was asked for).
 func (s *Sandbox) CgroupErr() error { return s.cgroupErr }
 
+// waitReady waits until the daemon serves and accepts the token
+// (agentclient.WaitReady), giving up as soon as the process exits.
 func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	health := healthpb.NewHealthClient(s.Client.Conn())
-	for {
-		resp, err := health.Check(ctx, &healthpb.HealthCheckRequest{})
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			return nil
-		}
-		select {
-		case <-s.exited:
-			return fmt.Errorf("%w: sandbox-agentd exited during start-up: %s", errdefs.ErrUnavailable, s.cmd.ProcessState)
-		case <-ctx.Done():
-			return fmt.Errorf("%w: sandbox-agentd did not become ready within %s", errdefs.ErrUnavailable, timeout)
-		case <-time.After(20 * time.Millisecond):
-		}
+	_, err := agentclient.WaitReady(ctx, s.Client, agentclient.ReadyOptions{Timeout: timeout,
+		Alive: func(context.Context) error {
+			select {
+			case <-s.exited:
+				return fmt.Errorf("%w: sandbox-agentd exited during start-up: %s", errdefs.ErrUnavailable, s.cmd.ProcessState)
+			default:
+				return nil
+			}
+		}})
+	if err != nil {
+		return fmt.Errorf("sandbox-agentd start-up: %w", err)
 	}
+	return nil
 }
 
 // PID is the daemon's process id.

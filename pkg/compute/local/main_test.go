@@ -1,18 +1,15 @@
 package local
 
 // These tests run the real sandbox-agentd binary. TestMain builds it once
-// (static, -trimpath, with a stamped test version) and every test launches
-// it as a child process.
+// (agentdtest: the Makefile's flags, a stamped test version) and every
+// test launches it as a child process.
 
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -22,80 +19,20 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Stamped into the test binary so Info and --version can be checked exactly.
 const (
-	testVersion = "v0.0.0-localtest"
-	testCommit  = "localtestcommit"
+	testVersion = agentdtest.Version
+	testCommit  = agentdtest.Commit
 )
 
 // agentdBin is the sandbox-agentd binary built by TestMain.
 var agentdBin string
 
-func TestMain(m *testing.M) {
-	os.Exit(runTests(m))
-}
-
-func runTests(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "bulkhead-local-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "local tests:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	bin, err := buildAgentd(dir)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "local tests: build sandbox-agentd:", err)
-		return 1
-	}
-	agentdBin = bin
-	return m.Run()
-}
-
-// buildAgentd builds ./cmd/sandbox-agentd from the module root into dir.
-func buildAgentd(dir string) (string, error) {
-	root, err := moduleRoot()
-	if err != nil {
-		return "", err
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-		if _, serr := os.Stat(goBin); serr != nil {
-			return "", fmt.Errorf("no go command on PATH or in GOROOT: %w", err)
-		}
-	}
-	out := filepath.Join(dir, AgentdBinary)
-	const pkg = "github.com/bulkhead-dev/bulkhead/internal/buildinfo"
-	ldflags := "-X " + pkg + ".version=" + testVersion + " -X " + pkg + ".commit=" + testCommit
-	cmd := exec.Command(goBin, "build", "-trimpath", "-ldflags", ldflags, "-o", out, "./cmd/sandbox-agentd")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%v: %w\n%s", cmd.Args, err, b)
-	}
-	return out, nil
-}
-
-// moduleRoot walks up from the working directory to the directory holding go.mod.
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.mod not found above the working directory")
-		}
-		dir = parent
-	}
-}
+func TestMain(m *testing.M) { agentdtest.Main(m, &agentdBin) }
 
 // ---- helpers ----
 

@@ -4,8 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
@@ -89,12 +90,7 @@ func TestProviderConformance(t *testing.T) {
 }
 
 func TestProviderConformanceIsolated(t *testing.T) {
-	if _, err := exec.LookPath("bwrap"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("bwrap is not installed (.ci/run installs bubblewrap)")
-		}
-		t.Skip("bwrap (bubblewrap) is not installed; isolated local sandboxes not tested")
-	}
+	testenv.Require(t, testenv.Bubblewrap)
 	env, _ := providerEnvWith(t, IsolationBubblewrap)
 	computetest.Run(t, env)
 	t.Run("Confined", func(t *testing.T) {
@@ -130,9 +126,7 @@ func TestProviderConformanceIsolated(t *testing.T) {
 	// /etc/group are the private copies the daemon edits), and the rest of
 	// the host's /etc is there, read-only.
 	t.Run("Accounts", func(t *testing.T) {
-		if os.Geteuid() != 0 {
-			t.Skip("creating sandbox accounts needs a root harness")
-		}
+		testenv.Require(t, testenv.Root) // creating sandbox accounts needs a root harness
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		c := env.NewClient(t, nil)
@@ -298,7 +292,7 @@ func TestUnsearchableAncestor(t *testing.T) {
 		}
 	}
 	if blocked := unsearchableAncestor(filepath.Dir(filepath.Dir(base))); blocked != "" {
-		t.Skipf("%s is not searchable by others here", blocked)
+		testenv.Skip(t, blocked+" is not searchable by others here")
 	}
 	if got := unsearchableAncestor(deep); got != "" {
 		t.Fatalf("unsearchableAncestor of an open path = %q", got)
@@ -318,19 +312,12 @@ func TestUnsearchableAncestor(t *testing.T) {
 // /home), its run_as user reaches the workspace, and the sandbox sees
 // nothing else of the state directory: not its token, not other sandboxes.
 func TestIsolatedStateDirBelowAPrivateHome(t *testing.T) {
-	if _, err := exec.LookPath("bwrap"); err != nil {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("bwrap is not installed (.ci/run installs bubblewrap)")
-		}
-		t.Skip("bwrap (bubblewrap) is not installed")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("creating sandbox accounts needs a root harness")
-	}
+	testenv.Require(t, testenv.Bubblewrap)
+	testenv.Require(t, testenv.Root) // creating sandbox accounts needs a root harness
 	// Not below /tmp, which isolated sandboxes see as a fresh tmpfs anyway.
 	private, err := os.MkdirTemp("/var/tmp", "bulkhead-home-")
 	if err != nil {
-		t.Skipf("no /var/tmp here: %v", err)
+		testenv.Skip(t, fmt.Sprintf("no /var/tmp here: %v", err))
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(private) })
 	if err := os.Chmod(private, 0o700); err != nil {

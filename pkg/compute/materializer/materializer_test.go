@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
@@ -56,9 +57,7 @@ func hostTree(t *testing.T) string {
 // gitRepo makes a local repository with a file, a subdirectory and an
 // in-repo symlink, and returns its path.
 func gitRepo(t *testing.T) string {
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed")
-	}
+	testenv.Require(t, testenv.Git)
 	dir := t.TempDir()
 	run := func(args ...string) {
 		cmd := exec.Command("git", args...)
@@ -389,5 +388,47 @@ func TestRoundTripThroughArchive(t *testing.T) {
 	must(t, err)
 	if fa != fb {
 		t.Errorf("fingerprints differ: %s vs %s", fa, fb)
+	}
+}
+
+// TestMountEntriesRefused: without a Mounter (Options.Mounts) no mount
+// type works, so a manifest with one is refused with ErrUnimplemented
+// before anything is written, never applied with the mount silently
+// missing.
+func TestMountEntriesRefused(t *testing.T) {
+	mounts := map[manifest.EntryType]*manifest.Mount{
+		manifest.TypeS3Mount:        {Bucket: "b"},
+		manifest.TypeGCSMount:       {Bucket: "b"},
+		manifest.TypeR2Mount:        {Bucket: "b", Account: "a"},
+		manifest.TypeAzureBlobMount: {Account: "a", Container: "c"},
+	}
+	for typ, mt := range mounts {
+		t.Run(string(typ), func(t *testing.T) {
+			m := &manifest.Manifest{Entries: map[string]*manifest.Entry{
+				"task.md": {Type: manifest.TypeFile, Content: []byte("t")},
+				"data":    {Type: typ, Mount: mt},
+			}}
+			_, err := materializer.Prepare(ctxT(t), m, materializer.Options{})
+			if !errors.Is(err, errdefs.ErrUnimplemented) || !strings.Contains(err.Error(), "data") || !strings.Contains(err.Error(), string(typ)) {
+				t.Fatalf("want ErrUnimplemented naming the entry and type, got %v", err)
+			}
+			// After a restore only ephemeral entries are applied; mounts
+			// are among them and are refused there too.
+			_, err = materializer.Prepare(ctxT(t), m, materializer.Options{Include: func(_ string, e *manifest.Entry) bool { return e.IsEphemeral() }})
+			if !errors.Is(err, errdefs.ErrUnimplemented) {
+				t.Fatalf("ephemeral-only: want ErrUnimplemented, got %v", err)
+			}
+		})
+	}
+	d := agentdtest.Start(t, nil)
+	m := &manifest.Manifest{Entries: map[string]*manifest.Entry{
+		"task.md": {Type: manifest.TypeFile, Content: []byte("t")},
+		"data":    {Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: "b"}},
+	}}
+	if _, err := materializer.Apply(ctxT(t), d.Client, m, materializer.Options{}); !errors.Is(err, errdefs.ErrUnimplemented) {
+		t.Fatalf("apply: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(d.Workspace, "task.md")); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a refused manifest wrote task.md: %v", err)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
@@ -30,8 +29,9 @@ const http2FrameSettings = 4
 // is: the transport (unreachable: ErrUnavailable, retryable), TLS (an
 // untrusted certificate or a refused client certificate:
 // ErrUnauthenticated), the protocol (not a gRPC server, or TLS mismatch:
-// ErrFailedPrecondition), health (not serving: ErrUnavailable, retryable),
-// then an authenticated call (a bad token: ErrUnauthenticated).
+// ErrFailedPrecondition), health (not serving within ConnectTimeout:
+// ErrUnavailable, retryable), then an authenticated call (a bad token:
+// ErrUnauthenticated); the last two through agentclient.WaitReady.
 func (p *Provider) connect(ctx context.Context) (*agentclient.Client, *agentdv1.InfoResponse, error) {
 	token, err := p.cfg.token()
 	if err != nil {
@@ -41,6 +41,7 @@ func (p *Provider) connect(ctx context.Context) (*agentclient.Client, *agentdv1.
 	if err != nil {
 		return nil, nil, err
 	}
+	outer := ctx
 	ctx, cancel := context.WithTimeout(ctx, p.cfg.ConnectTimeout)
 	defer cancel()
 	if err := probe(ctx, p.ep, tc); err != nil {
@@ -54,19 +55,16 @@ func (p *Provider) connect(ctx context.Context) (*agentclient.Client, *agentdv1.
 		_ = client.Close()
 		return nil, nil, err
 	}
-	resp, err := healthpb.NewHealthClient(client.Conn()).Check(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		return fail(compute.MarkRetryable(fmt.Errorf("%w: remote sandbox %s: health check: %v", compute.ErrUnavailable, p.ep, err)))
-	}
-	if st := resp.GetStatus(); st != healthpb.HealthCheckResponse_SERVING {
-		return fail(compute.MarkRetryable(fmt.Errorf("%w: remote sandbox %s is %s", compute.ErrUnavailable, p.ep, st)))
-	}
-	info, err := client.Info(ctx)
+	// The rest of ConnectTimeout bounds the wait, which then ends as
+	// unavailable (retryable); only the caller's own context ends it as
+	// canceled or past its deadline.
+	deadline, _ := ctx.Deadline()
+	info, err := agentclient.WaitReady(outer, client, agentclient.ReadyOptions{Timeout: max(time.Until(deadline), time.Millisecond)})
 	if err != nil {
 		if errors.Is(err, compute.ErrUnauthenticated) {
 			return fail(fmt.Errorf("remote sandbox %s rejected the token: %w", p.ep, err))
 		}
-		return fail(fmt.Errorf("remote sandbox %s: info: %w", p.ep, err))
+		return fail(fmt.Errorf("remote sandbox %s: %w", p.ep, err))
 	}
 	p.log.Debug("connected", zap.String("address", p.ep.String()), zap.String("version", info.GetVersion()))
 	return client, info, nil

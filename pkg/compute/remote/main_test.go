@@ -15,7 +15,6 @@ import (
 	"crypto/x509/pkix"
 	"encoding/json"
 	"encoding/pem"
-	"errors"
 	"fmt"
 	"io"
 	"math/big"
@@ -23,70 +22,19 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 )
 
-// agentdBin is the sandbox-agentd binary built by TestMain.
+// agentdBin is the sandbox-agentd binary built by TestMain (agentdtest).
 var agentdBin string
 
-func TestMain(m *testing.M) {
-	os.Exit(runTests(m))
-}
-
-func runTests(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "bulkhead-remote-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "remote tests:", err)
-		return 1
-	}
-	defer os.RemoveAll(dir)
-	if agentdBin, err = buildAgentd(dir); err != nil {
-		fmt.Fprintln(os.Stderr, "remote tests: build sandbox-agentd:", err)
-		return 1
-	}
-	return m.Run()
-}
-
-func buildAgentd(dir string) (string, error) {
-	root, err := moduleRoot()
-	if err != nil {
-		return "", err
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out := filepath.Join(dir, "sandbox-agentd")
-	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, "./cmd/sandbox-agentd")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%v: %w\n%s", cmd.Args, err, b)
-	}
-	return out, nil
-}
-
-func moduleRoot() (string, error) {
-	dir, err := os.Getwd()
-	if err != nil {
-		return "", err
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", errors.New("go.mod not found above the working directory")
-		}
-		dir = parent
-	}
-}
+func TestMain(m *testing.M) { agentdtest.Main(m, &agentdBin) }
 
 // ---- certificates ----
 

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 )
 
 // The benchmark tree: 100 directories of 100 files, ~200 MB in all: 9,900
@@ -112,11 +114,8 @@ func benchSetup(b *testing.B) {
 
 // needTar skips a baseline when GNU tar or zstd is missing.
 func needTar(b *testing.B) {
-	for _, tool := range []string{"tar", "zstd"} {
-		if _, err := exec.LookPath(tool); err != nil {
-			b.Skipf("%s not installed", tool)
-		}
-	}
+	b.Helper()
+	testenv.Require(b, testenv.Tool("tar"), testenv.Tool("zstd"))
 }
 
 // run runs a command or fails, and returns the CPU time it used (with

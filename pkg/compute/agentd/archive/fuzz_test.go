@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 )
 
 // fuzzSeeds are the archives FuzzRestore starts from, each raw and
@@ -43,7 +45,7 @@ func fuzzSeeds(t testing.TB) map[string][]byte {
 // BULKHEAD_WRITE_FUZZ_SEEDS=1.
 func TestWriteFuzzSeeds(t *testing.T) {
 	if os.Getenv("BULKHEAD_WRITE_FUZZ_SEEDS") != "1" {
-		t.Skip("set BULKHEAD_WRITE_FUZZ_SEEDS=1 to rewrite the seed corpus")
+		testenv.Optional(t, "set BULKHEAD_WRITE_FUZZ_SEEDS=1 to rewrite the seed corpus")
 	}
 	dir := filepath.Join("testdata", "fuzz", "FuzzRestore")
 	if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
@@ -20,7 +22,7 @@ func mountTmpfs(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	if err := unix.Mount("tmpfs", dir, "tmpfs", 0, "size=1m"); err != nil {
-		t.Skipf("cannot mount a tmpfs: %v", err)
+		testenv.Skip(t, fmt.Sprintf("cannot mount a tmpfs (root with CAP_SYS_ADMIN): %v", err))
 	}
 	t.Cleanup(func() { _ = unix.Unmount(dir, unix.MNT_DETACH) })
 }

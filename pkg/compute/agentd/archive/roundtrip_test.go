@@ -17,6 +17,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
@@ -226,12 +227,7 @@ func TestWriteCanceled(t *testing.T) {
 // TestGNUTarInterop extracts our archive with GNU tar and restores GNU
 // tar's archive of the same tree with Restore.
 func TestGNUTarInterop(t *testing.T) {
-	if _, err := exec.LookPath("tar"); err != nil {
-		t.Skip("tar not installed")
-	}
-	if _, err := exec.LookPath("zstd"); err != nil {
-		t.Skip("zstd not installed")
-	}
+	testenv.Require(t, testenv.Tool("tar"), testenv.Tool("zstd"))
 	src := t.TempDir()
 	excl := buildTree(t, src)
 	for _, e := range append(excl, "a/fifo", "a/.bulkhead-tmp-123") {

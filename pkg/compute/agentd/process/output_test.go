@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
@@ -263,9 +264,7 @@ func heapInuse() uint64 {
 }
 
 func TestMemoryBoundedUnderFlood(t *testing.T) {
-	if testing.Short() {
-		t.Skip("moves a gigabyte through a pipe")
-	}
+	testenv.Short(t, "moves a gigabyte through a pipe")
 	const bufSize = DefaultOutputBufferBytes
 	m := newTestManager(t, Config{})
 	base := heapInuse()

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
@@ -32,9 +33,7 @@ func fakeUsers(t *testing.T) *userdb.DB {
 const idScript = `echo "$(id -u) $(id -g) $(id -G)"; echo "HOME=$HOME USER=$USER LOGNAME=$LOGNAME SHELL=$SHELL"`
 
 func TestRunAsUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to switch users")
-	}
+	testenv.Require(t, testenv.Root)
 	m := newTestManager(t, Config{Users: fakeUsers(t)})
 	info := mustStart(t, m, StartOptions{Command: idScript, User: "agent", Dir: "/"})
 	if info.User != "agent" {
@@ -68,9 +67,7 @@ func TestRunAsUser(t *testing.T) {
 }
 
 func TestRunAsUserCannotEnterDirectory(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to switch users")
-	}
+	testenv.Require(t, testenv.Root)
 	dir := t.TempDir()
 	if err := os.Chmod(dir, 0o700); err != nil {
 		t.Fatal(err)
@@ -98,9 +95,7 @@ func TestRunAsErrors(t *testing.T) {
 // TestRunAsResolvedByCaller checks StartOptions.RunAs is used instead of a
 // second lookup when it is the account asked for, and ignored otherwise.
 func TestRunAsResolvedByCaller(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to switch users")
-	}
+	testenv.Require(t, testenv.Root)
 	m := newTestManager(t, Config{Users: fakeUsers(t)})
 	// "ghost" is in no account file: only the resolved account can start it.
 	ghost := &userdb.User{Name: "ghost", UID: 65534, GID: 65534, Home: "/nonexistent", Shell: "/bin/sh"}

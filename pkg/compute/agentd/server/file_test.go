@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
@@ -205,9 +206,7 @@ func fakeEtc(t *testing.T) string {
 
 func skipUnlessRoot(t *testing.T) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to switch users and set owners")
-	}
+	testenv.Require(t, testenv.Root)
 }
 
 func diskOwner(t *testing.T, p string) (uint32, uint32) {

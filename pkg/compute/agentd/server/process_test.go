@@ -5,16 +5,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/faultnet"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
@@ -333,8 +331,8 @@ func TestProcessSurvivesDisconnectAndReplays(t *testing.T) {
 func TestConnectionCutMidStream(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	proxy := newCutProxy(t, td.socket)
-	c, err := agentclient.Dial(agentclient.Options{Address: "tcp://" + proxy.addr(), Token: testToken})
+	proxy := faultnet.Start(t, faultnet.TCP, "unix://"+td.socket)
+	c, err := agentclient.Dial(agentclient.Options{Address: proxy.Address(), Token: testToken})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +351,7 @@ func TestConnectionCutMidStream(t *testing.T) {
 		}
 		if cuts < 3 && got.Len() > (cuts+1)*800 {
 			cuts++
-			proxy.cut()
+			proxy.Cut()
 		}
 		return nil
 	})
@@ -593,50 +591,4 @@ func waitGone(t *testing.T, pid int) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Fatalf("process %d survived", pid)
-}
-
-// cutProxy forwards TCP connections to a unix socket and can cut them all.
-type cutProxy struct {
-	l     net.Listener
-	mu    sync.Mutex
-	conns []net.Conn
-}
-
-func newCutProxy(t *testing.T, socket string) *cutProxy {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{l: l}
-	t.Cleanup(func() { l.Close(); p.cut() })
-	go func() {
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			out, err := net.Dial("unix", socket)
-			if err != nil {
-				in.Close()
-				continue
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, in, out)
-			p.mu.Unlock()
-			go func() { _, _ = io.Copy(out, in); out.Close() }()
-			go func() { _, _ = io.Copy(in, out); in.Close() }()
-		}
-	}()
-	return p
-}
-
-func (p *cutProxy) addr() string { return p.l.Addr().String() }
-
-func (p *cutProxy) cut() {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-	p.conns = nil
 }

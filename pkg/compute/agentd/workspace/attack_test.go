@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -13,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
@@ -235,7 +237,7 @@ func TestAttacks(t *testing.T) {
 		{name: "socket read", setup: func(t *testing.T, e *env) {
 			l, err := net.Listen("unix", e.path("sock"))
 			if err != nil {
-				t.Skipf("listen: %v", err)
+				testenv.Skip(t, fmt.Sprintf("cannot listen on a unix socket in the workspace: %v", err))
 			}
 			t.Cleanup(func() { l.Close() })
 		}, run: read("sock"), want: errdefs.ErrInvalidArgument},
@@ -369,7 +371,7 @@ func TestAttacks(t *testing.T) {
 func mknodSetup(name string, mode uint32, dev int) func(t *testing.T, e *env) {
 	return func(t *testing.T, e *env) {
 		if err := syscall.Mknod(e.path(name), mode, dev); err != nil {
-			t.Skipf("mknod: %v", err)
+			testenv.Skip(t, fmt.Sprintf("mknod (root with CAP_MKNOD): %v", err))
 		}
 	}
 }

@@ -2,12 +2,15 @@ package workspace
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 )
 
 // lockedThread runs fn on a goroutine locked to a thread that is not the
@@ -151,7 +154,7 @@ func TestRunAsKeepsDroppedCapabilities(t *testing.T) {
 	e := newEnv(t)
 	nobody := e.user(t, "nobody")
 	if c, err := getThreadCreds(); err != nil || c.caps[0].Permitted&(1<<unix.CAP_DAC_OVERRIDE) == 0 {
-		t.Skipf("CAP_DAC_OVERRIDE is not permitted here (%v)", err)
+		testenv.Skip(t, fmt.Sprintf("CAP_DAC_OVERRIDE is not permitted here (%v)", err))
 	}
 	var dropped threadCreds
 	_, after := lockedThread(t, func() {

@@ -11,15 +11,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
 func requireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to switch users")
-	}
+	testenv.Require(t, testenv.Root)
 }
 
 func ownerOf(t testing.TB, p string) (uint32, uint32) {

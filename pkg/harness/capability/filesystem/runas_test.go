@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/filesystem"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
@@ -16,9 +17,7 @@ import (
 // Both tools act as the run's user: the daemon's permission checks apply
 // and files a patch creates belong to that user.
 func TestRunAs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to act as another user")
-	}
+	testenv.Require(t, testenv.Root)
 	s := newSandbox(t, filesystem.Options{})
 	s.write("root-owned.txt", "mine\n")
 	s.write("secret.png", string(imageSignatures[0].data))

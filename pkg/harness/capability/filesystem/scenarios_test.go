@@ -12,9 +12,10 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/filesystem"
 )
 
-// scenariosDir holds the shared apply_patch conformance scenarios (input/,
-// patch.txt, expected/ per case), beside the repository.
-const scenariosDir = "../../../../../shared/reference/apply-patch-scenarios"
+// scenariosDir holds the apply_patch conformance scenarios (input/,
+// patch.txt, expected/ per case): the one copy in the repository, vendored
+// beside the patch engine (see its PROVENANCE.md).
+const scenariosDir = "../../../patch/testdata/apply-patch-scenarios"
 
 // scenarioFailures lists the scenarios whose patch must be rejected, each
 // with a piece of the message the model gets. A rejected patch leaves
@@ -36,11 +37,8 @@ var scenarioFailures = map[string]string{
 // directory of one workspace, as the working directory of the call.
 func TestScenarios(t *testing.T) {
 	entries, err := os.ReadDir(scenariosDir)
-	if errors.Is(err, fs.ErrNotExist) {
-		t.Skipf("shared scenarios not found at %s", scenariosDir)
-	}
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("the vendored scenarios: %v", err)
 	}
 	s := newSandbox(t, filesystem.Options{})
 	seen := map[string]bool{}

@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap/zaptest"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
@@ -717,9 +718,7 @@ func TestCloseKillsWhatIsLeft(t *testing.T) {
 }
 
 func TestRunAs(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run commands as another user")
-	}
+	testenv.Require(t, testenv.Root)
 	etc := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(etc, "etc"), 0o755); err != nil {
 		t.Fatal(err)

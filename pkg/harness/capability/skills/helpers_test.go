@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/skills"
 )
 
@@ -84,9 +85,7 @@ func ctxT(t *testing.T) context.Context {
 // returns its path.
 func gitRepo(t *testing.T, files map[string]string) string {
 	t.Helper()
-	if _, err := exec.LookPath("git"); err != nil {
-		t.Skip("git is not installed")
-	}
+	testenv.Require(t, testenv.Git)
 	dir := t.TempDir()
 	run := func(args ...string) {
 		cmd := exec.Command("git", args...)

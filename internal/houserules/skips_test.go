@@ -1,0 +1,176 @@
+package houserules
+
+import (
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// testenvPath is the one package allowed to skip a test itself.
+const testenvPath = module + "/internal/testenv"
+
+// skipMethods are testing.TB's ways to skip a test.
+var skipMethods = map[string]bool{"Skip": true, "Skipf": true, "SkipNow": true}
+
+// directSkips returns the places in one Go source file that use a Skip,
+// Skipf or SkipNow method other than the testenv package's functions: a
+// test that skips itself, where a green CI run would hide it. It reads the
+// syntax only, so any method of that name counts (no type in this module
+// has one, and none should).
+func directSkips(fset *token.FileSet, name string, src any) ([]string, error) {
+	f, err := parser.ParseFile(fset, name, src, parser.SkipObjectResolution)
+	if err != nil {
+		return nil, err
+	}
+	testenvName := ""
+	for _, imp := range f.Imports {
+		if p, _ := strconv.Unquote(imp.Path.Value); p == testenvPath {
+			testenvName = "testenv"
+			if imp.Name != nil {
+				testenvName = imp.Name.Name
+			}
+		}
+	}
+	var found []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok || !skipMethods[sel.Sel.Name] {
+			return true
+		}
+		if id, ok := sel.X.(*ast.Ident); ok && testenvName != "" && id.Name == testenvName {
+			return true
+		}
+		found = append(found, fmt.Sprintf("%s: %s", fset.Position(sel.Pos()), render(sel)))
+		return true
+	})
+	return found, nil
+}
+
+// render renders a selector as it is written (x.Skip, s.t.Skipf).
+func render(sel *ast.SelectorExpr) string {
+	var b strings.Builder
+	var walk func(e ast.Expr)
+	walk = func(e ast.Expr) {
+		switch v := e.(type) {
+		case *ast.Ident:
+			b.WriteString(v.Name)
+		case *ast.SelectorExpr:
+			walk(v.X)
+			b.WriteString("." + v.Sel.Name)
+		default:
+			b.WriteString("(...)")
+		}
+	}
+	walk(sel)
+	return b.String()
+}
+
+// moduleRoot is the directory of go.mod, two levels above this package.
+func moduleRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "go.mod")); err != nil {
+		t.Fatalf("the module root: %v", err)
+	}
+	return root
+}
+
+// TestEverySkipGoesThroughTestenv: no test outside internal/testenv calls
+// t.Skip, t.Skipf, t.SkipNow or b.Skip itself. A missing part of the
+// machine goes through testenv.Require or testenv.Skip (a failure under
+// CI=true), an opt-in test through testenv.Optional or testenv.Short.
+func TestEverySkipGoesThroughTestenv(t *testing.T) {
+	root := moduleRoot(t)
+	fset := token.NewFileSet()
+	var found []string
+	files := 0
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			switch {
+			case rel == ".":
+				return nil
+			case rel == filepath.Join("internal", "testenv"), d.Name() == "testdata", d.Name() == "vendor",
+				strings.HasPrefix(d.Name(), "."), d.Name() == "node_modules":
+				return filepath.SkipDir
+			}
+			if _, err := os.Stat(filepath.Join(path, "go.mod")); err == nil {
+				return filepath.SkipDir // another module (tools/)
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		files++
+		places, err := directSkips(fset, path, nil)
+		if err != nil {
+			return err
+		}
+		for _, p := range places {
+			found = append(found, strings.TrimPrefix(p, root+string(filepath.Separator)))
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("read only %d Go files below %s: not the whole module", files, root)
+	}
+	for _, f := range found {
+		t.Errorf("%s: skips the test directly; use testenv.Require/Skip (a missing part of the machine) or testenv.Optional/Short (opt-in)", f)
+	}
+}
+
+// The checker itself: it finds each direct skip, whatever the receiver,
+// and lets testenv's functions through, under an alias too.
+func TestDirectSkipsFindsThem(t *testing.T) {
+	src := `package x
+
+import (
+	"testing"
+
+	te "github.com/bulkhead-dev/bulkhead/internal/testenv"
+)
+
+func TestA(t *testing.T) {
+	te.Require(t, te.Root)
+	te.Skip(t, "a missing part")
+	if false {
+		t.Skip("direct")
+	}
+	t.Run("sub", func(t *testing.T) { t.Skipf("%d", 1) })
+}
+
+func BenchmarkB(b *testing.B) { b.Skip("direct") }
+
+type h struct{ t *testing.T }
+
+func (x h) f() { x.t.SkipNow() }
+
+var skip = (*testing.T).Skip
+`
+	got, err := directSkips(token.NewFileSet(), "x_test.go", src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"x_test.go:13:3: t.Skip", "x_test.go:15:36: t.Skipf", "x_test.go:18:33: b.Skip",
+		"x_test.go:22:18: x.t.SkipNow", "x_test.go:24:12: (...).Skip"}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("directSkips found\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}

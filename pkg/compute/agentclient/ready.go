@@ -1,0 +1,112 @@
+package agentclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// Defaults of ReadyOptions.
+const (
+	// DefaultReadyPoll is the pause between two health checks.
+	DefaultReadyPoll = 25 * time.Millisecond
+	// readyAttempt bounds one health check, so that a daemon that accepts
+	// but never answers cannot hold the whole wait on one call.
+	readyAttempt = time.Second
+)
+
+// ReadyOptions tune WaitReady.
+type ReadyOptions struct {
+	// Timeout bounds the whole wait; 0 leaves it to ctx.
+	Timeout time.Duration
+	// Poll is the pause between health checks (0: DefaultReadyPoll).
+	Poll time.Duration
+	// Alive, when set, is asked after every health check that did not
+	// report SERVING whether the daemon can still come up: a non-nil
+	// error (the process or container has exited) ends the wait at once
+	// and is returned as it is, so it should wrap a sentinel
+	// (errdefs.ErrUnavailable).
+	Alive func(ctx context.Context) error
+}
+
+// WaitReady waits until the daemon behind c serves and accepts c's
+// credentials: it polls the standard gRPC health service until it reports
+// SERVING, then makes one authenticated call (Info), whose response it
+// returns, so that a wrong token is found here and not at the first real
+// call. Every failure is a compute error (errors.Is on errdefs sentinels),
+// with gRPC's own text left out:
+//
+//   - the daemon does not serve within Timeout: errdefs.ErrUnavailable,
+//     retryable, with the cause of the last failed check;
+//   - Alive reports the daemon gone: Alive's error;
+//   - it serves but refuses the call: the call's error (a bad token is
+//     errdefs.ErrUnauthenticated);
+//   - ctx is canceled: errdefs.ErrCanceled; ctx's own deadline passes:
+//     errdefs.ErrDeadlineExceeded.
+func WaitReady(ctx context.Context, c *Client, opts ReadyOptions) (*agentdv1.InfoResponse, error) {
+	parent := ctx
+	if opts.Timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, opts.Timeout)
+		defer cancel()
+	}
+	poll := opts.Poll
+	if poll <= 0 {
+		poll = DefaultReadyPoll
+	}
+	health := healthpb.NewHealthClient(c.conn)
+	why := "" // the last check's answer that the wait's end did not cut short
+	for {
+		answer, err := checkServing(ctx, health)
+		if why == "" || ctx.Err() == nil {
+			why = answer
+		}
+		if err == nil {
+			info, err := c.Info(ctx)
+			if err != nil {
+				return nil, fmt.Errorf("the sandbox daemon serves but refused an authenticated call: %w", err)
+			}
+			return info, nil
+		}
+		if opts.Alive != nil {
+			if gone := opts.Alive(ctx); gone != nil {
+				return nil, gone
+			}
+		}
+		select {
+		case <-ctx.Done():
+			switch {
+			case errors.Is(parent.Err(), context.Canceled):
+				return nil, fmt.Errorf("waiting for the sandbox daemon to serve: %w", errdefs.ErrCanceled)
+			case parent.Err() != nil:
+				return nil, fmt.Errorf("waiting for the sandbox daemon to serve: %w (last check: %s)", errdefs.ErrDeadlineExceeded, why)
+			}
+			return nil, errdefs.MarkRetryable(fmt.Errorf("%w: the sandbox daemon did not serve within %s (last check: %s)",
+				errdefs.ErrUnavailable, opts.Timeout, why))
+		case <-time.After(poll):
+		}
+	}
+}
+
+// checkServing asks the health service once. When the daemon does not
+// serve, it returns why in words (never gRPC's text, which names host
+// socket paths) and a non-nil error.
+func checkServing(ctx context.Context, health healthpb.HealthClient) (string, error) {
+	actx, cancel := context.WithTimeout(ctx, readyAttempt)
+	defer cancel()
+	resp, err := health.Check(actx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		err = wrap(err)
+		return err.Error(), err
+	}
+	if st := resp.GetStatus(); st != healthpb.HealthCheckResponse_SERVING {
+		return "health is " + st.String(), fmt.Errorf("%w: health is %s", errdefs.ErrUnavailable, st)
+	}
+	return "", nil
+}
