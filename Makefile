@@ -18,6 +18,8 @@ TEST_FLAGS    ?=
 # Code generators, pinned in tools/go.mod (a separate module so buf's
 # dependency graph stays out of the main module).
 GENERATORS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
+# staticcheck, pinned in tools/go.mod the same way.
+STATICCHECK   := $(BIN)/staticcheck
 
 .DEFAULT_GOAL := help
 
@@ -45,6 +47,10 @@ $(GENERATORS): tools/go.mod tools/go.sum
 	cd tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf \
 		google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
 	@touch $(GENERATORS)
+
+$(STATICCHECK): tools/go.mod tools/go.sum
+	cd tools && $(GO) build -o $(BIN)/ honnef.co/go/tools/cmd/staticcheck
+	@touch $@
 
 .PHONY: generate
 generate: $(GENERATORS) ## lint the protos and regenerate the committed Go code
@@ -87,6 +93,28 @@ image-sandbox-full: build ## build only the debootstrap image bulkhead/sandbox-f
 vet: ## go vet and gofmt
 	$(GO) vet ./...
 	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || (gofmt -l $$(git ls-files '*.go'); exit 1)
+
+# buf breaking compares the protos of the working tree with the last landed
+# commit, to catch wire-incompatible changes (a field deleted or renumbered,
+# a type changed, an RPC removed: buf.yaml's FILE rules) before they land.
+# The last landed commit is origin/main where the clone has it (a CI clone,
+# or a developer's clone with commits not yet pushed), else HEAD (a tree
+# whose commits are made in place: its uncommitted proto edits are checked).
+# Where that is the commit checked out (CI's fresh clone of main) the tree is
+# compared with itself and passes: the check bites in the tree that makes
+# the change, before it lands. BREAKING_AGAINST=<commit> overrides it.
+BREAKING_AGAINST ?= $(shell git rev-parse --verify -q origin/main || git rev-parse --verify -q HEAD)
+
+.PHONY: lint
+lint: $(BIN)/buf $(STATICCHECK) ## gofmt, go mod tidy -diff (main module and tools/), buf breaking against the last landed commit, staticcheck
+	@files=$$(git ls-files '*.go' | while read -r f; do [ -e "$$f" ] && echo "$$f"; done); \
+		bad=$$(gofmt -l $$files); \
+		if [ -n "$$bad" ]; then echo "gofmt: these files need formatting (gofmt -w):"; echo "$$bad"; exit 1; fi
+	$(GO) mod tidy -diff
+	cd tools && $(GO) mod tidy -diff
+	@test -n "$(BREAKING_AGAINST)" || { echo "lint: no commit to compare the protos with (not a git clone?)"; exit 1; }
+	$(BIN)/buf breaking --against '.git#ref=$(BREAKING_AGAINST)'
+	$(STATICCHECK) ./...
 
 .PHONY: clean
 clean: ## remove build outputs

@@ -1,6 +1,6 @@
 // Package demo drives a local sandbox through every part of the agentd API
-// and prints what happens: the runnable tour behind `make run` until the
-// agent runner lands.
+// and prints what happens, step by step and with no model: `harness demo`
+// (`make demo`). Running an agent on a task is `harness run` (`make run`).
 package demo
 
 import (

@@ -108,17 +108,17 @@ func TestNoSecretsInSpans(t *testing.T) {
 		check("span name", sp.Name())
 		check(sp.Name()+" status", sp.Status().Description)
 		for _, kv := range sp.Attributes() {
-			check(sp.Name()+" "+string(kv.Key), kv.Value.Emit())
+			check(sp.Name()+" "+string(kv.Key), kv.Value.String())
 		}
 		for _, ev := range sp.Events() {
 			check(sp.Name()+" event", ev.Name)
 			for _, kv := range ev.Attributes {
-				check(sp.Name()+" event "+string(kv.Key), kv.Value.Emit())
+				check(sp.Name()+" event "+string(kv.Key), kv.Value.String())
 			}
 		}
 		for _, l := range sp.Links() {
 			for _, kv := range l.Attributes {
-				check(sp.Name()+" link "+string(kv.Key), kv.Value.Emit())
+				check(sp.Name()+" link "+string(kv.Key), kv.Value.String())
 			}
 		}
 	}
@@ -150,7 +150,7 @@ func TestSpanShapes(t *testing.T) {
 		"bulkhead.session.id": "s-1", "bulkhead.provider": "local", "bulkhead.run.final_agent": "reviewer",
 		"error.type": "_OTHER",
 	} {
-		if got := ra[k].Emit(); got != want {
+		if got := ra[k].String(); got != want {
 			t.Errorf("run %s = %q, want %q", k, got, want)
 		}
 	}

@@ -1,7 +1,6 @@
 package archive
 
 import (
-	"context"
 	"errors"
 	"strconv"
 	"unicode"
@@ -75,12 +74,4 @@ func shown(name string) string {
 		name += "..."
 	}
 	return name
-}
-
-// ctxErr returns the classified context error, if any.
-func ctxErr(ctx context.Context) error {
-	if err := ctx.Err(); err != nil {
-		return classify(err)
-	}
-	return nil
 }

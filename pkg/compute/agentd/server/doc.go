@@ -1,0 +1,6 @@
+// Package server is sandbox-agentd's gRPC shim over package agentd: it
+// serves the bulkhead.agentd.v1 services (plus grpc.health.v1 and
+// reflection), authenticates every call but health with the sandbox token
+// (optionally over mTLS), and maps agentd's Go errors to gRPC status codes.
+// Run is what the daemon's main calls.
+package server
