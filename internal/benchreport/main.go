@@ -44,6 +44,10 @@ type config struct {
 	// Harness figures (harness.go).
 	toolCalls int
 	scaling   []int
+	// S3 snapshot store figure (snapshots.go); zero files skip it.
+	snapshotFiles int
+	snapshotBytes int64
+	onlySnapshots bool
 }
 
 func main() {
@@ -60,6 +64,9 @@ func main() {
 	flag.IntVar(&cfg.sandboxes, "sandboxes", 100, "local sandboxes kept alive at once (0: skip)")
 	flag.IntVar(&cfg.dockerSandboxes, "docker-sandboxes", 100, "docker sandboxes kept alive at once (0: skip)")
 	flag.IntVar(&cfg.toolCalls, "tool-calls", 200, "exec_command tool calls through the runner")
+	flag.IntVar(&cfg.snapshotFiles, "snapshot-files", 5000, "files in the workspace snapshotted to the S3 store (0: skip)")
+	flag.Int64Var(&cfg.snapshotBytes, "snapshot-bytes", 100<<20, "bytes in the workspace snapshotted to the S3 store")
+	flag.BoolVar(&cfg.onlySnapshots, "only-snapshots", false, "measure only the S3 snapshot store figure")
 	scaling := flag.String("scaling", "1,10,50,100", "concurrent sandbox counts of the scaling series (empty: skip)")
 	flag.Parse()
 	for _, f := range strings.Split(*scaling, ",") {
@@ -93,6 +100,13 @@ func run(ctx context.Context, cfg config) error {
 	c := sb.Client
 	var rows []row
 	add := func(r ...row) { rows = append(rows, r...) }
+	if cfg.onlySnapshots {
+		r, err := benchSnapshotStore(ctx, c, sb.Workspace, cfg.snapshotFiles, cfg.snapshotBytes)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
 
 	idle, err := readRSS(sb.PID())
 	if err != nil {
@@ -154,6 +168,14 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	add(row{"sandbox-agentd RSS after the runs above", busy.String(), "", "", "bounded"})
+	if cfg.snapshotFiles > 0 {
+		fmt.Fprintln(os.Stderr, "S3 snapshot store ...")
+		r, err = benchSnapshotStore(ctx, c, sb.Workspace, cfg.snapshotFiles, cfg.snapshotBytes)
+		if err != nil {
+			return err
+		}
+		add(r...)
+	}
 	r, err = benchSandboxes(ctx, cfg)
 	if err != nil {
 		return err
@@ -164,7 +186,11 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	add(r...)
+	return report(cfg, rows)
+}
 
+// report prints the table of rows and writes it to cfg.out.
+func report(cfg config, rows []row) error {
 	var b strings.Builder
 	host, _ := os.Hostname()
 	fmt.Fprintf(&b, "Measured %s on %s (%d CPUs, %s/%s, %s). Ratios are bulkhead / baseline, same run.\n\n",

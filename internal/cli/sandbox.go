@@ -108,16 +108,6 @@ func removeState(g *globals, id string) error {
 	return nil
 }
 
-// snapshots returns the state directory's snapshot store, the one
-// g.client's sessions persist to.
-func (g *globals) snapshots() (*snapshot.Local, error) {
-	dir, err := g.dir("snapshots")
-	if err != nil {
-		return nil, err
-	}
-	return snapshot.NewLocal(dir)
-}
-
 // reconnected is a saved session resumed by a command.
 type reconnected struct {
 	client *compute.Client

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -59,7 +60,8 @@ type sessionInit struct {
 
 func newSession(c *Client, sb Sandbox, in sessionInit) *Session {
 	return &Session{c: c, sb: sb, id: in.id, manifest: in.manifest, snapshotID: in.snapshotID,
-		skip: in.skip, lifetime: in.lifetime, fingerprint: in.fingerprint, started: in.live, limits: in.limits}
+		skip: in.skip, lifetime: in.lifetime, fingerprint: in.fingerprint, started: in.live, limits: in.limits,
+		hooks: slices.Clone(c.opts.PreStopHooks)}
 }
 
 // ID returns the session id.
@@ -133,6 +135,7 @@ func (s *Session) Start(ctx context.Context) (err error) {
 	span.SetAttributes(attribute.Bool(attrRestored, restored))
 	opts := s.c.opts.Materializer
 	opts.Log = s.c.log
+	opts.Session = s.id
 	if s.limits.MaterializeConcurrency > 0 {
 		opts.Concurrency = s.limits.MaterializeConcurrency
 	}

@@ -55,8 +55,51 @@ type Options struct {
 	// skipped with everything below it. Accounts and grants are always in
 	// the plan.
 	Include func(path string, e *manifest.Entry) bool
-	// Log receives progress and skipped mounts; nil means no logging.
+	// Mounts reads the remote storage of mount entries (package
+	// compute/mount); nil refuses every mount entry with ErrUnimplemented.
+	Mounts Mounter
+	// Session names the session being materialized, for the Mounter's
+	// per-session state (compute.Session sets it).
+	Session string
+	// Log receives progress; nil means no logging.
 	Log *zap.Logger
+}
+
+// Mounter expands mount entries on the harness side: it lists the storage
+// with the harness's credentials and yields the objects' bytes while the
+// tar stream is written. The sandbox only ever receives bytes.
+type Mounter interface {
+	// PlanMount lists the storage behind one mount entry. It fails before
+	// anything is written when the storage cannot be read or is too large.
+	PlanMount(ctx context.Context, req MountRequest) (*MountPlan, error)
+}
+
+// MountRequest is one mount entry to expand.
+type MountRequest struct {
+	// Session is Options.Session.
+	Session string
+	// Path is the entry's workspace-relative path.
+	Path  string
+	Entry *manifest.Entry
+	// Owner is the account that owns what the workspace's agent may
+	// change ("" for the daemon's identity): see Options.Owner.
+	Owner string
+}
+
+// MountPlan is what a mount entry expands to.
+type MountPlan struct {
+	// Entries are the directories and files at and below the entry's path
+	// (the root first, parents before children), with their owners and
+	// modes; file entries carry their exact sizes.
+	Entries []*agentdv1.MaterializeEntry
+	// Open returns the bytes of the file entry at a path and their size.
+	// WriteTar calls it once per file, in the order of Entries.
+	Open func(path string) (io.ReadCloser, int64, error)
+	// Applied, when set, is called after the daemon wrote the whole plan,
+	// with its report of the files below the entry.
+	Applied func(ctx context.Context, c *agentclient.Client, files []*agentdv1.MaterializedFile) error
+	// Close, when set, releases what the plan holds (downloads ahead).
+	Close func()
 }
 
 // GitFetcher checks out a repository at a ref into an empty directory.
@@ -67,11 +110,16 @@ type GitFetcher interface {
 // Prepared is a plan ready to stream: the wire plan and the sources of its
 // files' bytes. Close removes the temporary checkouts it holds.
 type Prepared struct {
-	Plan *agentdv1.MaterializePlan
-	// Skipped lists entries not materialized (mounts: providers mount them).
-	Skipped []string
+	Plan    *agentdv1.MaterializePlan
 	files   []source // in plan order
 	cleanup []func()
+	mounts  []mountApplied
+}
+
+// mountApplied is a mount plan's callback after the daemon wrote it.
+type mountApplied struct {
+	path string
+	fn   func(ctx context.Context, c *agentclient.Client, files []*agentdv1.MaterializedFile) error
 }
 
 // source yields the bytes of one file entry.
@@ -104,6 +152,17 @@ func Apply(ctx context.Context, c *agentclient.Client, m *manifest.Manifest, opt
 	pr.Close()
 	if err != nil {
 		return nil, fmt.Errorf("materialize: %w", err)
+	}
+	for _, m := range p.mounts {
+		var files []*agentdv1.MaterializedFile
+		for _, f := range resp.GetFiles() {
+			if f.GetPath() == m.path || strings.HasPrefix(f.GetPath(), m.path+"/") {
+				files = append(files, f)
+			}
+		}
+		if err := m.fn(ctx, c, files); err != nil {
+			return nil, fmt.Errorf("materialize: mount %s: %w", m.path, err)
+		}
 	}
 	return resp, nil
 }
@@ -175,6 +234,7 @@ type expansion struct {
 	entries []*agentdv1.MaterializeEntry
 	sources map[string]source // by path, for file entries
 	cleanup []func()
+	applied func(ctx context.Context, c *agentclient.Client, files []*agentdv1.MaterializedFile) error // mounts
 	err     error
 }
 
@@ -207,7 +267,8 @@ func (b *builder) collect(m *manifest.Manifest) error {
 	var wg sync.WaitGroup
 	for i := range slots {
 		s := &slots[i]
-		if s.e.Type != manifest.TypeLocalDir && s.e.Type != manifest.TypeGitRepo && s.e.Type != manifest.TypeLocalFile {
+		if s.e.Type != manifest.TypeLocalDir && s.e.Type != manifest.TypeGitRepo && s.e.Type != manifest.TypeLocalFile &&
+			(!s.e.Type.IsMount() || b.opts.Mounts == nil) {
 			continue
 		}
 		s.x = &expansion{}
@@ -246,9 +307,23 @@ func (b *builder) collect(m *manifest.Manifest) error {
 		case s.e.Type == manifest.TypeDir:
 			b.add(&agentdv1.MaterializeEntry{Path: s.path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY,
 				Mode: mode, User: b.ownerOf(s.e), Group: s.e.Group})
+		case s.e.Type.IsMount() && s.x == nil:
+			// Without a Mounter no mount works: refusing keeps a run from
+			// starting with a workspace that silently lacks the data it
+			// asked for.
+			return errdefs.Errorf(errdefs.ErrUnimplemented, "entry %s: %s mounts are not supported here (no mount reader configured: materializer.Options.Mounts); remove the entry or copy the data in with a file, dir or git entry", s.path, s.e.Type)
 		case s.e.Type.IsMount():
-			b.log.Warn("mount entries are not mounted by this provider; skipped", zap.String("path", s.path), zap.String("type", string(s.e.Type)))
-			b.p.Skipped = append(b.p.Skipped, s.path)
+			// The Mounter decided owners and modes (read-only or not).
+			for _, we := range s.x.entries {
+				if src, ok := s.x.sources[we.Path]; ok {
+					b.add(we, src)
+				} else {
+					b.add(we)
+				}
+			}
+			if s.x.applied != nil {
+				b.p.mounts = append(b.p.mounts, mountApplied{path: s.path, fn: s.x.applied})
+			}
 		case s.x != nil:
 			for _, we := range s.x.entries {
 				// The manifest entry's owner, group and permissions apply to
@@ -325,6 +400,26 @@ func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
 			return
 		}
 		x.entries, x.sources, x.err = walkHost(b.ctx, base, src, p, e.Type == manifest.TypeLocalDir, false, &x.cleanup)
+	case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount, manifest.TypeAzureBlobMount:
+		mp, err := b.opts.Mounts.PlanMount(b.ctx, MountRequest{Session: b.opts.Session, Path: p, Entry: e, Owner: b.ownerOf(e)})
+		if err != nil {
+			x.err = fmt.Errorf("entry %s: %w", p, err)
+			return
+		}
+		if mp.Close != nil {
+			x.cleanup = append(x.cleanup, mp.Close)
+		}
+		x.entries, x.sources, x.applied = mp.Entries, map[string]source{}, mp.Applied
+		for _, we := range mp.Entries {
+			if we.Path != p && !strings.HasPrefix(we.Path, p+"/") {
+				x.err = errdefs.Errorf(errdefs.ErrInternal, "entry %s: the mount planned %q outside its path", p, we.Path)
+				return
+			}
+			if we.Kind == agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE {
+				wp := we.Path
+				x.sources[wp] = source{path: wp, size: we.Size, open: func() (io.ReadCloser, int64, error) { return mp.Open(wp) }}
+			}
+		}
 	case manifest.TypeGitRepo:
 		dir, err := os.MkdirTemp("", "bulkhead-git-")
 		if err != nil {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
@@ -32,10 +33,21 @@ type Store interface {
 
 // Info describes a stored snapshot.
 type Info struct {
-	ID   string
+	ID string
+	// Size is the length of the stream Put read (zero when a listing does
+	// not say; Stat fills it).
 	Size int64
-	// SHA256 is the hex digest of the stored bytes.
+	// SHA256 is the hex digest of the stream Put read.
 	SHA256 string
+	// Modified is when the snapshot was stored (zero when unknown).
+	Modified time.Time
+	// Chunks, Uploaded and Reused describe a content-addressed store's
+	// copy: its number of chunks, the bytes Put sent (new chunks,
+	// compressed, and the manifest), and how many chunks it found stored
+	// already. Zero for the local store.
+	Chunks   int
+	Uploaded int64
+	Reused   int
 }
 
 // idPattern accepts ids that are a single, portable path segment (and a

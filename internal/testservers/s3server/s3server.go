@@ -1,0 +1,268 @@
+// Package s3server starts a real S3-compatible server for tests: Versity
+// Gateway (versitygw) over a POSIX directory, listening on loopback.
+//
+// The binary is built from the Go module proxy once per machine, into the
+// user cache directory, under a file lock so that test binaries running in
+// parallel wait for one build instead of racing. A test that cannot have
+// the server skips through internal/testenv (and so fails under CI=true).
+package s3server
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+)
+
+// Version is the versitygw release the tests run.
+const Version = "v1.8.0"
+
+// pkg is what `go install` builds.
+const pkg = "github.com/versity/versitygw/cmd/versitygw"
+
+// buildTimeout bounds a cold build (module download and compile).
+const buildTimeout = 20 * time.Minute
+
+// Server is a running versitygw.
+type Server struct {
+	// Endpoint is the base URL (http://127.0.0.1:PORT).
+	Endpoint string
+	// AccessKey and SecretKey are the root user's credentials.
+	AccessKey, SecretKey string
+	// Region is the region the server signs with.
+	Region string
+	// Dir is the POSIX directory holding the buckets.
+	Dir string
+
+	bin  string
+	addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+	logw io.Writer
+}
+
+// Binary returns the path of the versitygw binary, building it first if
+// needed: into DIR/bulkhead/testservers/versitygw-VERSION under the user
+// cache directory (BULKHEAD_TESTSERVERS_DIR overrides DIR).
+func Binary(ctx context.Context) (string, error) {
+	base := os.Getenv("BULKHEAD_TESTSERVERS_DIR")
+	if base == "" {
+		c, err := os.UserCacheDir()
+		if err != nil {
+			return "", fmt.Errorf("versitygw: user cache dir: %w", err)
+		}
+		base = filepath.Join(c, "bulkhead", "testservers")
+	}
+	dir := filepath.Join(base, "versitygw-"+Version+"-"+runtime.GOOS+"-"+runtime.GOARCH)
+	bin := filepath.Join(dir, "versitygw")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return "", fmt.Errorf("versitygw: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(base, "versitygw-"+Version+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("versitygw: lock: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return "", fmt.Errorf("versitygw: lock: %w", err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing the file unlocks too
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil // another process built it while we waited
+	}
+	tmp, err := os.MkdirTemp(base, ".build-")
+	if err != nil {
+		return "", fmt.Errorf("versitygw: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("versitygw: building it needs the go command on PATH: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goBin, "install", pkg+"@"+Version)
+	cmd.Dir = tmp
+	cmd.Env = append(os.Environ(), "GOBIN="+filepath.Join(tmp, "bin"), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("versitygw: go install %s@%s (after %s): %w\n%s", pkg, Version, time.Since(start).Round(time.Second), err, tail(out))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("versitygw: %w", err)
+	}
+	if err := os.Rename(filepath.Join(tmp, "bin", "versitygw"), bin); err != nil {
+		return "", fmt.Errorf("versitygw: %w", err)
+	}
+	return bin, nil
+}
+
+func tail(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 2000 {
+		s = "..." + s[len(s)-2000:]
+	}
+	return s
+}
+
+// Start builds (once) and starts a server on a free loopback port over a
+// fresh directory; it stops when the test ends. Without the binary the
+// test is skipped through testenv (failed under CI=true).
+func Start(t testing.TB) *Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
+	defer cancel()
+	if _, err := Binary(ctx); err != nil {
+		testenv.Skip(t, "no versitygw S3 server: "+err.Error())
+		return nil
+	}
+	logf, err := os.Create(filepath.Join(t.TempDir(), "versitygw.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := Run(ctx, t.TempDir(), logf)
+	t.Cleanup(func() {
+		if s != nil {
+			s.Stop()
+		}
+		logf.Close()
+		if t.Failed() {
+			if b, err := os.ReadFile(logf.Name()); err == nil && len(b) > 0 {
+				t.Logf("versitygw log:\n%s", tail(b))
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// Run builds (once) and starts a server on a free loopback port over dir
+// (created if needed),
+// with fresh random root credentials, its output going to logw. The caller
+// stops it.
+func Run(ctx context.Context, dir string, logw io.Writer) (*Server, error) {
+	bin, err := Binary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("versitygw: %w", err)
+	}
+	s := &Server{bin: bin, Dir: dir, Region: "us-east-1", AccessKey: "bulkhead" + randHex(6), SecretKey: randHex(20), logw: logw}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("versitygw: pick a port: %w", err)
+	}
+	s.addr = ln.Addr().String()
+	ln.Close()
+	s.Endpoint = "http://" + s.addr
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// start runs the server and waits until it answers.
+func (s *Server) start() error {
+	cmd := exec.Command(s.bin, "--port", s.addr, "--quiet", "posix", s.Dir)
+	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+s.AccessKey, "ROOT_SECRET_KEY="+s.SecretKey, "VGW_REGION="+s.Region)
+	cmd.Stdout, cmd.Stderr = s.logw, s.logw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start versitygw: %w", err)
+	}
+	s.cmd, s.done = cmd, make(chan struct{})
+	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(s.done)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			return errors.New("versitygw exited at start (see its log)")
+		default:
+		}
+		resp, err := http.Get(s.Endpoint + "/")
+		if err == nil {
+			resp.Body.Close()
+			return nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.Stop()
+	return errors.New("versitygw did not answer within 30s")
+}
+
+// Stop kills the server at once (as a crash would); a stopped server
+// refuses connections. Stopping twice is fine.
+func (s *Server) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.done
+	s.cmd = nil
+}
+
+// Restart starts a stopped server again on the same address and directory.
+func (s *Server) Restart(t testing.TB) {
+	t.Helper()
+	s.Stop()
+	if err := s.start(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Client returns an SDK client with the root credentials.
+func (s *Server) Client() *s3.Client {
+	return s3.New(s3.Options{Region: s.Region, BaseEndpoint: aws.String(s.Endpoint), UsePathStyle: true,
+		Credentials: credentials.NewStaticCredentialsProvider(s.AccessKey, s.SecretKey, "")})
+}
+
+// Bucket creates a bucket with a fresh name and returns the name.
+func (s *Server) Bucket(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name, err := s.CreateBucket(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// CreateBucket creates a bucket with a fresh name and returns the name.
+func (s *Server) CreateBucket(ctx context.Context) (string, error) {
+	name := "b-" + randHex(6)
+	if _, err := s.Client().CreateBucket(ctx, &s3.CreateBucketInput{Bucket: &name}); err != nil {
+		return "", fmt.Errorf("create bucket %s: %w", name, err)
+	}
+	return name, nil
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,305 @@
+// Package mount makes the remote-storage mount entries of a manifest
+// (s3_mount, r2_mount) work on every provider without putting a credential
+// in the sandbox: the harness lists the bucket with its own credentials and
+// streams the objects into the mount path through the daemon's Materialize
+// call (a copy, not a live file system). Writable mounts are uploaded back
+// by Sync (on demand) and PreStop (when the session closes), with every
+// object's ETag remembered at download so that a change made remotely in
+// the meantime is reported as a conflict, never overwritten.
+//
+// gcs_mount and azure_blob_mount are refused with ErrUnimplemented.
+//
+// Wiring:
+//
+//	m, _ := mount.New(mount.Config{Secrets: mount.EnvSecrets(), Log: log})
+//	c := compute.NewClient(p, compute.ClientOptions{
+//		Materializer: materializer.Options{Mounts: m},
+//		PreStopHooks: []compute.PreStopHook{m.PreStop},
+//	})
+//
+// Credentials: a mount's `credentials` name secrets (access_key_id,
+// secret_access_key, session_token; see manifest.CredentialKeys), resolved
+// here through Config.Secrets unless the manifest copy holds them resolved
+// already (manifest.ResolveSecrets); a mount naming none uses
+// Config.DefaultCredentials. Resolved values live in memory only: state
+// and snapshots carry the secret names, and errors and logs are redacted.
+//
+// Deleted files of a writable mount are deleted remotely only when the
+// object is still the one that was downloaded (its ETag); otherwise the
+// deletion is a conflict. Empty directories are not kept remotely (S3 has
+// none). The ETags live in this Mounter's memory: a session reattached by
+// another harness process has none, and Sync refuses its writable mounts
+// rather than guess.
+package mount
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"go.uber.org/zap"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+)
+
+// Config configures a Mounter.
+type Config struct {
+	// Secrets resolves the secret names of mount credentials that the
+	// manifest holds unresolved; nil means only resolved values are used.
+	Secrets manifest.SecretResolver
+	// DefaultCredentials sign the requests of mounts that name no
+	// credentials (an IAM role, the harness's environment); nil refuses
+	// such mounts. aws.AnonymousCredentials{} reads public buckets.
+	DefaultCredentials aws.CredentialsProvider
+	// MaxBytes bounds the total size of one mount's objects; zero means
+	// 10 GiB. A larger mount fails with ErrResourceExhausted before
+	// anything is written.
+	MaxBytes int64
+	// MaxObjects bounds the number of objects of one mount (and the files
+	// Sync walks); zero means 100,000.
+	MaxObjects int
+	// Concurrency bounds the transfers of one mount running at once; zero
+	// means 8.
+	Concurrency int
+	// PageSize is how many keys one listing request asks for; zero means
+	// 1000 (the most S3 returns).
+	PageSize int32
+	// PrefetchBytes: objects at most this large are downloaded ahead, in
+	// memory (at most 2*Concurrency of them at once); larger ones stream
+	// straight from the server. Zero means 1 MiB.
+	PrefetchBytes int64
+	// R2Region is the signing region of r2_mount entries; "" means
+	// "auto", Cloudflare's. (An S3-compatible stand-in for R2 may want
+	// its own.)
+	R2Region string
+	// MaxAttempts bounds the tries of one request; zero means 5.
+	MaxAttempts int
+	// HTTPClient, when set, sends the requests.
+	HTTPClient *http.Client
+	// Log receives a line per mount listed and synced; nil means none.
+	Log *zap.Logger
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxBytes      = 10 << 30
+	DefaultMaxObjects    = 100_000
+	DefaultConcurrency   = 8
+	DefaultPageSize      = 1000
+	DefaultPrefetchBytes = 1 << 20
+	defaultMaxAttempts   = 5
+	defaultRegion        = "us-east-1"
+)
+
+// Mounter expands mount entries for the materializer and uploads writable
+// mounts back. It keeps, per session, the objects each mount downloaded.
+// It is safe for concurrent use.
+type Mounter struct {
+	cfg Config
+	log *zap.Logger
+
+	mu       sync.Mutex
+	sessions map[string]map[string]*mounted // session id -> mount path -> state
+}
+
+var _ materializer.Mounter = (*Mounter)(nil)
+
+// New returns a Mounter.
+func New(cfg Config) (*Mounter, error) {
+	if cfg.MaxBytes < 0 || cfg.MaxObjects < 0 || cfg.Concurrency < 0 || cfg.PageSize < 0 || cfg.PrefetchBytes < 0 {
+		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "mount: negative limit in config")
+	}
+	if cfg.MaxBytes == 0 {
+		cfg.MaxBytes = DefaultMaxBytes
+	}
+	if cfg.MaxObjects == 0 {
+		cfg.MaxObjects = DefaultMaxObjects
+	}
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.PageSize == 0 || cfg.PageSize > 1000 {
+		cfg.PageSize = DefaultPageSize
+	}
+	if cfg.PrefetchBytes == 0 {
+		cfg.PrefetchBytes = DefaultPrefetchBytes
+	}
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = defaultMaxAttempts
+	}
+	log := cfg.Log
+	if log == nil {
+		log = zap.NewNop()
+	}
+	return &Mounter{cfg: cfg, log: log, sessions: map[string]map[string]*mounted{}}, nil
+}
+
+// EnvSecrets resolves secret names from the harness's environment: the
+// secret "R2_SECRET" is the variable R2_SECRET. An unset variable is an
+// error naming the variable.
+func EnvSecrets() manifest.SecretResolver {
+	return manifest.SecretResolverFunc(func(_ context.Context, name string) (string, error) {
+		v, ok := os.LookupEnv(name)
+		if !ok || v == "" {
+			return "", errdefs.Errorf(errdefs.ErrFailedPrecondition, "environment variable %s is not set", name)
+		}
+		return v, nil
+	})
+}
+
+// bucketStore is one mount's bucket: a signed client, the key prefix and
+// the credential values to redact from errors.
+type bucketStore struct {
+	client  *s3.Client
+	bucket  string
+	prefix  string // "" or ending in "/"
+	desc    string // scheme://bucket/prefix, no credentials
+	secrets []string
+}
+
+// storeFor builds the client of a mount entry. The endpoint is the
+// manifest's, or for R2 the account's (https://ACCOUNT.r2.cloudflarestorage.com).
+//
+// This repeats the client construction of snapshot.NewS3 (static or
+// provided credentials, standard retryer without a retry budget, path-style
+// addressing for S3-compatible endpoints) in a few lines rather than
+// reaching into that package.
+func (m *Mounter) storeFor(ctx context.Context, p string, e *manifest.Entry) (*bucketStore, error) {
+	mt := e.Mount
+	st := &bucketStore{bucket: mt.Bucket}
+	if pre := strings.Trim(mt.Prefix, "/"); pre != "" {
+		st.prefix = pre + "/"
+	}
+	region, endpoint := mt.Region, mt.Endpoint
+	scheme := "s3"
+	if e.Type == manifest.TypeR2Mount {
+		scheme, region = "r2", m.cfg.R2Region
+		if region == "" {
+			region = "auto"
+		}
+		if endpoint == "" {
+			endpoint = "https://" + mt.Account + ".r2.cloudflarestorage.com"
+		}
+	}
+	if region == "" {
+		region = defaultRegion
+	}
+	st.desc = scheme + "://" + mt.Bucket + "/" + st.prefix
+	if mt.Endpoint != "" {
+		st.desc += " at " + mt.Endpoint
+	}
+	creds, err := m.credentials(ctx, p, e, st)
+	if err != nil {
+		return nil, err
+	}
+	retryer := retry.NewStandard(func(o *retry.StandardOptions) {
+		o.MaxAttempts = m.cfg.MaxAttempts
+		o.MaxBackoff = 5 * time.Second
+		o.RateLimiter = ratelimit.None
+	})
+	opts := s3.Options{
+		Region:                     region,
+		Credentials:                aws.NewCredentialsCache(creds),
+		UsePathStyle:               endpoint != "",
+		Retryer:                    retryer,
+		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
+		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
+	}
+	if endpoint != "" {
+		opts.BaseEndpoint = aws.String(endpoint)
+	}
+	if m.cfg.HTTPClient != nil {
+		opts.HTTPClient = m.cfg.HTTPClient
+	}
+	st.client = s3.New(opts)
+	return st, nil
+}
+
+// credentials returns the provider signing a mount's requests and records
+// the values to redact.
+func (m *Mounter) credentials(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) (aws.CredentialsProvider, error) {
+	refs := e.Mount.Credentials
+	if len(refs) == 0 {
+		if m.cfg.DefaultCredentials == nil {
+			return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default mount credentials (mount.Config.DefaultCredentials)", p)
+		}
+		return m.cfg.DefaultCredentials, nil
+	}
+	vals := map[string]string{}
+	for k, ref := range refs {
+		v, ok := ref.Value()
+		if !ok {
+			if m.cfg.Secrets == nil {
+				return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "mount %s: credential %s (%s) is not resolved and the harness has no secret resolver (mount.Config.Secrets)", p, k, ref.String())
+			}
+			var err error
+			if v, err = m.cfg.Secrets.ResolveSecret(ctx, ref.Name); err != nil {
+				return nil, fmt.Errorf("mount %s: credential %s (%s): %w", p, k, ref.String(), err)
+			}
+		}
+		vals[k] = v
+		if len(v) >= 4 {
+			st.secrets = append(st.secrets, v)
+		}
+	}
+	id, secret := vals["access_key_id"], vals["secret_access_key"]
+	if id == "" || secret == "" {
+		return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "mount %s: credentials need both access_key_id and secret_access_key", p)
+	}
+	return credentials.NewStaticCredentialsProvider(id, secret, vals["session_token"]), nil
+}
+
+// mounted is what one mount of one session downloaded.
+type mounted struct {
+	path     string // workspace-relative mount path
+	readOnly bool
+	st       *bucketStore
+
+	mu      sync.Mutex            // one Sync at a time
+	objects map[string]*objectRef // by path relative to the mount
+	ready   bool                  // the daemon wrote it (Applied ran)
+}
+
+// objectRef is one object as downloaded (and later uploaded).
+type objectRef struct {
+	rel   string // path relative to the mount
+	key   string
+	etag  string
+	size  int64
+	sha   string    // hex sha256 of the bytes in the sandbox (after Applied)
+	mtime time.Time // the sandbox file's modification time (after Applied)
+}
+
+// state returns the session's mount at p, or nil.
+func (m *Mounter) state(session, p string) *mounted {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.sessions[session][p]
+}
+
+func (m *Mounter) setState(session string, mt *mounted) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.sessions[session] == nil {
+		m.sessions[session] = map[string]*mounted{}
+	}
+	m.sessions[session][mt.path] = mt
+}
+
+// Forget drops what the Mounter remembers of a session's mounts.
+func (m *Mounter) Forget(session string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.sessions, session)
+}

@@ -1,0 +1,180 @@
+package snapshot
+
+import (
+	"context"
+	"errors"
+	"io"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"syscall"
+	"time"
+
+	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
+	"github.com/aws/smithy-go"
+	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+)
+
+// ErrCorrupt reports stored snapshot data that fails its checks: a chunk
+// whose content does not match its SHA-256, a missing chunk, a manifest
+// that does not decode. Retrying does not help; the snapshot must be taken
+// again.
+var ErrCorrupt = errors.New("snapshot data is corrupt")
+
+// storeError is an error of a remote store: its text is made here, with
+// credentials redacted; errors.Is matches its sentinels and the backend
+// error it keeps for diagnosis.
+type storeError struct {
+	msg       string
+	sentinels []error
+	cause     error
+}
+
+func (e *storeError) Error() string   { return e.msg }
+func (e *storeError) Unwrap() []error { return append(append([]error(nil), e.sentinels...), e.cause) }
+
+// classify turns a backend error into one that says what failed and
+// whether retrying can help, with no credential in its text.
+func (s *S3) classify(ctx context.Context, op, target string, err error) error {
+	var (
+		sentinel  error
+		detail    string
+		retryable bool
+	)
+	code, status := apiCode(err)
+	switch {
+	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		sentinel, detail = errdefs.ErrDeadlineExceeded, "the deadline passed"
+	case ctx.Err() != nil || errors.Is(err, context.Canceled):
+		sentinel, detail = errdefs.ErrCanceled, "canceled"
+	case errors.Is(err, ErrCorrupt):
+		sentinel, detail = ErrCorrupt, ""
+	case code == "NoSuchBucket":
+		sentinel, detail = errdefs.ErrNotFound, "bucket "+s.bucket+" does not exist"
+	case isNotFound(err):
+		sentinel, detail = errdefs.ErrNotFound, ""
+	case isAuthCode(code) || status == 401:
+		sentinel, detail = errdefs.ErrUnauthenticated, "the store refused the credentials ("+code+"); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+	case code == "AccessDenied" || status == 403:
+		sentinel, detail = errdefs.ErrPermissionDenied, "access denied ("+code+")"
+	case isUnavailable(err):
+		sentinel, detail, retryable = errdefs.ErrUnavailable, "snapshot store unavailable", true
+	case isChecksumMismatch(err):
+		sentinel, detail = ErrCorrupt, "the server's checksum does not match the data"
+	}
+	msg := "snapshot store " + s.desc + ": " + op + " " + target + ": "
+	if sentinel == nil {
+		msg += s.redact(err.Error())
+		return &storeError{msg: msg, cause: err}
+	}
+	if detail == "" {
+		detail = sentinel.Error()
+	}
+	msg += detail
+	if code != "" || sentinel == errdefs.ErrUnavailable {
+		msg += ": " + s.redact(err.Error())
+	}
+	var out error = &storeError{msg: msg, sentinels: []error{sentinel}, cause: err}
+	if retryable {
+		out = errdefs.MarkRetryable(out)
+	}
+	return out
+}
+
+// redact removes the store's credentials from text.
+func (s *S3) redact(text string) string {
+	for _, v := range s.secrets {
+		text = strings.ReplaceAll(text, v, "[REDACTED]")
+	}
+	return text
+}
+
+// apiCode returns the S3 error code and HTTP status of err, when it has
+// them.
+func apiCode(err error) (string, int) {
+	var code string
+	var ae smithy.APIError
+	if errors.As(err, &ae) {
+		code = ae.ErrorCode()
+	}
+	var re *awshttp.ResponseError
+	if errors.As(err, &re) {
+		return code, re.HTTPStatusCode()
+	}
+	return code, 0
+}
+
+// isAuthCode reports the error codes of refused credentials (Versity
+// answers an unknown key with a 404 XAdminUserNotFound).
+func isAuthCode(code string) bool {
+	switch code {
+	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "InvalidSecurity",
+		"InvalidClientTokenId", "XAdminUserNotFound", "AuthorizationHeaderMalformed":
+		return true
+	}
+	return false
+}
+
+// isNotFound reports a missing key.
+func isNotFound(err error) bool {
+	if err == nil {
+		return false
+	}
+	code, status := apiCode(err)
+	return code == "NoSuchKey" || code == "NotFound" || (status == 404 && code != "NoSuchBucket" && !isAuthCode(code))
+}
+
+// isUnavailable reports an error that retrying later can cure: the server
+// unreachable, a connection cut, a 5xx, throttling.
+func isUnavailable(err error) bool {
+	if err == nil {
+		return false
+	}
+	code, status := apiCode(err)
+	switch code {
+	case "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling", "ThrottlingException", "RequestTimeTooSkewed":
+		return true
+	}
+	if status >= 500 || status == 429 {
+		return true
+	}
+	var send *smithyhttp.RequestSendError
+	var nerr net.Error
+	return errors.As(err, &send) || errors.As(err, &nerr) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// isChecksumMismatch reports the SDK's failed response checksum check.
+func isChecksumMismatch(err error) bool {
+	return err != nil && strings.Contains(err.Error(), "checksum did not match")
+}
+
+// backoff is exponential backoff with full jitter: try n waits a random
+// time up to min(max, base*2^(n-1)).
+type backoff struct{ base, max time.Duration }
+
+func (b backoff) delay(attempt int) time.Duration {
+	d := b.base << min(attempt-1, 20)
+	if d <= 0 || d > b.max {
+		d = b.max
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+// BackoffDelay implements the SDK's retry.BackoffDelayer.
+func (b backoff) BackoffDelay(attempt int, _ error) (time.Duration, error) {
+	return b.delay(attempt), nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
