@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	bh "github.com/bulkhead-dev/bulkhead/pkg/harness"
@@ -79,9 +80,7 @@ func TestAgentAsToolSharedSession(t *testing.T) {
 	for _, p := range providers() {
 		t.Run(p.name, func(t *testing.T) {
 			p.skip(t)
-			if !p.users {
-				t.Skip("this provider cannot create sandbox accounts here (the local provider needs root)")
-			}
+			testenv.Require(t, testenv.Condition(p.users, "this provider cannot create sandbox accounts here (the local provider needs root)"))
 			t.Parallel()
 			ctx := ctxT(t)
 			client := p.client(t, stateDir(t), nil, materializer.Options{})
@@ -158,11 +157,13 @@ func TestAgentAsToolSharedSession(t *testing.T) {
 				t.Errorf("the coordinator's write into dataroom/ did not fail with a permission error:\n%s", o)
 			}
 
-			// The workspace, through the session's daemon.
+			// The workspace, through the session's daemon, as the operator
+			// (root: a request naming no user runs as the session's own
+			// account, which is not in the team).
 			agent := sess.Agent()
 			read := func(path string) string {
 				var b bytes.Buffer
-				if _, err := agent.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: path}, &b); err != nil {
+				if _, err := agent.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: path, User: "root"}, &b); err != nil {
 					t.Fatalf("read %s: %v", path, err)
 				}
 				return b.String()
@@ -173,7 +174,7 @@ func TestAgentAsToolSharedSession(t *testing.T) {
 			if got := read("dataroom/revenue.csv") + read("dataroom/costs.csv"); got != "quarter,revenue\nq3,1200\nquarter,costs\nq3,800\n" {
 				t.Errorf("the data room changed: %q", got)
 			}
-			ls, err := agent.ListDir(ctx, &agentdv1.ListDirRequest{Path: "output"})
+			ls, err := agent.ListDir(ctx, &agentdv1.ListDirRequest{Path: "output", User: "root"})
 			if err != nil {
 				t.Fatal(err)
 			}

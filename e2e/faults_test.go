@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -17,9 +15,12 @@ import (
 	"testing"
 	"time"
 
+	mobyclient "github.com/moby/moby/client"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/faultnet"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
@@ -71,7 +72,7 @@ func faultClient(t *testing.T, p provider, dir string) (*compute.Client, *docker
 		return p.client(t, dir, nil, materializer.Options{}), nil
 	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	dp, err := docker.New(docker.Config{StateDir: filepath.Join(dir, "docker")}, log)
+	dp, err := docker.New(dockerConfig(dir), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +107,7 @@ func processesWith(marker string) []int {
 // bubblewrap a child of bwrap, not the pid the provider records).
 func killLocalDaemon(t *testing.T, socket string) {
 	t.Helper()
-	agentd := filepath.Join(env.bin, "sandbox-agentd")
+	agentd := agentdtest.Binaries(t).Agentd
 	for _, pid := range processesWith(socket) {
 		cmdline, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 		if argv0, _, _ := bytes.Cut(cmdline, []byte{0}); string(argv0) == agentd {
@@ -175,7 +176,7 @@ func TestFaultDaemonKilledDuringRun(t *testing.T) {
 				pl := placeOf(t, sess)
 				mu.Unlock()
 				if dp != nil {
-					if err := dp.API().ContainerKill(ctx, pl.ContainerID, "KILL"); err != nil {
+					if _, err := dp.API().ContainerKill(ctx, pl.ContainerID, mobyclient.ContainerKillOptions{Signal: "KILL"}); err != nil {
 						t.Fatal(err)
 					}
 				} else {
@@ -223,7 +224,7 @@ func TestFaultDaemonKilledDuringRun(t *testing.T) {
 				}
 			}
 			if dp != nil {
-				if _, err := dp.API().ContainerInspect(ctx, pl.ContainerID); err == nil || !strings.Contains(strings.ToLower(err.Error()), "no such container") {
+				if _, err := dp.API().ContainerInspect(ctx, pl.ContainerID, mobyclient.ContainerInspectOptions{}); err == nil || !strings.Contains(strings.ToLower(err.Error()), "no such container") {
 					t.Errorf("the container is still there: %v", err)
 				}
 			} else if _, err := os.Stat(pl.Dir); !errors.Is(err, os.ErrNotExist) {
@@ -231,84 +232,6 @@ func TestFaultDaemonKilledDuringRun(t *testing.T) {
 			}
 		})
 	}
-}
-
-// cutProxy forwards unix-socket connections to a daemon and cuts every
-// connection open through it at once, as a network failure would; new
-// connections go through again.
-type cutProxy struct {
-	addr     string
-	mu       sync.Mutex
-	conns    []net.Conn
-	accepted int
-	closed   bool
-}
-
-func startCutProxy(t *testing.T, target string) *cutProxy {
-	t.Helper()
-	sock := filepath.Join(stateDir(t), "proxy.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{addr: "unix://" + sock}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
-		l.Close()
-		p.mu.Lock()
-		p.closed = true
-		p.mu.Unlock()
-		p.cut()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			down, err := l.Accept()
-			if err != nil {
-				return
-			}
-			up, err := net.Dial("unix", target)
-			if err != nil {
-				down.Close()
-				continue
-			}
-			p.mu.Lock()
-			if p.closed {
-				p.mu.Unlock()
-				up.Close()
-				down.Close()
-				return
-			}
-			p.accepted++
-			p.conns = append(p.conns, down, up)
-			p.mu.Unlock()
-			wg.Add(2)
-			go func() { defer wg.Done(); _, _ = io.Copy(up, down); up.Close() }()
-			go func() { defer wg.Done(); _, _ = io.Copy(down, up); down.Close() }()
-		}
-	}()
-	return p
-}
-
-// cut closes every connection open through the proxy and returns how many
-// client connections it cut.
-func (p *cutProxy) cut() int {
-	p.mu.Lock()
-	conns := p.conns
-	p.conns = nil
-	p.mu.Unlock()
-	for _, c := range conns {
-		c.Close()
-	}
-	return len(conns) / 2
-}
-
-func (p *cutProxy) connections() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.accepted
 }
 
 // gatedLines is a command printing line-1 ... line-<n>, stopping after each
@@ -366,8 +289,8 @@ func TestFaultConnectionCut(t *testing.T) {
 				client := p.client(t, dir, nil, materializer.Options{})
 				direct := ownedSession(t, ctx, client, compute.CreateOptions{})
 				socket, token := daemonSocket(p, dir, placeOf(t, direct))
-				proxy := startCutProxy(t, socket)
-				rc, err := remote.NewClient(remote.Config{Address: proxy.addr, TokenFile: token},
+				proxy := faultnet.Start(t, faultnet.Unix, "unix://"+socket)
+				rc, err := remote.NewClient(remote.Config{Address: proxy.Address(), TokenFile: token},
 					compute.ClientOptions{Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
 				if err != nil {
 					t.Fatal(err)
@@ -409,7 +332,7 @@ func TestFaultConnectionCut(t *testing.T) {
 						// The command waits at its gate; the harness waits for
 						// its output: cut, then let the command go on
 						// (through the direct connection, not the proxy).
-						cuts += proxy.cut()
+						cuts += proxy.Cut()
 						openGate(t, ctx, direct, gates[0])
 						gates = gates[1:]
 					}
@@ -421,8 +344,8 @@ func TestFaultConnectionCut(t *testing.T) {
 				if res.FinalOutput != "all lines read" {
 					t.Fatalf("final %q", res.FinalOutput)
 				}
-				if len(gates) != 0 || cuts < 2 || proxy.connections() < 3 {
-					t.Fatalf("gates left %v, connections cut %d, connections made %d: the cuts did not happen as planned", gates, cuts, proxy.connections())
+				if len(gates) != 0 || cuts < 2 || proxy.Accepted() < 3 {
+					t.Fatalf("gates left %v, connections cut %d, connections made %d: the cuts did not happen as planned", gates, cuts, proxy.Accepted())
 				}
 				reqs := srv.Requests()
 				outs := callOutputs(reqs[len(reqs)-1])

@@ -6,14 +6,23 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
 	"github.com/bulkhead-dev/bulkhead/internal/cli"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 )
 
 func main() {
+	// The harness holds every credential (the model API key first): no
+	// process of its user, a sandbox's included, may read its environment,
+	// memory or descriptors through /proc or ptrace.
+	if err := local.MakeNonDumpable(); err != nil {
+		fmt.Fprintln(os.Stderr, "harness:", err)
+		os.Exit(1)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := cli.Execute(ctx, os.Args[1:], cli.Streams{In: os.Stdin, Out: os.Stdout, Err: os.Stderr})
 	stop()

@@ -66,6 +66,7 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 	cfg := server.DefaultConfig()
 	var lo logOptions
 	var listen, grants listFlag
+	var egressRelay string
 	fs := flag.NewFlagSet("sandbox-agentd", flag.ContinueOnError)
 	fs.Var(&listen, "listen", "address to serve on: unix:///path.sock or tcp://host:port (repeatable)")
 	fs.StringVar(&cfg.TokenFile, "token-file", "", "read the bearer token from this file, then remove it")
@@ -86,6 +87,7 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 	fs.DurationVar(&d.FollowerStallTimeout, "follower-stall-timeout", d.FollowerStallTimeout, "how long a reader that delivers nothing may hold a process's output back")
 	fs.Int64Var(&d.MaxFileBytes, "max-file-bytes", d.MaxFileBytes, "largest file accepted by WriteFile (0: no limit)")
 	fs.StringVar(&d.EtcRoot, "etc-root", d.EtcRoot, "directory whose etc/passwd and etc/group hold the sandbox's accounts (a private copy for local sandboxes)")
+	fs.StringVar(&egressRelay, "egress-relay", "", "relay TCP connections to a loopback address to the harness's egress proxy, and point processes' HTTP(S)_PROXY at it: 127.0.0.1:3128=unix:///path/egress.sock")
 	fs.StringVar(&lo.level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&lo.format, "log-format", "json", "json or console")
 	fs.BoolVar(&lo.version, "version", false, "print the version and exit")
@@ -102,6 +104,13 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 			return cfg, lo, err
 		}
 		d.Grants = append(d.Grants, grant)
+	}
+	if egressRelay != "" {
+		r, err := agentd.ParseEgressRelay(egressRelay)
+		if err != nil {
+			return cfg, lo, fmt.Errorf("--egress-relay: %w", err)
+		}
+		d.EgressRelay = &r
 	}
 	return cfg, lo, nil
 }

@@ -55,10 +55,12 @@ func main() {
 	flag.StringVar(&cfg.Model, "model", "gpt-5.1", "model name")
 	flag.StringVar(&cfg.Replay, "replay", "", "serve this recorded model session instead of calling a model (offline)")
 	flag.Parse()
-	cfg.Isolation = local.Isolation(isolation)
-	if isolation == "none" {
-		cfg.Isolation = local.IsolationNone
+	iso, err := local.ParseIsolation(isolation)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
+	cfg.Isolation = iso
 	log, err := zap.NewDevelopment(zap.AddStacktrace(zapcore.DPanicLevel))
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

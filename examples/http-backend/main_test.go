@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +17,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
@@ -25,6 +25,8 @@ import (
 	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
+
+func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
 
 // event is one Server-Sent Event as a client sees it.
 type event struct {
@@ -144,15 +146,9 @@ func TestBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
+	// Sandbox accounts of a root harness pass through to the workspaces.
+	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
-	}
-	build := exec.Command("go", "build", "-o", filepath.Join(dir, "sandbox-agentd"), "./cmd/sandbox-agentd")
-	build.Dir = root
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build sandbox-agentd: %v\n%s", err, out)
 	}
 
 	// The scripted model: three runs, one after the other.
@@ -177,7 +173,7 @@ func TestBackend(t *testing.T) {
 		t.Fatal(err)
 	}
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
-	client, err := local.NewClient(local.Config{StateDir: filepath.Join(dir, "sandboxes"), AgentdPath: filepath.Join(dir, "sandbox-agentd")},
+	client, err := local.NewClient(local.Config{StateDir: filepath.Join(dir, "sandboxes"), AgentdPath: agentdtest.Binaries(t).Agentd, Isolation: local.IsolationNone},
 		compute.ClientOptions{Log: log})
 	if err != nil {
 		t.Fatal(err)

@@ -52,10 +52,12 @@ func main() {
 	flag.StringVar(&isolation, "isolation", "none", "local sandbox isolation: none, bubblewrap or auto")
 	flag.BoolVar(&verbose, "v", false, "log what the library does on stderr")
 	flag.Parse()
-	cfg.Isolation = local.Isolation(isolation)
-	if isolation == "none" {
-		cfg.Isolation = local.IsolationNone
+	iso, err := local.ParseIsolation(isolation)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
 	}
+	cfg.Isolation = iso
 	log := zap.NewNop()
 	if verbose {
 		log, _ = zap.NewDevelopment()
@@ -78,6 +80,13 @@ func run(ctx context.Context, cfg config, out io.Writer, log *zap.Logger) error 
 		}
 		defer os.RemoveAll(tmp)
 		dir = tmp
+		// A root harness's sandboxes run as accounts of their own, which
+		// pass through here to their workspaces.
+		if err := os.Chmod(dir, 0o711); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(dir, 0o711); err != nil {
+		return err
 	}
 	// One snapshot store and one client serve both parts. A client made
 	// with the same store in another process would resume these

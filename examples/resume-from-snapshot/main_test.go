@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,25 +11,11 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 )
 
-// buildAgentd builds sandbox-agentd from the repository root into dir.
-func buildAgentd(t *testing.T, dir string) string {
-	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := filepath.Join(dir, "sandbox-agentd")
-	cmd := exec.Command("go", "build", "-o", bin, "./cmd/sandbox-agentd")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build sandbox-agentd: %v\n%s", err, out)
-	}
-	return bin
-}
+func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
 
 // TestRun runs the example as `go run .` would, offline: a local sandbox
 // and the scripted model.
@@ -41,7 +26,11 @@ func TestRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
-	cfg := config{StateDir: filepath.Join(dir, "state"), AgentdPath: buildAgentd(t, dir), Isolation: local.IsolationNone}
+	// Sandbox accounts of a root harness pass through to the workspaces.
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config{StateDir: filepath.Join(dir, "state"), AgentdPath: agentdtest.Binaries(t).Agentd, Isolation: local.IsolationNone}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

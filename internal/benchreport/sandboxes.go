@@ -21,8 +21,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
-	dockerclient "github.com/docker/docker/client"
+	"github.com/moby/moby/api/types/container"
+	dockerclient "github.com/moby/moby/client"
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
@@ -80,14 +80,14 @@ func dockerKind() sandboxKind {
 
 // dockerStatus says whether the docker figures can be taken ("" = yes).
 func dockerStatus(ctx context.Context) string {
-	api, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	api, err := dockerclient.New(dockerclient.FromEnv)
 	if err != nil {
 		return "skipped: " + err.Error()
 	}
 	defer api.Close()
 	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	if _, err := api.Ping(pctx); err != nil {
+	if _, err := api.Ping(pctx, dockerclient.PingOptions{}); err != nil {
 		return "skipped: Docker does not answer"
 	}
 	if _, err := api.ImageInspect(pctx, docker.DefaultImage); err != nil {
@@ -191,29 +191,30 @@ func startupOf(ctx context.Context, k sandboxKind, rounds int) (time.Duration, e
 // <image>` through the Engine API, as the CLI does it: create (auto-remove),
 // wait for removal, start, and the wait's result.
 func dockerRun(ctx context.Context) (time.Duration, error) {
-	api, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	api, err := dockerclient.New(dockerclient.FromEnv)
 	if err != nil {
 		return 0, err
 	}
 	defer api.Close()
 	start := time.Now()
-	created, err := api.ContainerCreate(ctx,
-		&container.Config{Image: docker.DefaultImage, Entrypoint: firstCommand, Labels: map[string]string{"bench.bulkhead": "docker-run"}},
-		&container.HostConfig{AutoRemove: true, NetworkMode: "none"}, nil, nil, "")
+	created, err := api.ContainerCreate(ctx, dockerclient.ContainerCreateOptions{
+		Config:     &container.Config{Image: docker.DefaultImage, Entrypoint: firstCommand, Labels: map[string]string{"bench.bulkhead": "docker-run"}},
+		HostConfig: &container.HostConfig{AutoRemove: true, NetworkMode: "none"},
+	})
 	if err != nil {
 		return 0, err
 	}
-	waitC, errC := api.ContainerWait(ctx, created.ID, container.WaitConditionRemoved)
-	if err := api.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
-		_ = api.ContainerRemove(context.Background(), created.ID, container.RemoveOptions{Force: true})
+	wait := api.ContainerWait(ctx, created.ID, dockerclient.ContainerWaitOptions{Condition: container.WaitConditionRemoved})
+	if _, err := api.ContainerStart(ctx, created.ID, dockerclient.ContainerStartOptions{}); err != nil {
+		_, _ = api.ContainerRemove(context.Background(), created.ID, dockerclient.ContainerRemoveOptions{Force: true})
 		return 0, err
 	}
 	select {
-	case w := <-waitC:
+	case w := <-wait.Result:
 		if w.StatusCode != 0 {
 			return 0, fmt.Errorf("docker run %v: exit %d", firstCommand, w.StatusCode)
 		}
-	case err := <-errC:
+	case err := <-wait.Error:
 		return 0, err
 	}
 	return time.Since(start), nil
@@ -378,7 +379,7 @@ func smapsField(rollup []byte, key string) int64 {
 // dockerMemory sums the containers' memory usage from their cgroup stats,
 // as `docker stats` computes it (usage minus inactive file cache).
 func dockerMemory(ctx context.Context, sessions []*compute.Session) (string, error) {
-	api, err := dockerclient.NewClientWithOpts(dockerclient.FromEnv, dockerclient.WithAPIVersionNegotiation())
+	api, err := dockerclient.New(dockerclient.FromEnv)
 	if err != nil {
 		return "", err
 	}
@@ -393,7 +394,7 @@ func dockerMemory(ctx context.Context, sessions []*compute.Session) (string, err
 		if err != nil {
 			return "", err
 		}
-		resp, err := api.ContainerStatsOneShot(ctx, ds.ContainerID)
+		resp, err := api.ContainerStats(ctx, ds.ContainerID, dockerclient.ContainerStatsOptions{})
 		if err != nil {
 			return "", fmt.Errorf("stats of %s: %w", ds.Name, err)
 		}

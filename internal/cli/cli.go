@@ -22,10 +22,11 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/demo"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/remote"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing"
 )
 
@@ -82,9 +83,112 @@ type globals struct {
 	// hostGrants are host directories absolute local_file/local_dir
 	// sources may be read from (materializer.Options.HostGrants).
 	hostGrants []string
-	remote     remoteFlags
+	// labels (KEY=VALUE) go on every docker sandbox made, and only docker
+	// sandboxes carrying all of them are listed or found.
+	labels []string
+	remote remoteFlags
 	// tracer is set by setupTracing for the command's run.
 	tracer trace.TracerProvider
+	// announce makes the local provider say on stderr which isolation its
+	// sandboxes get (harness run sets it).
+	announce bool
+	// modelKey is set when the command calls a model with an API key.
+	modelKey bool
+	// mountMaxBytes bounds one mount entry's objects (0: the default).
+	mountMaxBytes int64
+	// allowDomains is the egress allow list (--allow-domain) of the
+	// sandboxes the command creates.
+	allowDomains []string
+	// storeFlags choose the snapshot store (see snapshots).
+	storeFlags storeFlags
+}
+
+// allowDomainUsage documents --allow-domain.
+const allowDomainUsage = "let the sandbox reach this domain through the harness's egress proxy: host, *.domain, optionally :port (default ports 80 and 443; repeatable). " +
+	"Without it the sandbox has no network. Needs an isolated sandbox (bubblewrap or docker)"
+
+// addAllowDomainFlag registers --allow-domain on a command that creates
+// sandboxes.
+func (g *globals) addAllowDomainFlag(cmd *cobra.Command) {
+	cmd.Flags().StringArrayVar(&g.allowDomains, "allow-domain", nil, allowDomainUsage)
+}
+
+// egressOptions returns the egress configuration --allow-domain asks for
+// (nil when none).
+func (g *globals) egressOptions() (*egress.Options, error) {
+	if len(g.allowDomains) == 0 {
+		return nil, nil
+	}
+	pol, err := egress.ParsePolicy(g.allowDomains)
+	if err != nil {
+		return nil, usageErr(compute.ErrInvalidArgument, "--allow-domain: %v", err)
+	}
+	return &egress.Options{Policy: pol}, nil
+}
+
+// credentialEnv are environment variables whose presence means the harness
+// process holds a credential a sandbox must not reach.
+var credentialEnv = []string{"OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AWS_SECRET_ACCESS_KEY",
+	"AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_KEY", "GITHUB_TOKEN", "GH_TOKEN", "GIT_TOKEN"}
+
+// credentials says which credentials this harness process carries ("" for
+// none): a model API key it uses, or a credential in its environment.
+func (g *globals) credentials() string {
+	var have []string
+	if g.modelKey {
+		have = append(have, "a model API key")
+	}
+	for _, k := range credentialEnv {
+		if os.Getenv(k) != "" {
+			have = append(have, "$"+k)
+		}
+	}
+	return strings.Join(have, ", ")
+}
+
+// localProvider makes the local provider --isolation asks for. auto takes
+// the strongest isolation available; with none available it falls back to
+// plain processes only for a command that carries no credentials (and
+// says so), and refuses otherwise: plain processes must then be chosen
+// with --isolation none, which warns.
+func (g *globals) localProvider(dir string, log *zap.Logger) (*local.Provider, error) {
+	iso, err := local.ParseIsolation(g.isolation)
+	if err != nil {
+		return nil, usageErr(compute.ErrInvalidArgument, "--isolation: %v", err)
+	}
+	eg, err := g.egressOptions()
+	if err != nil {
+		return nil, err
+	}
+	cfg := local.Config{StateDir: dir, AgentdPath: g.agentd, Isolation: iso, Egress: eg}
+	p, err := local.New(cfg, log)
+	fellBack := false
+	if errors.Is(err, local.ErrNoIsolation) {
+		if creds := g.credentials(); creds != "" {
+			return nil, fmt.Errorf("%w; this harness carries credentials (%s) that a plain sandbox process could reach: "+
+				"install bubblewrap, or pass --isolation none to accept that", err, creds)
+		}
+		cfg.Isolation, fellBack = local.IsolationNone, true
+		p, err = local.New(cfg, log)
+	}
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case p.Isolation() != local.IsolationNone:
+		if g.announce {
+			fmt.Fprintf(g.streams.Err, "harness: local sandboxes isolated with %s\n", p.Isolation())
+		}
+	case !g.announce:
+		// Commands on existing sandboxes (exec, cp, ls ...) pass their
+		// output through: the warning came when the sandbox was made.
+	case fellBack:
+		fmt.Fprintln(g.streams.Err, "harness: WARNING: no sandbox isolation is available here (install bubblewrap): the sandbox runs as plain processes "+
+			"that see this host's files and network (allowed because this run carries no credentials)")
+	default:
+		fmt.Fprintln(g.streams.Err, "harness: WARNING: --isolation none: the sandbox runs as plain processes that see this host's files and network")
+	}
+	return p, nil
 }
 
 func newRoot(s Streams) *cobra.Command {
@@ -98,17 +202,20 @@ func newRoot(s Streams) *cobra.Command {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.provider, "provider", "local", "sandbox provider: local, docker or remote")
-	pf.StringVar(&g.stateDir, "state-dir", "", "where sandboxes, session states and snapshots are kept (default: user cache dir/bulkhead)")
+	pf.StringVar(&g.stateDir, "state-dir", "", "where sandboxes, session states and snapshots are kept (default: user cache dir/bulkhead; /var/lib/bulkhead for root)")
 	pf.StringVar(&g.agentd, "agentd", "", "sandbox-agentd binary for local sandboxes (default: next to harness, then PATH)")
-	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: none, bubblewrap or auto")
+	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: auto (the strongest available; refuses to run plain processes for a run that carries credentials), bubblewrap, or none (plain processes, explicitly)")
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
+	pf.StringArrayVar(&g.labels, "label", nil, "docker sandboxes: KEY=VALUE label put on every container and volume made; only sandboxes with every --label are listed (repeatable)")
 	pf.StringArrayVar(&g.hostGrants, "host-grant", nil, "host directory that absolute local_file/local_dir sources of a manifest may be read from (repeatable; relative sources come from the manifest's directory)")
 	pf.StringVar(&g.remote.address, "address", "", "remote sandboxes: the daemon's address (unix:///path.sock or tcp://host:port)")
 	pf.StringVar(&g.remote.tokenFile, "token-file", "", "remote sandboxes: file holding the daemon's token")
 	pf.StringVar(&g.remote.ca, "tls-ca", "", "remote sandboxes: CA certificates of the daemon (PEM)")
 	pf.StringVar(&g.remote.cert, "tls-cert", "", "remote sandboxes: client certificate for mTLS (PEM)")
 	pf.StringVar(&g.remote.key, "tls-key", "", "remote sandboxes: client key for mTLS (PEM)")
+	g.storeFlags.add(pf)
+	pf.Int64Var(&g.mountMaxBytes, "mount-max-bytes", 0, "most bytes one s3_mount/r2_mount entry may bring in (default 10 GiB); a larger bucket prefix is refused before anything is written")
 	pf.StringVar(&g.trace, "trace", "none", "export OpenTelemetry traces: none, otlp (OTEL_EXPORTER_OTLP_* honoured) or stdout (to stderr)")
 	root.AddCommand(newRunCmd(g), newDemoCmd(g), newSandboxCmd(g), &cobra.Command{
 		Use:   "version",
@@ -155,15 +262,25 @@ func (g *globals) logger() *zap.Logger {
 	return zap.New(core)
 }
 
+// defaultStateDir is where state lives without --state-dir: the user cache
+// directory, or /var/lib/bulkhead for root, whose home is not searchable by
+// the accounts plain local sandboxes run as.
+func defaultStateDir() string {
+	if os.Geteuid() == 0 {
+		return "/var/lib/bulkhead"
+	}
+	c, err := os.UserCacheDir()
+	if err != nil {
+		c = os.TempDir()
+	}
+	return filepath.Join(c, "bulkhead")
+}
+
 // dir returns the state directory (created).
 func (g *globals) dir(sub ...string) (string, error) {
 	base := g.stateDir
 	if base == "" {
-		c, err := os.UserCacheDir()
-		if err != nil {
-			c = os.TempDir()
-		}
-		base = filepath.Join(c, "bulkhead")
+		base = defaultStateDir()
 	}
 	p := filepath.Join(append([]string{base}, sub...)...)
 	if err := os.MkdirAll(p, 0o711); err != nil {
@@ -173,13 +290,9 @@ func (g *globals) dir(sub ...string) (string, error) {
 }
 
 // client returns a compute client for the chosen provider, with the
-// state directory's snapshot store, and a function releasing it.
+// snapshot store --snapshot-store names, and a function releasing it.
 func (g *globals) client(mat materializer.Options) (*compute.Client, func(), error) {
-	snaps, err := g.dir("snapshots")
-	if err != nil {
-		return nil, nil, err
-	}
-	store, err := snapshot.NewLocal(snaps)
+	store, err := g.snapshots()
 	if err != nil {
 		return nil, nil, err
 	}
@@ -194,33 +307,55 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 		}
 		mat.HostGrants = append(mat.HostGrants, abs)
 	}
-	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log, TracerProvider: g.tracer}
+	// Mount entries (s3_mount, r2_mount): the harness reads the buckets
+	// with credentials the manifest names and this process's environment
+	// holds, streams the objects in, and uploads writable mounts back when
+	// a session stops.
+	mounter, err := mount.New(mount.Config{Secrets: mount.EnvSecrets(), MaxBytes: g.mountMaxBytes, Log: log})
+	if err != nil {
+		return nil, nil, usageErr(compute.ErrInvalidArgument, "--mount-max-bytes: %v", err)
+	}
+	mat.Mounts = mounter
+	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log, TracerProvider: g.tracer,
+		PreStopHooks: []compute.PreStopHook{mounter.PreStop}}
 	switch g.provider {
 	case "local":
 		dir, err := g.dir("local")
 		if err != nil {
 			return nil, nil, err
 		}
-		iso := local.Isolation(g.isolation)
-		if g.isolation == "none" {
-			iso = local.IsolationNone
-		}
-		p, err := local.New(local.Config{StateDir: dir, AgentdPath: g.agentd, Isolation: iso}, log)
+		p, err := g.localProvider(dir, log)
 		if err != nil {
 			return nil, nil, err
 		}
-		return compute.NewClient(p, opts), func() {}, nil
+		// Close stops the egress proxies this command served.
+		return compute.NewClient(p, opts), func() { _ = p.Close() }, nil
 	case "docker":
 		dir, err := g.dir("docker")
 		if err != nil {
 			return nil, nil, err
 		}
-		p, err := docker.New(docker.Config{StateDir: dir, Image: g.image}, log)
+		labels := map[string]string{}
+		for _, l := range g.labels {
+			k, v, ok := strings.Cut(l, "=")
+			if !ok || k == "" {
+				return nil, nil, usageErr(compute.ErrInvalidArgument, "--label %q: want KEY=VALUE", l)
+			}
+			labels[k] = v
+		}
+		eg, err := g.egressOptions()
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := docker.New(docker.Config{StateDir: dir, Image: g.image, Labels: labels, Egress: eg}, log)
 		if err != nil {
 			return nil, nil, err
 		}
 		return compute.NewClient(p, opts), func() { _ = p.Close() }, nil
 	case "remote":
+		if len(g.allowDomains) > 0 {
+			return nil, nil, usageErr(compute.ErrInvalidArgument, "--allow-domain: a remote sandbox's network is configured where it runs, not by this harness")
+		}
 		cfg := remote.Config{Address: g.remote.address, TokenFile: g.remote.tokenFile}
 		if g.remote.ca != "" || g.remote.cert != "" || g.remote.key != "" {
 			cfg.TLS = &remote.TLSConfig{CAFile: g.remote.ca, CertFile: g.remote.cert, KeyFile: g.remote.key}

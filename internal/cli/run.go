@@ -92,6 +92,7 @@ replay); --replay-without-key FILE does so only when $OPENAI_API_KEY is not set.
 	fl.StringVar(&f.export, "export", "", "copy the final workspace into this local directory (created; must be empty)")
 	fl.StringVar(&f.instructions, "instructions", "", "the agent's instructions (default: a coding-task prompt)")
 	fl.BoolVar(&f.keep, "keep", false, "keep the sandbox after the run and print its session state file")
+	g.addAllowDomainFlag(cmd)
 	fl.StringArrayVar(&f.approvalFor, "approval-for", nil, "tool whose calls need approval (repeatable), e.g. exec_command")
 	fl.StringArrayVar(&f.allowCommands, "allow-command", nil, "exec_command needs approval unless the whole command matches this regexp (repeatable)")
 	fl.BoolVar(&f.interactive, "interactive", false, "ask on the terminal for approvals instead of stopping the run")
@@ -158,6 +159,8 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 	if label != "" {
 		fmt.Fprintln(cmd.ErrOrStderr(), label)
 	}
+	g.modelKey = label == "" // a real model, called with an API key
+	g.announce = true
 	client, release, err := g.client(materializer.Options{BaseDir: baseDir})
 	if err != nil {
 		return err
@@ -279,10 +282,9 @@ func chooseModel(f *runFlags, g *globals, skipTurns int) (model.Model, string, f
 
 // printer shows run events.
 type printer struct {
-	w       io.Writer
-	json    bool
-	inText  bool
-	lastRes string
+	w      io.Writer
+	json   bool
+	inText bool
 }
 
 func (p *printer) event(ev harness.Event) {

@@ -9,32 +9,12 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 )
-
-// runAgentd builds sandbox-agentd once for the run tests.
-var runAgentd = sync.OnceValues(func() (string, error) {
-	dir, err := os.MkdirTemp("", "bulkhead-cli-run-")
-	if err != nil {
-		return "", err
-	}
-	bin := filepath.Join(dir, "sandbox-agentd")
-	cmd := exec.Command("go", "build", "-o", bin, "github.com/bulkhead-dev/bulkhead/cmd/sandbox-agentd")
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", &buildError{string(out), err}
-	}
-	return bin, nil
-})
-
-type buildError struct {
-	out string
-	err error
-}
-
-func (e *buildError) Error() string { return e.err.Error() + ": " + e.out }
 
 // repoFile returns a path in the repository.
 func repoFile(t *testing.T, rel string) string {
@@ -55,11 +35,8 @@ func runCLI(t *testing.T, args ...string) (stdout, stderr string, code int) {
 // coding task, a recorded model session replayed through the real
 // openai-go client, real tools in a real local sandbox.
 func TestRunExampleTaskWithReplay(t *testing.T) {
-	bin, err := runAgentd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	state, export := t.TempDir(), filepath.Join(t.TempDir(), "ws")
+	bin := agentdtest.Binaries(t).Agentd
+	state, export := testenv.SearchableTempDir(t), filepath.Join(t.TempDir(), "ws")
 	example := repoFile(t, "examples/coding-task")
 	t.Setenv("OPENAI_API_KEY", "")
 	out, errOut, code := runCLI(t, "run", "--state-dir", state, "--agentd", bin, "--isolation", "none",
@@ -100,11 +77,8 @@ func TestRunExampleTaskWithReplay(t *testing.T) {
 }
 
 func TestRunJSONAndFailures(t *testing.T) {
-	bin, err := runAgentd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	state := t.TempDir()
+	bin := agentdtest.Binaries(t).Agentd
+	state := testenv.SearchableTempDir(t)
 	example := repoFile(t, "examples/coding-task")
 	out, errOut, code := runCLI(t, "run", "--state-dir", state, "--agentd", bin, "--isolation", "none", "--json",
 		"--manifest", filepath.Join(example, "manifest.yaml"), "--replay", filepath.Join(example, "replay.json"), "fix it")
@@ -149,11 +123,8 @@ func TestRunJSONAndFailures(t *testing.T) {
 // the run stops before apply_patch with exit code 3 and a saved RunState;
 // a second invocation approves the call and finishes the task.
 func TestRunStopsForApprovalAndResumes(t *testing.T) {
-	bin, err := runAgentd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	state, export := t.TempDir(), filepath.Join(t.TempDir(), "ws")
+	bin := agentdtest.Binaries(t).Agentd
+	state, export := testenv.SearchableTempDir(t), filepath.Join(t.TempDir(), "ws")
 	example := repoFile(t, "examples/coding-task")
 	common := []string{"--state-dir", state, "--agentd", bin, "--isolation", "none",
 		"--manifest", filepath.Join(example, "manifest.yaml"), "--replay", filepath.Join(example, "replay.json"),
@@ -195,10 +166,7 @@ func TestRunStopsForApprovalAndResumes(t *testing.T) {
 }
 
 func TestRunAsksInteractively(t *testing.T) {
-	bin, err := runAgentd()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := agentdtest.Binaries(t).Agentd
 	example := repoFile(t, "examples/coding-task")
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -206,7 +174,7 @@ func TestRunAsksInteractively(t *testing.T) {
 	// Refuse the patch with a reason: the model sees it, and the recorded
 	// session goes on (its test run then still fails, which the replay does
 	// not know about; what matters here is the decision's path).
-	code := Execute(ctx, []string{"run", "--state-dir", t.TempDir(), "--agentd", bin, "--isolation", "none",
+	code := Execute(ctx, []string{"run", "--state-dir", testenv.SearchableTempDir(t), "--agentd", bin, "--isolation", "none",
 		"--manifest", filepath.Join(example, "manifest.yaml"), "--replay", filepath.Join(example, "replay.json"),
 		"--approval-for", "apply_patch", "--interactive", "fix"},
 		Streams{In: strings.NewReader("not like this\n"), Out: &out, Err: &errb})
@@ -225,10 +193,7 @@ func TestRunAsksInteractively(t *testing.T) {
 // test), reached by address and token file; the run works in it and leaves
 // it running.
 func TestRunOnARemoteSandbox(t *testing.T) {
-	bin, err := runAgentd()
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin := agentdtest.Binaries(t).Agentd
 	dir := t.TempDir()
 	token := "remote-test-token-0123456789"
 	for _, f := range []string{"daemon-token", "harness-token"} {

@@ -72,6 +72,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 	}
 	mf.add(cmd)
 	cmd.Flags().StringVar(&id, "id", "", "session id (default: a random one)")
+	g.addAllowDomainFlag(cmd)
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "most the sandbox may live, e.g. 1h (default: unbounded)")
 	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "most the sandbox may stay unused, e.g. 30m (default: unbounded)")
 	return cmd
@@ -98,6 +99,7 @@ func sandboxCreate(cmd *cobra.Command, g *globals, mf *manifestFlags, opts compu
 			return usageErr(compute.ErrAlreadyExists, "session %s exists already (`harness sandbox rm %s` removes it)", opts.SessionID, opts.SessionID)
 		}
 	}
+	g.announce = true // say which isolation the new sandbox gets
 	client, release, err := g.client(materializer.Options{BaseDir: base})
 	if err != nil {
 		return err
@@ -133,10 +135,12 @@ func deleteQuietly(ctx context.Context, client *compute.Client, s *compute.Sessi
 
 // newSandboxSnapshotCmd returns `harness sandbox snapshot`.
 func newSandboxSnapshotCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	cmd := &cobra.Command{
 		Use:   "snapshot ID",
-		Short: "Persist the sandbox's workspace to the snapshot store and print the snapshot id",
-		Args:  cobra.ExactArgs(1),
+		Short: "Persist the sandbox's workspace to the snapshot store and print the snapshot id (ls, rm, gc: manage the store)",
+		Long: `Persist session ID's workspace to the snapshot store (--snapshot-store) and print the snapshot id.
+The subcommands ls, rm and gc list, delete and garbage-collect the store's snapshots.`,
+		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
 			r, err := reconnect(cmd, g, args[0], materializer.Options{})
@@ -169,6 +173,8 @@ func newSandboxSnapshotCmd(g *globals) *cobra.Command {
 			return nil
 		},
 	}
+	addSnapshotSubcommands(g, cmd)
+	return cmd
 }
 
 // newSandboxResumeCmd returns `harness sandbox resume`.

@@ -1,7 +1,7 @@
 package cli
 
-// The sandbox commands against real local sandboxes: the test builds
-// sandbox-agentd once and drives `harness sandbox ...` through Execute.
+// The sandbox commands against real local sandboxes: the tests build
+// sandbox-agentd once (agentdtest) and drive `harness sandbox ...` through Execute.
 
 import (
 	"archive/tar"
@@ -13,44 +13,16 @@ import (
 	"io"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 )
 
-// buildAgentd builds ./cmd/sandbox-agentd from the module root into dir.
-func buildAgentd(t *testing.T, dir string) string {
-	t.Helper()
-	root, err := os.Getwd()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(root, "go.mod")); err == nil {
-			break
-		}
-		parent := filepath.Dir(root)
-		if parent == root {
-			t.Fatal("go.mod not found above the working directory")
-		}
-		root = parent
-	}
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		goBin = filepath.Join(runtime.GOROOT(), "bin", "go")
-	}
-	out := filepath.Join(dir, "sandbox-agentd")
-	cmd := exec.Command(goBin, "build", "-trimpath", "-o", out, "./cmd/sandbox-agentd")
-	cmd.Dir = root
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build sandbox-agentd: %v\n%s", err, b)
-	}
-	return out
-}
+func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
 
 // cliRun runs the harness command line with a state directory and the
 // local provider, and returns the exit code, stdout and stderr.
@@ -143,11 +115,9 @@ func keys(m map[string]string) []string {
 }
 
 func TestSandboxLifecycle(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("local sandboxes need Linux")
-	}
-	bin := buildAgentd(t, t.TempDir())
-	state := t.TempDir()
+	testenv.Require(t, testenv.Linux) // local sandboxes
+	bin := agentdtest.Binaries(t).Agentd
+	state := testenv.SearchableTempDir(t)
 	run := newCLIRun(t.Context(), state, bin)
 	t.Cleanup(func() {
 		// t.Context is done by now: remove whatever a failure left running.
@@ -298,7 +268,7 @@ func withDirs(tree map[string]string) map[string]string {
 }
 
 func TestSandboxUnknownSessionAndBadInput(t *testing.T) {
-	state := t.TempDir()
+	state := testenv.SearchableTempDir(t)
 	run := newCLIRun(t.Context(), state, filepath.Join(t.TempDir(), "no-agentd"))
 	cases := []struct {
 		args []string
@@ -493,14 +463,10 @@ func TestProgress(t *testing.T) {
 // run_as user unless --user says otherwise (it used to run as the daemon's
 // own user, root, whatever the manifest said).
 func TestSandboxExecRunsAsManifestUser(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("local sandboxes need Linux")
-	}
-	if os.Geteuid() != 0 {
-		t.Skip("the daemon must be root to run commands as another user")
-	}
-	bin := buildAgentd(t, t.TempDir())
-	state := t.TempDir()
+	testenv.Require(t, testenv.Linux) // local sandboxes
+	testenv.Require(t, testenv.Root)  // the daemon runs commands as another user
+	bin := agentdtest.Binaries(t).Agentd
+	state := testenv.SearchableTempDir(t)
 	// Plain local sandboxes keep the workspace below the state directory:
 	// the run_as user must be able to pass through it (t.TempDir is 0700).
 	for d := state; d != filepath.Dir(d) && strings.HasPrefix(d, os.TempDir()+"/"); d = filepath.Dir(d) {
@@ -548,11 +514,9 @@ func TestSandboxExecRunsAsManifestUser(t *testing.T) {
 // TestSandboxHostGrant checks an absolute host source is read only inside
 // a --host-grant directory.
 func TestSandboxHostGrant(t *testing.T) {
-	if runtime.GOOS != "linux" {
-		t.Skip("local sandboxes need Linux")
-	}
-	bin := buildAgentd(t, t.TempDir())
-	state := t.TempDir()
+	testenv.Require(t, testenv.Linux) // local sandboxes
+	bin := agentdtest.Binaries(t).Agentd
+	state := testenv.SearchableTempDir(t)
 	run := newCLIRun(t.Context(), state, bin)
 	t.Cleanup(func() { newCLIRun(context.Background(), state, bin)("sandbox", "rm", "g1") })
 	data := t.TempDir()
@@ -569,5 +533,19 @@ func TestSandboxHostGrant(t *testing.T) {
 	mustRun(t, run, "--host-grant", data, "sandbox", "create", "--id", "g1", "--manifest", m)
 	if out := mustRun(t, run, "sandbox", "exec", "g1", "--", "cat", "q3.csv"); out != "q,rev\n3,10\n" {
 		t.Fatalf("q3.csv = %q", out)
+	}
+}
+
+// TestDockerLabelFlag: --label must be KEY=VALUE; a malformed one is
+// refused before any Docker call (so this needs no Docker).
+func TestDockerLabelFlag(t *testing.T) {
+	state := testenv.SearchableTempDir(t)
+	for _, bad := range []string{"novalue", "=v"} {
+		var out, errb bytes.Buffer
+		code := Execute(t.Context(), []string{"--state-dir", state, "--provider", "docker", "--label", bad, "sandbox", "ls"},
+			Streams{In: strings.NewReader(""), Out: &out, Err: &errb})
+		if code != 1 || !strings.Contains(errb.String(), "--label") || !strings.Contains(errb.String(), "KEY=VALUE") {
+			t.Errorf("--label %q: exit %d, stderr %q; want exit 1 naming --label and KEY=VALUE", bad, code, errb.String())
+		}
 	}
 }

@@ -4,15 +4,18 @@
 // On a developer's machine a missing part skips the test with one clear
 // line. Under CI=true the same missing part fails the test instead: a green
 // CI run never hides a skipped suite. Every skip in the tree goes through
-// Require, Skip or SkipUnless; internal/houserules checks that no test
-// calls t.Skip directly.
+// this package: Require or Skip for a missing part of the machine, Optional
+// or Short for a test that is opt-in by design; internal/houserules checks
+// that no test calls t.Skip, t.Skipf, t.SkipNow or b.Skip itself.
 package testenv
 
 import (
 	"context"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -169,4 +172,36 @@ func firstLine(s string) string {
 		return s[:i]
 	}
 	return s
+}
+
+// SearchableTempDir returns a fresh directory below os.TempDir() that
+// other users may pass through (0711; t.TempDir's parent is 0700), removed
+// when the test ends. Sandboxes of a root harness run as accounts of their
+// own, which must reach a plain local sandbox's workspace in it.
+func SearchableTempDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "bh-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { removeAll(dir) })
+	if err := os.Chmod(dir, 0o711); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// removeAll removes dir, first making its directories writable (a
+// workspace may hold read-only ones).
+func removeAll(dir string) {
+	if os.RemoveAll(dir) == nil {
+		return
+	}
+	_ = filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err == nil && d.IsDir() {
+			_ = os.Chmod(p, 0o700)
+		}
+		return nil
+	})
+	_ = os.RemoveAll(dir)
 }

@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io/fs"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -31,6 +30,10 @@ type ClientOptions struct {
 	// Materializer says where host sources come from and how git
 	// repositories are fetched (its Owner and Include are set per call).
 	Materializer materializer.Options
+	// PreStopHooks are registered on every session, before the session's
+	// own (Session.OnPreStop): for example mount.Mounter.PreStop, which
+	// uploads writable mounts back when the session closes.
+	PreStopHooks []PreStopHook
 	// Log receives lifecycle events; nil means no logging.
 	Log *zap.Logger
 	// Now is the clock for lifetimes (tests); nil means time.Now.
@@ -103,66 +106,12 @@ func (c *Client) startSpan(ctx context.Context, name string, attrs ...attribute.
 // ends span.
 func endSpan(span trace.Span, err error) {
 	if err != nil {
-		typ := errorType(err)
+		typ := errdefs.ErrorType(err)
 		span.SetAttributes(attribute.String(attrErrorType, typ))
 		span.SetStatus(codes.Error, typ)
 	}
 	span.End()
 }
-
-// errorClasses name the compute errors for spans, most specific first.
-var errorClasses = []struct {
-	err  error
-	name string
-}{
-	{errdefs.ErrPathEscape, "path_escape"}, {errdefs.ErrPatchRejected, "patch_rejected"},
-	{errdefs.ErrReadOnly, "read_only"}, {errdefs.ErrNotFound, "not_found"}, {fs.ErrNotExist, "not_found"},
-	{errdefs.ErrAlreadyExists, "already_exists"}, {fs.ErrExist, "already_exists"},
-	{errdefs.ErrInvalidArgument, "invalid_argument"},
-	{errdefs.ErrPermissionDenied, "permission_denied"}, {fs.ErrPermission, "permission_denied"},
-	{errdefs.ErrNotDirectory, "not_directory"},
-	{errdefs.ErrIsDirectory, "is_directory"}, {errdefs.ErrNotEmpty, "not_empty"},
-	{errdefs.ErrNoSpace, "no_space"}, {errdefs.ErrResourceExhausted, "resource_exhausted"},
-	{errdefs.ErrFailedPrecondition, "failed_precondition"}, {errdefs.ErrConflict, "conflict"},
-	{errdefs.ErrUnauthenticated, "unauthenticated"}, {errdefs.ErrUnavailable, "unavailable"},
-	{errdefs.ErrUnimplemented, "unimplemented"},
-	{errdefs.ErrCanceled, "canceled"}, {context.Canceled, "canceled"},
-	{errdefs.ErrDeadlineExceeded, "deadline_exceeded"}, {context.DeadlineExceeded, "deadline_exceeded"},
-	{errdefs.ErrInternal, "internal"},
-}
-
-// errorType is the compute class of err, or the Go type of the innermost
-// wrapped error that has a type of its own, or "_OTHER" (as
-// tracing.ErrorType in the harness).
-func errorType(err error) string {
-	for _, c := range errorClasses {
-		if errors.Is(err, c.err) {
-			return c.name
-		}
-	}
-	typ := "_OTHER"
-	for err != nil {
-		if t := fmt.Sprintf("%T", err); !genericErrors[t] {
-			typ = t
-		}
-		switch u := err.(type) {
-		case interface{ Unwrap() error }:
-			err = u.Unwrap()
-		case interface{ Unwrap() []error }:
-			if errs := u.Unwrap(); len(errs) > 0 {
-				err = errs[0]
-			} else {
-				err = nil
-			}
-		default:
-			err = nil
-		}
-	}
-	return typ
-}
-
-// genericErrors are the types that say nothing about a failure.
-var genericErrors = map[string]bool{"*errors.errorString": true, "*fmt.wrapError": true, "*fmt.wrapErrors": true, "*errors.joinError": true}
 
 // Provider returns the provider's name.
 func (c *Client) Provider() string { return c.p.Name() }
@@ -219,6 +168,7 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (_ *Session, er
 	if err := m.Validate(); err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrInvalidArgument, err)
 	}
+	m = withDefaultRunAs(m, c.p)
 	id := opts.SessionID
 	if id == "" {
 		if id, err = newSessionID(); err != nil {
@@ -243,6 +193,32 @@ func (c *Client) Create(ctx context.Context, opts CreateOptions) (_ *Session, er
 	}
 	c.log.Info("sandbox created", zap.String("session", id))
 	return newSession(c, sb, sessionInit{id: id, manifest: m, snapshotID: snap, skip: opts.SkipPaths, lifetime: life, limits: opts.Limits}), nil
+}
+
+// withDefaultRunAs gives a manifest that names no run_as user the
+// provider's default account (see AccountProvider), declared as one of
+// the manifest's users.
+func withDefaultRunAs(m *manifest.Manifest, p Provider) *manifest.Manifest {
+	if m.RunAs != "" {
+		return m
+	}
+	ap, ok := p.(AccountProvider)
+	if !ok {
+		return m
+	}
+	u := ap.DefaultRunAs()
+	if u == nil {
+		return m
+	}
+	out := m.Clone()
+	out.RunAs = u.Name
+	for _, have := range out.Users {
+		if have.Name == u.Name {
+			return out // declared by the manifest itself: as declared
+		}
+	}
+	out.Users = append(out.Users, *u)
+	return out
 }
 
 // ResumeOption adjusts Resume.

@@ -39,6 +39,20 @@ type Provider interface {
 	List(ctx context.Context) ([]SandboxInfo, error)
 }
 
+// AccountProvider is implemented by providers whose sandboxes can create
+// accounts. When a session's manifest names no run_as user, Client.Create
+// gives it the account DefaultRunAs returns, so model-directed processes
+// never run as root or as the harness's own user by default. A nil
+// account means the provider cannot create one here (a local provider
+// whose harness is not root); work then runs as the daemon's own user.
+type AccountProvider interface {
+	DefaultRunAs() *manifest.User
+}
+
+// DefaultRunAsName is the name of the account providers give sessions
+// whose manifest names no run_as user.
+const DefaultRunAsName = "sandbox"
+
 // LaunchSpec is what a provider needs to create or find a sandbox.
 type LaunchSpec struct {
 	// SessionID names the session; providers use it in names and labels.

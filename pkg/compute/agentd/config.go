@@ -42,6 +42,11 @@ type Config struct {
 	// ReapAll makes the daemon reap every child of its process (it is PID 1
 	// or a subreaper), so orphaned grandchildren never become zombies.
 	ReapAll bool
+	// EgressRelay, when set, relays connections to a loopback port to the
+	// harness's egress proxy, and processes get proxy variables pointing
+	// there (see EgressRelay.ProxyEnv); nil means no relay and no proxy
+	// variables.
+	EgressRelay *EgressRelay
 }
 
 // DefaultConfig returns the daemon defaults.
@@ -78,6 +83,11 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxFileBytes < 0 || c.ExitRetention < 0 || c.FollowerStallTimeout < 0 {
 		return fmt.Errorf("limits must not be negative")
+	}
+	if c.EgressRelay != nil {
+		if err := c.EgressRelay.Validate(); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -8,6 +8,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"runtime"
@@ -47,6 +48,8 @@ type Daemon struct {
 	procs     *process.Manager
 	ws        *workspace.Workspace
 	startedAt time.Time
+	// relay is the egress relay (nil without Config.EgressRelay).
+	relay *relay
 	// restoreMu makes a Restore exclusive against other Restores, Archives
 	// and Fingerprints.
 	restoreMu sync.RWMutex
@@ -72,6 +75,11 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 		return nil, fmt.Errorf("start child reaper: %w", err)
 	}
 	d.reaper = reaper
+	var baseEnv map[string]string
+	if cfg.EgressRelay != nil {
+		baseEnv = map[string]string{"PATH": process.DefaultPath, "LANG": "C.UTF-8"}
+		maps.Copy(baseEnv, cfg.EgressRelay.ProxyEnv())
+	}
 	d.procs, err = process.NewManager(process.Config{
 		MaxProcesses:         cfg.MaxProcesses,
 		OutputBufferBytes:    cfg.OutputBufferBytes,
@@ -81,6 +89,7 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 		DefaultUser:          cfg.DefaultUser,
 		Users:                users,
 		Reaper:               reaper,
+		BaseEnv:              baseEnv,
 	}, log)
 	if err != nil {
 		reaper.Close()
@@ -101,6 +110,12 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 	if err := d.ws.SetGrants(cfg.Grants); err != nil {
 		_ = d.Shutdown(context.Background())
 		return nil, err
+	}
+	if cfg.EgressRelay != nil {
+		if d.relay, err = startRelay(*cfg.EgressRelay, log); err != nil {
+			_ = d.Shutdown(context.Background())
+			return nil, err
+		}
 	}
 	if n, err := materialize.CleanupStaging(cfg.WorkspaceRoot); err != nil {
 		log.Warn("removing staging directories left by an interrupted materialization", zap.Error(err))
@@ -184,6 +199,11 @@ func (d *Daemon) User(name string) (*userdb.User, error) {
 // Shutdown kills every process group, waits for them, kills what escaped
 // its group, and releases the workspace.
 func (d *Daemon) Shutdown(ctx context.Context) error {
+	if d.relay != nil {
+		if rerr := d.relay.close(); rerr != nil {
+			d.log.Warn("closing the egress relay", zap.Error(rerr))
+		}
+	}
 	err := d.procs.Shutdown(ctx)
 	if d.cfg.ReapAll {
 		if kerr := killChildren(ctx); kerr != nil && err == nil {

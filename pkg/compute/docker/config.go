@@ -1,5 +1,6 @@
 // Package docker runs Bulkhead sandboxes as Docker containers, through the
-// Docker Engine API (the official Go client; never the CLI).
+// Docker Engine API (the official Go client, github.com/moby/moby/client;
+// never the CLI).
 //
 // Each sandbox is a container from an image whose entrypoint is
 // sandbox-agentd (bulkhead/sandbox:dev by default; `make image` builds it),
@@ -25,12 +26,14 @@ package docker
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 )
 
 // ProviderName is the provider's name in compute state.
@@ -135,6 +138,10 @@ type Config struct {
 	// DockerHost overrides DOCKER_HOST (the client otherwise reads the
 	// usual DOCKER_* environment).
 	DockerHost string
+	// Egress, when set, lets sandboxes reach the network only through a
+	// harness-side proxy enforcing Egress.Policy (see egress.go and
+	// package egress). It needs Network "none" (the default).
+	Egress *egress.Options
 }
 
 // CreateOptions are per-sandbox overrides, given as LaunchSpec.Options
@@ -210,6 +217,9 @@ func (c Config) withDefaults() (Config, error) {
 			return c, fmt.Errorf("docker: %w: label %q: the %s prefix is reserved", compute.ErrInvalidArgument, k, labelPrefix)
 		}
 	}
+	if err := checkEgress(c.Egress, c.Network); err != nil {
+		return c, err
+	}
 	return c, checkPorts(c.Network, c.PublishedPorts)
 }
 
@@ -235,6 +245,9 @@ func checkPorts(network string, ports []PortBinding) error {
 		}
 		if p.Protocol != "" && p.Protocol != "tcp" && p.Protocol != "udp" {
 			return fmt.Errorf("docker: %w: published port %d: protocol %q (want tcp or udp)", compute.ErrInvalidArgument, p.ContainerPort, p.Protocol)
+		}
+		if _, err := netip.ParseAddr(p.HostIP); p.HostIP != "" && err != nil {
+			return fmt.Errorf("docker: %w: published port %d: host address %q: %v", compute.ErrInvalidArgument, p.ContainerPort, p.HostIP, err)
 		}
 	}
 	return nil
@@ -289,6 +302,9 @@ func (c Config) settings(opts any) (sandboxSettings, error) {
 	s.nanoCPUs = limit(s.nanoCPUs, DefaultNanoCPUs)
 	s.pidsLim = limit(s.pidsLim, DefaultPidsLimit)
 	if err := checkPorts(s.network, s.ports); err != nil {
+		return s, err
+	}
+	if err := checkEgress(c.Egress, s.network); err != nil {
 		return s, err
 	}
 	for _, a := range s.args {

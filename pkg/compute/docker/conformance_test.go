@@ -5,9 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
-	"github.com/docker/docker/api/types/volume"
+	"github.com/moby/moby/client"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -43,15 +41,15 @@ func TestProviderConformance(t *testing.T) {
 				Leaked: func(t *testing.T, sessionID string) []string {
 					ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 					defer cancel()
-					f := filters.NewArgs(filters.Arg("label", LabelSession+"="+sessionID))
+					f := make(client.Filters).Add("label", LabelSession+"="+sessionID)
 					var left []string
-					if cs, err := api.API().ContainerList(ctx, container.ListOptions{All: true, Filters: f}); err == nil {
-						for _, c := range cs {
+					if cs, err := api.API().ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f}); err == nil {
+						for _, c := range cs.Items {
 							left = append(left, "container "+c.ID[:12])
 						}
 					}
-					if vs, err := api.API().VolumeList(ctx, volume.ListOptions{Filters: f}); err == nil {
-						for _, v := range vs.Volumes {
+					if vs, err := api.API().VolumeList(ctx, client.VolumeListOptions{Filters: f}); err == nil {
+						for _, v := range vs.Items {
 							left = append(left, "volume "+v.Name)
 						}
 					}

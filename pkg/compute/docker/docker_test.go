@@ -11,7 +11,8 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
-	"github.com/docker/docker/api/types/container"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/client"
 	"go.uber.org/zap/zaptest"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
@@ -134,11 +135,11 @@ func readFile(t *testing.T, ac *agentclient.Client, path string) string {
 
 func inspect(t *testing.T, p *Provider, sb compute.Sandbox) container.InspectResponse {
 	t.Helper()
-	info, err := p.API().ContainerInspect(testCtx(t), mustDecode(t, mustState(t, sb)).ContainerID)
+	res, err := p.API().ContainerInspect(testCtx(t), mustDecode(t, mustState(t, sb)).ContainerID, client.ContainerInspectOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	return info
+	return res.Container
 }
 
 func TestLaunchExecFilesAndUsers(t *testing.T) {
@@ -226,11 +227,11 @@ func TestTokenNeverExposed(t *testing.T) {
 	if bytes.Contains(mustState(t, sb), []byte(token)) {
 		t.Fatal("the sandbox state contains the token")
 	}
-	_, raw, err := p.API().ContainerInspectWithRaw(testCtx(t), st.ContainerID, false)
+	res, err := p.API().ContainerInspect(testCtx(t), st.ContainerID, client.ContainerInspectOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if bytes.Contains(raw, []byte(token)) {
+	if bytes.Contains(res.Raw, []byte(token)) {
 		t.Fatal("docker inspect shows the token")
 	}
 	info := inspect(t, p, sb)
@@ -350,7 +351,7 @@ func TestReattachRestartsAStoppedContainer(t *testing.T) {
 			oldToken, _ := p.privateDir(st.Key).readToken()
 			switch how {
 			case "outside":
-				if err := p.API().ContainerStop(testCtx(t), st.ContainerID, container.StopOptions{}); err != nil {
+				if _, err := p.API().ContainerStop(testCtx(t), st.ContainerID, client.ContainerStopOptions{}); err != nil {
 					t.Fatal(err)
 				}
 			case "shutdown":
@@ -386,7 +387,7 @@ func TestReattachAfterRemovalIsNotFound(t *testing.T) {
 	sb := launch(t, p, compute.LaunchSpec{})
 	raw := mustState(t, sb)
 	_ = sb.Close()
-	if err := p.API().ContainerRemove(testCtx(t), mustDecode(t, raw).ContainerID, container.RemoveOptions{Force: true}); err != nil {
+	if _, err := p.API().ContainerRemove(testCtx(t), mustDecode(t, raw).ContainerID, client.ContainerRemoveOptions{Force: true}); err != nil {
 		t.Fatal(err)
 	}
 	_, err := p.Reattach(testCtx(t), compute.LaunchSpec{}, raw)
@@ -410,10 +411,10 @@ func TestLaunchWithPriorReusesVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := mustDecode(t, prior)
-	if _, err := keep.API().ContainerInspect(testCtx(t), st.ContainerID); !cerrdefs.IsNotFound(err) {
+	if _, err := keep.API().ContainerInspect(testCtx(t), st.ContainerID, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Fatalf("container after Destroy: %v", err)
 	}
-	if _, err := keep.API().VolumeInspect(testCtx(t), st.Volume); err != nil {
+	if _, err := keep.API().VolumeInspect(testCtx(t), st.Volume, client.VolumeInspectOptions{}); err != nil {
 		t.Fatalf("volume after Destroy with DeleteContainer: %v", err)
 	}
 
@@ -449,7 +450,7 @@ func TestLaunchWithPriorInContainerLayer(t *testing.T) {
 	if second.WorkspaceKept() {
 		t.Fatal("WorkspaceKept without a volume")
 	}
-	if _, err := p.API().ContainerInspect(testCtx(t), mustDecode(t, prior).ContainerID); !cerrdefs.IsNotFound(err) {
+	if _, err := p.API().ContainerInspect(testCtx(t), mustDecode(t, prior).ContainerID, client.ContainerInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Fatalf("the replaced container is still there: %v", err)
 	}
 	if out := run(t, second.Agent(), "", "ls -A"); out != "" {
@@ -469,7 +470,7 @@ func TestDestroyTwice(t *testing.T) {
 			t.Fatalf("Destroy #%d: %v", i+1, err)
 		}
 	}
-	if _, err := p.API().VolumeInspect(testCtx(t), st.Volume); !cerrdefs.IsNotFound(err) {
+	if _, err := p.API().VolumeInspect(testCtx(t), st.Volume, client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Fatalf("volume after Destroy: %v", err)
 	}
 	if _, err := os.Stat(string(p.privateDir(st.Key))); !errors.Is(err, os.ErrNotExist) {
@@ -551,7 +552,7 @@ func TestMissingImage(t *testing.T) {
 	if !errors.Is(err, compute.ErrFailedPrecondition) || !strings.Contains(err.Error(), "make image") {
 		t.Fatalf("Launch with a missing image: %v", err)
 	}
-	if _, err := p.API().VolumeInspect(testCtx(t), VolumeName(sessionID(t))); !cerrdefs.IsNotFound(err) {
+	if _, err := p.API().VolumeInspect(testCtx(t), VolumeName(sessionID(t)), client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Fatalf("a failed Launch left a volume: %v", err)
 	}
 }
@@ -641,6 +642,7 @@ func TestConfigDefaultsAndChecks(t *testing.T) {
 	for name, bad := range map[string]Config{
 		"long state dir":    {StateDir: "/" + strings.Repeat("d", 100)},
 		"ports without net": {StateDir: "/tmp/x", PublishedPorts: []PortBinding{{ContainerPort: 80}}},
+		"bad host address":  {StateDir: "/tmp/x", Network: "bridge", PublishedPorts: []PortBinding{{ContainerPort: 80, HostIP: "localhost"}}},
 		"reserved label":    {StateDir: "/tmp/x", Labels: map[string]string{LabelSession: "x"}},
 		"bad policy":        {StateDir: "/tmp/x", DeletePolicy: 9},
 	} {

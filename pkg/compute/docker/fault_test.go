@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
+	"github.com/moby/moby/client"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
@@ -148,7 +148,7 @@ func TestFaultContainerStoppedDuringRun(t *testing.T) {
 	writeFile(t, f.s.Agent(), "work/after-snapshot.txt", "not in the snapshot\n", "")
 	done := streamUntilOutput(t, ctx, f.s)
 	timeout := 2
-	if err := f.p.API().ContainerStop(ctx, f.id, container.StopOptions{Timeout: &timeout}); err != nil {
+	if _, err := f.p.API().ContainerStop(ctx, f.id, client.ContainerStopOptions{Timeout: &timeout}); err != nil {
 		t.Fatal(err)
 	}
 	r := waitExec(t, done)
@@ -171,8 +171,8 @@ func TestFaultContainerStoppedDuringRun(t *testing.T) {
 	}
 
 	s2 := f.resume(t, ctx)
-	info, err := f.p.API().ContainerInspect(ctx, f.id)
-	if err != nil || !info.State.Running {
+	info, err := f.p.API().ContainerInspect(ctx, f.id, client.ContainerInspectOptions{})
+	if err != nil || !info.Container.State.Running {
 		t.Fatalf("the same container is not running again: %v", err)
 	}
 	// The live workspace is kept, including what came after the snapshot.
@@ -195,7 +195,7 @@ func TestFaultDaemonKilledInContainer(t *testing.T) {
 		f := newFaultSession(t, ctx)
 		writeFile(t, f.s.Agent(), "kept.txt", "kept\n", "")
 		done := streamUntilOutput(t, ctx, f.s)
-		if err := f.p.API().ContainerKill(ctx, f.id, "KILL"); err != nil {
+		if _, err := f.p.API().ContainerKill(ctx, f.id, client.ContainerKillOptions{Signal: "KILL"}); err != nil {
 			t.Fatal(err)
 		}
 		r := waitExec(t, done)
@@ -239,7 +239,7 @@ func TestFaultDaemonKilledInContainer(t *testing.T) {
 				t.Fatalf("no temporary file while writing: %q", out)
 			}
 		}
-		if err := f.p.API().ContainerKill(ctx, f.id, "KILL"); err != nil {
+		if _, err := f.p.API().ContainerKill(ctx, f.id, client.ContainerKillOptions{Signal: "KILL"}); err != nil {
 			t.Fatal(err)
 		}
 		// The source keeps delivering: the client notices the dead daemon

@@ -13,17 +13,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
-	"github.com/docker/docker/api/types/volume"
-	"github.com/docker/docker/client"
+	"github.com/moby/moby/client"
+
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 )
 
-// testEnv is decided once by TestMain: whether the Docker tests run, skip
-// or fail, and the label that marks everything this test run creates.
+// testEnv is decided once by TestMain: what stops the Docker tests (each
+// test then skips or fails through testenv), and the label that marks
+// everything this test run creates.
 var testEnv struct {
-	skip     string // non-empty: skip Docker tests with this line
-	fatal    string // non-empty: fail Docker tests with this (CI with Docker)
+	noAPI    string // non-empty: the Engine API does not answer
+	imageErr string // non-empty: the sandbox image could not be built
 	fullErr  string // the full image could not be built
 	runLabel string // value of runLabelKey for this run
 }
@@ -38,31 +38,22 @@ func runTests(m *testing.M) int {
 	b := make([]byte, 6)
 	_, _ = rand.Read(b)
 	testEnv.runLabel = hex.EncodeToString(b)
-	ci := os.Getenv("CI") == "true"
 
-	api, err := client.NewClientWithOpts(client.FromEnv, client.WithAPIVersionNegotiation())
+	api, err := client.New(client.FromEnv)
 	if err == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		_, err = api.Ping(ctx)
+		_, err = api.Ping(ctx, client.PingOptions{})
 		cancel()
 	}
 	if err != nil {
-		if ci && dockerCLIAnswers() {
-			testEnv.fatal = fmt.Sprintf("CI=true and `docker info` answers, but the Engine API does not: %v", err)
-		} else {
-			testEnv.skip = fmt.Sprintf("Docker is not available (%v): skipping the Docker provider tests", err)
-		}
+		testEnv.noAPI = fmt.Sprintf("the Docker Engine API does not answer: %v", err)
 		return m.Run()
 	}
 	defer api.Close()
 
 	if os.Getenv("BULKHEAD_TEST_NO_IMAGE_BUILD") != "1" {
 		if err := makeImage("image-sandbox"); err != nil {
-			if ci {
-				testEnv.fatal = "building the sandbox image failed: " + err.Error()
-			} else {
-				testEnv.skip = "building the sandbox image failed (run `make image` to see why): " + firstLine(err.Error())
-			}
+			testEnv.imageErr = err.Error()
 			return m.Run()
 		}
 		if err := makeImage("image-sandbox-full"); err != nil {
@@ -76,13 +67,6 @@ func runTests(m *testing.M) int {
 		code = 1
 	}
 	return code
-}
-
-// dockerCLIAnswers reports whether `docker info` succeeds.
-func dockerCLIAnswers() bool {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	return exec.CommandContext(ctx, "docker", "info").Run() == nil
 }
 
 // makeImage runs a Makefile image target at the repository root. It is a
@@ -144,31 +128,35 @@ func tail(s string, lines int) string {
 func cleanupRun(api *client.Client) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	f := filters.NewArgs(filters.Arg("label", runLabelKey+"="+testEnv.runLabel))
+	f := make(client.Filters).Add("label", runLabelKey+"="+testEnv.runLabel)
 	var leaked []string
-	if cs, err := api.ContainerList(ctx, container.ListOptions{All: true, Filters: f}); err == nil {
-		for _, c := range cs {
+	if cs, err := api.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f}); err == nil {
+		for _, c := range cs.Items {
 			leaked = append(leaked, "container "+strings.Join(c.Names, ","))
-			_ = api.ContainerRemove(ctx, c.ID, container.RemoveOptions{Force: true})
+			_, _ = api.ContainerRemove(ctx, c.ID, client.ContainerRemoveOptions{Force: true})
 		}
 	}
-	if vs, err := api.VolumeList(ctx, volume.ListOptions{Filters: f}); err == nil {
-		for _, v := range vs.Volumes {
+	if vs, err := api.VolumeList(ctx, client.VolumeListOptions{Filters: f}); err == nil {
+		for _, v := range vs.Items {
 			leaked = append(leaked, "volume "+v.Name)
-			_ = api.VolumeRemove(ctx, v.Name, true)
+			_, _ = api.VolumeRemove(ctx, v.Name, client.VolumeRemoveOptions{Force: true})
 		}
 	}
 	return strings.Join(leaked, ", ")
 }
 
-// needDocker skips or fails a test as TestMain decided.
+// needDocker skips or fails a test as TestMain's findings say: no Docker
+// at all skips it, CI included (testenv.Docker); a Docker whose CLI
+// answers but whose Engine API does not, or a failed image build, is a
+// missing part: a skip, or a failure under CI=true.
 func needDocker(t *testing.T) {
 	t.Helper()
-	if testEnv.fatal != "" {
-		t.Fatal(testEnv.fatal)
+	if testEnv.noAPI != "" {
+		testenv.Require(t, testenv.Docker)
+		testenv.Skip(t, testEnv.noAPI)
 	}
-	if testEnv.skip != "" {
-		t.Skip(testEnv.skip)
+	if testEnv.imageErr != "" {
+		testenv.Skip(t, "building the sandbox image failed (run `make image`): "+testEnv.imageErr)
 	}
 }
 
@@ -177,16 +165,6 @@ func needFullImage(t *testing.T) {
 	t.Helper()
 	needDocker(t)
 	if testEnv.fullErr != "" {
-		if os.Getenv("CI") == "true" {
-			t.Fatal("building bulkhead/sandbox-full:dev failed: " + testEnv.fullErr)
-		}
-		t.Skip("building bulkhead/sandbox-full:dev failed (run `make image`): " + firstLine(testEnv.fullErr))
+		testenv.Skip(t, "building bulkhead/sandbox-full:dev failed (run `make image`): "+testEnv.fullErr)
 	}
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"path"
 	"path/filepath"
 	"strconv"
@@ -13,18 +14,16 @@ import (
 	"time"
 
 	cerrdefs "github.com/containerd/errdefs"
-	"github.com/docker/docker/api/types/container"
-	"github.com/docker/docker/api/types/filters"
-	"github.com/docker/docker/api/types/mount"
-	"github.com/docker/docker/api/types/volume"
-	"github.com/docker/docker/client"
-	"github.com/docker/docker/pkg/stdcopy"
-	"github.com/docker/go-connections/nat"
+	"github.com/moby/moby/api/pkg/stdcopy"
+	"github.com/moby/moby/api/types/container"
+	"github.com/moby/moby/api/types/mount"
+	"github.com/moby/moby/api/types/network"
+	"github.com/moby/moby/client"
 	"go.uber.org/zap"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -35,12 +34,25 @@ type Provider struct {
 	cfg    Config
 	log    *zap.Logger
 	docker *client.Client
+	// egress are the egress proxies of the sandboxes this provider holds
+	// (Config.Egress), by private directory.
+	egress *egress.Servers
 }
 
-var _ compute.Provider = (*Provider)(nil)
+var (
+	_ compute.Provider        = (*Provider)(nil)
+	_ compute.AccountProvider = (*Provider)(nil)
+)
+
+// DefaultRunAs gives a session whose manifest names no run_as user an
+// unprivileged account of its own: the daemon runs as root in the
+// container, model-directed work does not.
+func (p *Provider) DefaultRunAs() *manifest.User {
+	return &manifest.User{Name: compute.DefaultRunAsName}
+}
 
 // New makes a provider. It does no I/O: the Docker daemon is first reached
-// by Ping or Launch (the API version is negotiated then; API 1.41 and up).
+// by Ping or Launch (the API version is negotiated then; API 1.40 and up).
 func New(cfg Config, log *zap.Logger) (*Provider, error) {
 	if log == nil {
 		log = zap.NewNop()
@@ -49,15 +61,20 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 	if err != nil {
 		return nil, err
 	}
-	opts := []client.Opt{client.FromEnv, client.WithAPIVersionNegotiation()}
+	opts := []client.Opt{client.FromEnv}
 	if cfg.DockerHost != "" {
 		opts = append(opts, client.WithHost(cfg.DockerHost))
 	}
-	dc, err := client.NewClientWithOpts(opts...)
+	dc, err := client.New(opts...)
 	if err != nil {
 		return nil, fmt.Errorf("docker: client: %w", err)
 	}
-	return &Provider{cfg: cfg, log: log.With(zap.String("provider", ProviderName)), docker: dc}, nil
+	log = log.With(zap.String("provider", ProviderName))
+	var eg egress.Options
+	if cfg.Egress != nil {
+		eg = *cfg.Egress
+	}
+	return &Provider{cfg: cfg, log: log, docker: dc, egress: egress.NewServers(eg, log)}, nil
 }
 
 // Name is "docker".
@@ -71,14 +88,15 @@ func (p *Provider) API() *client.Client { return p.docker }
 
 // Ping checks that the Docker daemon answers.
 func (p *Provider) Ping(ctx context.Context) error {
-	if _, err := p.docker.Ping(ctx); err != nil {
+	if _, err := p.docker.Ping(ctx, client.PingOptions{}); err != nil {
 		return fmt.Errorf("docker: %w: the Docker daemon does not answer: %v", compute.ErrUnavailable, err)
 	}
 	return nil
 }
 
-// Close releases the Docker client. Sandboxes are left as they are.
-func (p *Provider) Close() error { return p.docker.Close() }
+// Close stops the egress proxies and releases the Docker client. Sandboxes
+// are left as they are.
+func (p *Provider) Close() error { return errors.Join(p.egress.Close(), p.docker.Close()) }
 
 // Launch creates and starts a sandbox container and returns it connected.
 // With spec.Prior set, the earlier container (if it still exists) is
@@ -105,6 +123,10 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	if !path.IsAbs(root) || path.Clean(root) != root || root == "/" || root == containerRunDir {
 		return nil, fmt.Errorf("docker: launch: %w: workspace root %q", compute.ErrInvalidArgument, root)
 	}
+	if m := spec.Manifest; m != nil && m.RunAs != "" && m.RunAs != "root" {
+		// Requests that name no user run as the manifest's run_as account.
+		set.args = append([]string{"--default-user", m.RunAs}, set.args...)
+	}
 	log := p.log.With(zap.String("session", spec.SessionID))
 
 	// What survived of an earlier sandbox of this session.
@@ -118,6 +140,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		if err := p.removeContainer(ctx, st); err != nil {
 			return nil, err
 		}
+		p.egress.Stop(string(p.privateDir(st.Key)))
 		if err := p.privateDir(st.Key).remove(); err != nil {
 			return nil, err
 		}
@@ -139,7 +162,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		if prior != nil && prior.Volume != "" {
 			volName = prior.Volume
 		}
-		_, err := p.docker.VolumeInspect(ctx, volName)
+		_, err := p.docker.VolumeInspect(ctx, volName, client.VolumeInspectOptions{})
 		switch {
 		case err == nil && prior == nil:
 			return nil, fmt.Errorf("docker: %w: workspace volume %s already exists (left by an earlier sandbox of session %s): launch with that sandbox's state as Prior to reuse it, or destroy it",
@@ -149,10 +172,10 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			log.Info("reusing the preserved workspace volume", zap.String("volume", volName))
 		case cerrdefs.IsNotFound(err):
 			labels := p.labels(map[string]string{LabelWorkspaceVolume: "1", LabelSession: spec.SessionID})
-			if _, err := p.docker.VolumeCreate(ctx, volume.CreateOptions{Name: volName, Labels: labels}); err != nil {
+			if _, err := p.docker.VolumeCreate(ctx, client.VolumeCreateOptions{Name: volName, Labels: labels}); err != nil {
 				return nil, p.apiErr("create volume "+volName, err)
 			}
-			cleanup = append(cleanup, func() { _ = p.docker.VolumeRemove(bg, volName, true) })
+			cleanup = append(cleanup, func() { _, _ = p.docker.VolumeRemove(bg, volName, client.VolumeRemoveOptions{Force: true}) })
 		default:
 			return nil, p.apiErr("inspect volume "+volName, err)
 		}
@@ -167,6 +190,14 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		return fail(err)
 	}
 	cleanup = append(cleanup, func() { _ = dir.remove() })
+	if p.cfg.Egress != nil {
+		relay, err := p.startEgress(dir)
+		if err != nil {
+			return fail(err)
+		}
+		cleanup = append(cleanup, func() { p.egress.Stop(string(dir)) })
+		set.args = append(set.args, relay...)
+	}
 	token, err := dir.newToken()
 	if err != nil {
 		return fail(err)
@@ -189,7 +220,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 
 	name := containerName(spec.SessionID, key)
 	ccfg, hcfg := p.containerConfig(set, root, dir, volName, labels)
-	created, err := p.docker.ContainerCreate(ctx, ccfg, hcfg, nil, nil, name)
+	created, err := p.docker.ContainerCreate(ctx, client.ContainerCreateOptions{Config: ccfg, HostConfig: hcfg, Name: name})
 	if err != nil {
 		return fail(p.apiErr("create container "+name, err))
 	}
@@ -201,9 +232,9 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		Image: set.image, Volume: volName, Workspace: root,
 	}
 	cleanup = append(cleanup, func() {
-		_ = p.docker.ContainerRemove(bg, created.ID, container.RemoveOptions{Force: true})
+		_, _ = p.docker.ContainerRemove(bg, created.ID, client.ContainerRemoveOptions{Force: true})
 	})
-	if err := p.docker.ContainerStart(ctx, created.ID, container.StartOptions{}); err != nil {
+	if _, err := p.docker.ContainerStart(ctx, created.ID, client.ContainerStartOptions{}); err != nil {
 		return fail(p.apiErr("start container "+name, err))
 	}
 	sb, err := p.connect(ctx, st, dir, token, kept)
@@ -276,24 +307,25 @@ func (p *Provider) containerConfig(set sandboxSettings, root string, dir private
 		hcfg.Mounts = append(hcfg.Mounts, mount.Mount{Type: mount.TypeVolume, Source: volName, Target: root})
 	}
 	if len(set.ports) > 0 {
-		ccfg.ExposedPorts = nat.PortSet{}
-		hcfg.PortBindings = nat.PortMap{}
+		ccfg.ExposedPorts = network.PortSet{}
+		hcfg.PortBindings = network.PortMap{}
 		for _, pb := range set.ports {
 			proto := pb.Protocol
 			if proto == "" {
 				proto = "tcp"
 			}
-			hostIP := pb.HostIP
-			if hostIP == "" {
-				hostIP = "127.0.0.1"
+			// checkPorts validated the address, port and protocol.
+			hostIP := netip.AddrFrom4([4]byte{127, 0, 0, 1})
+			if pb.HostIP != "" {
+				hostIP, _ = netip.ParseAddr(pb.HostIP)
 			}
-			port := nat.Port(fmt.Sprintf("%d/%s", pb.ContainerPort, proto))
+			port, _ := network.PortFrom(uint16(pb.ContainerPort), network.IPProtocol(proto))
 			ccfg.ExposedPorts[port] = struct{}{}
 			hostPort := ""
 			if pb.HostPort > 0 {
 				hostPort = strconv.Itoa(pb.HostPort)
 			}
-			hcfg.PortBindings[port] = append(hcfg.PortBindings[port], nat.PortBinding{HostIP: hostIP, HostPort: hostPort})
+			hcfg.PortBindings[port] = append(hcfg.PortBindings[port], network.PortBinding{HostIP: hostIP, HostPort: hostPort})
 		}
 	}
 	return ccfg, hcfg
@@ -313,45 +345,38 @@ func (p *Provider) connect(ctx context.Context, st State, dir privateDir, token 
 	return &sandbox{p: p, client: ac, state: st, dir: dir, kept: kept}, nil
 }
 
-// waitReady polls the daemon's health until it serves, then checks the token
-// with an authenticated call. It gives up when the container exits, when
-// ReadyTimeout passes or when ctx ends.
+// waitReady waits until the daemon serves and accepts the token
+// (agentclient.WaitReady). It gives up when the container exits or
+// disappears, when ReadyTimeout passes or when ctx ends; a daemon that
+// exited or never served adds the container's last log lines.
 func (p *Provider) waitReady(ctx context.Context, st State, ac *agentclient.Client) error {
-	ctx, cancel := context.WithTimeout(ctx, p.cfg.ReadyTimeout)
-	defer cancel()
-	health := healthpb.NewHealthClient(ac.Conn())
-	nextInspect := time.Now()
-	for {
-		cctx, ccancel := context.WithTimeout(ctx, time.Second)
-		resp, err := health.Check(cctx, &healthpb.HealthCheckRequest{})
-		ccancel()
-		if err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING {
-			if _, err := ac.Info(ctx); err != nil {
-				return fmt.Errorf("docker: sandbox %s: the daemon serves but refused the call: %w", st.Name, err)
+	nextInspect, gone := time.Now(), false
+	_, err := agentclient.WaitReady(ctx, ac, agentclient.ReadyOptions{Timeout: p.cfg.ReadyTimeout,
+		Alive: func(ctx context.Context) error {
+			if time.Now().Before(nextInspect) {
+				return nil
 			}
-			return nil
-		}
-		if time.Now().After(nextInspect) {
 			nextInspect = time.Now().Add(250 * time.Millisecond)
-			info, ierr := p.docker.ContainerInspect(ctx, st.ContainerID)
+			res, ierr := p.docker.ContainerInspect(ctx, st.ContainerID, client.ContainerInspectOptions{})
+			info := res.Container
 			switch {
 			case cerrdefs.IsNotFound(ierr):
-				return fmt.Errorf("docker: sandbox %s: %w: the container disappeared during start-up", st.Name, compute.ErrUnavailable)
+				gone = true
+				return fmt.Errorf("%w: the container disappeared during start-up", compute.ErrUnavailable)
 			case ierr == nil && info.State != nil && !info.State.Running:
-				return fmt.Errorf("docker: sandbox %s: %w: sandbox-agentd exited during start-up (exit code %d)%s",
-					st.Name, compute.ErrUnavailable, info.State.ExitCode, p.logTail(context.WithoutCancel(ctx), st.ContainerID))
+				gone = true
+				return fmt.Errorf("%w: sandbox-agentd exited during start-up (exit code %d)%s",
+					compute.ErrUnavailable, info.State.ExitCode, p.logTail(context.WithoutCancel(ctx), st.ContainerID))
 			}
-		}
-		select {
-		case <-ctx.Done():
-			if parent := context.Cause(ctx); errors.Is(parent, context.Canceled) {
-				return fmt.Errorf("docker: sandbox %s: waiting for sandbox-agentd: %w", st.Name, compute.ErrCanceled)
-			}
-			return fmt.Errorf("docker: sandbox %s: %w: sandbox-agentd did not become ready within %s%s",
-				st.Name, compute.ErrUnavailable, p.cfg.ReadyTimeout, p.logTail(context.WithoutCancel(ctx), st.ContainerID))
-		case <-time.After(25 * time.Millisecond):
-		}
+			return nil
+		}})
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, compute.ErrUnavailable) && !gone:
+		return fmt.Errorf("docker: sandbox %s: %w%s", st.Name, err, p.logTail(context.WithoutCancel(ctx), st.ContainerID))
 	}
+	return fmt.Errorf("docker: sandbox %s: %w", st.Name, err)
 }
 
 // logTail returns the container's last log lines for an error message (the
@@ -359,7 +384,7 @@ func (p *Provider) waitReady(ctx context.Context, st State, ac *agentclient.Clie
 func (p *Provider) logTail(ctx context.Context, id string) string {
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	rc, err := p.docker.ContainerLogs(ctx, id, container.LogsOptions{ShowStdout: true, ShowStderr: true, Tail: "10"})
+	rc, err := p.docker.ContainerLogs(ctx, id, client.ContainerLogsOptions{ShowStdout: true, ShowStderr: true, Tail: "10"})
 	if err != nil {
 		return ""
 	}
@@ -390,10 +415,11 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 	st.ContainerID = info.ID
 	dir := p.dirOf(info, st)
 	log := p.log.With(zap.String("session", st.SessionID), zap.String("container", st.Name))
+	p.resumeEgress(dir, log)
 	state := info.State
 	switch {
 	case state.Running && state.Paused:
-		if err := p.docker.ContainerUnpause(ctx, info.ID); err != nil {
+		if _, err := p.docker.ContainerUnpause(ctx, info.ID, client.ContainerUnpauseOptions{}); err != nil {
 			return nil, p.apiErr("unpause container "+st.Name, err)
 		}
 		fallthrough
@@ -417,7 +443,7 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 		if err := p.stop(ctx, info.ID); err != nil {
 			return nil, err
 		}
-	case state.Status == "removing" || state.Dead:
+	case state.Status == container.StateRemoving || state.Dead:
 		return nil, fmt.Errorf("docker: sandbox %s: %w: the container is %s", st.Name, compute.ErrNotFound, state.Status)
 	}
 	// Stopped (created, exited): a fresh token, then start.
@@ -425,7 +451,7 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 	if err != nil {
 		return nil, err
 	}
-	if err := p.docker.ContainerStart(ctx, info.ID, container.StartOptions{}); err != nil {
+	if _, err := p.docker.ContainerStart(ctx, info.ID, client.ContainerStartOptions{}); err != nil {
 		return nil, p.apiErr("start container "+st.Name, err)
 	}
 	sb, err := p.connect(ctx, st, dir, token, true)
@@ -444,7 +470,8 @@ func (p *Provider) inspect(ctx context.Context, st State) (container.InspectResp
 	if ref == "" {
 		ref = st.Name
 	}
-	info, err := p.docker.ContainerInspect(ctx, ref)
+	res, err := p.docker.ContainerInspect(ctx, ref, client.ContainerInspectOptions{})
+	info := res.Container
 	if cerrdefs.IsNotFound(err) {
 		return info, fmt.Errorf("docker: sandbox %s: %w: the container is gone", st.Name, compute.ErrNotFound)
 	}
@@ -474,7 +501,7 @@ func (p *Provider) dirOf(info container.InspectResponse, st State) privateDir {
 // stop stops a container gracefully (SIGTERM, then SIGKILL after StopTimeout).
 func (p *Provider) stop(ctx context.Context, id string) error {
 	secs := int(p.cfg.StopTimeout / time.Second)
-	if err := p.docker.ContainerStop(ctx, id, container.StopOptions{Timeout: &secs}); err != nil && !cerrdefs.IsNotFound(err) {
+	if _, err := p.docker.ContainerStop(ctx, id, client.ContainerStopOptions{Timeout: &secs}); err != nil && !cerrdefs.IsNotFound(err) {
 		return p.apiErr("stop container "+id, err)
 	}
 	return nil
@@ -489,7 +516,7 @@ func (p *Provider) removeContainer(ctx context.Context, st State) error {
 	if err != nil {
 		return err
 	}
-	err = p.docker.ContainerRemove(ctx, info.ID, container.RemoveOptions{Force: true})
+	_, err = p.docker.ContainerRemove(ctx, info.ID, client.ContainerRemoveOptions{Force: true})
 	if err == nil || cerrdefs.IsNotFound(err) || (cerrdefs.IsConflict(err) && strings.Contains(err.Error(), "already in progress")) {
 		return nil
 	}
@@ -506,10 +533,11 @@ func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
 	if err := p.removeContainer(ctx, st); err != nil {
 		return err
 	}
+	p.egress.Stop(string(p.privateDir(st.Key)))
 	var errs []error
 	errs = append(errs, p.privateDir(st.Key).remove())
 	if p.cfg.DeletePolicy == DeleteAll && st.Volume != "" {
-		if err := p.docker.VolumeRemove(ctx, st.Volume, false); err != nil && !cerrdefs.IsNotFound(err) {
+		if _, err := p.docker.VolumeRemove(ctx, st.Volume, client.VolumeRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
 			errs = append(errs, p.apiErr("remove volume "+st.Volume, err))
 		}
 	}
@@ -523,16 +551,16 @@ func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
 // List returns the provider's sandbox containers, running or not, that
 // carry all of Config.Labels.
 func (p *Provider) List(ctx context.Context) ([]compute.SandboxInfo, error) {
-	f := filters.NewArgs(filters.Arg("label", LabelSandbox+"=1"))
+	f := make(client.Filters).Add("label", LabelSandbox+"=1")
 	for k, v := range p.cfg.Labels {
 		f.Add("label", k+"="+v)
 	}
-	cs, err := p.docker.ContainerList(ctx, container.ListOptions{All: true, Filters: f})
+	res, err := p.docker.ContainerList(ctx, client.ContainerListOptions{All: true, Filters: f})
 	if err != nil {
 		return nil, p.apiErr("list containers", err)
 	}
-	out := make([]compute.SandboxInfo, 0, len(cs))
-	for _, c := range cs {
+	out := make([]compute.SandboxInfo, 0, len(res.Items))
+	for _, c := range res.Items {
 		name := ""
 		if len(c.Names) > 0 {
 			name = c.Names[0]
@@ -547,7 +575,7 @@ func (p *Provider) List(ctx context.Context) ([]compute.SandboxInfo, error) {
 			last = p.privateDir(st.Key).lastActiveTime()
 		}
 		out = append(out, compute.SandboxInfo{
-			Provider: ProviderName, SessionID: st.SessionID, ID: c.ID, Running: c.State == "running",
+			Provider: ProviderName, SessionID: st.SessionID, ID: c.ID, Running: c.State == container.StateRunning,
 			Lifetime: lifetimeFromLabels(c.Labels), LastActive: last, State: raw,
 		})
 	}

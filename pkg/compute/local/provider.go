@@ -3,6 +3,8 @@ package local
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,10 +21,14 @@ import (
 	"time"
 
 	"go.uber.org/zap"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local/seccomp"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
 // ProviderName is the provider's name in session states.
@@ -44,6 +51,18 @@ type Config struct {
 	Isolation Isolation
 	// Network keeps the host network in isolated sandboxes (default: none).
 	Network bool
+	// Egress, when set, lets isolated sandboxes reach the network only
+	// through a harness-side proxy enforcing Egress.Policy (see egress.go
+	// and package egress); nil means no network (unless Network). Refused
+	// with IsolationNone (a plain process has the host's network) and with
+	// Network.
+	Egress *egress.Options
+	// NoSeccomp turns off the seccomp filter every bubblewrap sandbox
+	// otherwise runs under (package seccomp: ptrace, mounts, namespaces,
+	// kernel modules, the keyring... are refused). For debugging a
+	// program the filter stops, never in production: processes that run
+	// as root in the sandbox of a root harness keep every capability.
+	NoSeccomp bool
 }
 
 // Isolation is how a local sandbox is confined.
@@ -51,17 +70,50 @@ type Isolation string
 
 // Isolation modes.
 const (
+	// IsolationAuto (the zero value) picks the strongest isolation this
+	// machine offers (bubblewrap when bwrap works). When there is none, New
+	// refuses: a plain local sandbox must be asked for by name
+	// (IsolationNone), never fallen back to silently.
+	IsolationAuto Isolation = ""
 	// IsolationNone runs the daemon as a plain child process: confinement
-	// is the daemon's own (workspace paths, run_as accounts).
-	IsolationNone Isolation = ""
+	// is the daemon's own (workspace paths, run_as accounts). The harness
+	// process makes itself non-dumpable (see New), and with a root harness
+	// model-directed processes run as an account of the sandbox's own
+	// (DefaultRunAs), so they cannot read the harness's memory or
+	// environment; they still see the host's file system and network.
+	IsolationNone Isolation = "none"
 	// IsolationBubblewrap runs it under bubblewrap: new pid, mount, ipc,
 	// uts and network namespaces (and a user namespace when the harness is
 	// not root), the host file system read-only, the workspace the only
 	// writable path besides a private /tmp, no network unless asked.
 	IsolationBubblewrap Isolation = "bubblewrap"
-	// IsolationAuto is bubblewrap when bwrap is installed, else none.
-	IsolationAuto Isolation = "auto"
 )
+
+// ParseIsolation reads an isolation name as the CLI spells it: "auto" (or
+// ""), "none" or "bubblewrap".
+func ParseIsolation(s string) (Isolation, error) {
+	switch s {
+	case "", "auto":
+		return IsolationAuto, nil
+	case string(IsolationNone), string(IsolationBubblewrap):
+		return Isolation(s), nil
+	}
+	return "", fmt.Errorf("%w: unknown isolation %q (auto, none or bubblewrap)", compute.ErrInvalidArgument, s)
+}
+
+// String is the isolation's name ("auto" for the zero value).
+func (i Isolation) String() string {
+	if i == IsolationAuto {
+		return "auto"
+	}
+	return string(i)
+}
+
+// ErrNoIsolation is returned by New for IsolationAuto on a machine that
+// offers nothing stronger than plain processes. It wraps
+// compute.ErrFailedPrecondition.
+var ErrNoIsolation = fmt.Errorf("%w: no sandbox isolation is available here (install bubblewrap, `apt-get install bubblewrap`); "+
+	"to run sandboxes as plain processes that see the host's files and network, choose isolation none explicitly", compute.ErrFailedPrecondition)
 
 // Provider runs sandboxes as local sandbox-agentd processes. Sandboxes
 // outlive the harness process (they are not its process group's), so a
@@ -70,14 +122,26 @@ type Provider struct {
 	cfg   Config
 	log   *zap.Logger
 	bwrap string // bwrap binary when sandboxes are isolated
+	// isolation is the mode in effect (never IsolationAuto).
+	isolation Isolation
 	// noCgroup logs, once, why a sandbox runs without a cgroup.
 	noCgroup sync.Once
+	// egress are the egress proxies this provider serves (egressServers).
+	egress     *egress.Servers
+	egressOnce sync.Once
 }
 
 // Isolated reports whether this provider's sandboxes run under bubblewrap.
 func (p *Provider) Isolated() bool { return p.bwrap != "" }
 
-var _ compute.Provider = (*Provider)(nil)
+// Isolation returns the isolation in effect: what IsolationAuto chose, or
+// the mode asked for.
+func (p *Provider) Isolation() Isolation { return p.isolation }
+
+var (
+	_ compute.Provider        = (*Provider)(nil)
+	_ compute.AccountProvider = (*Provider)(nil)
+)
 
 // New returns a local provider.
 func New(cfg Config, log *zap.Logger) (*Provider, error) {
@@ -116,18 +180,107 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 	p := &Provider{cfg: cfg, log: log.Named("local")}
 	switch cfg.Isolation {
 	case IsolationNone:
+		p.isolation = IsolationNone
 	case IsolationBubblewrap, IsolationAuto:
 		bwrap, err := exec.LookPath("bwrap")
 		switch {
 		case err == nil:
-			p.bwrap = bwrap
+			p.bwrap, p.isolation = bwrap, IsolationBubblewrap
 		case cfg.Isolation == IsolationBubblewrap:
 			return nil, fmt.Errorf("%w: isolation %q needs bwrap (bubblewrap) on PATH", compute.ErrFailedPrecondition, cfg.Isolation)
+		default:
+			return nil, ErrNoIsolation
 		}
 	default:
 		return nil, fmt.Errorf("%w: unknown isolation %q", compute.ErrInvalidArgument, cfg.Isolation)
 	}
+	if p.isolation == IsolationNone {
+		// Plain sandboxes share the host's process table: keep this
+		// process's environment, memory and descriptors (the model API key
+		// and every other credential) from processes of the harness's own
+		// user, and say once what the sandbox does not confine.
+		if err := MakeNonDumpable(); err != nil {
+			return nil, fmt.Errorf("local provider: %w", err)
+		}
+		if blocked := unsearchableAncestor(cfg.StateDir); blocked != "" && os.Geteuid() == 0 {
+			return nil, fmt.Errorf("%w: plain local sandboxes run as accounts of their own, which cannot reach state directory %s: %s is not searchable by other users; "+
+				"choose a state directory they may pass through (e.g. below /var/tmp) or bubblewrap isolation", compute.ErrFailedPrecondition, cfg.StateDir, blocked)
+		}
+		p.log.Warn("local sandboxes are not isolated (isolation none): their processes see the host's files and network",
+			zap.Bool("separate_account", os.Geteuid() == 0))
+	}
+	if err := p.checkEgress(); err != nil {
+		return nil, err
+	}
 	return p, nil
+}
+
+// MakeNonDumpable clears the calling process's dumpable flag
+// (PR_SET_DUMPABLE 0): its /proc/<pid>/environ, mem, fd and the like then
+// belong to root, and no process without CAP_SYS_PTRACE (a sandbox process
+// of the same user included) may read them or attach to it. Harnesses
+// that run plain local sandboxes call it (New does); cmd/harness calls it
+// at start. Children it execs are dumpable again (the kernel resets the
+// flag on execve), so the sandbox daemon it starts is unaffected.
+func MakeNonDumpable() error {
+	if err := unix.Prctl(unix.PR_SET_DUMPABLE, 0, 0, 0, 0); err != nil {
+		return fmt.Errorf("make the harness non-dumpable: %w", err)
+	}
+	return nil
+}
+
+// DefaultRunAs gives a session whose manifest names no run_as user an
+// account of its own, with a uid drawn at random from a range far above
+// the host's accounts (2^24 to 2^31), so that processes of two plain
+// sandboxes on one host never share a uid (one could otherwise signal,
+// trace or read the other's processes and files). Only a root harness can
+// make accounts; otherwise it returns nil and work runs as the harness's
+// user (inside bubblewrap's user namespace, or plainly with IsolationNone).
+func (p *Provider) DefaultRunAs() *manifest.User {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	uid, err := randomUID()
+	if err != nil {
+		p.log.Warn("no uid for the sandbox's own account", zap.Error(err))
+		return nil
+	}
+	return &manifest.User{Name: compute.DefaultRunAsName, UID: &uid}
+}
+
+// Sandbox accounts' uids are drawn from [minSandboxUID, maxSandboxUID).
+const (
+	minSandboxUID = 1 << 24
+	maxSandboxUID = 1 << 31
+)
+
+// randomUID draws a uid that the host's passwd and group do not use.
+func randomUID() (uint32, error) {
+	taken := map[uint32]bool{}
+	for _, name := range []string{"/etc/passwd", "/etc/group"} {
+		data, err := os.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(data), "\n") {
+			if f := strings.Split(line, ":"); len(f) > 2 {
+				if n, err := strconv.ParseUint(f[2], 10, 32); err == nil {
+					taken[uint32(n)] = true
+				}
+			}
+		}
+	}
+	var b [4]byte
+	for range 16 {
+		if _, err := rand.Read(b[:]); err != nil {
+			return 0, fmt.Errorf("random uid: %w", err)
+		}
+		uid := minSandboxUID + binary.LittleEndian.Uint32(b[:])%(maxSandboxUID-minSandboxUID)
+		if !taken[uid] {
+			return uid, nil
+		}
+	}
+	return 0, errors.New("random uid: every draw was taken")
 }
 
 // NewClient is compute.NewClient over a new local provider.
@@ -217,17 +370,51 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	if err := seedEtc(etc); err != nil {
 		return nil, err
 	}
-	args := append([]string{"--etc-root", dir}, p.cfg.Args...)
+	if err := seedRunAs(dir, spec.Manifest); err != nil {
+		return nil, err
+	}
+	args := []string{"--etc-root", dir}
+	if m := spec.Manifest; m != nil && m.RunAs != "" && m.RunAs != "root" {
+		// Requests that name no user (the agent's tools, an operator's
+		// exec) run as the manifest's run_as account, not as root.
+		args = append(args, "--default-user", m.RunAs)
+	}
+	args = append(args, p.cfg.Args...)
 	run, ws := filepath.Join(dir, runDir), filepath.Join(dir, "workspace")
 	for _, d := range []string{run, ws, filepath.Join(dir, homeDir)} {
 		if err := os.MkdirAll(d, 0o711); err != nil {
 			return nil, fmt.Errorf("create sandbox directory: %w", err)
 		}
 	}
+	launched := false
+	if p.cfg.Egress != nil {
+		relay, err := p.startEgress(dir)
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if !launched {
+				p.stopEgress(dir)
+			}
+		}()
+		args = append(args, relay...)
+	} else {
+		p.forgetEgress(dir) // a replaced sandbox's policy does not carry over
+	}
 	opts := Options{AgentdPath: p.cfg.AgentdPath, Dir: run, Workspace: ws, Token: token, Args: args,
 		Stderr: p.cfg.Stderr, ReadyTimeout: p.cfg.ReadyTimeout}
 	if p.bwrap != "" {
-		opts.Wrap = func(argv []string) []string { return p.bubblewrap(dir, argv) }
+		seccompFD := 0
+		if !p.cfg.NoSeccomp {
+			filter, err := seccomp.File()
+			if err != nil {
+				return nil, fmt.Errorf("sandbox seccomp filter (Config.NoSeccomp turns it off for debugging): %w", err)
+			}
+			defer filter.Close() // bwrap holds its own copy once started
+			opts.ExtraFiles = append(opts.ExtraFiles, filter)
+			seccompFD = 3 + len(opts.ExtraFiles)
+		}
+		opts.Wrap = func(argv []string) []string { return p.bubblewrap(dir, argv, seccompFD) }
 	} else if m := spec.Manifest; m != nil && m.RunAs != "" && m.RunAs != "root" {
 		if blocked := unsearchableAncestor(ws); blocked != "" {
 			p.log.Warn("the run_as user cannot reach this plain local sandbox's workspace: commands run as it will fail to start; "+
@@ -266,6 +453,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	}
 	s := &sandbox{p: p, dir: dir, client: sb.Client, child: sb, kept: kept}
 	_ = s.Touch(ctx)
+	launched = true
 	return s, nil
 }
 
@@ -279,6 +467,11 @@ func (p *Provider) Reattach(ctx context.Context, _ compute.LaunchSpec, prior jso
 	if !alive {
 		return nil, fmt.Errorf("%w: the sandbox daemon in %s is not running", compute.ErrNotFound, filepath.Base(dir))
 	}
+	if err := p.resumeEgress(dir); err != nil {
+		// Fails closed: the sandbox has no way out until a harness serves
+		// its proxy again.
+		p.log.Warn("the sandbox's egress proxy could not be served; its network requests will fail", zap.String("dir", dir), zap.Error(err))
+	}
 	token, err := os.ReadFile(filepath.Join(dir, tokenFile))
 	if err != nil {
 		return nil, fmt.Errorf("%w: sandbox token: %v", compute.ErrNotFound, err)
@@ -287,12 +480,15 @@ func (p *Provider) Reattach(ctx context.Context, _ compute.LaunchSpec, prior jso
 	if err != nil {
 		return nil, err
 	}
-	rctx, cancel := context.WithTimeout(ctx, p.cfg.ReadyTimeout)
-	defer cancel()
-	resp, err := healthpb.NewHealthClient(client.Conn()).Check(rctx, &healthpb.HealthCheckRequest{})
-	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+	if _, err := agentclient.WaitReady(ctx, client, agentclient.ReadyOptions{Timeout: p.cfg.ReadyTimeout,
+		Alive: func(context.Context) error {
+			if _, alive := p.running(dir); !alive {
+				return fmt.Errorf("%w: the sandbox daemon (pid %d) exited", compute.ErrUnavailable, pid)
+			}
+			return nil
+		}}); err != nil {
 		client.Close()
-		return nil, fmt.Errorf("%w: the sandbox daemon (pid %d) does not answer: %v", compute.ErrUnavailable, pid, err)
+		return nil, fmt.Errorf("the sandbox daemon (pid %d) does not answer: %w", pid, err)
 	}
 	s := &sandbox{p: p, dir: dir, client: client, kept: true}
 	_ = s.Touch(ctx)
@@ -437,7 +633,9 @@ func (s *sandbox) Close() error {
 // killed and removed: whatever escaped the daemon's process groups, or
 // outlived a daemon that died without draining, ends there.
 func (p *Provider) stopSandbox(ctx context.Context, dir string) error {
-	return errors.Join(p.stopDaemon(ctx, dir), p.removeCgroup(ctx, dir))
+	err := errors.Join(p.stopDaemon(ctx, dir), p.removeCgroup(ctx, dir))
+	p.stopEgress(dir)
+	return err
 }
 
 // stopDaemon is stopSandbox's graceful part: SIGTERM to the daemon, and
@@ -576,8 +774,10 @@ func alivePID(pid int) bool {
 // workspace, the socket directory and the private etc writable, fresh
 // /dev, /proc and /tmp, and new namespaces. A root harness keeps real root
 // for the daemon (no user namespace), so run_as accounts work; otherwise a
-// user namespace maps the harness user.
-func (p *Provider) bubblewrap(dir string, argv []string) []string {
+// user namespace maps the harness user. With seccompFD > 0, bwrap reads
+// the seccomp filter (package seccomp) from that inherited descriptor and
+// installs it on the daemon, and so on everything the sandbox runs.
+func (p *Provider) bubblewrap(dir string, argv []string, seccompFD int) []string {
 	out := []string{p.bwrap,
 		// The daemon is the pid namespace's init (it reaps like one): when
 		// it dies, for whatever reason, the kernel ends everything inside.
@@ -620,9 +820,26 @@ func (p *Provider) bubblewrap(dir string, argv []string) []string {
 	}
 	if os.Geteuid() != 0 {
 		out = append(out, "--unshare-user")
+	} else {
+		// A root harness's sandbox would otherwise keep every capability
+		// (bwrap drops none for a real root caller): keep only what the
+		// daemon needs to act as run_as users, as the Docker provider does.
+		out = append(out, "--cap-drop", "ALL")
+		for _, c := range daemonCapabilities {
+			out = append(out, "--cap-add", c)
+		}
+	}
+	if seccompFD > 0 {
+		out = append(out, "--seccomp", strconv.Itoa(seccompFD))
 	}
 	return append(append(out, "--"), argv...)
 }
+
+// daemonCapabilities are what a root harness's isolated sandbox keeps:
+// the daemon runs processes as other users (SETUID, SETGID), creates and
+// chowns their files (CHOWN, DAC_OVERRIDE, FOWNER, FSETID) and signals
+// their process groups (KILL); the same set as docker.DefaultCapabilities.
+var daemonCapabilities = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
 
 // privateEtc returns the bwrap arguments that give the sandbox an /etc of
 // its own, on a tmpfs made read-only once filled: passwd and group are
@@ -698,6 +915,30 @@ func seedEtc(etc string) error {
 		if err := writeFileAtomic(dst, data, 0o644); err != nil {
 			return fmt.Errorf("sandbox accounts: %w", err)
 		}
+	}
+	return nil
+}
+
+// seedRunAs creates the manifest's run_as account in the sandbox's private
+// etc before the daemon starts, when the manifest fixes its uid and names
+// no groups for it (the account DefaultRunAs gives): requests that name no
+// user run as it from the first one, even before the session materializes
+// its manifest (which then finds the account there). Only a root harness
+// can give the account's home to it.
+func seedRunAs(dir string, m *manifest.Manifest) error {
+	if m == nil || m.RunAs == "" || m.RunAs == "root" || os.Geteuid() != 0 {
+		return nil
+	}
+	i := slices.IndexFunc(m.Users, func(u manifest.User) bool { return u.Name == m.RunAs })
+	if i < 0 || m.Users[i].UID == nil || len(m.Users[i].Groups) > 0 || m.Users[i].Home != "" || m.Users[i].Shell != "" {
+		return nil
+	}
+	db := userdb.New(dir)
+	if _, err := db.Lookup(m.RunAs); err == nil {
+		return nil // a replacement sandbox keeps its accounts
+	}
+	if _, err := db.AddUser(userdb.NewUser{Name: m.RunAs, UID: m.Users[i].UID}); err != nil {
+		return fmt.Errorf("sandbox account %s: %w", m.RunAs, err)
 	}
 	return nil
 }

@@ -40,6 +40,9 @@ type applier struct {
 	owners map[*Entry]owner
 	euid   uint32
 	egid   uint32
+	// rootOwner, when set, owns the workspace root and the parents the
+	// plan creates (Plan.RootUser).
+	rootOwner *owner
 }
 
 // Apply creates the plan's accounts, then builds its entries from the tar
@@ -96,6 +99,7 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 		}
 		rootOwner = &owner{uid, gid}
 	}
+	a.rootOwner = rootOwner
 	id, err := randomID()
 	if err != nil {
 		return res, err
@@ -229,6 +233,13 @@ func (a *applier) build(r io.Reader) ([]File, error) {
 		if e := a.c.byPath[d]; e != nil {
 			if err := a.chown(e, func(uid, gid int) error { return a.rt.Lchown(a.staged(d), uid, gid) }); err != nil {
 				return nil, err
+			}
+		} else if o := a.rootOwner; o != nil && (o.uid != a.euid || o.gid != a.egid) {
+			// A parent the plan creates belongs, like the workspace root,
+			// to the run_as user, who can then create files beside the
+			// entries in it (an existing one keeps its owner).
+			if err := a.rt.Lchown(a.staged(d), int(o.uid), int(o.gid)); err != nil {
+				return nil, &errdefs.PathError{Op: "materialize", Path: d, Err: errdefs.ClassifyFS(err)}
 			}
 		}
 	}

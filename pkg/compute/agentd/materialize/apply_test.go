@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 )
 
@@ -218,9 +219,7 @@ func TestApplyBuildsTheTree(t *testing.T) {
 }
 
 func TestApplyOwners(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("giving files to other users needs root")
-	}
+	testenv.Require(t, testenv.Root) // giving files to other users needs root
 	root := t.TempDir()
 	plan := Plan{Entries: []Entry{
 		{Path: "home", Kind: KindDir, User: "alice"},
@@ -246,9 +245,7 @@ func TestApplyOwners(t *testing.T) {
 // TestApplyRootUser checks Plan.RootUser gives the workspace root itself
 // to the user and its primary group, keeping its mode.
 func TestApplyRootUser(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("giving files to other users needs root")
-	}
+	testenv.Require(t, testenv.Root) // giving files to other users needs root
 	root := t.TempDir()
 	must(t, os.Chmod(root, 0o750))
 	plan := Plan{RootUser: "alice", Entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 1, User: "alice"}}}
@@ -260,6 +257,31 @@ func TestApplyRootUser(t *testing.T) {
 		must(t, err)
 		if st := fi.Sys().(*syscall.Stat_t); st.Uid != 4242 || st.Gid != 4242 || fi.Mode().Perm() != 0o750 {
 			t.Fatalf("workspace root %d:%d %v, want 4242:4242 0750", st.Uid, st.Gid, fi.Mode().Perm())
+		}
+	}
+}
+
+// TestApplyImplicitParentsBelongToRootUser: a parent directory the plan
+// creates only as a parent (repo/ of repo/a.txt) belongs to Plan.RootUser,
+// so the run_as user can create files in it; an existing one keeps its
+// owner.
+func TestApplyImplicitParentsBelongToRootUser(t *testing.T) {
+	testenv.Require(t, testenv.Root) // giving files to other users needs root
+	root := t.TempDir()
+	must(t, os.Mkdir(filepath.Join(root, "old"), 0o755))
+	plan := Plan{RootUser: "alice", Entries: []Entry{
+		{Path: "repo/src/a.txt", Kind: KindFile, Size: 1, User: "alice"},
+		{Path: "old/b.txt", Kind: KindFile, Size: 1, User: "alice"},
+	}}
+	stream := tarOf(t, member{name: "repo/src/a.txt", data: []byte("x")}, member{name: "old/b.txt", data: []byte("y")})
+	if _, err := Apply(context.Background(), root, plan, bytes.NewReader(stream), &fakeAccounts{}, Options{}); err != nil {
+		t.Fatal(err)
+	}
+	for p, want := range map[string]uint32{"repo": 4242, "repo/src": 4242, "old": 0} {
+		fi, err := os.Stat(filepath.Join(root, p))
+		must(t, err)
+		if st := fi.Sys().(*syscall.Stat_t); st.Uid != want || fi.Mode().Perm() != 0o755 {
+			t.Errorf("%s: owner %d mode %v, want %d 0755", p, st.Uid, fi.Mode().Perm(), want)
 		}
 	}
 }

@@ -1,0 +1,160 @@
+package docker
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// egressClientSource is a tiny static HTTP client for inside the
+// container: "get URL" goes through $HTTP(S)_PROXY as HTTP clients do;
+// "dial HOST:PORT" connects directly.
+const egressClientSource = `package main
+
+import (
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+)
+
+func main() {
+	switch os.Args[1] {
+	case "get":
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
+		resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Get(os.Args[2])
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		fmt.Printf("status %d: %s\n", resp.StatusCode, b)
+	case "dial":
+		c, err := net.DialTimeout("tcp", os.Args[2], 5*time.Second)
+		if err != nil {
+			fmt.Println("error:", err)
+			os.Exit(1)
+		}
+		c.Close()
+		fmt.Println("connected")
+	}
+}
+`
+
+type staticResolver map[string][]netip.Addr
+
+func (r staticResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
+	if a, ok := r[host]; ok {
+		return a, nil
+	}
+	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+}
+
+// TestEgressThroughTheProxy: a container on network "none" reaches an
+// allowed name (a loopback test server on the host stands in for it) only
+// through the daemon's relay and the harness's proxy; other names, IP
+// addresses and the metadata address are refused, and direct connections
+// go nowhere.
+func TestEgressThroughTheProxy(t *testing.T) {
+	needDocker(t)
+	dir := t.TempDir()
+	src := filepath.Join(dir, "main.go")
+	if err := os.WriteFile(src, []byte(egressClientSource), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "netclient"), src)
+	cmd.Dir, cmd.Env = dir, append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build the network client: %v\n%s", err, out)
+	}
+	client, err := os.ReadFile(filepath.Join(dir, "netclient"))
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello %s%s", r.Host, r.URL.Path) })
+	hs := httptest.NewServer(h)
+	defer hs.Close()
+	ts := httptest.NewTLSServer(h)
+	defer ts.Close()
+	httpPort, tlsPort := hs.Listener.Addr().(*net.TCPAddr).Port, ts.Listener.Addr().(*net.TCPAddr).Port
+	loop := []netip.Addr{netip.MustParseAddr("127.0.0.1")}
+
+	p := newProvider(t, func(c *Config) {
+		c.Egress = &egress.Options{
+			Policy:     egress.Policy{Allow: []egress.Rule{{Host: "allowed.test", Ports: []int{httpPort, tlsPort}}}},
+			Resolver:   staticResolver{"allowed.test": loop, "other.test": loop},
+			AllowAddrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
+		}
+	})
+	sb := launch(t, p, compute.LaunchSpec{})
+	ctx := testCtx(t)
+	ac := sb.Agent()
+	if _, err := ac.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "netclient", Mode: 0o755}, bytes.NewReader(client)); err != nil {
+		t.Fatal(err)
+	}
+	sh := func(command string) (string, int32) {
+		t.Helper()
+		res, err := ac.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/sh", "-c", command}}}, nil)
+		if err != nil {
+			t.Fatalf("%s: %v", command, err)
+		}
+		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr)), res.Exit.GetExitCode()
+	}
+	if out, _ := sh("echo $HTTPS_PROXY"); out != "http://"+EgressRelayAddr {
+		t.Errorf("HTTPS_PROXY inside: %q", out)
+	}
+	for _, u := range []string{"http://allowed.test:" + strconv.Itoa(httpPort) + "/plain", "https://allowed.test:" + strconv.Itoa(tlsPort) + "/tls"} {
+		if out, code := sh("./netclient get " + u); code != 0 || !strings.HasPrefix(out, "status 200: hello allowed.test") {
+			t.Errorf("allowed %s: exit %d: %s", u, code, out)
+		}
+	}
+	for _, u := range []string{"http://other.test:" + strconv.Itoa(httpPort) + "/", "http://93.184.215.14/", "http://169.254.169.254/latest/meta-data/"} {
+		if out, _ := sh("./netclient get " + u); !strings.Contains(out, "403") {
+			t.Errorf("refused %s: %s", u, out)
+		}
+	}
+	for _, addr := range []string{"127.0.0.1:" + strconv.Itoa(httpPort), "93.184.215.14:80", "169.254.169.254:80"} {
+		if out, code := sh("./netclient dial " + addr); code == 0 {
+			t.Errorf("direct connect to %s succeeded: %s", addr, out)
+		}
+	}
+	if st, ok := p.EgressStats(mustDecode(t, mustState(t, sb))); !ok || st.Allowed < 2 || st.Denied < 3 {
+		t.Errorf("proxy stats %+v (serving %v)", st, ok)
+	}
+}
+
+// TestEgressNeedsNetworkNone: a network other than "none" would give the
+// container a way around the proxy.
+func TestEgressNeedsNetworkNone(t *testing.T) {
+	_, err := New(Config{StateDir: t.TempDir(), Network: "bridge", Egress: &egress.Options{}}, nil)
+	if err == nil || !strings.Contains(err.Error(), "none") {
+		t.Fatalf("New with network bridge and an allow list: %v", err)
+	}
+	p, err := New(Config{StateDir: t.TempDir(), Egress: &egress.Options{}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	if _, err := p.cfg.settings(&CreateOptions{Network: "host"}); err == nil {
+		t.Fatal("a per-sandbox network override was accepted with an allow list")
+	}
+}
