@@ -76,6 +76,7 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "TLS server key (PEM)")
 	fs.StringVar(&cfg.ClientCAFile, "tls-client-ca", "", "require client certificates signed by this CA (mTLS)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long to drain on SIGTERM")
+	fs.DurationVar(&cfg.ReclaimIdle, "reclaim-idle", cfg.ReclaimIdle, "give memory back to the system once a burst of calls has been over this long (0: never)")
 	d := &cfg.Daemon
 	fs.StringVar(&d.WorkspaceRoot, "workspace", d.WorkspaceRoot, "workspace root directory")
 	fs.Var(&grants, "grant", "extra path outside the workspace: /abs/path or /abs/path:ro (repeatable)")

@@ -48,6 +48,11 @@ type config struct {
 	snapshotFiles int
 	snapshotBytes int64
 	onlySnapshots bool
+	// Memory after a burst (memory.go).
+	burstExecs int
+	onlyMemory bool
+	memoryEnv  string
+	memoryArgs string
 }
 
 func main() {
@@ -67,6 +72,10 @@ func main() {
 	flag.IntVar(&cfg.snapshotFiles, "snapshot-files", 5000, "files in the workspace snapshotted to the S3 store (0: skip)")
 	flag.Int64Var(&cfg.snapshotBytes, "snapshot-bytes", 100<<20, "bytes in the workspace snapshotted to the S3 store")
 	flag.BoolVar(&cfg.onlySnapshots, "only-snapshots", false, "measure only the S3 snapshot store figure")
+	flag.IntVar(&cfg.burstExecs, "burst-execs", 1000, "Execs in the burst before the after-burst RSS reading")
+	flag.BoolVar(&cfg.onlyMemory, "only-memory", false, "measure only the daemon's RSS after a burst (and its peak during it)")
+	flag.StringVar(&cfg.memoryArgs, "memory-daemon-args", "", "extra flags for the burst's daemon, space-separated (--reclaim-idle=0: without reclaiming)")
+	flag.StringVar(&cfg.memoryEnv, "memory-env", "", "extra environment for the burst's daemon, space-separated, whose log then goes to stderr (diagnostics: GODEBUG=gctrace=1,scavtrace=1 GOMEMLIMIT=32MiB)")
 	scaling := flag.String("scaling", "1,10,50,100", "concurrent sandbox counts of the scaling series (empty: skip)")
 	flag.Parse()
 	for _, f := range strings.Split(*scaling, ",") {
@@ -102,6 +111,14 @@ func run(ctx context.Context, cfg config) error {
 	add := func(r ...row) { rows = append(rows, r...) }
 	if cfg.onlySnapshots {
 		r, err := benchSnapshotStore(ctx, c, sb.Workspace, cfg.snapshotFiles, cfg.snapshotBytes)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	burst := burstConfig{agentd: agentd, streamSize: cfg.streamSize, fileSize: cfg.fileSize, execN: cfg.burstExecs, env: strings.Fields(cfg.memoryEnv), args: strings.Fields(cfg.memoryArgs)}
+	if cfg.onlyMemory {
+		r, err := benchMemoryBurst(ctx, burst)
 		if err != nil {
 			return err
 		}
@@ -168,6 +185,12 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	add(row{"sandbox-agentd RSS after the runs above", busy.String(), "", "", "bounded"})
+	fmt.Fprintln(os.Stderr, "memory after a burst ...")
+	r, err = benchMemoryBurst(ctx, burst)
+	if err != nil {
+		return err
+	}
+	add(r...)
 	if cfg.snapshotFiles > 0 {
 		fmt.Fprintln(os.Stderr, "S3 snapshot store ...")
 		r, err = benchSnapshotStore(ctx, c, sb.Workspace, cfg.snapshotFiles, cfg.snapshotBytes)

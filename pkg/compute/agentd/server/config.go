@@ -29,6 +29,10 @@ type Config struct {
 	TLSCertFile, TLSKeyFile, ClientCAFile string
 	// ShutdownTimeout bounds the graceful drain after SIGTERM.
 	ShutdownTimeout time.Duration
+	// ReclaimIdle is how long a burst of calls must have been over before
+	// the daemon gives the memory it used back to the system (once per
+	// burst); 0 disables it.
+	ReclaimIdle time.Duration
 	// Daemon holds the workspace, process and limit settings.
 	Daemon agentd.Config
 }
@@ -41,7 +45,7 @@ const maxTokenBytes = 4096
 
 // DefaultConfig returns a Config with every default filled in.
 func DefaultConfig() Config {
-	return Config{TokenFD: -1, ShutdownTimeout: 10 * time.Second, Daemon: agentd.DefaultConfig()}
+	return Config{TokenFD: -1, ShutdownTimeout: 10 * time.Second, ReclaimIdle: DefaultReclaimIdle, Daemon: agentd.DefaultConfig()}
 }
 
 // Validate checks the configuration without touching the token source.
@@ -71,6 +75,9 @@ func (c *Config) Validate() error {
 		return errors.New("no token configured: give --token-file or --token-fd (or --insecure-no-auth for local development)")
 	case sources == 1 && c.InsecureNoAuth:
 		return errors.New("--insecure-no-auth contradicts a configured token")
+	}
+	if c.ReclaimIdle < 0 {
+		return fmt.Errorf("--reclaim-idle %s: must not be negative", c.ReclaimIdle)
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("--tls-cert and --tls-key go together")

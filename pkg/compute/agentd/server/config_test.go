@@ -6,6 +6,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func validConfig(t *testing.T) Config {
@@ -34,6 +35,8 @@ func TestConfigValidate(t *testing.T) {
 		{"stdio token fd", func(c *Config) { c.InsecureNoAuth = false; c.TokenFD = 0 }, ">= 3"},
 		{"cert without key", func(c *Config) { c.TLSCertFile = "c" }, "go together"},
 		{"client CA without TLS", func(c *Config) { c.ClientCAFile = "ca" }, "needs --tls-cert"},
+		{"no reclaiming", func(c *Config) { c.ReclaimIdle = 0 }, ""},
+		{"negative reclaim idle", func(c *Config) { c.ReclaimIdle = -time.Second }, "--reclaim-idle"},
 		{"relative workspace", func(c *Config) { c.Daemon.WorkspaceRoot = "ws" }, "absolute"},
 		{"workspace is /", func(c *Config) { c.Daemon.WorkspaceRoot = "/" }, "must not be /"},
 	}

@@ -47,7 +47,9 @@ type Server struct {
 	Health *health.Server
 	Daemon *agentd.Daemon
 	drain  *drainGate
-	log    *zap.Logger
+	// reclaim records activity and, in Run, gives memory back after bursts.
+	reclaim *reclaimer
+	log     *zap.Logger
 }
 
 // New builds the gRPC server with auth, logging, panic recovery and the
@@ -59,14 +61,18 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	}
 	auth := newTokenAuth(token, insecureNoAuth)
 	gate := &drainGate{}
+	rec := newReclaimer(DefaultReclaimIdle, freeMemory, log)
+	recU, recS := rec.interceptors()
 	logU, logS := requestLog(log)
-	recU, recS := recovery(log)
+	panicU, panicS := recovery(log)
 	opts := []grpc.ServerOption{
 		// Order: log every call (including auth failures and recovered
 		// panics, which the recovery below turns into Internal), then
-		// authenticate, then refuse new work while draining.
-		grpc.ChainUnaryInterceptor(logU, recU, auth.unary, gate.unary),
-		grpc.ChainStreamInterceptor(logS, recS, auth.stream, gate.stream),
+		// authenticate, then record activity for the reclaimer (a caller
+		// without the token makes it do nothing), then refuse new work
+		// while draining.
+		grpc.ChainUnaryInterceptor(logU, panicU, auth.unary, recU, gate.unary),
+		grpc.ChainStreamInterceptor(logS, panicS, auth.stream, recS, gate.stream),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: clientMinPingTime, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(maxMessageBytes),
@@ -93,7 +99,7 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d})
 	agentdv1.RegisterPortServiceServer(gs, &portService{d: d})
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, log: log}, nil
+	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, reclaim: rec, log: log}, nil
 }
 
 // Shutdown drains: health says NOT_SERVING, new work is refused, every
@@ -114,6 +120,23 @@ func (s *Server) Shutdown(ctx context.Context) {
 		s.GRPC.Stop()
 		<-done
 	}
+}
+
+// startReclaimer gives memory back once each burst of calls has been over
+// for idle (see reclaimer), until ctx is done or the returned stop is
+// called, which waits for it to end. idle <= 0 disables it.
+func (s *Server) startReclaimer(ctx context.Context, idle time.Duration) (stop func()) {
+	if idle <= 0 {
+		return func() {}
+	}
+	s.reclaim.idle = idle
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		s.reclaim.run(ctx)
+	}()
+	return func() { cancel(); <-done }
 }
 
 // Run starts sandbox-agentd and serves until ctx is canceled (SIGTERM in the
@@ -154,6 +177,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		go func(l net.Listener) { serveErr <- srv.GRPC.Serve(l) }(l)
 	}
 	log.Info("sandbox-agentd ready", zap.String("workspace", cfg.Daemon.WorkspaceRoot), zap.Bool("tls", creds != nil), zap.Bool("auth", !cfg.InsecureNoAuth))
+	stopReclaim := srv.startReclaimer(ctx, cfg.ReclaimIdle)
 
 	var runErr error
 	select {
@@ -162,6 +186,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	case err := <-serveErr:
 		runErr = fmt.Errorf("serve: %w", err)
 	}
+	stopReclaim()
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	srv.Shutdown(sctx)
