@@ -16,7 +16,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	bh "github.com/bulkhead-dev/bulkhead/pkg/harness"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -89,22 +89,22 @@ func TestAgentAsToolSharedSession(t *testing.T) {
 
 			srv, m := newScriptedModel(t,
 				// coordinator
-				rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "explorer", argsJSON(map[string]any{"input": "Read the data room and leave your notes in output/."}))}},
+				replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "explorer", argsJSON(map[string]any{"input": "Read the data room and leave your notes in output/."}))}},
 				// explorer
-				rt.Turn{Items: []rt.Item{rt.FunctionCall("e1", "exec_command", argsJSON(map[string]any{"cmd": "id -u; cat dataroom/revenue.csv dataroom/costs.csv"}))}},
-				rt.Turn{Items: []rt.Item{
-					rt.FunctionCall("e2", "exec_command", argsJSON(map[string]any{"cmd": "echo draft > output/explorer-notes.md"})),
-					rt.CustomToolCall("e3", "apply_patch", "*** Begin Patch\n*** Add File: output/explorer.md\n+notes\n*** End Patch\n"),
-					rt.FunctionCall("e4", "exec_command", argsJSON(map[string]any{"cmd": "echo tampered >> dataroom/revenue.csv"})),
+				replay.Turn{Items: []replay.Item{replay.FunctionCall("e1", "exec_command", argsJSON(map[string]any{"cmd": "id -u; cat dataroom/revenue.csv dataroom/costs.csv"}))}},
+				replay.Turn{Items: []replay.Item{
+					replay.FunctionCall("e2", "exec_command", argsJSON(map[string]any{"cmd": "echo draft > output/explorer-notes.md"})),
+					replay.CustomToolCall("e3", "apply_patch", "*** Begin Patch\n*** Add File: output/explorer.md\n+notes\n*** End Patch\n"),
+					replay.FunctionCall("e4", "exec_command", argsJSON(map[string]any{"cmd": "echo tampered >> dataroom/revenue.csv"})),
 				}},
-				rt.Turn{Items: []rt.Item{rt.Message(explored)}},
+				replay.Turn{Items: []replay.Item{replay.Message(explored)}},
 				// coordinator
-				rt.Turn{Items: []rt.Item{
-					rt.CustomToolCall("c2", "apply_patch", "*** Begin Patch\n*** Add File: output/report.md\n+"+
+				replay.Turn{Items: []replay.Item{
+					replay.CustomToolCall("c2", "apply_patch", "*** Begin Patch\n*** Add File: output/report.md\n+"+
 						strings.Join(strings.Split(strings.TrimSuffix(report, "\n"), "\n"), "\n+")+"\n*** End Patch\n"),
-					rt.FunctionCall("c3", "exec_command", argsJSON(map[string]any{"cmd": "id -u; echo tampered >> dataroom/costs.csv"})),
+					replay.FunctionCall("c3", "exec_command", argsJSON(map[string]any{"cmd": "id -u; echo tampered >> dataroom/costs.csv"})),
 				}},
-				rt.Turn{Items: []rt.Item{rt.Message(finalText)}},
+				replay.Turn{Items: []replay.Item{replay.Message(finalText)}},
 			)
 			r := &bh.Runner{Model: m, Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))}
 			explorer := &bh.Agent{Name: "explorer", Instructions: "Explore the data room and report what you find.",

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
 // canaryRun is one harness process started for the canary attack.
@@ -79,10 +79,10 @@ func TestSecretCanary(t *testing.T) {
 				}
 			}
 			canary := "bulkhead-canary-" + randomHex(t)
-			srv := rt.NewServer(
-				rt.Turn{Items: []rt.Item{rt.FunctionCall("probe", "exec_command",
+			srv := replay.NewServer(
+				replay.Turn{Items: []replay.Item{replay.FunctionCall("probe", "exec_command",
 					argsJSON(map[string]any{"cmd": "chmod 755 canaryprobe && ./canaryprobe", "yield_time_ms": 60000}))}},
-				rt.Turn{Items: []rt.Item{rt.Message("done")}},
+				replay.Turn{Items: []replay.Item{replay.Message("done")}},
 			)
 			t.Cleanup(srv.Close)
 			state := stateDir(t)

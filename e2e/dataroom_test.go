@@ -13,7 +13,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	hs "github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -46,12 +46,12 @@ func TestDataRoomAnalyst(t *testing.T) {
 		t.Run(p.name, func(t *testing.T) {
 			p.skip(t)
 			testenv.Require(t, testenv.Condition(p.users, "this provider's sandboxes cannot create accounts (the local provider needs root)"))
-			srv := rt.NewServer(
-				rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "exec_command", `{"cmd":"cat dataroom/q3.csv"}`)}},
-				rt.Turn{Items: []rt.Item{rt.FunctionCall("c2", "exec_command", `{"cmd":"echo 9999 >> dataroom/q3.csv"}`)}},
-				rt.Turn{Items: []rt.Item{rt.FunctionCall("c3", "exec_command", `{"cmd":"chmod u+w dataroom/q3.csv"}`)}},
-				rt.Turn{Items: []rt.Item{rt.CustomToolCall("c4", "apply_patch", report)}},
-				rt.Turn{Items: []rt.Item{rt.Message("The report is in output/report.md.")}},
+			srv := replay.NewServer(
+				replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "exec_command", `{"cmd":"cat dataroom/q3.csv"}`)}},
+				replay.Turn{Items: []replay.Item{replay.FunctionCall("c2", "exec_command", `{"cmd":"echo 9999 >> dataroom/q3.csv"}`)}},
+				replay.Turn{Items: []replay.Item{replay.FunctionCall("c3", "exec_command", `{"cmd":"chmod u+w dataroom/q3.csv"}`)}},
+				replay.Turn{Items: []replay.Item{replay.CustomToolCall("c4", "apply_patch", report)}},
+				replay.Turn{Items: []replay.Item{replay.Message("The report is in output/report.md.")}},
 			)
 			t.Cleanup(srv.Close)
 			m, err := model.NewOpenAI(model.Config{Model: "test-model", APIKey: "x", BaseURL: srv.URL(), Retry: model.RetryPolicy{MaxAttempts: 1}})

@@ -26,7 +26,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/remote"
 	bh "github.com/bulkhead-dev/bulkhead/pkg/harness"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -145,7 +145,7 @@ func TestFaultDaemonKilledDuringRun(t *testing.T) {
 				}
 			})
 
-			srv, m := newScriptedModel(t, rt.Turn{Items: []rt.Item{rt.FunctionCall("call_sleep", "exec_command",
+			srv, m := newScriptedModel(t, replay.Turn{Items: []replay.Item{replay.FunctionCall("call_sleep", "exec_command",
 				argsJSON(map[string]any{"cmd": "echo before-kill; sleep 30 # " + marker, "yield_time_ms": 30000}))}})
 			var (
 				mu   sync.Mutex
@@ -297,13 +297,13 @@ func TestFaultConnectionCut(t *testing.T) {
 				}
 				sess := ownedSession(t, ctx, rc, compute.CreateOptions{})
 
-				srv, m := newScriptedModel(t, rt.Turn{Items: []rt.Item{rt.FunctionCall("call_lines", "exec_command",
+				srv, m := newScriptedModel(t, replay.Turn{Items: []replay.Item{replay.FunctionCall("call_lines", "exec_command",
 					argsJSON(map[string]any{"cmd": gatedLines(lines, 100, 200), "yield_time_ms": 30000}))}})
 				// Polls until the command exits (it normally does within
 				// the first call's yield), then a final message.
 				var pollMu sync.Mutex
 				polls := 0
-				srv.SetFallback(func(req *rt.Request) rt.Turn {
+				srv.SetFallback(func(req *replay.Request) replay.Turn {
 					pollMu.Lock()
 					defer pollMu.Unlock()
 					outs := callOutputs(req)
@@ -313,10 +313,10 @@ func TestFaultConnectionCut(t *testing.T) {
 					}
 					if m := sessionIDRE.FindStringSubmatch(outs[last]); m != nil && polls < 5 {
 						polls++
-						return rt.Turn{Items: []rt.Item{rt.FunctionCall(fmt.Sprintf("call_poll_%d", polls), "write_stdin",
+						return replay.Turn{Items: []replay.Item{replay.FunctionCall(fmt.Sprintf("call_poll_%d", polls), "write_stdin",
 							fmt.Sprintf(`{"session_id":%s,"chars":"","yield_time_ms":30000}`, m[1]))}}
 					}
-					return rt.Turn{Items: []rt.Item{rt.Message("all lines read")}}
+					return replay.Turn{Items: []replay.Item{replay.Message("all lines read")}}
 				})
 				s := (&bh.Runner{Model: m, Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))}).RunStreamed(ctx,
 					&bh.Agent{Name: "reader"}, "print the lines", bh.RunConfig{Sandbox: &bh.SandboxConfig{Session: sess}})

@@ -20,15 +20,15 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	bh "github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // newScriptedModel starts a scripted Responses server and returns it with a
 // model (the real openai-go client) talking to it.
-func newScriptedModel(t *testing.T, turns ...rt.Turn) (*rt.Server, model.Model) {
+func newScriptedModel(t *testing.T, turns ...replay.Turn) (*replay.Server, model.Model) {
 	t.Helper()
-	srv := rt.NewServer(turns...)
+	srv := replay.NewServer(turns...)
 	t.Cleanup(srv.Close)
 	m, err := model.NewOpenAI(model.Config{Model: "e2e-model", APIKey: "x", BaseURL: srv.URL(),
 		Retry: model.RetryPolicy{MaxAttempts: 1}})
@@ -39,7 +39,7 @@ func newScriptedModel(t *testing.T, turns ...rt.Turn) (*rt.Server, model.Model) 
 }
 
 // callOutputs maps call ids to the tool outputs a request carried.
-func callOutputs(r *rt.Request) map[string]string {
+func callOutputs(r *replay.Request) map[string]string {
 	out := map[string]string{}
 	for _, o := range r.InputOfType("function_call_output") {
 		s, _ := o["output"].(string)
@@ -122,14 +122,14 @@ func newReplDriver(t *testing.T, cmd string, steps []replStep) *replDriver {
 }
 
 // respond computes the model's next turn from the request.
-func (d *replDriver) respond(req *rt.Request) rt.Turn {
+func (d *replDriver) respond(req *replay.Request) replay.Turn {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(d.order) == 0 {
 		id := "call_start"
 		d.calls[id], d.order = 0, append(d.order, id)
 		args, _ := json.Marshal(map[string]any{"cmd": d.cmd, "tty": true, "yield_time_ms": 1000})
-		return rt.Turn{Items: []rt.Item{rt.FunctionCall(id, "exec_command", string(args))}}
+		return replay.Turn{Items: []replay.Item{replay.FunctionCall(id, "exec_command", string(args))}}
 	}
 	last := d.order[len(d.order)-1]
 	out, ok := callOutputs(req)[last]
@@ -155,7 +155,7 @@ func (d *replDriver) respond(req *rt.Request) rt.Turn {
 		return d.write(st, "")
 	case cur.exits:
 		d.done = true
-		return rt.Turn{Items: []rt.Item{rt.Message("the session ended")}}
+		return replay.Turn{Items: []replay.Item{replay.Message("the session ended")}}
 	case exited != nil:
 		return d.giveUp(fmt.Sprintf("step %q: the program exited early (code %s)", cur.name, exited[1]))
 	}
@@ -167,17 +167,17 @@ func (d *replDriver) respond(req *rt.Request) rt.Turn {
 }
 
 // write sends chars to the session as step st.
-func (d *replDriver) write(st int, chars string) rt.Turn {
+func (d *replDriver) write(st int, chars string) replay.Turn {
 	id := fmt.Sprintf("call_%d_%d", st, len(d.order))
 	d.calls[id], d.order = st, append(d.order, id)
 	sid, _ := strconv.Atoi(d.session)
 	args, _ := json.Marshal(map[string]any{"session_id": sid, "chars": chars, "yield_time_ms": 700})
-	return rt.Turn{Items: []rt.Item{rt.FunctionCall(id, "write_stdin", string(args))}}
+	return replay.Turn{Items: []replay.Item{replay.FunctionCall(id, "write_stdin", string(args))}}
 }
 
-func (d *replDriver) giveUp(why string) rt.Turn {
+func (d *replDriver) giveUp(why string) replay.Turn {
 	d.problem, d.done = why, true
-	return rt.Turn{Items: []rt.Item{rt.Message("giving up: " + why)}}
+	return replay.Turn{Items: []replay.Item{replay.Message("giving up: " + why)}}
 }
 
 // transcript describes every call and its output, for failure messages.

@@ -29,7 +29,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -148,14 +148,14 @@ func newModel(cfg config, log *zap.Logger) (model.Model, func(), error) {
 		m, err := model.NewOpenAI(model.Config{Model: cfg.Model, Logger: log.Named("model")})
 		return m, func() {}, err
 	}
-	rec, err := responsestest.LoadRecording(cfg.Replay)
+	rec, err := replay.LoadRecording(cfg.Replay)
 	if err != nil {
 		return nil, nil, err
 	}
 	turns := rec.ScriptTurns()
-	srv := responsestest.NewServer(turns...)
+	srv := replay.NewServer(turns...)
 	// Each time the recording is used up, it starts over for the next run.
-	srv.SetFallback(func(*responsestest.Request) responsestest.Turn {
+	srv.SetFallback(func(*replay.Request) replay.Turn {
 		srv.Enqueue(turns[1:]...)
 		return turns[0]
 	})

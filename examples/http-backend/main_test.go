@@ -22,7 +22,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -152,20 +152,20 @@ func TestBackend(t *testing.T) {
 	}
 
 	// The scripted model: three runs, one after the other.
-	script := rt.NewServer(
+	script := replay.NewServer(
 		// Run 1: a listing (allowed), then a command that needs approval.
-		rt.Turn{Items: []rt.Item{rt.Message("Let me look around."), rt.FunctionCall("c1", "exec_command", `{"cmd": "ls notes"}`)}},
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c2", "exec_command", `{"cmd": "echo hello > greeting.txt && cat greeting.txt"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("greeting.txt says hello.")}},
+		replay.Turn{Items: []replay.Item{replay.Message("Let me look around."), replay.FunctionCall("c1", "exec_command", `{"cmd": "ls notes"}`)}},
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c2", "exec_command", `{"cmd": "echo hello > greeting.txt && cat greeting.txt"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("greeting.txt says hello.")}},
 		// Run 2: a command the user rejects.
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c3", "exec_command", `{"cmd": "rm -rf notes"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("Understood: I left notes/ alone.")}},
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c3", "exec_command", `{"cmd": "rm -rf notes"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("Understood: I left notes/ alone.")}},
 		// Run 3: the client goes away while the model is thinking.
-		rt.Turn{Items: []rt.Item{rt.Message("This will take a while.")}}.Stalled(2),
+		replay.Turn{Items: []replay.Item{replay.Message("This will take a while.")}}.Stalled(2),
 		// Run 4: waits for approval when the server shuts down, while run 5
 		// is still thinking.
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c4", "exec_command", `{"cmd": "touch x"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("This will take a while too.")}}.Stalled(2),
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c4", "exec_command", `{"cmd": "touch x"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("This will take a while too.")}}.Stalled(2),
 	)
 	t.Cleanup(script.Close)
 	mdl, err := model.NewOpenAI(model.Config{Model: "scripted", APIKey: "x", BaseURL: script.URL(), Retry: model.RetryPolicy{MaxAttempts: 1}})

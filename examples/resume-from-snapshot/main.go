@@ -10,7 +10,7 @@
 // the workspace back in a new sandbox before the approved command runs.
 //
 // Everything is real except the model, which is a scripted Responses server
-// (pkg/harness/responsestest), so the run stops for approval at the same
+// (pkg/harness/replay), so the run stops for approval at the same
 // point every time and no API key is needed.
 package main
 

@@ -15,7 +15,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	hs "github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
@@ -23,17 +23,17 @@ import (
 // script is the model's side of part 2: write a file, look at it (allowed
 // without approval), then pack it with a command that needs approval, and
 // finish.
-func script() []rt.Turn {
-	return []rt.Turn{
-		{Items: []rt.Item{
-			rt.Message("I'll write the summary, then pack it."),
-			rt.CustomToolCall("call_1", "apply_patch", "*** Begin Patch\n*** Add File: report/summary.md\n+# Weekly summary\n+\n+All three readings are within range.\n*** End Patch"),
-			rt.FunctionCall("call_2", "exec_command", `{"cmd": "ls -l report"}`),
+func script() []replay.Turn {
+	return []replay.Turn{
+		{Items: []replay.Item{
+			replay.Message("I'll write the summary, then pack it."),
+			replay.CustomToolCall("call_1", "apply_patch", "*** Begin Patch\n*** Add File: report/summary.md\n+# Weekly summary\n+\n+All three readings are within range.\n*** End Patch"),
+			replay.FunctionCall("call_2", "exec_command", `{"cmd": "ls -l report"}`),
 		}},
-		{Items: []rt.Item{
-			rt.FunctionCall("call_3", "exec_command", `{"cmd": "tar -czf report.tar.gz report && tar -tzf report.tar.gz"}`),
+		{Items: []replay.Item{
+			replay.FunctionCall("call_3", "exec_command", `{"cmd": "tar -czf report.tar.gz report && tar -tzf report.tar.gz"}`),
 		}},
-		{Items: []rt.Item{rt.Message("Packed report/ into report.tar.gz.")}},
+		{Items: []replay.Item{replay.Message("Packed report/ into report.tar.gz.")}},
 	}
 }
 
@@ -63,7 +63,7 @@ func newAgent(out io.Writer) *hs.Agent {
 // approved command runs there.
 func runStatePart(ctx context.Context, client *compute.Client, dir string, out io.Writer, log *zap.Logger) error {
 	step(out, "Part 2: a run stopped for approval, its sandbox deleted, the run resumed")
-	srv := rt.NewServer(script()...)
+	srv := replay.NewServer(script()...)
 	defer srv.Close()
 	mdl, err := model.NewOpenAI(model.Config{Model: "scripted", APIKey: "scripted", BaseURL: srv.URL(), Logger: log})
 	if err != nil {

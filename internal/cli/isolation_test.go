@@ -7,7 +7,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
 // TestIsolationNeverDegradesSilently: on a machine without bubblewrap,
@@ -18,7 +18,7 @@ import (
 func TestIsolationNeverDegradesSilently(t *testing.T) {
 	bin := agentdtest.Binaries(t).Agentd
 	example := repoFile(t, "examples/coding-task")
-	srv := rt.NewServer() // a model that must never be called
+	srv := replay.NewServer() // a model that must never be called
 	t.Cleanup(srv.Close)
 	noBwrap := t.TempDir()
 	base := func(state string, more ...string) []string {

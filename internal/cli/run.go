@@ -14,12 +14,12 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -255,7 +255,7 @@ func chooseModel(f *runFlags, g *globals, skipTurns int) (model.Model, string, f
 		label = "OPENAI_API_KEY is not set: "
 	}
 	if rec != "" {
-		r, err := responsestest.LoadRecording(rec)
+		r, err := replay.LoadRecording(rec)
 		if err != nil {
 			return nil, "", nil, err
 		}
@@ -264,7 +264,7 @@ func chooseModel(f *runFlags, g *globals, skipTurns int) (model.Model, string, f
 			return nil, "", nil, fmt.Errorf("the recording %s has %d turns; the resumed run already made %d", rec, len(turns), skipTurns)
 		}
 		// A resumed run continues the recording where the run stopped.
-		srv := responsestest.NewServer(turns[skipTurns:]...)
+		srv := replay.NewServer(turns[skipTurns:]...)
 		m, err := model.NewOpenAI(model.Config{APIKey: "replay", BaseURL: srv.URL(), Logger: g.logger(), Retry: model.RetryPolicy{MaxAttempts: 1}})
 		if err != nil {
 			srv.Close()

@@ -20,9 +20,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )

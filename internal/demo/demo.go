@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -180,11 +180,11 @@ func (t *tour) files(ctx context.Context) error {
 func (t *tour) patch(ctx context.Context) error {
 	bad := "*** Begin Patch\n*** Add File: notes.md\n+fixed the bug\n*** Update File: src/calc.py\n@@\n-    return sum(xs) + 1\n+    return sum(xs)\n*** End Patch\n"
 	_, err := t.c.ApplyPatch(ctx, &agentdv1.ApplyPatchRequest{Input: &agentdv1.ApplyPatchRequest_Patch{Patch: bad}})
-	if !errors.Is(err, errdefs.ErrPatchRejected) {
+	if !errors.Is(err, errkind.ErrPatchRejected) {
 		return fmt.Errorf("a patch with wrong context should be rejected, got %v", err)
 	}
 	t.printf("rejected as expected: %v\n", err)
-	if _, serr := t.c.Stat(ctx, "notes.md", ""); !errors.Is(serr, errdefs.ErrNotFound) {
+	if _, serr := t.c.Stat(ctx, "notes.md", ""); !errors.Is(serr, errkind.ErrNotFound) {
 		return fmt.Errorf("the rejected patch must not have created notes.md (stat: %v)", serr)
 	}
 	t.printf("notes.md was not created: nothing of the rejected patch was applied\n")
@@ -202,7 +202,7 @@ func (t *tour) patch(ctx context.Context) error {
 func (t *tour) boundary(ctx context.Context) error {
 	for _, p := range []string{"../../etc/passwd", "/etc/passwd"} {
 		_, err := t.c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: p}, io.Discard)
-		if !errors.Is(err, errdefs.ErrPathEscape) {
+		if !errors.Is(err, errkind.ErrPathEscape) {
 			return fmt.Errorf("read %s: want a path escape error, got %v", p, err)
 		}
 		t.printf("read %s: refused (%v)\n", p, err)

@@ -13,7 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -23,62 +23,62 @@ type wire struct {
 	reason agentdv1.ErrorReason
 }
 
-// wireOf returns the gRPC code and ErrorReason of the errdefs class whose
+// wireOf returns the gRPC code and ErrorReason of the errkind class whose
 // sentinel is s; ok is false for an error that is not a class sentinel.
-// The classes, their names and their order are errdefs.Classes; this is
+// The classes, their names and their order are errkind.Classes; this is
 // only their wire form, and a test keeps it complete and one to one.
 func wireOf(s error) (w wire, ok bool) {
 	switch s {
-	case errdefs.ErrCanceled:
+	case errkind.ErrCanceled:
 		return wire{codes.Canceled, agentdv1.ErrorReason_ERROR_REASON_CANCELED}, true
-	case errdefs.ErrDeadlineExceeded:
+	case errkind.ErrDeadlineExceeded:
 		return wire{codes.DeadlineExceeded, agentdv1.ErrorReason_ERROR_REASON_DEADLINE_EXCEEDED}, true
-	case errdefs.ErrPathEscape:
+	case errkind.ErrPathEscape:
 		return wire{codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE}, true
-	case errdefs.ErrReadOnly:
+	case errkind.ErrReadOnly:
 		return wire{codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_READ_ONLY}, true
-	case errdefs.ErrPatchRejected:
+	case errkind.ErrPatchRejected:
 		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED}, true
-	case errdefs.ErrNoSpace:
+	case errkind.ErrNoSpace:
 		return wire{codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_NO_SPACE}, true
-	case errdefs.ErrUserNotFound:
+	case errkind.ErrUserNotFound:
 		return wire{codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND}, true
-	case errdefs.ErrNotFound:
+	case errkind.ErrNotFound:
 		return wire{codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND}, true
-	case errdefs.ErrAlreadyExists:
+	case errkind.ErrAlreadyExists:
 		return wire{codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS}, true
-	case errdefs.ErrNotDirectory:
+	case errkind.ErrNotDirectory:
 		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY}, true
-	case errdefs.ErrIsDirectory:
+	case errkind.ErrIsDirectory:
 		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY}, true
-	case errdefs.ErrNotEmpty:
+	case errkind.ErrNotEmpty:
 		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY}, true
-	case errdefs.ErrPermissionDenied:
+	case errkind.ErrPermissionDenied:
 		return wire{codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PERMISSION_DENIED}, true
-	case errdefs.ErrResourceExhausted:
+	case errkind.ErrResourceExhausted:
 		return wire{codes.ResourceExhausted, agentdv1.ErrorReason_ERROR_REASON_LIMIT_EXCEEDED}, true
-	case errdefs.ErrConflict:
+	case errkind.ErrConflict:
 		return wire{codes.Aborted, agentdv1.ErrorReason_ERROR_REASON_CONFLICT}, true
-	case errdefs.ErrFailedPrecondition:
+	case errkind.ErrFailedPrecondition:
 		return wire{codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_FAILED_PRECONDITION}, true
-	case errdefs.ErrInvalidArgument:
+	case errkind.ErrInvalidArgument:
 		return wire{codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT}, true
-	case errdefs.ErrUnauthenticated:
+	case errkind.ErrUnauthenticated:
 		return wire{codes.Unauthenticated, agentdv1.ErrorReason_ERROR_REASON_UNAUTHENTICATED}, true
-	case errdefs.ErrUnimplemented:
+	case errkind.ErrUnimplemented:
 		return wire{codes.Unimplemented, agentdv1.ErrorReason_ERROR_REASON_UNIMPLEMENTED}, true
-	case errdefs.ErrUnavailable:
+	case errkind.ErrUnavailable:
 		return wire{codes.Unavailable, agentdv1.ErrorReason_ERROR_REASON_UNAVAILABLE}, true
-	case errdefs.ErrInternal:
+	case errkind.ErrInternal:
 		return wire{codes.Internal, agentdv1.ErrorReason_ERROR_REASON_INTERNAL}, true
 	}
 	return wire{}, false
 }
 
-// wireFor returns the wire form of err's class (errdefs.ClassOf); an error
+// wireFor returns the wire form of err's class (errkind.ClassOf); an error
 // of no class is internal.
 func wireFor(err error) wire {
-	if c, ok := errdefs.ClassOf(err); ok {
+	if c, ok := errkind.ClassOf(err); ok {
 		if w, ok := wireOf(c.Err); ok {
 			return w
 		}
@@ -90,7 +90,7 @@ func wireFor(err error) wire {
 // is nil or of no class. The server uses it for the reasons inside a
 // PatchRejection.
 func Reason(err error) agentdv1.ErrorReason {
-	if c, ok := errdefs.ClassOf(err); ok {
+	if c, ok := errkind.ClassOf(err); ok {
 		if w, ok := wireOf(c.Err); ok {
 			return w.reason
 		}
@@ -104,16 +104,16 @@ func ToStatus(err error, extra ...*agentdv1.PatchRejection) error {
 	if err == nil {
 		return nil
 	}
-	if _, ok := status.FromError(err); ok && !errdefs.Classified(err) {
+	if _, ok := status.FromError(err); ok && !errkind.Classified(err) {
 		return err // already a status (e.g. from an interceptor)
 	}
 	w := wireFor(err)
 	detail := &agentdv1.ErrorDetail{Reason: w.reason, Message: err.Error()}
-	var pe *errdefs.PathError
+	var pe *errkind.PathError
 	if errors.As(err, &pe) {
 		detail.Op, detail.Path, detail.Message = pe.Op, pe.Path, pe.Err.Error()
 	}
-	var xe *errdefs.ProcessError
+	var xe *errkind.ProcessError
 	if errors.As(err, &xe) {
 		detail.Op, detail.ProcessId, detail.Message = xe.Op, xe.ProcessID, xe.Err.Error()
 	}
@@ -177,12 +177,12 @@ func FromStatus(err error) error {
 	var out error = &wireError{sentinels: sentinels, msg: msg, status: err}
 	switch {
 	case detail != nil && detail.GetPath() != "":
-		out = &errdefs.PathError{Op: detail.GetOp(), Path: detail.GetPath(), Err: out}
+		out = &errkind.PathError{Op: detail.GetOp(), Path: detail.GetPath(), Err: out}
 	case detail != nil && detail.GetProcessId() != "":
-		out = &errdefs.ProcessError{Op: detail.GetOp(), ProcessID: detail.GetProcessId(), Err: out}
+		out = &errkind.ProcessError{Op: detail.GetOp(), ProcessID: detail.GetProcessId(), Err: out}
 	}
 	if st.Code() == codes.Unavailable {
-		out = errdefs.MarkRetryable(out)
+		out = errkind.MarkRetryable(out)
 	}
 	return out
 }
@@ -221,11 +221,11 @@ func PatchRejection(err error) *agentdv1.PatchRejection {
 // sentinelFor returns the sentinel of the class whose ErrorReason is
 // reason, else (a reason this client does not know, from a newer daemon,
 // or none) the most general class with the status code: the last one in
-// errdefs' most-specific-first order (NOT_FOUND, not USER_NOT_FOUND), else
+// errkind's most-specific-first order (NOT_FOUND, not USER_NOT_FOUND), else
 // ErrInternal.
 func sentinelFor(code codes.Code, reason agentdv1.ErrorReason) error {
 	var general error
-	for _, c := range errdefs.Classes() {
+	for _, c := range errkind.Classes() {
 		w, ok := wireOf(c.Err)
 		if !ok {
 			continue
@@ -240,7 +240,7 @@ func sentinelFor(code codes.Code, reason agentdv1.ErrorReason) error {
 	if general != nil {
 		return general
 	}
-	return errdefs.ErrInternal
+	return errkind.ErrInternal
 }
 
 // reasonSentinel returns the sentinel of the class whose ErrorReason is
@@ -249,7 +249,7 @@ func reasonSentinel(reason agentdv1.ErrorReason) error {
 	if reason == agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
 		return nil
 	}
-	for _, c := range errdefs.Classes() {
+	for _, c := range errkind.Classes() {
 		if w, ok := wireOf(c.Err); ok && w.reason == reason {
 			return c.Err
 		}

@@ -10,12 +10,12 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // pinned is the wire contract: the gRPC code and ErrorReason of every
-// errdefs class, by name. A change here changes what every client sees.
+// errkind class, by name. A change here changes what every client sees.
 func pinned() map[string]wire {
 	r := func(code codes.Code, reason agentdv1.ErrorReason) wire { return wire{code, reason} }
 	return map[string]wire{
@@ -59,11 +59,11 @@ func detailOf(t *testing.T, err error) *agentdv1.ErrorDetail {
 	return nil
 }
 
-// Every class of errdefs has its pinned code and reason, through a real
+// Every class of errkind has its pinned code and reason, through a real
 // status, and survives the trip server -> wire -> client.
 func TestEveryClassHasItsPinnedWireForm(t *testing.T) {
 	pins := pinned()
-	classes := errdefs.Classes()
+	classes := errkind.Classes()
 	if len(pins) != len(classes) {
 		t.Errorf("%d pinned wire forms for %d classes", len(pins), len(classes))
 	}
@@ -76,7 +76,7 @@ func TestEveryClassHasItsPinnedWireForm(t *testing.T) {
 			if w, ok := wireOf(c.Err); !ok || w != pin {
 				t.Fatalf("wireOf(%v) = %v, %v; pinned %v", c.Err, w, ok, pin)
 			}
-			orig := &errdefs.PathError{Op: "write", Path: "dir/a.txt", Err: fmt.Errorf("%w: details here", c.Err)}
+			orig := &errkind.PathError{Op: "write", Path: "dir/a.txt", Err: fmt.Errorf("%w: details here", c.Err)}
 			wire := ToStatus(orig)
 			if got := status.Code(wire); got != pin.code {
 				t.Fatalf("code %v, want %v", got, pin.code)
@@ -91,18 +91,18 @@ func TestEveryClassHasItsPinnedWireForm(t *testing.T) {
 			if !errors.Is(back, c.Err) {
 				t.Fatalf("errors.Is(%v, %v) is false", back, c.Err)
 			}
-			if got, _ := errdefs.ClassOf(back); got.Name != c.Name {
+			if got, _ := errkind.ClassOf(back); got.Name != c.Name {
 				t.Fatalf("came back as %q", got.Name)
 			}
-			var pe *errdefs.PathError
+			var pe *errkind.PathError
 			if !errors.As(back, &pe) || pe.Path != "dir/a.txt" || pe.Op != "write" {
 				t.Fatalf("path lost: %#v", back)
 			}
 			if back.Error() != orig.Error() {
 				t.Fatalf("message %q, want %q", back.Error(), orig.Error())
 			}
-			if errdefs.Retryable(back) != (c.Err == errdefs.ErrUnavailable) {
-				t.Fatalf("retryable=%v for %v", errdefs.Retryable(back), c.Err)
+			if errkind.Retryable(back) != (c.Err == errkind.ErrUnavailable) {
+				t.Fatalf("retryable=%v for %v", errkind.Retryable(back), c.Err)
 			}
 			if st, ok := status.FromError(back); !ok || st.Code() != pin.code {
 				t.Fatalf("the status is not kept for diagnosis: %v", st)
@@ -116,7 +116,7 @@ func TestEveryClassHasItsPinnedWireForm(t *testing.T) {
 // mapping is one to one in both directions.
 func TestEveryReasonNamesOneClass(t *testing.T) {
 	byReason := map[agentdv1.ErrorReason]string{}
-	for _, c := range errdefs.Classes() {
+	for _, c := range errkind.Classes() {
 		w, _ := wireOf(c.Err)
 		if other, dup := byReason[w.reason]; dup {
 			t.Errorf("%v is the reason of both %s and %s", w.reason, other, c.Name)
@@ -138,7 +138,7 @@ func TestEveryReasonNamesOneClass(t *testing.T) {
 			t.Fatal(err)
 		}
 		back := FromStatus(st.Err())
-		if got, _ := errdefs.ClassOf(back); got.Name != name {
+		if got, _ := errkind.ClassOf(back); got.Name != name {
 			t.Errorf("%v came back as %q, want %q", reason, got.Name, name)
 		}
 	}
@@ -149,36 +149,36 @@ func TestEveryReasonNamesOneClass(t *testing.T) {
 // general class of that code.
 func TestBareCodesMapToTheGeneralClass(t *testing.T) {
 	want := map[codes.Code]error{
-		codes.Canceled:           errdefs.ErrCanceled,
-		codes.Unknown:            errdefs.ErrInternal,
-		codes.InvalidArgument:    errdefs.ErrInvalidArgument,
-		codes.DeadlineExceeded:   errdefs.ErrDeadlineExceeded,
-		codes.NotFound:           errdefs.ErrNotFound,
-		codes.AlreadyExists:      errdefs.ErrAlreadyExists,
-		codes.PermissionDenied:   errdefs.ErrPermissionDenied,
-		codes.ResourceExhausted:  errdefs.ErrResourceExhausted,
-		codes.FailedPrecondition: errdefs.ErrFailedPrecondition,
-		codes.Aborted:            errdefs.ErrConflict,
-		codes.OutOfRange:         errdefs.ErrInternal,
-		codes.Unimplemented:      errdefs.ErrUnimplemented,
-		codes.Internal:           errdefs.ErrInternal,
-		codes.Unavailable:        errdefs.ErrUnavailable,
-		codes.DataLoss:           errdefs.ErrInternal,
-		codes.Unauthenticated:    errdefs.ErrUnauthenticated,
+		codes.Canceled:           errkind.ErrCanceled,
+		codes.Unknown:            errkind.ErrInternal,
+		codes.InvalidArgument:    errkind.ErrInvalidArgument,
+		codes.DeadlineExceeded:   errkind.ErrDeadlineExceeded,
+		codes.NotFound:           errkind.ErrNotFound,
+		codes.AlreadyExists:      errkind.ErrAlreadyExists,
+		codes.PermissionDenied:   errkind.ErrPermissionDenied,
+		codes.ResourceExhausted:  errkind.ErrResourceExhausted,
+		codes.FailedPrecondition: errkind.ErrFailedPrecondition,
+		codes.Aborted:            errkind.ErrConflict,
+		codes.OutOfRange:         errkind.ErrInternal,
+		codes.Unimplemented:      errkind.ErrUnimplemented,
+		codes.Internal:           errkind.ErrInternal,
+		codes.Unavailable:        errkind.ErrUnavailable,
+		codes.DataLoss:           errkind.ErrInternal,
+		codes.Unauthenticated:    errkind.ErrUnauthenticated,
 	}
 	for code, sentinel := range want {
 		bare := FromStatus(status.Error(code, "x"))
-		if c, _ := errdefs.ClassOf(bare); c.Err != sentinel {
+		if c, _ := errkind.ClassOf(bare); c.Err != sentinel {
 			t.Errorf("bare %v -> %q, want %v", code, c.Name, sentinel)
 		}
 		st, _ := status.New(code, "x").WithDetails(&agentdv1.ErrorDetail{Reason: agentdv1.ErrorReason(9999)})
-		if c, _ := errdefs.ClassOf(FromStatus(st.Err())); c.Err != sentinel {
+		if c, _ := errkind.ClassOf(FromStatus(st.Err())); c.Err != sentinel {
 			t.Errorf("%v with an unknown reason -> %q, want %v", code, c.Name, sentinel)
 		}
 	}
 	// A more specific class is never guessed from a code alone.
-	if errors.Is(FromStatus(status.Error(codes.PermissionDenied, "x")), errdefs.ErrPathEscape) ||
-		errors.Is(FromStatus(status.Error(codes.NotFound, "x")), errdefs.ErrUserNotFound) {
+	if errors.Is(FromStatus(status.Error(codes.PermissionDenied, "x")), errkind.ErrPathEscape) ||
+		errors.Is(FromStatus(status.Error(codes.NotFound, "x")), errkind.ErrUserNotFound) {
 		t.Error("a bare code mapped to a specific class")
 	}
 }
@@ -187,34 +187,34 @@ func TestBareCodesMapToTheGeneralClass(t *testing.T) {
 // from a missing file by the reason alone, and code that only knows
 // not_found still sees one.
 func TestUserNotFoundIsANotFound(t *testing.T) {
-	err := &errdefs.PathError{Op: "stat", Path: "a.txt", Err: fmt.Errorf("run_as: %w", errdefs.Errorf(errdefs.ErrUserNotFound, "%q unknown", "ghost"))}
+	err := &errkind.PathError{Op: "stat", Path: "a.txt", Err: fmt.Errorf("run_as: %w", errkind.Errorf(errkind.ErrUserNotFound, "%q unknown", "ghost"))}
 	wire := ToStatus(err)
 	if status.Code(wire) != codes.NotFound || detailOf(t, wire).GetReason() != agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND {
 		t.Fatalf("wire %v", wire)
 	}
 	back := FromStatus(wire)
-	if !errors.Is(back, errdefs.ErrUserNotFound) || !errors.Is(back, errdefs.ErrNotFound) {
+	if !errors.Is(back, errkind.ErrUserNotFound) || !errors.Is(back, errkind.ErrNotFound) {
 		t.Fatalf("got %v", back)
 	}
-	if missing := FromStatus(ToStatus(errdefs.Errorf(errdefs.ErrNotFound, "no file"))); errors.Is(missing, errdefs.ErrUserNotFound) {
+	if missing := FromStatus(ToStatus(errkind.Errorf(errkind.ErrNotFound, "no file"))); errors.Is(missing, errkind.ErrUserNotFound) {
 		t.Fatal("a missing file came back as an unknown user")
 	}
 }
 
 func TestSpecificBeforeGeneral(t *testing.T) {
 	// An escape is also a permission problem; the reason must say escape.
-	err := fmt.Errorf("%w: %w", errdefs.ErrPathEscape, errdefs.ErrPermissionDenied)
+	err := fmt.Errorf("%w: %w", errkind.ErrPathEscape, errkind.ErrPermissionDenied)
 	back := FromStatus(ToStatus(err))
-	if !errors.Is(back, errdefs.ErrPathEscape) {
+	if !errors.Is(back, errkind.ErrPathEscape) {
 		t.Fatalf("got %v", back)
 	}
 }
 
 func TestProcessErrorKeepsID(t *testing.T) {
-	orig := &errdefs.ProcessError{Op: "signal", ProcessID: "p-7", Err: errdefs.ErrNotFound}
+	orig := &errkind.ProcessError{Op: "signal", ProcessID: "p-7", Err: errkind.ErrNotFound}
 	back := FromStatus(ToStatus(orig))
-	var xe *errdefs.ProcessError
-	if !errors.As(back, &xe) || xe.ProcessID != "p-7" || !errors.Is(back, errdefs.ErrNotFound) {
+	var xe *errkind.ProcessError
+	if !errors.As(back, &xe) || xe.ProcessID != "p-7" || !errors.Is(back, errkind.ErrNotFound) {
 		t.Fatalf("got %#v", back)
 	}
 }
@@ -229,10 +229,10 @@ func TestContextAndUnknownErrors(t *testing.T) {
 	if c := status.Code(ToStatus(errors.New("boom"))); c != codes.Internal {
 		t.Fatalf("unknown -> %v", c)
 	}
-	if !errors.Is(FromStatus(status.Error(codes.Unavailable, "conn refused")), errdefs.ErrUnavailable) {
+	if !errors.Is(FromStatus(status.Error(codes.Unavailable, "conn refused")), errkind.ErrUnavailable) {
 		t.Fatal("a bare Unavailable must map to ErrUnavailable")
 	}
-	if !errdefs.Retryable(FromStatus(status.Error(codes.Unavailable, "conn refused"))) {
+	if !errkind.Retryable(FromStatus(status.Error(codes.Unavailable, "conn refused"))) {
 		t.Fatal("Unavailable must be retryable")
 	}
 	if ToStatus(nil) != nil || FromStatus(nil) != nil {
@@ -246,7 +246,7 @@ func TestContextAndUnknownErrors(t *testing.T) {
 
 func TestPatchRejectionDetail(t *testing.T) {
 	rej := &agentdv1.PatchRejection{Path: "a.go", ExpectedLines: []string{"x"}, ClosestLine: 3, ClosestLines: []string{"y"}}
-	back := FromStatus(ToStatus(fmt.Errorf("%w: context not found", errdefs.ErrPatchRejected), rej))
+	back := FromStatus(ToStatus(fmt.Errorf("%w: context not found", errkind.ErrPatchRejected), rej))
 	got := PatchRejection(back)
 	if got == nil || got.GetPath() != "a.go" || got.GetClosestLine() != 3 {
 		t.Fatalf("got %v", got)
@@ -262,22 +262,22 @@ func TestPatchRejectionKindAndCauseMatch(t *testing.T) {
 		Cause:   agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY,
 		Message: "patch rejected: update dir: is a directory",
 	}
-	back := FromStatus(ToStatus(fmt.Errorf("%w: %w", errdefs.ErrPatchRejected, errdefs.ErrIsDirectory), rej))
-	for _, s := range []error{errdefs.ErrPatchRejected, errdefs.ErrIsDirectory} {
+	back := FromStatus(ToStatus(fmt.Errorf("%w: %w", errkind.ErrPatchRejected, errkind.ErrIsDirectory), rej))
+	for _, s := range []error{errkind.ErrPatchRejected, errkind.ErrIsDirectory} {
 		if !errors.Is(back, s) {
 			t.Errorf("errors.Is(%v, %v) is false", back, s)
 		}
 	}
-	if errors.Is(back, errdefs.ErrNotFound) {
+	if errors.Is(back, errkind.ErrNotFound) {
 		t.Error("matches a sentinel it does not carry")
 	}
-	if c, _ := errdefs.ClassOf(back); c.Name != "patch_rejected" {
+	if c, _ := errkind.ClassOf(back); c.Name != "patch_rejected" {
 		t.Errorf("class %q", c.Name)
 	}
 	// Unknown reasons (a newer daemon) add nothing.
 	rej = &agentdv1.PatchRejection{Kind: agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED, Cause: agentdv1.ErrorReason(9999)}
-	back = FromStatus(ToStatus(errdefs.ErrPatchRejected, rej))
-	if !errors.Is(back, errdefs.ErrPatchRejected) || errors.Is(back, errdefs.ErrInternal) {
+	back = FromStatus(ToStatus(errkind.ErrPatchRejected, rej))
+	if !errors.Is(back, errkind.ErrPatchRejected) || errors.Is(back, errkind.ErrInternal) {
 		t.Errorf("got %v", back)
 	}
 	if Reason(nil) != agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED || Reason(errors.New("x")) != agentdv1.ErrorReason_ERROR_REASON_UNSPECIFIED {
@@ -293,8 +293,8 @@ func TestErrnoSentinelsHaveWireForms(t *testing.T) {
 		syscall.ENOSPC, syscall.EDQUOT, syscall.EEXIST, syscall.ENOTEMPTY, syscall.ELOOP, syscall.ENAMETOOLONG,
 		syscall.EINVAL, syscall.EXDEV, syscall.EFBIG, syscall.EMFILE, syscall.EBUSY, syscall.EAGAIN,
 	} {
-		s := errdefs.ErrnoSentinel(errno)
-		if s == errdefs.ErrInternal {
+		s := errkind.ErrnoSentinel(errno)
+		if s == errkind.ErrInternal {
 			t.Errorf("%v: classified as internal", errno)
 			continue
 		}
@@ -302,7 +302,7 @@ func TestErrnoSentinelsHaveWireForms(t *testing.T) {
 			t.Errorf("%v -> %v -> %v", errno, s, c)
 		}
 	}
-	if errdefs.ErrnoSentinel(syscall.EIO) != errdefs.ErrInternal {
+	if errkind.ErrnoSentinel(syscall.EIO) != errkind.ErrInternal {
 		t.Error("EIO should stay internal")
 	}
 }
@@ -314,8 +314,8 @@ func TestTransportErrorsNameNoHostPaths(t *testing.T) {
 		"dial unix /tmp/a/b.sock":        "the sandbox is unavailable: its daemon cannot be reached",
 	} {
 		err := FromStatus(status.Error(codes.Unavailable, raw))
-		if err.Error() != want || !errors.Is(err, errdefs.ErrUnavailable) || !errdefs.Retryable(err) {
-			t.Errorf("%q -> %q (unavailable %v)", raw, err.Error(), errors.Is(err, errdefs.ErrUnavailable))
+		if err.Error() != want || !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
+			t.Errorf("%q -> %q (unavailable %v)", raw, err.Error(), errors.Is(err, errkind.ErrUnavailable))
 		}
 	}
 }

@@ -15,9 +15,9 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -106,7 +106,7 @@ func (c *Client) startSpan(ctx context.Context, name string, attrs ...attribute.
 // ends span.
 func endSpan(span trace.Span, err error) {
 	if err != nil {
-		typ := errdefs.ErrorType(err)
+		typ := errkind.ErrorType(err)
 		span.SetAttributes(attribute.String(attrErrorType, typ))
 		span.SetStatus(codes.Error, typ)
 	}

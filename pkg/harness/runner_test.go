@@ -17,16 +17,16 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // testModel returns an openai-go model against a scripted server.
-func testModel(t *testing.T, turns ...rt.Turn) (*rt.Server, model.Model) {
+func testModel(t *testing.T, turns ...replay.Turn) (*replay.Server, model.Model) {
 	t.Helper()
-	srv := rt.NewServer(turns...)
+	srv := replay.NewServer(turns...)
 	t.Cleanup(srv.Close)
 	m, err := model.NewOpenAI(model.Config{Model: "test-model", APIKey: "sk-test", BaseURL: srv.URL(),
 		Retry: model.RetryPolicy{MaxAttempts: 1}})
@@ -85,8 +85,8 @@ func ctxT(t *testing.T) context.Context {
 
 func TestRunWithToolAndFreshSession(t *testing.T) {
 	srv, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("call_1", "write_note", `{"text":"hello"}`)}, Usage: rt.Usage{InputTokens: 10, OutputTokens: 5}},
-		rt.Turn{Items: []rt.Item{rt.Message("Done: wrote the note.")}, Usage: rt.Usage{InputTokens: 20, OutputTokens: 7}},
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("call_1", "write_note", `{"text":"hello"}`)}, Usage: replay.Usage{InputTokens: 10, OutputTokens: 5}},
+		replay.Turn{Items: []replay.Item{replay.Message("Done: wrote the note.")}, Usage: replay.Usage{InputTokens: 20, OutputTokens: 7}},
 	)
 	prov, client := sandboxClient(t, nil)
 	wc := newWriteCap()
@@ -125,7 +125,7 @@ func TestRunWithToolAndFreshSession(t *testing.T) {
 }
 
 func TestInstructionOrder(t *testing.T) {
-	srv, m := testModel(t, rt.Turn{Items: []rt.Item{rt.Message("ok")}})
+	srv, m := testModel(t, replay.Turn{Items: []replay.Item{replay.Message("ok")}})
 	_, client := sandboxClient(t, nil)
 	a := &Agent{Name: "a", Instructions: "AGENT-SPECIFIC", Capabilities: []capability.Capability{newWriteCap()}}
 	r := &Runner{Model: m}
@@ -144,7 +144,7 @@ func TestInstructionOrder(t *testing.T) {
 		last = i
 	}
 	// Without a sandbox, only the agent's own instructions are sent.
-	srv.Enqueue(rt.Turn{Items: []rt.Item{rt.Message("ok")}})
+	srv.Enqueue(replay.Turn{Items: []replay.Item{replay.Message("ok")}})
 	if _, err := r.Run(ctxT(t), a, "hi", RunConfig{}); err != nil {
 		t.Fatal(err)
 	}
@@ -154,7 +154,7 @@ func TestInstructionOrder(t *testing.T) {
 	// An override replaces the base prompt.
 	override := "CUSTOM BASE"
 	a.BaseInstructions = &override
-	srv.Enqueue(rt.Turn{Items: []rt.Item{rt.Message("ok")}})
+	srv.Enqueue(replay.Turn{Items: []replay.Item{replay.Message("ok")}})
 	if _, err := r.Run(ctxT(t), a, "hi", RunConfig{Sandbox: &SandboxConfig{Client: client}}); err != nil {
 		t.Fatal(err)
 	}
@@ -165,8 +165,8 @@ func TestInstructionOrder(t *testing.T) {
 
 func TestInjectedSessionIsNotTornDown(t *testing.T) {
 	_, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "write_note", `{"text":"x"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("ok")}})
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "write_note", `{"text":"x"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("ok")}})
 	prov, client := sandboxClient(t, nil)
 	ctx := ctxT(t)
 	sess, err := client.Create(ctx, compute.CreateOptions{})
@@ -190,7 +190,7 @@ func TestInjectedSessionIsNotTornDown(t *testing.T) {
 }
 
 func TestResumeFromSessionState(t *testing.T) {
-	_, m := testModel(t, rt.Turn{Items: []rt.Item{rt.Message("first")}}, rt.Turn{Items: []rt.Item{rt.Message("second")}})
+	_, m := testModel(t, replay.Turn{Items: []replay.Item{replay.Message("first")}}, replay.Turn{Items: []replay.Item{replay.Message("second")}})
 	store, err := snapshot.NewLocal(t.TempDir())
 	if err != nil {
 		t.Fatal(err)
@@ -220,7 +220,7 @@ func TestResumeFromSessionState(t *testing.T) {
 
 func TestCleanupOnFailureAndCancellation(t *testing.T) {
 	t.Run("model error", func(t *testing.T) {
-		_, m := testModel(t, rt.Fail(400))
+		_, m := testModel(t, replay.Fail(400))
 		prov, client := sandboxClient(t, nil)
 		_, err := (&Runner{Model: m}).Run(ctxT(t), &Agent{Name: "a", Capabilities: []capability.Capability{}}, "x",
 			RunConfig{Sandbox: &SandboxConfig{Client: client}})
@@ -232,7 +232,7 @@ func TestCleanupOnFailureAndCancellation(t *testing.T) {
 		}
 	})
 	t.Run("cancelled during a tool", func(t *testing.T) {
-		_, m := testModel(t, rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "block", `{}`)}})
+		_, m := testModel(t, replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "block", `{}`)}})
 		prov, client := sandboxClient(t, nil)
 		ctx, cancel := context.WithCancel(ctxT(t))
 		block := tool.Func{Def: model.FunctionTool("block", "blocks", []byte(`{"type":"object","properties":{}}`), false),
@@ -251,7 +251,7 @@ func TestCleanupOnFailureAndCancellation(t *testing.T) {
 		}
 	})
 	t.Run("cleanup error is reported", func(t *testing.T) {
-		_, m := testModel(t, rt.Turn{Items: []rt.Item{rt.Message("ok")}})
+		_, m := testModel(t, replay.Turn{Items: []replay.Item{replay.Message("ok")}})
 		_, client := sandboxClient(t, failingStore{})
 		_, err := (&Runner{Model: m}).Run(ctxT(t), &Agent{Name: "a", Capabilities: []capability.Capability{}}, "x",
 			RunConfig{Sandbox: &SandboxConfig{Client: client}})
@@ -270,7 +270,7 @@ func (failingStore) Put(_ context.Context, _ string, r io.Reader) (snapshot.Info
 }
 
 func TestAgentCannotRunTwiceAtOnce(t *testing.T) {
-	_, m := testModel(t, rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "block", `{}`)}}, rt.Turn{Items: []rt.Item{rt.Message("ok")}})
+	_, m := testModel(t, replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "block", `{}`)}}, replay.Turn{Items: []replay.Item{replay.Message("ok")}})
 	started, release := make(chan struct{}), make(chan struct{})
 	block := tool.Func{Def: model.FunctionTool("block", "blocks", []byte(`{"type":"object","properties":{}}`), false),
 		Fn: func(context.Context, tool.Context, string) (tool.Result, error) {
@@ -291,7 +291,7 @@ func TestAgentCannotRunTwiceAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Free again once the first run ended.
-	_, m2 := testModel(t, rt.Turn{Items: []rt.Item{rt.Message("again")}})
+	_, m2 := testModel(t, replay.Turn{Items: []replay.Item{replay.Message("again")}})
 	a.Model = m2
 	if _, err := r.Run(ctxT(t), a, "z", RunConfig{}); err != nil {
 		t.Fatal(err)
@@ -300,8 +300,8 @@ func TestAgentCannotRunTwiceAtOnce(t *testing.T) {
 
 func TestMaxTurnsAndUnknownTool(t *testing.T) {
 	srv, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "nope", `{}`)}},
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c2", "nope", `{}`)}})
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "nope", `{}`)}},
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c2", "nope", `{}`)}})
 	_, err := (&Runner{Model: m}).Run(ctxT(t), &Agent{Name: "a"}, "x", RunConfig{MaxTurns: 2})
 	if !errors.Is(err, ErrMaxTurns) {
 		t.Fatalf("error %v", err)
@@ -314,8 +314,8 @@ func TestMaxTurnsAndUnknownTool(t *testing.T) {
 
 func TestRunStreamedEvents(t *testing.T) {
 	_, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.CustomToolCall("c1", "echo", "raw input")}},
-		rt.Turn{Items: []rt.Item{rt.Message("final answer")}})
+		replay.Turn{Items: []replay.Item{replay.CustomToolCall("c1", "echo", "raw input")}},
+		replay.Turn{Items: []replay.Item{replay.Message("final answer")}})
 	echo := tool.Func{Def: model.CustomTool("echo", "echoes", nil),
 		Fn: func(_ context.Context, call tool.Context, input string) (tool.Result, error) {
 			call.Emit(tool.Progress{CallID: call.CallID, Output: []byte("progress")})
@@ -349,7 +349,7 @@ func TestRunStreamedEvents(t *testing.T) {
 }
 
 func TestStructuredOutputMustBeJSON(t *testing.T) {
-	_, m := testModel(t, rt.Turn{Items: []rt.Item{rt.Message("not json")}})
+	_, m := testModel(t, replay.Turn{Items: []replay.Item{replay.Message("not json")}})
 	a := &Agent{Name: "a", Output: &model.OutputSchema{Name: "r", Schema: []byte(`{"type":"object"}`)}}
 	if _, err := (&Runner{Model: m}).Run(ctxT(t), a, "x", RunConfig{}); err == nil || !strings.Contains(err.Error(), "not valid JSON") {
 		t.Fatalf("error %v", err)

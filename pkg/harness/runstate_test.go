@@ -17,7 +17,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -49,7 +49,7 @@ func fileTools() []tool.Tool {
 	}
 }
 
-func outputsOf(r *rt.Request) map[string]string {
+func outputsOf(r *replay.Request) map[string]string {
 	out := map[string]string{}
 	for _, o := range r.InputOfType("function_call_output") {
 		s, _ := o["output"].(string)
@@ -60,11 +60,11 @@ func outputsOf(r *rt.Request) map[string]string {
 
 func TestApprovalStopsAndResumesInAnotherProcess(t *testing.T) {
 	srv, m := testModel(t,
-		rt.Turn{Items: []rt.Item{
-			rt.FunctionCall("c1", "put", `{"path":"pre.txt","text":"before approval"}`),
-			rt.FunctionCall("c2", "put", `{"path":"risky.txt","text":"approved"}`)}},
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c3", "get", `{"path":"pre.txt"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("all done")}},
+		replay.Turn{Items: []replay.Item{
+			replay.FunctionCall("c1", "put", `{"path":"pre.txt","text":"before approval"}`),
+			replay.FunctionCall("c2", "put", `{"path":"risky.txt","text":"approved"}`)}},
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c3", "get", `{"path":"pre.txt"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("all done")}},
 	)
 	store, err := snapshot.NewLocal(t.TempDir())
 	if err != nil {
@@ -136,8 +136,8 @@ func TestApprovalStopsAndResumesInAnotherProcess(t *testing.T) {
 
 func TestRejectionIsShownToTheModel(t *testing.T) {
 	srv, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "exec_command", `{"cmd":"rm -rf /data"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("understood")}})
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "exec_command", `{"cmd":"rm -rf /data"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("understood")}})
 	exec := tool.Func{Def: model.FunctionTool("exec_command", "run", []byte(`{"type":"object"}`), false),
 		Fn: func(context.Context, tool.Context, string) (tool.Result, error) {
 			t.Error("a rejected call ran")
@@ -177,9 +177,9 @@ func TestRunStateDecoding(t *testing.T) {
 
 func TestHandoffToASandboxAgent(t *testing.T) {
 	srv, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("h1", "transfer_to_coder", `{}`)}},
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "put", `{"path":"out.txt","text":"code"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("coded")}})
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("h1", "transfer_to_coder", `{}`)}},
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "put", `{"path":"out.txt","text":"code"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("coded")}})
 	prov, client := sandboxClient(t, nil)
 	coder := &Agent{Name: "coder", Instructions: "You write code.", HandoffDescription: "For coding tasks.", Tools: fileTools(),
 		Capabilities: []capability.Capability{}}
@@ -220,10 +220,10 @@ func TestAgentKeysAreStableWithDuplicateNames(t *testing.T) {
 func TestAgentAsToolSharingTheSession(t *testing.T) {
 	testenv.Require(t, testenv.Root) // running tools as another account needs a root daemon
 	srv, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "explorer", `{"input":"look around"}`)}},                // coordinator
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("e1", "put", `{"path":"notes/explorer.txt","text":"seen"}`)}}, // explorer
-		rt.Turn{Items: []rt.Item{rt.Message("explored: 1 file")}},                                              // explorer
-		rt.Turn{Items: []rt.Item{rt.Message("done")}})                                                          // coordinator
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "explorer", `{"input":"look around"}`)}},                // coordinator
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("e1", "put", `{"path":"notes/explorer.txt","text":"seen"}`)}}, // explorer
+		replay.Turn{Items: []replay.Item{replay.Message("explored: 1 file")}},                                              // explorer
+		replay.Turn{Items: []replay.Item{replay.Message("done")}})                                                          // coordinator
 	prov, client := sandboxClient(t, nil)
 	r := &Runner{Model: m}
 	explorer := &Agent{Name: "explorer", Instructions: "Explore.", Tools: fileTools(), Capabilities: []capability.Capability{}}

@@ -9,15 +9,15 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 )
 
 func TestRunIsTraced(t *testing.T) {
 	const secret = "sk-live-SECRET-in-arguments"
 	_, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "echo", `{"token":"`+secret+`"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("final " + secret)}})
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "echo", `{"token":"`+secret+`"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("final " + secret)}})
 	rec := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
 	echo := tool.Func{Def: model.FunctionTool("echo", "echo", []byte(`{"type":"object"}`), false),

@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // Bounds on the search for the closest region after a failed match. The
@@ -20,7 +20,7 @@ const (
 func hunkError(op *FileOp, hi, cursor int, m *matcher) *Error {
 	h := &op.Hunks[hi]
 	old := h.oldLines()
-	e := &Error{Op: OpNameUpdate, Path: op.Path, Line: h.Line, Hunk: hi + 1, Context: keepLines(old), Err: errdefs.ErrPatchRejected}
+	e := &Error{Op: OpNameUpdate, Path: op.Path, Line: h.Line, Hunk: hi + 1, Context: keepLines(old), Err: errkind.ErrPatchRejected}
 	if len(m.texts) == 0 {
 		e.Reason = fmt.Sprintf("hunk %d does not match: the file is empty", hi+1)
 		return e
@@ -50,7 +50,7 @@ func hunkError(op *FileOp, hi, cursor int, m *matcher) *Error {
 // after cursor.
 func anchorError(op *FileOp, hi int, anchor string, cursor int, m *matcher) *Error {
 	h := &op.Hunks[hi]
-	e := &Error{Op: OpNameUpdate, Path: op.Path, Line: h.Line, Hunk: hi + 1, Context: []string{anchor}, Err: errdefs.ErrPatchRejected}
+	e := &Error{Op: OpNameUpdate, Path: op.Path, Line: h.Line, Hunk: hi + 1, Context: []string{anchor}, Err: errkind.ErrPatchRejected}
 	if j := m.seek([]string{anchor}, 0, false); j >= 0 {
 		e.Reason = fmt.Sprintf("anchor '@@ %s' of hunk %d occurs only at line %d, above line %d where the previous hunk or anchor left the search; hunks and anchors must follow file order",
 			printable(anchor), hi+1, j+1, cursor+1)

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // Values of Error.Op.
@@ -27,16 +27,16 @@ const (
 // paths written in the patch.
 //
 // Err is the class of failure, one of:
-//   - errdefs.ErrInvalidArgument: the patch is malformed (syntax, bad
+//   - errkind.ErrInvalidArgument: the patch is malformed (syntax, bad
 //     operation, empty patch); nothing was read;
-//   - errdefs.ErrPatchRejected: the patch is well formed but does not apply
+//   - errkind.ErrPatchRejected: the patch is well formed but does not apply
 //     to the current files (context not found, file missing, directory in
 //     the way, file not UTF-8, a Source read failed);
-//   - errdefs.ErrResourceExhausted: a limit in Options was exceeded.
+//   - errkind.ErrResourceExhausted: a limit in Options was exceeded.
 //
-// Cause, when set, is the more specific reason: errdefs.ErrNotFound,
-// errdefs.ErrIsDirectory or errdefs.ErrNotDirectory, or the error a Source
-// returned, kept whole (so errors.Is finds e.g. errdefs.ErrPathEscape in it).
+// Cause, when set, is the more specific reason: errkind.ErrNotFound,
+// errkind.ErrIsDirectory or errkind.ErrNotDirectory, or the error a Source
+// returned, kept whole (so errors.Is finds e.g. errkind.ErrPathEscape in it).
 // errors.Is matches both Err and Cause; callers that map errors to status
 // codes should test the specific causes they care about before the class.
 type Error struct {
@@ -126,9 +126,9 @@ func (e *Error) Unwrap() []error {
 
 func (e *Error) classText() string {
 	switch {
-	case errors.Is(e.Err, errdefs.ErrInvalidArgument):
+	case errors.Is(e.Err, errkind.ErrInvalidArgument):
 		return "invalid patch"
-	case errors.Is(e.Err, errdefs.ErrResourceExhausted):
+	case errors.Is(e.Err, errkind.ErrResourceExhausted):
 		return "patch exceeds a limit"
 	default:
 		return "patch rejected"
@@ -138,17 +138,17 @@ func (e *Error) classText() string {
 // isOwnCause reports whether cause is one of the sentinels this package sets
 // itself; their meaning is already in Reason.
 func isOwnCause(cause error) bool {
-	return cause == errdefs.ErrNotFound || cause == errdefs.ErrIsDirectory || cause == errdefs.ErrNotDirectory
+	return cause == errkind.ErrNotFound || cause == errkind.ErrIsDirectory || cause == errkind.ErrNotDirectory
 }
 
 // describeCause names a Source error by the sentinel it carries, never by
 // its own text, which may contain host paths the model must not see.
 func describeCause(err error) string {
 	known := [...]error{
-		errdefs.ErrNotFound, errdefs.ErrIsDirectory, errdefs.ErrNotDirectory,
-		errdefs.ErrPathEscape, errdefs.ErrPermissionDenied, errdefs.ErrReadOnly,
-		errdefs.ErrNoSpace, errdefs.ErrResourceExhausted, errdefs.ErrUnavailable,
-		errdefs.ErrCanceled, errdefs.ErrDeadlineExceeded,
+		errkind.ErrNotFound, errkind.ErrIsDirectory, errkind.ErrNotDirectory,
+		errkind.ErrPathEscape, errkind.ErrPermissionDenied, errkind.ErrReadOnly,
+		errkind.ErrNoSpace, errkind.ErrResourceExhausted, errkind.ErrUnavailable,
+		errkind.ErrCanceled, errkind.ErrDeadlineExceeded,
 	}
 	for _, s := range known {
 		if errors.Is(err, s) {
@@ -157,9 +157,9 @@ func describeCause(err error) string {
 	}
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return errdefs.ErrNotFound.Error()
+		return errkind.ErrNotFound.Error()
 	case errors.Is(err, fs.ErrPermission):
-		return errdefs.ErrPermissionDenied.Error()
+		return errkind.ErrPermissionDenied.Error()
 	}
 	return "the file could not be read"
 }
@@ -226,7 +226,7 @@ func keepLines(lines []string) []string {
 
 // syntaxError reports malformed patch text at a line, optionally within op.
 func syntaxError(line int, op *FileOp, format string, args ...any) *Error {
-	e := &Error{Op: OpNameParse, Line: line, Reason: fmt.Sprintf(format, args...), Err: errdefs.ErrInvalidArgument}
+	e := &Error{Op: OpNameParse, Line: line, Reason: fmt.Sprintf(format, args...), Err: errkind.ErrInvalidArgument}
 	if op != nil {
 		e.Path = op.Path
 	}
@@ -235,12 +235,12 @@ func syntaxError(line int, op *FileOp, format string, args ...any) *Error {
 
 // limitError reports an exceeded Options limit.
 func limitError(op, path, format string, args ...any) *Error {
-	return &Error{Op: op, Path: path, Reason: fmt.Sprintf(format, args...), Err: errdefs.ErrResourceExhausted}
+	return &Error{Op: op, Path: path, Reason: fmt.Sprintf(format, args...), Err: errkind.ErrResourceExhausted}
 }
 
 // rejection reports a well-formed operation that does not apply.
 func rejection(op, path string, cause error, format string, args ...any) *Error {
-	return &Error{Op: op, Path: path, Reason: fmt.Sprintf(format, args...), Err: errdefs.ErrPatchRejected, Cause: cause}
+	return &Error{Op: op, Path: path, Reason: fmt.Sprintf(format, args...), Err: errkind.ErrPatchRejected, Cause: cause}
 }
 
 // asError returns err as an *Error, wrapping it as a syntax error if it is
@@ -250,5 +250,5 @@ func asError(err error) *Error {
 	if errors.As(err, &e) {
 		return e
 	}
-	return &Error{Op: OpNameParse, Reason: err.Error(), Err: errdefs.ErrInvalidArgument}
+	return &Error{Op: OpNameParse, Reason: err.Error(), Err: errkind.ErrInvalidArgument}
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 func TestMismatchErrorFields(t *testing.T) {
@@ -26,7 +26,7 @@ func TestMismatchErrorFields(t *testing.T) {
 	if r == nil || r.StartLine != 3 || r.Agree != 2 || r.Compared != 3 || len(r.Lines) != 3 || r.Lines[1] != "\tx := 1" {
 		t.Fatalf("Closest = %+v", r)
 	}
-	if pe.Err != errdefs.ErrPatchRejected || pe.Cause != nil {
+	if pe.Err != errkind.ErrPatchRejected || pe.Cause != nil {
 		t.Errorf("Err, Cause = %v, %v", pe.Err, pe.Cause)
 	}
 	msg := err.Error()
@@ -75,11 +75,11 @@ func TestErrorTextForms(t *testing.T) {
 		err  *Error
 		want string
 	}{
-		{&Error{Op: OpNameParse, Line: 4, Reason: "bad", Err: errdefs.ErrInvalidArgument}, "invalid patch: line 4: bad"},
-		{&Error{Op: OpNameParse, Line: 4, Path: "p", Reason: "bad", Err: errdefs.ErrInvalidArgument}, "invalid patch: line 4 (file p): bad"},
-		{&Error{Op: OpNameDelete, Path: "p", Reason: "gone", Err: errdefs.ErrPatchRejected, Cause: errdefs.ErrNotFound}, "patch rejected: delete p: gone"},
-		{&Error{Op: OpNameAdd, Path: "p", Reason: "big", Err: errdefs.ErrResourceExhausted}, "patch exceeds a limit: add p: big"},
-		{&Error{Op: OpNameUpdate, Path: "p", Reason: "cannot access the file", Err: errdefs.ErrPatchRejected, Cause: errors.New("open /host/secret: denied")}, "patch rejected: update p: cannot access the file: the file could not be read"},
+		{&Error{Op: OpNameParse, Line: 4, Reason: "bad", Err: errkind.ErrInvalidArgument}, "invalid patch: line 4: bad"},
+		{&Error{Op: OpNameParse, Line: 4, Path: "p", Reason: "bad", Err: errkind.ErrInvalidArgument}, "invalid patch: line 4 (file p): bad"},
+		{&Error{Op: OpNameDelete, Path: "p", Reason: "gone", Err: errkind.ErrPatchRejected, Cause: errkind.ErrNotFound}, "patch rejected: delete p: gone"},
+		{&Error{Op: OpNameAdd, Path: "p", Reason: "big", Err: errkind.ErrResourceExhausted}, "patch exceeds a limit: add p: big"},
+		{&Error{Op: OpNameUpdate, Path: "p", Reason: "cannot access the file", Err: errkind.ErrPatchRejected, Cause: errors.New("open /host/secret: denied")}, "patch rejected: update p: cannot access the file: the file could not be read"},
 	}
 	for _, tt := range tests {
 		if got := tt.err.Error(); got != tt.want {

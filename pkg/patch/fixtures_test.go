@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // scenariosDir holds the apply_patch conformance scenarios (input/,
@@ -27,15 +27,15 @@ type scenarioRule struct {
 // scenarioRules lists every scenario that must fail, and every deliberate
 // exception. Scenarios not listed must apply and produce expected/.
 var scenarioRules = map[string]scenarioRule{
-	"005_rejects_empty_patch":               {wantErr: errdefs.ErrInvalidArgument},
-	"006_rejects_missing_context":           {wantErr: errdefs.ErrPatchRejected},
-	"007_rejects_missing_file_delete":       {wantErr: errdefs.ErrNotFound},
-	"008_rejects_empty_update_hunk":         {wantErr: errdefs.ErrInvalidArgument},
-	"009_requires_existing_file_for_update": {wantErr: errdefs.ErrNotFound},
-	"012_delete_directory_fails":            {wantErr: errdefs.ErrIsDirectory},
-	"013_rejects_invalid_hunk_header":       {wantErr: errdefs.ErrInvalidArgument},
+	"005_rejects_empty_patch":               {wantErr: errkind.ErrInvalidArgument},
+	"006_rejects_missing_context":           {wantErr: errkind.ErrPatchRejected},
+	"007_rejects_missing_file_delete":       {wantErr: errkind.ErrNotFound},
+	"008_rejects_empty_update_hunk":         {wantErr: errkind.ErrInvalidArgument},
+	"009_requires_existing_file_for_update": {wantErr: errkind.ErrNotFound},
+	"012_delete_directory_fails":            {wantErr: errkind.ErrIsDirectory},
+	"013_rejects_invalid_hunk_header":       {wantErr: errkind.ErrInvalidArgument},
 	"015_failure_after_partial_success_leaves_changes": {
-		wantErr: errdefs.ErrNotFound,
+		wantErr: errkind.ErrNotFound,
 		unchanged: "the reference applier keeps the Add File that ran before the failing Update File; " +
 			"Bulkhead plans the whole patch first and applies all of it or none of it",
 	},

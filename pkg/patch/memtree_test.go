@@ -10,7 +10,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // memTree is an in-memory directory tree: the Source used by the tests, and
@@ -42,11 +42,11 @@ func (t *memTree) addParents(p string) {
 func (t *memTree) ReadFile(p string) ([]byte, error) {
 	k := path.Clean(p)
 	if t.dirs[k] {
-		return nil, &errdefs.PathError{Op: "read", Path: p, Err: errdefs.ErrIsDirectory}
+		return nil, &errkind.PathError{Op: "read", Path: p, Err: errkind.ErrIsDirectory}
 	}
 	b, ok := t.files[k]
 	if !ok {
-		return nil, &errdefs.PathError{Op: "read", Path: p, Err: errdefs.ErrNotFound}
+		return nil, &errkind.PathError{Op: "read", Path: p, Err: errkind.ErrNotFound}
 	}
 	return bytes.Clone(b), nil
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // clearLines zeroes the patch-text line numbers, which differ between the
@@ -89,7 +89,7 @@ func TestOperationsErrors(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, err := FromOperations(tt.ops, Options{})
-			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			if !errors.Is(err, errkind.ErrInvalidArgument) {
 				t.Fatalf("err = %v, want ErrInvalidArgument", err)
 			}
 			if !strings.Contains(err.Error(), tt.want) {
@@ -98,7 +98,7 @@ func TestOperationsErrors(t *testing.T) {
 		})
 	}
 	_, err := FromOperations([]Operation{{Type: OperationCreateFile, Path: "a", Diff: strings.Repeat("+x\n", 100)}}, Options{MaxPatchBytes: 100})
-	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if !errors.Is(err, errkind.ErrResourceExhausted) {
 		t.Errorf("oversized diff: err = %v", err)
 	}
 }
@@ -122,7 +122,7 @@ func TestParseOperationsJSON(t *testing.T) {
 		})
 	}
 	for _, bad := range []string{``, `{`, `[]`, `{"operations":[]}`, `"x"`} {
-		if _, err := ParseOperationsJSON([]byte(bad), Options{}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := ParseOperationsJSON([]byte(bad), Options{}); !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Errorf("ParseOperationsJSON(%q) err = %v, want ErrInvalidArgument", bad, err)
 		}
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // envelope wraps body lines in Begin/End markers.
@@ -195,7 +195,7 @@ func TestParseErrors(t *testing.T) {
 			if !errors.As(err, &pe) {
 				t.Fatalf("err = %v, want *Error", err)
 			}
-			if !errors.Is(err, errdefs.ErrInvalidArgument) {
+			if !errors.Is(err, errkind.ErrInvalidArgument) {
 				t.Errorf("err does not wrap ErrInvalidArgument: %v", err)
 			}
 			if pe.Op != OpNameParse || pe.Line != tt.wantLine {
@@ -211,11 +211,11 @@ func TestParseErrors(t *testing.T) {
 func TestParseLimits(t *testing.T) {
 	text := envelope("*** Delete File: a", "*** Delete File: b", "*** Delete File: c")
 	_, err := Parse(text, Options{MaxOperations: 2})
-	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if !errors.Is(err, errkind.ErrResourceExhausted) {
 		t.Errorf("3 ops with MaxOperations 2: err = %v", err)
 	}
 	_, err = Parse(text, Options{MaxPatchBytes: 20})
-	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if !errors.Is(err, errkind.ErrResourceExhausted) {
 		t.Errorf("MaxPatchBytes 20: err = %v", err)
 	}
 	if _, err := Parse(text, Options{MaxOperations: 3}); err != nil {

@@ -7,14 +7,14 @@ import (
 	"path"
 	"unicode/utf8"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // Source is a read-only view of the files a patch applies to. Paths are
 // passed exactly as the patch wrote them (or, for the parent directories
 // Plan checks, as path.Dir of them); resolving and confining them is the
 // Source's job. A Source may report a missing file either as
-// exists == false or as an error wrapping errdefs.ErrNotFound or
+// exists == false or as an error wrapping errkind.ErrNotFound or
 // fs.ErrNotExist. Any other error aborts the plan and is kept, wrapped, in
 // the returned *Error's Cause.
 type Source interface {
@@ -171,7 +171,7 @@ func (pl *planner) apply(op *FileOp) (Change, *Error) {
 		case nodeAbsent, nodeDeleted:
 			return Change{}, missingError(OpNameDelete, op.Path, state, "delete")
 		case nodeDir:
-			return Change{}, rejection(OpNameDelete, op.Path, errdefs.ErrIsDirectory, "this is a directory; Delete File only removes files")
+			return Change{}, rejection(OpNameDelete, op.Path, errkind.ErrIsDirectory, "this is a directory; Delete File only removes files")
 		}
 		pl.nodes[pathKey(op.Path)] = node{state: nodeDeleted}
 		return Change{Kind: OpDelete, Path: op.Path}, nil
@@ -239,7 +239,7 @@ func (pl *planner) read(p string) ([]byte, *Error) {
 	case nodeAbsent, nodeDeleted:
 		return nil, missingError(OpNameUpdate, p, state, "update")
 	case nodeDir:
-		return nil, rejection(OpNameUpdate, p, errdefs.ErrIsDirectory, "this is a directory; Update File only edits files")
+		return nil, rejection(OpNameUpdate, p, errkind.ErrIsDirectory, "this is a directory; Update File only edits files")
 	}
 	if n, ok := pl.nodes[pathKey(p)]; ok {
 		return n.content, nil
@@ -265,7 +265,7 @@ func (pl *planner) checkWritable(opName, p string) *Error {
 		return err
 	}
 	if state == nodeDir {
-		return rejection(opName, p, errdefs.ErrIsDirectory, "a directory exists at this path")
+		return rejection(opName, p, errkind.ErrIsDirectory, "a directory exists at this path")
 	}
 	for dir := path.Dir(p); dir != "." && dir != "/" && dir != p; dir = path.Dir(dir) {
 		state, err := pl.stat(opName, dir)
@@ -276,7 +276,7 @@ func (pl *planner) checkWritable(opName, p string) *Error {
 		case nodeDir, nodeDeleted:
 			return nil // a deleted file's place can become a directory
 		case nodeFile:
-			return rejection(opName, p, errdefs.ErrNotDirectory, "its parent '%s' is a file, not a directory", dir)
+			return rejection(opName, p, errkind.ErrNotDirectory, "its parent '%s' is a file, not a directory", dir)
 		}
 	}
 	return nil
@@ -309,9 +309,9 @@ func (pl *planner) account(opName, p string, size int) *Error {
 // missingError reports a file to update or delete that is not there.
 func missingError(opName, p string, state nodeState, verb string) *Error {
 	if state == nodeDeleted {
-		return rejection(opName, p, errdefs.ErrNotFound, "the file to %s was already deleted or moved away earlier in this patch", verb)
+		return rejection(opName, p, errkind.ErrNotFound, "the file to %s was already deleted or moved away earlier in this patch", verb)
 	}
-	return rejection(opName, p, errdefs.ErrNotFound, "the file to %s does not exist%s", verb, addHint(verb))
+	return rejection(opName, p, errkind.ErrNotFound, "the file to %s does not exist%s", verb, addHint(verb))
 }
 
 func addHint(verb string) string {
@@ -328,5 +328,5 @@ func sourceError(opName, p string, err error) *Error {
 }
 
 func isNotFound(err error) bool {
-	return errors.Is(err, errdefs.ErrNotFound) || errors.Is(err, fs.ErrNotExist)
+	return errors.Is(err, errkind.ErrNotFound) || errors.Is(err, fs.ErrNotExist)
 }

@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // applyText plans text against files and commits the result to a copy,
@@ -102,7 +102,7 @@ func TestUpdateRejections(t *testing.T) {
 			text := envelope(append([]string{"*** Update File: f"}, tt.body...)...)
 			_, _, err := applyText(t, map[string]string{"f": tt.file}, text, Options{})
 			var pe *Error
-			if !errors.As(err, &pe) || !errors.Is(err, errdefs.ErrPatchRejected) {
+			if !errors.As(err, &pe) || !errors.Is(err, errkind.ErrPatchRejected) {
 				t.Fatalf("err = %v, want *Error wrapping ErrPatchRejected", err)
 			}
 			if pe.Op != OpNameUpdate || pe.Path != "f" || pe.Hunk == 0 {
@@ -118,7 +118,7 @@ func TestUpdateRejections(t *testing.T) {
 func TestRefusesNonUTF8(t *testing.T) {
 	for _, content := range []string{"caf\xe9\n", "\xff\xfeh\x00i\x00\n"} {
 		_, _, err := applyText(t, map[string]string{"f": content}, envelope("*** Update File: f", "@@", "+x"), Options{})
-		if !errors.Is(err, errdefs.ErrPatchRejected) || !strings.Contains(err.Error(), "not valid UTF-8") {
+		if !errors.Is(err, errkind.ErrPatchRejected) || !strings.Contains(err.Error(), "not valid UTF-8") {
 			t.Errorf("content %q: err = %v, want a UTF-8 rejection", content, err)
 		}
 	}
@@ -182,23 +182,23 @@ func TestPlanRejections(t *testing.T) {
 		cause error
 		want  string
 	}{
-		{"update missing file", []string{"*** Update File: nope", "-1"}, errdefs.ErrNotFound, "update nope: the file to update does not exist"},
-		{"delete missing file", []string{"*** Delete File: nope"}, errdefs.ErrNotFound, "delete nope: the file to delete does not exist"},
-		{"delete twice", []string{"*** Delete File: f", "*** Delete File: f"}, errdefs.ErrNotFound, "already deleted"},
-		{"update after move away", []string{"*** Update File: f", "*** Move to: g", "-1", "+2", "*** Update File: f", "-2"}, errdefs.ErrNotFound, "already deleted or moved away"},
-		{"delete directory", []string{"*** Delete File: dir"}, errdefs.ErrIsDirectory, "is a directory"},
-		{"update directory", []string{"*** Update File: dir", "-x"}, errdefs.ErrIsDirectory, "is a directory"},
-		{"add over directory", []string{"*** Add File: dir", "+x"}, errdefs.ErrIsDirectory, "a directory exists"},
-		{"move onto directory", []string{"*** Update File: f", "*** Move to: dir", "-1", "+2"}, errdefs.ErrIsDirectory, "move dir: a directory exists"},
-		{"add below a file", []string{"*** Add File: f/g", "+x"}, errdefs.ErrNotDirectory, "parent 'f' is a file"},
-		{"add below a file added earlier", []string{"*** Add File: n", "+x", "*** Add File: n/m/o", "+y"}, errdefs.ErrNotDirectory, "parent 'n' is a file"},
-		{"add where a directory was implied", []string{"*** Add File: n/m", "+x", "*** Add File: n", "+y"}, errdefs.ErrIsDirectory, "a directory exists"},
-		{"failure after successes", []string{"*** Add File: new", "+x", "*** Delete File: f", "*** Update File: nope", "-1"}, errdefs.ErrNotFound, "update nope"},
+		{"update missing file", []string{"*** Update File: nope", "-1"}, errkind.ErrNotFound, "update nope: the file to update does not exist"},
+		{"delete missing file", []string{"*** Delete File: nope"}, errkind.ErrNotFound, "delete nope: the file to delete does not exist"},
+		{"delete twice", []string{"*** Delete File: f", "*** Delete File: f"}, errkind.ErrNotFound, "already deleted"},
+		{"update after move away", []string{"*** Update File: f", "*** Move to: g", "-1", "+2", "*** Update File: f", "-2"}, errkind.ErrNotFound, "already deleted or moved away"},
+		{"delete directory", []string{"*** Delete File: dir"}, errkind.ErrIsDirectory, "is a directory"},
+		{"update directory", []string{"*** Update File: dir", "-x"}, errkind.ErrIsDirectory, "is a directory"},
+		{"add over directory", []string{"*** Add File: dir", "+x"}, errkind.ErrIsDirectory, "a directory exists"},
+		{"move onto directory", []string{"*** Update File: f", "*** Move to: dir", "-1", "+2"}, errkind.ErrIsDirectory, "move dir: a directory exists"},
+		{"add below a file", []string{"*** Add File: f/g", "+x"}, errkind.ErrNotDirectory, "parent 'f' is a file"},
+		{"add below a file added earlier", []string{"*** Add File: n", "+x", "*** Add File: n/m/o", "+y"}, errkind.ErrNotDirectory, "parent 'n' is a file"},
+		{"add where a directory was implied", []string{"*** Add File: n/m", "+x", "*** Add File: n", "+y"}, errkind.ErrIsDirectory, "a directory exists"},
+		{"failure after successes", []string{"*** Add File: new", "+x", "*** Delete File: f", "*** Update File: nope", "-1"}, errkind.ErrNotFound, "update nope"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, err := applyText(t, files, envelope(tt.body...), Options{})
-			if !errors.Is(err, errdefs.ErrPatchRejected) || !errors.Is(err, tt.cause) {
+			if !errors.Is(err, errkind.ErrPatchRejected) || !errors.Is(err, tt.cause) {
 				t.Fatalf("err = %v, want ErrPatchRejected and %v", err, tt.cause)
 			}
 			if !strings.Contains(err.Error(), tt.want) {
@@ -216,10 +216,10 @@ func (s failingSource) ReadFile(string) ([]byte, error)   { return nil, s.err }
 func (s failingSource) Exists(string) (bool, bool, error) { return false, false, s.err }
 
 func TestSourceErrorsPassThrough(t *testing.T) {
-	hostErr := &errdefs.PathError{Op: "resolve", Path: "/var/lib/bulkhead/ws/../../etc/passwd", Err: errdefs.ErrPathEscape}
+	hostErr := &errkind.PathError{Op: "resolve", Path: "/var/lib/bulkhead/ws/../../etc/passwd", Err: errkind.ErrPathEscape}
 	p := mustParse(t, envelope("*** Update File: ../../etc/passwd", "-root"))
 	_, err := Plan(failingSource{hostErr}, p, Options{})
-	if !errors.Is(err, errdefs.ErrPathEscape) || !errors.Is(err, errdefs.ErrPatchRejected) {
+	if !errors.Is(err, errkind.ErrPathEscape) || !errors.Is(err, errkind.ErrPatchRejected) {
 		t.Fatalf("err = %v, want ErrPathEscape and ErrPatchRejected", err)
 	}
 	var pe *Error
@@ -232,8 +232,8 @@ func TestSourceErrorsPassThrough(t *testing.T) {
 	}
 
 	// Not-found errors from the Source are a missing file, not a failure.
-	_, err = Plan(failingSource{errdefs.ErrNotFound}, mustParse(t, envelope("*** Delete File: x")), Options{})
-	if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "does not exist") {
+	_, err = Plan(failingSource{errkind.ErrNotFound}, mustParse(t, envelope("*** Delete File: x")), Options{})
+	if !errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "does not exist") {
 		t.Errorf("not-found Source: err = %v", err)
 	}
 }
@@ -253,7 +253,7 @@ func TestPlanLimits(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			_, _, err := applyText(t, map[string]string{"big": big}, envelope(tt.body...), tt.opts)
-			if !errors.Is(err, errdefs.ErrResourceExhausted) {
+			if !errors.Is(err, errkind.ErrResourceExhausted) {
 				t.Fatalf("err = %v, want ErrResourceExhausted", err)
 			}
 		})
@@ -270,7 +270,7 @@ func TestPlanValidatesHandBuiltPatches(t *testing.T) {
 		"no hunks":     {Ops: []FileOp{{Kind: OpUpdate, Path: "a"}}},
 		"empty hunk":   {Ops: []FileOp{{Kind: OpUpdate, Path: "a", Hunks: []Hunk{{}}}}},
 	} {
-		if _, err := Plan(src, p, Options{}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := Plan(src, p, Options{}); !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Errorf("%s: err = %v, want ErrInvalidArgument", name, err)
 		}
 	}

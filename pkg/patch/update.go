@@ -4,7 +4,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // edit replaces oldLen lines of a file, starting at line index start, with
@@ -123,7 +123,7 @@ func updateText(op *FileOp, text string, budget *int) (string, *Error) {
 		if e.start < pos {
 			// Unreachable while the cursor only moves forward; kept so that
 			// a future change cannot silently corrupt a file.
-			return "", &Error{Op: OpNameUpdate, Path: op.Path, Reason: "hunks overlap", Err: errdefs.ErrPatchRejected}
+			return "", &Error{Op: OpNameUpdate, Path: op.Path, Reason: "hunks overlap", Err: errkind.ErrPatchRejected}
 		}
 		write(lines[pos:e.start])
 		write(e.lines)

@@ -1,7 +1,7 @@
 // Package agentclient is the typed gRPC client of sandbox-agentd, used by
 // every provider. It authenticates every call with the sandbox's token and
 // turns gRPC statuses back into compute errors, so callers test failures
-// with errors.Is(err, errdefs.ErrNotFound) and errdefs.Retryable(err).
+// with errors.Is(err, errkind.ErrNotFound) and errkind.Retryable(err).
 package agentclient
 
 import (
@@ -24,7 +24,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -180,7 +180,7 @@ func PatchRejection(err error) *agentdv1.PatchRejection { return errmap.PatchRej
 
 func grpcTarget(address string) (string, error) {
 	if address == "" {
-		return "", fmt.Errorf("agentclient: %w: empty address", errdefs.ErrInvalidArgument)
+		return "", fmt.Errorf("agentclient: %w: empty address", errkind.ErrInvalidArgument)
 	}
 	u, err := url.Parse(address)
 	if err != nil || u.Scheme == "" || u.Opaque != "" {
@@ -198,7 +198,7 @@ func grpcTarget(address string) (string, error) {
 	case "passthrough", "dns":
 		return address, nil
 	}
-	return "", fmt.Errorf("agentclient: %w: address %q: scheme must be unix:// or tcp://", errdefs.ErrInvalidArgument, address)
+	return "", fmt.Errorf("agentclient: %w: address %q: scheme must be unix:// or tcp://", errkind.ErrInvalidArgument, address)
 }
 
 // errStreamEnded reports a server stream that closed without its final message.

@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -138,7 +138,7 @@ func uploadError[T any](closeAndRecv func() (T, error), err error, op, path stri
 		if path == "" {
 			return fmt.Errorf("%s: %w", op, err)
 		}
-		return &errdefs.PathError{Op: op, Path: path, Err: err}
+		return &errkind.PathError{Op: op, Path: path, Err: err}
 	}
 	if errors.Is(se.err, io.EOF) {
 		if _, rerr := closeAndRecv(); rerr != nil {
@@ -179,7 +179,7 @@ func (c *Client) Rename(ctx context.Context, req *agentdv1.RenameRequest) error 
 }
 
 // ApplyPatch applies a patch all-or-nothing. On rejection the error matches
-// errdefs.ErrPatchRejected and PatchRejection(err) explains it.
+// errkind.ErrPatchRejected and PatchRejection(err) explains it.
 func (c *Client) ApplyPatch(ctx context.Context, req *agentdv1.ApplyPatchRequest) (*agentdv1.ApplyPatchResponse, error) {
 	resp, err := c.workspace.ApplyPatch(ctx, req)
 	return resp, wrap(err)

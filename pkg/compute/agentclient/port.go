@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -27,7 +27,7 @@ const forwardChunkBytes = 32 << 10
 // during one (a write blocks only under the tunnel's flow control).
 func (c *Client) Forward(ctx context.Context, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "forward: port %d is not in 1-65535", port)
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "forward: port %d is not in 1-65535", port)
 	}
 	sctx, cancel := context.WithCancel(ctx)
 	stream, err := agentdv1.NewPortServiceClient(c.conn).Forward(sctx)
@@ -53,7 +53,7 @@ func (c *Client) Forward(ctx context.Context, port int) (net.Conn, error) {
 		return fail(wrap(err))
 	}
 	if first.GetOpened() == nil {
-		return fail(errdefs.Errorf(errdefs.ErrInternal, "the daemon answered the start with %T", first.GetMessage()))
+		return fail(errkind.Errorf(errkind.ErrInternal, "the daemon answered the start with %T", first.GetMessage()))
 	}
 	fc := &forwardConn{
 		stream: stream, cancel: cancel, port: port,
@@ -289,7 +289,7 @@ type PortListener struct {
 // the first such error).
 func (c *Client) ListenLocal(ctx context.Context, port int) (*PortListener, error) {
 	if port < 1 || port > 65535 {
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "forward: port %d is not in 1-65535", port)
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "forward: port %d is not in 1-65535", port)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

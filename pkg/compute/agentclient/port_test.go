@@ -20,7 +20,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 func testCtx(t *testing.T) context.Context {
@@ -143,12 +143,12 @@ func TestForwardErrors(t *testing.T) {
 	closed := l.Addr().(*net.TCPAddr).Port
 	l.Close()
 	_, err = d.Client.Forward(ctx, closed)
-	if !errors.Is(err, errdefs.ErrUnavailable) || !errdefs.Retryable(err) {
+	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
 		t.Errorf("forward to a closed port: %v; want ErrUnavailable, retryable", err)
 	}
 	t.Log(err)
 	for _, port := range []int{0, -1, 70000} {
-		if _, err := d.Client.Forward(ctx, port); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := d.Client.Forward(ctx, port); !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Errorf("forward to port %d: %v", port, err)
 		}
 	}

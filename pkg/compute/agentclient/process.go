@@ -9,7 +9,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -62,7 +62,7 @@ func (c *Client) Follow(ctx context.Context, processID string, cursor int64, fn 
 		for {
 			msg, err := stream.Recv()
 			if errors.Is(err, io.EOF) {
-				return errdefs.MarkRetryable(&errdefs.ProcessError{Op: "attach", ProcessID: processID, Err: errStreamEnded})
+				return errkind.MarkRetryable(&errkind.ProcessError{Op: "attach", ProcessID: processID, Err: errStreamEnded})
 			}
 			if err != nil {
 				return wrap(err)
@@ -170,13 +170,13 @@ func (c *Client) Exec(ctx context.Context, req *agentdv1.ExecRequest, fn func(*a
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
-			return res, &errdefs.ProcessError{Op: "exec", ProcessID: res.Process.GetProcessId(), Err: errStreamEnded}
+			return res, &errkind.ProcessError{Op: "exec", ProcessID: res.Process.GetProcessId(), Err: errStreamEnded}
 		}
 		if err != nil {
 			err = wrap(err)
 			if res.Process != nil {
 				// The command started: repeating it is not safe.
-				err = &errdefs.ProcessError{Op: "exec", ProcessID: res.Process.GetProcessId(), Err: notRetryable{err}}
+				err = &errkind.ProcessError{Op: "exec", ProcessID: res.Process.GetProcessId(), Err: notRetryable{err}}
 			}
 			return res, err
 		}

@@ -8,7 +8,7 @@ import (
 
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -31,7 +31,7 @@ type ReadyOptions struct {
 	// report SERVING whether the daemon can still come up: a non-nil
 	// error (the process or container has exited) ends the wait at once
 	// and is returned as it is, so it should wrap a sentinel
-	// (errdefs.ErrUnavailable).
+	// (errkind.ErrUnavailable).
 	Alive func(ctx context.Context) error
 }
 
@@ -39,16 +39,16 @@ type ReadyOptions struct {
 // credentials: it polls the standard gRPC health service until it reports
 // SERVING, then makes one authenticated call (Info), whose response it
 // returns, so that a wrong token is found here and not at the first real
-// call. Every failure is a compute error (errors.Is on errdefs sentinels),
+// call. Every failure is a compute error (errors.Is on errkind sentinels),
 // with gRPC's own text left out:
 //
-//   - the daemon does not serve within Timeout: errdefs.ErrUnavailable,
+//   - the daemon does not serve within Timeout: errkind.ErrUnavailable,
 //     retryable, with the cause of the last failed check;
 //   - Alive reports the daemon gone: Alive's error;
 //   - it serves but refuses the call: the call's error (a bad token is
-//     errdefs.ErrUnauthenticated);
-//   - ctx is canceled: errdefs.ErrCanceled; ctx's own deadline passes:
-//     errdefs.ErrDeadlineExceeded.
+//     errkind.ErrUnauthenticated);
+//   - ctx is canceled: errkind.ErrCanceled; ctx's own deadline passes:
+//     errkind.ErrDeadlineExceeded.
 func WaitReady(ctx context.Context, c *Client, opts ReadyOptions) (*agentdv1.InfoResponse, error) {
 	parent := ctx
 	if opts.Timeout > 0 {
@@ -83,12 +83,12 @@ func WaitReady(ctx context.Context, c *Client, opts ReadyOptions) (*agentdv1.Inf
 		case <-ctx.Done():
 			switch {
 			case errors.Is(parent.Err(), context.Canceled):
-				return nil, fmt.Errorf("waiting for the sandbox daemon to serve: %w", errdefs.ErrCanceled)
+				return nil, fmt.Errorf("waiting for the sandbox daemon to serve: %w", errkind.ErrCanceled)
 			case parent.Err() != nil:
-				return nil, fmt.Errorf("waiting for the sandbox daemon to serve: %w (last check: %s)", errdefs.ErrDeadlineExceeded, why)
+				return nil, fmt.Errorf("waiting for the sandbox daemon to serve: %w (last check: %s)", errkind.ErrDeadlineExceeded, why)
 			}
-			return nil, errdefs.MarkRetryable(fmt.Errorf("%w: the sandbox daemon did not serve within %s (last check: %s)",
-				errdefs.ErrUnavailable, opts.Timeout, why))
+			return nil, errkind.MarkRetryable(fmt.Errorf("%w: the sandbox daemon did not serve within %s (last check: %s)",
+				errkind.ErrUnavailable, opts.Timeout, why))
 		case <-time.After(poll):
 		}
 	}
@@ -106,7 +106,7 @@ func checkServing(ctx context.Context, health healthpb.HealthClient) (string, er
 		return err.Error(), err
 	}
 	if st := resp.GetStatus(); st != healthpb.HealthCheckResponse_SERVING {
-		return "health is " + st.String(), fmt.Errorf("%w: health is %s", errdefs.ErrUnavailable, st)
+		return "health is " + st.String(), fmt.Errorf("%w: health is %s", errkind.ErrUnavailable, st)
 	}
 	return "", nil
 }

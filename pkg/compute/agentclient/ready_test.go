@@ -15,7 +15,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -64,10 +64,10 @@ func TestWaitReadyChecksTheToken(t *testing.T) {
 	c := dial(t, "unix://"+d.Socket, "not-the-token")
 	start := time.Now()
 	_, err := agentclient.WaitReady(testCtx(t), c, agentclient.ReadyOptions{Timeout: 10 * time.Second})
-	if !errors.Is(err, errdefs.ErrUnauthenticated) {
+	if !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("WaitReady with a wrong token = %v, want ErrUnauthenticated", err)
 	}
-	if errdefs.Retryable(err) {
+	if errkind.Retryable(err) {
 		t.Errorf("a refused token is retryable: %v", err)
 	}
 	if time.Since(start) > 5*time.Second {
@@ -82,7 +82,7 @@ func TestWaitReadyTimesOut(t *testing.T) {
 	c := dial(t, "unix://"+sock, "t")
 	start := time.Now()
 	_, err := agentclient.WaitReady(testCtx(t), c, agentclient.ReadyOptions{Timeout: 300 * time.Millisecond})
-	if !errors.Is(err, errdefs.ErrUnavailable) || !errdefs.Retryable(err) {
+	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
 		t.Fatalf("WaitReady with no daemon = %v, want a retryable ErrUnavailable", err)
 	}
 	if el := time.Since(start); el < 300*time.Millisecond || el > 5*time.Second {
@@ -115,7 +115,7 @@ func TestWaitReadyWaitsForServing(t *testing.T) {
 	never := health.NewServer()
 	never.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	_, err := agentclient.WaitReady(testCtx(t), dial(t, healthOnly(t, never), "t"), agentclient.ReadyOptions{Timeout: 200 * time.Millisecond})
-	if !errors.Is(err, errdefs.ErrUnavailable) || !strings.Contains(err.Error(), "NOT_SERVING") {
+	if !errors.Is(err, errkind.ErrUnavailable) || !strings.Contains(err.Error(), "NOT_SERVING") {
 		t.Fatalf("WaitReady on a daemon that never serves = %v, want ErrUnavailable naming NOT_SERVING", err)
 	}
 }
@@ -145,13 +145,13 @@ func TestWaitReadyContext(t *testing.T) {
 	c := dial(t, "unix://"+filepath.Join(t.TempDir(), "none.sock"), "t")
 	ctx, cancel := context.WithCancel(testCtx(t))
 	time.AfterFunc(100*time.Millisecond, cancel)
-	if _, err := agentclient.WaitReady(ctx, c, agentclient.ReadyOptions{Timeout: 30 * time.Second}); !errors.Is(err, errdefs.ErrCanceled) {
+	if _, err := agentclient.WaitReady(ctx, c, agentclient.ReadyOptions{Timeout: 30 * time.Second}); !errors.Is(err, errkind.ErrCanceled) {
 		t.Errorf("WaitReady with a canceled context = %v, want ErrCanceled", err)
 	}
 	ctx, cancel = context.WithTimeout(testCtx(t), 100*time.Millisecond)
 	defer cancel()
 	_, err := agentclient.WaitReady(ctx, c, agentclient.ReadyOptions{Timeout: 30 * time.Second})
-	if !errors.Is(err, errdefs.ErrDeadlineExceeded) || errors.Is(err, errdefs.ErrUnavailable) {
+	if !errors.Is(err, errkind.ErrDeadlineExceeded) || errors.Is(err, errkind.ErrUnavailable) {
 		t.Errorf("WaitReady past the caller's deadline = %v, want ErrDeadlineExceeded", err)
 	}
 }

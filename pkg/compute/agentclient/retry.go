@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // Reconnection policy for calls that are safe to repeat (reads from a
@@ -25,7 +25,7 @@ func retry(ctx context.Context, call func() error) error {
 	backoff := retryInitialBackoff
 	for {
 		err := call()
-		if err == nil || !errdefs.Retryable(err) || time.Now().After(deadline) {
+		if err == nil || !errkind.Retryable(err) || time.Now().After(deadline) {
 			return err
 		}
 		t := time.NewTimer(backoff)

@@ -17,7 +17,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -52,7 +52,7 @@ func TestTracerProviderSpans(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), secret) {
 		t.Fatalf("the patch should fail quoting the searched lines (the test relies on it): %v", err)
 	}
-	if !errdefs.Classified(err) {
+	if !errkind.Classified(err) {
 		t.Fatalf("error mapping changed: %v", err)
 	}
 	parent.End()

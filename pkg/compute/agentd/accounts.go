@@ -12,8 +12,8 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/materialize"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/process"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // accounts creates the sandbox's users and groups for materialization:
@@ -40,7 +40,7 @@ func (a accounts) tool(name string) string {
 // needRoot refuses account changes a non-root daemon cannot make.
 func needRoot(what string) error {
 	if os.Geteuid() != 0 {
-		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "cannot create %s: the daemon does not run as root (use a sandbox where it does, such as a container)", what)
+		return errkind.Errorf(errkind.ErrFailedPrecondition, "cannot create %s: the daemon does not run as root (use a sandbox where it does, such as a container)", what)
 	}
 	return nil
 }
@@ -49,7 +49,7 @@ func needRoot(what string) error {
 func (a accounts) EnsureGroup(ctx context.Context, g materialize.Group) (bool, error) {
 	if _, err := a.d.users.GroupID(g.Name); err == nil {
 		return false, nil
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
+	} else if !errors.Is(err, errkind.ErrNotFound) {
 		return false, err
 	}
 	if err := needRoot("group " + g.Name); err != nil {
@@ -70,7 +70,7 @@ func (a accounts) EnsureGroup(ctx context.Context, g materialize.Group) (bool, e
 func (a accounts) EnsureUser(ctx context.Context, u materialize.User) (bool, error) {
 	if existing, err := a.d.users.Lookup(u.Name); err == nil && existing.Name == u.Name {
 		return false, nil
-	} else if err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+	} else if err != nil && !errors.Is(err, errkind.ErrNotFound) {
 		return false, err
 	}
 	if err := needRoot("user " + u.Name); err != nil {
@@ -140,7 +140,7 @@ func (a accounts) run(ctx context.Context, argv []string) error {
 			b.Write(c.Data)
 		}
 		msg := strings.TrimSpace(b.String())
-		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "%s exited with %d: %s", filepath.Base(argv[0]), st.Code, msg)
+		return errkind.Errorf(errkind.ErrFailedPrecondition, "%s exited with %d: %s", filepath.Base(argv[0]), st.Code, msg)
 	}
 	return nil
 }

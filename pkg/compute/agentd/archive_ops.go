@@ -5,7 +5,7 @@ import (
 	"io"
 	"strconv"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/archive"
+	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 )
 
 // Archive streams the workspace root as an archive to w. It waits for a

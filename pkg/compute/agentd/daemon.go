@@ -22,9 +22,9 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/materialize"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/process"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Features returns the names of the features this daemon implements,
@@ -168,11 +168,11 @@ type StartSpec struct {
 func (d *Daemon) StartProcess(ctx context.Context, spec StartSpec) (process.Info, bool, error) {
 	user, err := d.User(spec.User)
 	if err != nil {
-		return process.Info{}, false, &errdefs.ProcessError{Op: "start", Err: err}
+		return process.Info{}, false, &errkind.ProcessError{Op: "start", Err: err}
 	}
 	dir, err := d.ws.ResolveDir(ctx, user, spec.Cwd)
 	if err != nil {
-		return process.Info{}, false, &errdefs.ProcessError{Op: "start", Err: err}
+		return process.Info{}, false, &errkind.ProcessError{Op: "start", Err: err}
 	}
 	opts := spec.StartOptions
 	opts.Dir = dir

@@ -7,10 +7,10 @@ import (
 	"io"
 	"path"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/patch"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // PatchRequest is an apply_patch call.
@@ -38,7 +38,7 @@ type PatchRequest struct {
 func (d *Daemon) ApplyPatch(ctx context.Context, req PatchRequest) ([]patch.Change, error) {
 	user, err := d.User(req.User)
 	if err != nil {
-		return nil, &errdefs.PathError{Op: "apply_patch", Path: req.Cwd, Err: err}
+		return nil, &errkind.PathError{Op: "apply_patch", Path: req.Cwd, Err: err}
 	}
 	opts := patch.Options{MaxPatchBytes: int(d.cfg.MaxPatchBytes)}
 	var p *patch.Patch
@@ -238,17 +238,17 @@ func (s *patchSource) ReadFile(p string) ([]byte, error) {
 	defer r.Close()
 	data, err := io.ReadAll(r)
 	if err != nil {
-		return nil, &errdefs.PathError{Op: "read", Path: p, Err: err}
+		return nil, &errkind.PathError{Op: "read", Path: p, Err: err}
 	}
 	if int64(len(data)) > s.maxBytes {
-		return nil, &errdefs.PathError{Op: "read", Path: p, Err: errdefs.Errorf(errdefs.ErrResourceExhausted, "file is larger than %d bytes", s.maxBytes)}
+		return nil, &errkind.PathError{Op: "read", Path: p, Err: errkind.Errorf(errkind.ErrResourceExhausted, "file is larger than %d bytes", s.maxBytes)}
 	}
 	return data, nil
 }
 
 func (s *patchSource) Exists(p string) (bool, bool, error) {
 	fi, err := s.ws.Stat(s.ctx, s.user, joinCwd(s.cwd, p))
-	if errors.Is(err, errdefs.ErrNotFound) {
+	if errors.Is(err, errkind.ErrNotFound) {
 		return false, false, nil
 	}
 	if err != nil {
@@ -261,7 +261,7 @@ func (s *patchSource) Exists(p string) (bool, bool, error) {
 			return false, false, err
 		}
 		target, err := s.ws.Stat(s.ctx, s.user, loc.Path)
-		if errors.Is(err, errdefs.ErrNotFound) {
+		if errors.Is(err, errkind.ErrNotFound) {
 			return false, false, nil
 		}
 		if err != nil {

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // portDialTimeout bounds the connect to a port inside the sandbox.
@@ -41,16 +41,16 @@ type PortTunnel struct {
 // ErrUnavailable (retrying can help once the server is up).
 func (d *Daemon) ForwardPort(ctx context.Context, port int, t PortTunnel) error {
 	if port < 1 || port > 65535 {
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "forward: port %d is not in 1-65535", port)
+		return errkind.Errorf(errkind.ErrInvalidArgument, "forward: port %d is not in 1-65535", port)
 	}
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	dialer := net.Dialer{Timeout: portDialTimeout}
 	conn, err := dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		if errors.Is(err, syscall.ECONNREFUSED) {
-			return errdefs.Errorf(errdefs.ErrUnavailable, "forward: nothing listens on %s in the sandbox", addr)
+			return errkind.Errorf(errkind.ErrUnavailable, "forward: nothing listens on %s in the sandbox", addr)
 		}
-		return errdefs.Errorf(errdefs.ErrUnavailable, "forward: connect to %s in the sandbox: %v", addr, err)
+		return errkind.Errorf(errkind.ErrUnavailable, "forward: connect to %s in the sandbox: %v", addr, err)
 	}
 	tcp := conn.(*net.TCPConn)
 	defer tcp.Close()
@@ -76,7 +76,7 @@ func (d *Daemon) ForwardPort(ctx context.Context, port int, t PortTunnel) error 
 			}
 			if _, err := tcp.Write(b); err != nil {
 				_ = tcp.Close()
-				upErr <- errdefs.Errorf(errdefs.ErrUnavailable, "forward: write to %s: %v", addr, err)
+				upErr <- errkind.Errorf(errkind.ErrUnavailable, "forward: write to %s: %v", addr, err)
 				return
 			}
 		}
@@ -100,7 +100,7 @@ func (d *Daemon) ForwardPort(ctx context.Context, port int, t PortTunnel) error 
 		}
 		if err != nil {
 			// Closed by the other direction's failure, or reset by the port.
-			downErr = errdefs.Errorf(errdefs.ErrUnavailable, "forward: read from %s: %v", addr, err)
+			downErr = errkind.Errorf(errkind.ErrUnavailable, "forward: read from %s: %v", addr, err)
 			_ = tcp.Close()
 			break
 		}

@@ -19,7 +19,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -157,7 +157,7 @@ func TestDaemonTokenSources(t *testing.T) {
 			t.Errorf("Info with the token = %v, %v", info, err)
 		}
 		_, err := dialDirect(t, socket, "wrong-token-0123456789abcdef").Info(ctx)
-		if !errors.Is(err, errdefs.ErrUnauthenticated) {
+		if !errors.Is(err, errkind.ErrUnauthenticated) {
 			t.Errorf("Info with a wrong token: %v; want ErrUnauthenticated", err)
 		}
 		if strings.Contains(d.stderr.String(), directToken) {

@@ -3,7 +3,7 @@
 // workspace in a directory the harness owns.
 //
 // This file is the launcher every local sandbox is built on; the full
-// errdefs.Client provider (state, resume, snapshots, bubblewrap isolation)
+// errkind.Client provider (state, resume, snapshots, bubblewrap isolation)
 // grows on top of it.
 package local
 
@@ -24,7 +24,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // AgentdBinary is the daemon's executable name.
@@ -92,7 +92,7 @@ func FindAgentd() (string, error) {
 	}
 	p, err := exec.LookPath(AgentdBinary)
 	if err != nil {
-		return "", fmt.Errorf("%w: %s is neither next to this program nor on PATH (run `make build`)", errdefs.ErrNotFound, AgentdBinary)
+		return "", fmt.Errorf("%w: %s is neither next to this program nor on PATH (run `make build`)", errkind.ErrNotFound, AgentdBinary)
 	}
 	return p, nil
 }
@@ -232,7 +232,7 @@ func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
 		Alive: func(context.Context) error {
 			select {
 			case <-s.exited:
-				return fmt.Errorf("%w: sandbox-agentd exited during start-up: %s", errdefs.ErrUnavailable, s.cmd.ProcessState)
+				return fmt.Errorf("%w: sandbox-agentd exited during start-up: %s", errkind.ErrUnavailable, s.cmd.ProcessState)
 			default:
 				return nil
 			}

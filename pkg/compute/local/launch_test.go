@@ -26,7 +26,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -428,13 +428,13 @@ func TestKillDuringWriteKeepsOldContent(t *testing.T) {
 	if err == nil {
 		t.Fatal("WriteFile succeeded although the daemon was killed")
 	}
-	if !errors.Is(err, errdefs.ErrUnavailable) {
-		t.Errorf("WriteFile error %v (%T) does not match errdefs.ErrUnavailable", err, err)
+	if !errors.Is(err, errkind.ErrUnavailable) {
+		t.Errorf("WriteFile error %v (%T) does not match errkind.ErrUnavailable", err, err)
 	}
-	if !errdefs.Retryable(err) {
+	if !errkind.Retryable(err) {
 		t.Errorf("WriteFile error %v is not Retryable; an atomic write interrupted by a dead daemon is safe to retry", err)
 	}
-	t.Logf("WriteFile after SIGKILL: %v (ErrUnavailable=%v Retryable=%v)", err, errors.Is(err, errdefs.ErrUnavailable), errdefs.Retryable(err))
+	t.Logf("WriteFile after SIGKILL: %v (ErrUnavailable=%v Retryable=%v)", err, errors.Is(err, errkind.ErrUnavailable), errkind.Retryable(err))
 
 	if got, err := os.ReadFile(filepath.Join(ws, "f.txt")); err != nil || string(got) != contentA {
 		t.Fatalf("f.txt after the interrupted write = %q, %v; want %q", got, err, contentA)

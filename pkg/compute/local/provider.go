@@ -25,10 +25,10 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local/seccomp"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // ProviderName is the provider's name in session states.

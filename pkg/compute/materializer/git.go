@@ -9,7 +9,7 @@ import (
 	"os/exec"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -39,7 +39,7 @@ func (g GitCLI) Fetch(ctx context.Context, repo *manifest.GitRepo, dir string) e
 	if repo.Token != nil {
 		token, ok := repo.Token.Value()
 		if !ok {
-			return errdefs.Errorf(errdefs.ErrFailedPrecondition, "the token %s of %s is not resolved", repo.Token.String(), repo.Repo)
+			return errkind.Errorf(errkind.ErrFailedPrecondition, "the token %s of %s is not resolved", repo.Token.String(), repo.Repo)
 		}
 		auth := base64.StdEncoding.EncodeToString([]byte("x-access-token:" + token))
 		env = append(env, "GIT_CONFIG_COUNT=1", "GIT_CONFIG_KEY_0=http.extraHeader",
@@ -57,13 +57,13 @@ func (g GitCLI) Fetch(ctx context.Context, repo *manifest.GitRepo, dir string) e
 		cmd.Stderr = &stderr
 		if err := cmd.Run(); err != nil {
 			if ctx.Err() != nil {
-				return errdefs.ClassifyFS(ctx.Err())
+				return errkind.ClassifyFS(ctx.Err())
 			}
 			msg := strings.TrimSpace(stderr.String())
 			if len(msg) > 500 {
 				msg = msg[:500]
 			}
-			return errdefs.MarkRetryable(fmt.Errorf("git %s: %w: %s", args[0], errdefs.ErrUnavailable, msg))
+			return errkind.MarkRetryable(fmt.Errorf("git %s: %w: %s", args[0], errkind.ErrUnavailable, msg))
 		}
 		return nil
 	}

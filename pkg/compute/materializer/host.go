@@ -12,7 +12,7 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -27,11 +27,11 @@ import (
 func walkHost(ctx context.Context, base, src, dest string, dir, allowLinks bool, cleanup *[]func()) ([]*agentdv1.MaterializeEntry, map[string]source, error) {
 	rt, err := os.OpenRoot(base)
 	if err != nil {
-		return nil, nil, fmt.Errorf("entry %s: open base directory: %w", dest, errdefs.ClassifyFS(err))
+		return nil, nil, fmt.Errorf("entry %s: open base directory: %w", dest, errkind.ClassifyFS(err))
 	}
 	*cleanup = append(*cleanup, func() { _ = rt.Close() })
 	hostErr := func(p string, err error) error {
-		return &errdefs.PathError{Op: "read host source", Path: p, Err: err}
+		return &errkind.PathError{Op: "read host source", Path: p, Err: err}
 	}
 	// The parents of src must be real directories.
 	if src != "." {
@@ -40,25 +40,25 @@ func walkHost(ctx context.Context, base, src, dest string, dir, allowLinks bool,
 			p := strings.Join(parts[:i], "/")
 			fi, err := rt.Lstat(p)
 			if err != nil {
-				return nil, nil, hostErr(p, errdefs.ClassifyFS(err))
+				return nil, nil, hostErr(p, errkind.ClassifyFS(err))
 			}
 			if !fi.IsDir() {
-				return nil, nil, hostErr(p, errdefs.Errorf(errdefs.ErrPermissionDenied, "not a plain directory (symbolic links are refused)"))
+				return nil, nil, hostErr(p, errkind.Errorf(errkind.ErrPermissionDenied, "not a plain directory (symbolic links are refused)"))
 			}
 		}
 	}
 	fi, err := rt.Lstat(src)
 	if err != nil {
-		return nil, nil, hostErr(src, errdefs.ClassifyFS(err))
+		return nil, nil, hostErr(src, errkind.ClassifyFS(err))
 	}
 	w := &hostWalk{ctx: ctx, rt: rt, allowLinks: allowLinks, sources: map[string]source{}}
 	switch {
 	case fi.Mode()&fs.ModeSymlink != 0:
-		return nil, nil, hostErr(src, errdefs.Errorf(errdefs.ErrPermissionDenied, "is a symbolic link; host sources must be plain files and directories"))
+		return nil, nil, hostErr(src, errkind.Errorf(errkind.ErrPermissionDenied, "is a symbolic link; host sources must be plain files and directories"))
 	case dir && !fi.IsDir():
-		return nil, nil, hostErr(src, errdefs.Errorf(errdefs.ErrNotDirectory, "local_dir source is not a directory"))
+		return nil, nil, hostErr(src, errkind.Errorf(errkind.ErrNotDirectory, "local_dir source is not a directory"))
 	case !dir && !fi.Mode().IsRegular():
-		return nil, nil, hostErr(src, errdefs.Errorf(errdefs.ErrInvalidArgument, "local_file source is not a regular file"))
+		return nil, nil, hostErr(src, errkind.Errorf(errkind.ErrInvalidArgument, "local_file source is not a regular file"))
 	case !dir:
 		w.file(src, dest, fi)
 		return w.entries, w.sources, nil
@@ -85,12 +85,12 @@ func (w *hostWalk) dir(src, dest string, top bool) error {
 	}
 	d, err := w.rt.Open(src)
 	if err != nil {
-		return &errdefs.PathError{Op: "read host source", Path: src, Err: errdefs.ClassifyFS(err)}
+		return &errkind.PathError{Op: "read host source", Path: src, Err: errkind.ClassifyFS(err)}
 	}
 	names, err := d.Readdirnames(-1)
 	d.Close()
 	if err != nil {
-		return &errdefs.PathError{Op: "read host source", Path: src, Err: errdefs.ClassifyFS(err)}
+		return &errkind.PathError{Op: "read host source", Path: src, Err: errkind.ClassifyFS(err)}
 	}
 	slices.Sort(names)
 	for _, name := range names {
@@ -100,7 +100,7 @@ func (w *hostWalk) dir(src, dest string, top bool) error {
 		hp, wp := path.Join(src, name), path.Join(dest, name)
 		fi, err := w.rt.Lstat(hp)
 		if err != nil {
-			return &errdefs.PathError{Op: "read host source", Path: hp, Err: errdefs.ClassifyFS(err)}
+			return &errkind.PathError{Op: "read host source", Path: hp, Err: errkind.ClassifyFS(err)}
 		}
 		switch {
 		case fi.IsDir():
@@ -113,17 +113,17 @@ func (w *hostWalk) dir(src, dest string, top bool) error {
 		case fi.Mode()&fs.ModeSymlink != 0 && w.allowLinks:
 			target, err := w.rt.Readlink(hp)
 			if err != nil {
-				return &errdefs.PathError{Op: "read host source", Path: hp, Err: errdefs.ClassifyFS(err)}
+				return &errkind.PathError{Op: "read host source", Path: hp, Err: errkind.ClassifyFS(err)}
 			}
 			joined := path.Join(path.Dir(wp), target)
 			if strings.HasPrefix(target, "/") || joined == ".." || strings.HasPrefix(joined, "../") {
-				return &errdefs.PathError{Op: "read host source", Path: hp, Err: errdefs.Errorf(errdefs.ErrPathEscape, "symbolic link to %q leaves the workspace", target)}
+				return &errkind.PathError{Op: "read host source", Path: hp, Err: errkind.Errorf(errkind.ErrPathEscape, "symbolic link to %q leaves the workspace", target)}
 			}
 			w.entries = append(w.entries, &agentdv1.MaterializeEntry{Path: wp, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_SYMLINK, LinkTarget: target})
 		case fi.Mode()&fs.ModeSymlink != 0:
-			return &errdefs.PathError{Op: "read host source", Path: hp, Err: errdefs.Errorf(errdefs.ErrPermissionDenied, "is a symbolic link; host sources must be plain files and directories")}
+			return &errkind.PathError{Op: "read host source", Path: hp, Err: errkind.Errorf(errkind.ErrPermissionDenied, "is a symbolic link; host sources must be plain files and directories")}
 		default:
-			return &errdefs.PathError{Op: "read host source", Path: hp, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "is not a file or directory (%v)", fi.Mode().Type())}
+			return &errkind.PathError{Op: "read host source", Path: hp, Err: errkind.Errorf(errkind.ErrInvalidArgument, "is not a file or directory (%v)", fi.Mode().Type())}
 		}
 	}
 	return nil
@@ -138,19 +138,19 @@ func (w *hostWalk) file(hp, wp string, fi fs.FileInfo) {
 		f, err := rt.OpenFile(hp, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 		if err != nil {
 			if errors.Is(err, syscall.ELOOP) {
-				return nil, 0, errdefs.Errorf(errdefs.ErrConflict, "%s became a symbolic link", hp)
+				return nil, 0, errkind.Errorf(errkind.ErrConflict, "%s became a symbolic link", hp)
 			}
-			return nil, 0, errdefs.ClassifyFS(err)
+			return nil, 0, errkind.ClassifyFS(err)
 		}
 		now, err := f.Stat()
 		if err != nil {
 			f.Close()
-			return nil, 0, errdefs.ClassifyFS(err)
+			return nil, 0, errkind.ClassifyFS(err)
 		}
 		nst, _ := now.Sys().(*syscall.Stat_t)
 		if st != nil && nst != nil && (st.Dev != nst.Dev || st.Ino != nst.Ino) || !now.Mode().IsRegular() {
 			f.Close()
-			return nil, 0, errdefs.Errorf(errdefs.ErrConflict, "%s was replaced while materializing", hp)
+			return nil, 0, errkind.Errorf(errkind.ErrConflict, "%s was replaced while materializing", hp)
 		}
 		return f, now.Size(), nil
 	}}

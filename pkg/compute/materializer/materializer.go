@@ -20,7 +20,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -185,7 +185,7 @@ func Prepare(ctx context.Context, m *manifest.Manifest, opts Options) (*Prepared
 	grants := make([]string, 0, len(opts.HostGrants))
 	for _, g := range opts.HostGrants {
 		if g = path.Clean(g); !path.IsAbs(g) || g == "/" {
-			return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "host grant %q must be an absolute directory other than /", g)
+			return nil, errkind.Errorf(errkind.ErrInvalidArgument, "host grant %q must be an absolute directory other than /", g)
 		}
 		grants = append(grants, g)
 	}
@@ -311,7 +311,7 @@ func (b *builder) collect(m *manifest.Manifest) error {
 			// Without a Mounter no mount works: refusing keeps a run from
 			// starting with a workspace that silently lacks the data it
 			// asked for.
-			return errdefs.Errorf(errdefs.ErrUnimplemented, "entry %s: %s mounts are not supported here (no mount reader configured: materializer.Options.Mounts); remove the entry or copy the data in with a file, dir or git entry", s.path, s.e.Type)
+			return errkind.Errorf(errkind.ErrUnimplemented, "entry %s: %s mounts are not supported here (no mount reader configured: materializer.Options.Mounts); remove the entry or copy the data in with a file, dir or git entry", s.path, s.e.Type)
 		case s.e.Type.IsMount():
 			// The Mounter decided owners and modes (read-only or not).
 			for _, we := range s.x.entries {
@@ -341,7 +341,7 @@ func (b *builder) collect(m *manifest.Manifest) error {
 				}
 			}
 		default:
-			return errdefs.Errorf(errdefs.ErrUnimplemented, "entry %s: type %s cannot be materialized", s.path, s.e.Type)
+			return errkind.Errorf(errkind.ErrUnimplemented, "entry %s: type %s cannot be materialized", s.path, s.e.Type)
 		}
 	}
 	return nil
@@ -361,7 +361,7 @@ func (b *builder) ownerOf(e *manifest.Entry) string {
 func (b *builder) hostRoot(src string) (root, rel string, err error) {
 	if !path.IsAbs(src) {
 		if b.opts.BaseDir == "" {
-			return "", "", errdefs.Errorf(errdefs.ErrFailedPrecondition, "host sources need a trusted base directory (materializer.Options.BaseDir)")
+			return "", "", errkind.Errorf(errkind.ErrFailedPrecondition, "host sources need a trusted base directory (materializer.Options.BaseDir)")
 		}
 		return b.opts.BaseDir, src, nil
 	}
@@ -372,7 +372,7 @@ func (b *builder) hostRoot(src string) (root, rel string, err error) {
 	}
 	if root == "" {
 		// The path is the manifest's; it is not repeated (errors reach logs).
-		return "", "", errdefs.Errorf(errdefs.ErrPermissionDenied, "the absolute host source is in none of the application's host grants (materializer.Options.HostGrants)")
+		return "", "", errkind.Errorf(errkind.ErrPermissionDenied, "the absolute host source is in none of the application's host grants (materializer.Options.HostGrants)")
 	}
 	if rel = strings.TrimPrefix(strings.TrimPrefix(src, root), "/"); rel == "" {
 		rel = "."
@@ -391,7 +391,7 @@ func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
 	switch e.Type {
 	case manifest.TypeLocalFile, manifest.TypeLocalDir:
 		if e.Src == "" {
-			x.err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "entry %s: the host source was redacted; resume with the trusted manifest", p)
+			x.err = errkind.Errorf(errkind.ErrFailedPrecondition, "entry %s: the host source was redacted; resume with the trusted manifest", p)
 			return
 		}
 		base, src, err := b.hostRoot(e.Src)
@@ -412,7 +412,7 @@ func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
 		x.entries, x.sources, x.applied = mp.Entries, map[string]source{}, mp.Applied
 		for _, we := range mp.Entries {
 			if we.Path != p && !strings.HasPrefix(we.Path, p+"/") {
-				x.err = errdefs.Errorf(errdefs.ErrInternal, "entry %s: the mount planned %q outside its path", p, we.Path)
+				x.err = errkind.Errorf(errkind.ErrInternal, "entry %s: the mount planned %q outside its path", p, we.Path)
 				return
 			}
 			if we.Kind == agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE {
@@ -457,14 +457,14 @@ func (p *Prepared) WriteTar(ctx context.Context, w io.Writer) error {
 		}
 		if size != f.size {
 			r.Close()
-			return errdefs.Errorf(errdefs.ErrConflict, "source of %s changed size while materializing (%d -> %d bytes)", f.path, f.size, size)
+			return errkind.Errorf(errkind.ErrConflict, "source of %s changed size while materializing (%d -> %d bytes)", f.path, f.size, size)
 		}
 		err = tw.WriteHeader(&tar.Header{Name: f.path, Typeflag: tar.TypeReg, Size: f.size, Mode: 0o644, Format: tar.FormatPAX})
 		if err == nil {
 			var n int64
 			n, err = io.Copy(tw, io.LimitReader(r, f.size))
 			if err == nil && n != f.size {
-				err = errdefs.Errorf(errdefs.ErrConflict, "source of %s shrank while materializing", f.path)
+				err = errkind.Errorf(errkind.ErrConflict, "source of %s shrank while materializing", f.path)
 			}
 		}
 		r.Close()

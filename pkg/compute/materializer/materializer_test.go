@@ -20,8 +20,8 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -220,7 +220,7 @@ func TestHostSourcesRefuseLinksAndEscapes(t *testing.T) {
 	}
 	// Without a base directory, host sources are refused.
 	m := &manifest.Manifest{Entries: map[string]*manifest.Entry{"x": {Type: manifest.TypeLocalFile, Src: "config.toml"}}}
-	if _, err := materializer.Apply(ctxT(t), d.Client, m, materializer.Options{}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := materializer.Apply(ctxT(t), d.Client, m, materializer.Options{}); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Fatalf("no base dir: %v", err)
 	}
 }
@@ -253,12 +253,12 @@ func TestHostGrants(t *testing.T) {
 		opts materializer.Options
 		want error
 	}{
-		"outside every grant":      {filepath.Join(other, "config.toml"), manifest.TypeLocalFile, opts, errdefs.ErrPermissionDenied},
-		"no grants at all":         {filepath.Join(granted, "config.toml"), manifest.TypeLocalFile, materializer.Options{BaseDir: granted}, errdefs.ErrPermissionDenied},
-		"a sibling sharing prefix": {granted + "-x/config.toml", manifest.TypeLocalFile, opts, errdefs.ErrPermissionDenied},
-		"symlink below a grant":    {filepath.Join(granted, "src", "leak"), manifest.TypeLocalFile, opts, errdefs.ErrPermissionDenied},
-		"directory with a symlink": {filepath.Join(granted, "src"), manifest.TypeLocalDir, opts, errdefs.ErrPermissionDenied},
-		"relative grant":           {filepath.Join(granted, "config.toml"), manifest.TypeLocalFile, materializer.Options{HostGrants: []string{"rel"}}, errdefs.ErrInvalidArgument},
+		"outside every grant":      {filepath.Join(other, "config.toml"), manifest.TypeLocalFile, opts, errkind.ErrPermissionDenied},
+		"no grants at all":         {filepath.Join(granted, "config.toml"), manifest.TypeLocalFile, materializer.Options{BaseDir: granted}, errkind.ErrPermissionDenied},
+		"a sibling sharing prefix": {granted + "-x/config.toml", manifest.TypeLocalFile, opts, errkind.ErrPermissionDenied},
+		"symlink below a grant":    {filepath.Join(granted, "src", "leak"), manifest.TypeLocalFile, opts, errkind.ErrPermissionDenied},
+		"directory with a symlink": {filepath.Join(granted, "src"), manifest.TypeLocalDir, opts, errkind.ErrPermissionDenied},
+		"relative grant":           {filepath.Join(granted, "config.toml"), manifest.TypeLocalFile, materializer.Options{HostGrants: []string{"rel"}}, errkind.ErrInvalidArgument},
 	} {
 		t.Run(name, func(t *testing.T) {
 			d := agentdtest.Start(t, nil)
@@ -290,7 +290,7 @@ func TestSourceSwappedAfterPlanning(t *testing.T) {
 	defer old.Close()
 	must(t, os.Remove(filepath.Join(base, "config.toml")))
 	must(t, os.WriteFile(filepath.Join(base, "config.toml"), []byte("y = 2\n"), 0o600))
-	if err := p.WriteTar(ctxT(t), &bytes.Buffer{}); !errors.Is(err, errdefs.ErrConflict) {
+	if err := p.WriteTar(ctxT(t), &bytes.Buffer{}); !errors.Is(err, errkind.ErrConflict) {
 		t.Fatalf("swapped source: %v", err)
 	}
 }
@@ -409,13 +409,13 @@ func TestMountEntriesRefused(t *testing.T) {
 				"data":    {Type: typ, Mount: mt},
 			}}
 			_, err := materializer.Prepare(ctxT(t), m, materializer.Options{})
-			if !errors.Is(err, errdefs.ErrUnimplemented) || !strings.Contains(err.Error(), "data") || !strings.Contains(err.Error(), string(typ)) {
+			if !errors.Is(err, errkind.ErrUnimplemented) || !strings.Contains(err.Error(), "data") || !strings.Contains(err.Error(), string(typ)) {
 				t.Fatalf("want ErrUnimplemented naming the entry and type, got %v", err)
 			}
 			// After a restore only ephemeral entries are applied; mounts
 			// are among them and are refused there too.
 			_, err = materializer.Prepare(ctxT(t), m, materializer.Options{Include: func(_ string, e *manifest.Entry) bool { return e.IsEphemeral() }})
-			if !errors.Is(err, errdefs.ErrUnimplemented) {
+			if !errors.Is(err, errkind.ErrUnimplemented) {
 				t.Fatalf("ephemeral-only: want ErrUnimplemented, got %v", err)
 			}
 		})
@@ -425,7 +425,7 @@ func TestMountEntriesRefused(t *testing.T) {
 		"task.md": {Type: manifest.TypeFile, Content: []byte("t")},
 		"data":    {Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: "b"}},
 	}}
-	if _, err := materializer.Apply(ctxT(t), d.Client, m, materializer.Options{}); !errors.Is(err, errdefs.ErrUnimplemented) {
+	if _, err := materializer.Apply(ctxT(t), d.Client, m, materializer.Options{}); !errors.Is(err, errkind.ErrUnimplemented) {
 		t.Fatalf("apply: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(d.Workspace, "task.md")); !errors.Is(err, fs.ErrNotExist) {

@@ -11,8 +11,8 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -71,7 +71,7 @@ func TestMounterPlan(t *testing.T) {
 	}
 	d2 := agentdtest.Start(t, nil)
 	_, err := materializer.Apply(ctxT(t), d2.Client, m, materializer.Options{Mounts: &fakeMounter{outside: true}})
-	if !errors.Is(err, errdefs.ErrInternal) {
+	if !errors.Is(err, errkind.ErrInternal) {
 		t.Fatalf("a plan outside the mount: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(d2.Workspace, "task.md")); err == nil {

@@ -12,7 +12,7 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // mountError is an error of a bucket: its text is made here, with the
@@ -45,19 +45,19 @@ func (st *bucketStore) classify(ctx context.Context, op, key string, err error) 
 	code, status := apiCode(err)
 	switch {
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
-		sentinel, detail = errdefs.ErrDeadlineExceeded, "the deadline passed"
+		sentinel, detail = errkind.ErrDeadlineExceeded, "the deadline passed"
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
-		sentinel, detail = errdefs.ErrCanceled, "canceled"
+		sentinel, detail = errkind.ErrCanceled, "canceled"
 	case code == "NoSuchBucket":
-		sentinel, detail = errdefs.ErrNotFound, "bucket "+st.bucket+" does not exist"
+		sentinel, detail = errkind.ErrNotFound, "bucket "+st.bucket+" does not exist"
 	case isNotFound(err):
-		sentinel, detail = errdefs.ErrNotFound, "no such object"
+		sentinel, detail = errkind.ErrNotFound, "no such object"
 	case isAuthCode(code) || status == 401:
-		sentinel, detail = errdefs.ErrUnauthenticated, "the storage refused the mount's credentials ("+code+")"
+		sentinel, detail = errkind.ErrUnauthenticated, "the storage refused the mount's credentials ("+code+")"
 	case code == "AccessDenied" || status == 403:
-		sentinel, detail = errdefs.ErrPermissionDenied, "access denied ("+code+")"
+		sentinel, detail = errkind.ErrPermissionDenied, "access denied ("+code+")"
 	case isUnavailable(err):
-		sentinel, detail, retryable = errdefs.ErrUnavailable, "storage unavailable", true
+		sentinel, detail, retryable = errkind.ErrUnavailable, "storage unavailable", true
 	}
 	msg := "mount storage " + st.desc + ": " + op + " " + key + ": "
 	if sentinel == nil {
@@ -70,7 +70,7 @@ func (st *bucketStore) classify(ctx context.Context, op, key string, err error) 
 	}
 	var out error = &mountError{msg: msg, sentinel: sentinel, cause: err}
 	if retryable {
-		out = errdefs.MarkRetryable(out)
+		out = errkind.MarkRetryable(out)
 	}
 	return out
 }

@@ -48,8 +48,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -118,7 +118,7 @@ var _ materializer.Mounter = (*Mounter)(nil)
 // New returns a Mounter.
 func New(cfg Config) (*Mounter, error) {
 	if cfg.MaxBytes < 0 || cfg.MaxObjects < 0 || cfg.Concurrency < 0 || cfg.PageSize < 0 || cfg.PrefetchBytes < 0 {
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "mount: negative limit in config")
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount: negative limit in config")
 	}
 	if cfg.MaxBytes == 0 {
 		cfg.MaxBytes = DefaultMaxBytes
@@ -152,7 +152,7 @@ func EnvSecrets() manifest.SecretResolver {
 	return manifest.SecretResolverFunc(func(_ context.Context, name string) (string, error) {
 		v, ok := os.LookupEnv(name)
 		if !ok || v == "" {
-			return "", errdefs.Errorf(errdefs.ErrFailedPrecondition, "environment variable %s is not set", name)
+			return "", errkind.Errorf(errkind.ErrFailedPrecondition, "environment variable %s is not set", name)
 		}
 		return v, nil
 	})
@@ -232,7 +232,7 @@ func (m *Mounter) credentials(ctx context.Context, p string, e *manifest.Entry, 
 	refs := e.Mount.Credentials
 	if len(refs) == 0 {
 		if m.cfg.DefaultCredentials == nil {
-			return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default mount credentials (mount.Config.DefaultCredentials)", p)
+			return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default mount credentials (mount.Config.DefaultCredentials)", p)
 		}
 		return m.cfg.DefaultCredentials, nil
 	}
@@ -241,7 +241,7 @@ func (m *Mounter) credentials(ctx context.Context, p string, e *manifest.Entry, 
 		v, ok := ref.Value()
 		if !ok {
 			if m.cfg.Secrets == nil {
-				return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "mount %s: credential %s (%s) is not resolved and the harness has no secret resolver (mount.Config.Secrets)", p, k, ref.String())
+				return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credential %s (%s) is not resolved and the harness has no secret resolver (mount.Config.Secrets)", p, k, ref.String())
 			}
 			var err error
 			if v, err = m.cfg.Secrets.ResolveSecret(ctx, ref.Name); err != nil {
@@ -255,7 +255,7 @@ func (m *Mounter) credentials(ctx context.Context, p string, e *manifest.Entry, 
 	}
 	id, secret := vals["access_key_id"], vals["secret_access_key"]
 	if id == "" || secret == "" {
-		return nil, errdefs.Errorf(errdefs.ErrFailedPrecondition, "mount %s: credentials need both access_key_id and secret_access_key", p)
+		return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credentials need both access_key_id and secret_access_key", p)
 	}
 	return credentials.NewStaticCredentialsProvider(id, secret, vals["session_token"]), nil
 }

@@ -25,11 +25,11 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/internal/testservers/s3server"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -356,7 +356,7 @@ func TestWritableMountConflict(t *testing.T) {
 		t.Fatal(out)
 	}
 	stats, err := e.mounter.Sync(ctx, s)
-	if !errors.Is(err, errdefs.ErrConflict) {
+	if !errors.Is(err, errkind.ErrConflict) {
 		t.Fatalf("Sync = %v, want a conflict", err)
 	}
 	for _, p := range []string{"w/shared.txt", "w/removed.txt", "w/born.txt"} {
@@ -377,7 +377,7 @@ func TestWritableMountConflict(t *testing.T) {
 	// Synced again: the conflicts stay conflicts (nothing overwritten),
 	// the upload is not repeated.
 	stats, err = e.mounter.Sync(ctx, s)
-	if !errors.Is(err, errdefs.ErrConflict) || stats.Uploaded != 0 {
+	if !errors.Is(err, errkind.ErrConflict) || stats.Uploaded != 0 {
 		t.Fatalf("second Sync = %+v, %v", stats, err)
 	}
 	if got, _ := e.get(t, "team/data/shared.txt"); got != "remote v2" {
@@ -404,7 +404,7 @@ func TestMountSizeLimit(t *testing.T) {
 				"data":      e.mountEntry(manifest.TypeS3Mount, true),
 			})
 			err := s.Start(ctxT(t))
-			if !errors.Is(err, errdefs.ErrResourceExhausted) || !strings.Contains(err.Error(), "data") {
+			if !errors.Is(err, errkind.ErrResourceExhausted) || !strings.Contains(err.Error(), "data") {
 				t.Fatalf("Start = %v, want ResourceExhausted naming the mount", err)
 			}
 			ls, err := s.Agent().ListDir(ctxT(t), &agentdv1.ListDirRequest{Path: ".", User: "root"})
@@ -479,7 +479,7 @@ func TestOtherMountTypesRefused(t *testing.T) {
 		manifest.TypeAzureBlobMount: {Account: "a", Container: "c"},
 	} {
 		_, err := m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: typ, Mount: mt}})
-		if !errors.Is(err, errdefs.ErrUnimplemented) || !strings.Contains(err.Error(), string(typ)) {
+		if !errors.Is(err, errkind.ErrUnimplemented) || !strings.Contains(err.Error(), string(typ)) {
 			t.Fatalf("%s: %v", typ, err)
 		}
 	}
@@ -504,12 +504,12 @@ func TestMountCredentialsRedacted(t *testing.T) {
 	e := &manifest.Entry{Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: bucket, Endpoint: srv.Endpoint,
 		Credentials: map[string]manifest.SecretRef{"access_key_id": manifest.Secret("ID"), "secret_access_key": manifest.Secret("SK")}}}
 	_, err = m.PlanMount(ctxT(t), materializer.MountRequest{Path: "data", Entry: e})
-	if !errors.Is(err, errdefs.ErrUnauthenticated) || strings.Contains(err.Error(), wrong) {
+	if !errors.Is(err, errkind.ErrUnauthenticated) || strings.Contains(err.Error(), wrong) {
 		t.Fatalf("PlanMount = %v", err)
 	}
 	// No credentials named and no default: refused up front.
 	e.Mount.Credentials = nil
-	if _, err := m.PlanMount(ctxT(t), materializer.MountRequest{Path: "data", Entry: e}); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := m.PlanMount(ctxT(t), materializer.MountRequest{Path: "data", Entry: e}); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Fatalf("PlanMount without credentials = %v", err)
 	}
 }
@@ -557,7 +557,7 @@ func TestWritableMountConflictRace(t *testing.T) {
 	if raceErr != nil {
 		t.Fatal(raceErr)
 	}
-	if !errors.Is(err, errdefs.ErrConflict) || !strings.Contains(err.Error(), "w/race.txt") || !rt.fired.Load() {
+	if !errors.Is(err, errkind.ErrConflict) || !strings.Contains(err.Error(), "w/race.txt") || !rt.fired.Load() {
 		t.Fatalf("Sync = %v (race fired %v), want a conflict naming w/race.txt", err, rt.fired.Load())
 	}
 	if got, _ := e.get(t, "team/data/race.txt"); got != "remote wins" {

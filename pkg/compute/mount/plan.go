@@ -16,8 +16,8 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -43,12 +43,12 @@ func (m *Mounter) PlanMount(ctx context.Context, req materializer.MountRequest) 
 	switch e.Type {
 	case manifest.TypeS3Mount, manifest.TypeR2Mount:
 	case manifest.TypeGCSMount, manifest.TypeAzureBlobMount:
-		return nil, errdefs.Errorf(errdefs.ErrUnimplemented, "%s mounts are not supported yet (s3_mount and r2_mount are); copy the data in with a file, dir or git entry", e.Type)
+		return nil, errkind.Errorf(errkind.ErrUnimplemented, "%s mounts are not supported yet (s3_mount and r2_mount are); copy the data in with a file, dir or git entry", e.Type)
 	default:
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "%s is not a mount type", e.Type)
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "%s is not a mount type", e.Type)
 	}
 	if e.Mount == nil {
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "mount %s has no mount description", req.Path)
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount %s has no mount description", req.Path)
 	}
 	st, err := m.storeFor(ctx, req.Path, e)
 	if err != nil {
@@ -133,10 +133,10 @@ func (m *Mounter) list(ctx context.Context, mountPath string, st *bucketStore) (
 			size := aws.ToInt64(o.Size)
 			total += size
 			if len(objs) >= m.cfg.MaxObjects {
-				return nil, nil, errdefs.Errorf(errdefs.ErrResourceExhausted, "mount %s (%s) holds more than %d objects (the limit, mount.Config.MaxObjects); nothing was written", mountPath, st.desc, m.cfg.MaxObjects)
+				return nil, nil, errkind.Errorf(errkind.ErrResourceExhausted, "mount %s (%s) holds more than %d objects (the limit, mount.Config.MaxObjects); nothing was written", mountPath, st.desc, m.cfg.MaxObjects)
 			}
 			if total > m.cfg.MaxBytes {
-				return nil, nil, errdefs.Errorf(errdefs.ErrResourceExhausted, "mount %s (%s) holds more than %d bytes (the limit, mount.Config.MaxBytes); nothing was written", mountPath, st.desc, m.cfg.MaxBytes)
+				return nil, nil, errkind.Errorf(errkind.ErrResourceExhausted, "mount %s (%s) holds more than %d bytes (the limit, mount.Config.MaxBytes); nothing was written", mountPath, st.desc, m.cfg.MaxBytes)
 			}
 			objs = append(objs, &objectRef{rel: rel, key: key, etag: aws.ToString(o.ETag), size: size})
 		}
@@ -242,7 +242,7 @@ func (f *fetcher) close() { f.cancel() }
 func (f *fetcher) open(p string) (io.ReadCloser, int64, error) {
 	i, ok := f.index[p]
 	if !ok {
-		return nil, 0, errdefs.Errorf(errdefs.ErrInternal, "mount %s: %s was not planned", f.mount, p)
+		return nil, 0, errkind.Errorf(errkind.ErrInternal, "mount %s: %s was not planned", f.mount, p)
 	}
 	f.mu.Lock()
 	f.startThrough(min(i+f.ahead, len(f.objs)-1))
@@ -303,13 +303,13 @@ func (st *bucketStore) get(ctx context.Context, o *objectRef) (io.ReadCloser, er
 	out, err := st.client.GetObject(ctx, in)
 	if err != nil {
 		if isPreconditionFailed(err) {
-			return nil, errdefs.MarkRetryable(errdefs.Errorf(errdefs.ErrConflict, "object %s changed while it was being mounted; start again", o.key))
+			return nil, errkind.MarkRetryable(errkind.Errorf(errkind.ErrConflict, "object %s changed while it was being mounted; start again", o.key))
 		}
 		return nil, st.classify(ctx, "read", o.key, err)
 	}
 	if n := aws.ToInt64(out.ContentLength); out.ContentLength != nil && n != o.size {
 		out.Body.Close()
-		return nil, errdefs.MarkRetryable(errdefs.Errorf(errdefs.ErrConflict, "object %s changed while it was being mounted (%d -> %d bytes); start again", o.key, o.size, n))
+		return nil, errkind.MarkRetryable(errkind.Errorf(errkind.ErrConflict, "object %s changed while it was being mounted (%d -> %d bytes); start again", o.key, o.size, n))
 	}
 	return out.Body, nil
 }
@@ -327,7 +327,7 @@ func (st *bucketStore) getAll(ctx context.Context, o *objectRef) ([]byte, error)
 		return nil, st.classify(ctx, "read", o.key, err)
 	}
 	if int64(buf.Len()) != o.size {
-		return nil, errdefs.MarkRetryable(errdefs.Errorf(errdefs.ErrConflict, "object %s changed while it was being mounted; start again", o.key))
+		return nil, errkind.MarkRetryable(errkind.Errorf(errkind.ErrConflict, "object %s changed while it was being mounted; start again", o.key))
 	}
 	return buf.Bytes(), nil
 }

@@ -23,7 +23,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -78,7 +78,7 @@ func (m *Mounter) Sync(ctx context.Context, s *compute.Session) (SyncStats, erro
 		}
 		mt := m.state(s.ID(), p)
 		if mt == nil || !mt.ready {
-			errs = append(errs, errdefs.Errorf(errdefs.ErrFailedPrecondition, "mount %s: this Mounter did not materialize session %s (it never started here, or it was reattached from another harness process), so its changes cannot be told from remote ones; nothing was uploaded", p, s.ID()))
+			errs = append(errs, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: this Mounter did not materialize session %s (it never started here, or it was reattached from another harness process), so its changes cannot be told from remote ones; nothing was uploaded", p, s.ID()))
 			continue
 		}
 		if err := m.syncMount(ctx, s.Agent(), mt, &stats); err != nil {
@@ -93,7 +93,7 @@ func (m *Mounter) Sync(ctx context.Context, s *compute.Session) (SyncStats, erro
 			more = fmt.Sprintf(" and %d more", len(named)-maxConflictsNamed)
 			named = named[:maxConflictsNamed]
 		}
-		errs = append(errs, errdefs.Errorf(errdefs.ErrConflict, "mount sync: %d path(s) changed remotely since they were mounted and were not overwritten: %s%s",
+		errs = append(errs, errkind.Errorf(errkind.ErrConflict, "mount sync: %d path(s) changed remotely since they were mounted and were not overwritten: %s%s",
 			len(stats.Conflicts), strings.Join(named, ", "), more))
 	}
 	return stats, errors.Join(errs...)
@@ -177,7 +177,7 @@ func (m *Mounter) syncMount(ctx context.Context, c *agentclient.Client, mt *moun
 	}
 	wg.Wait()
 	if err := ctx.Err(); err != nil {
-		errs = append(errs, fmt.Errorf("mount %s: sync: %w", mt.path, errdefs.ClassifyFS(err)))
+		errs = append(errs, fmt.Errorf("mount %s: sync: %w", mt.path, errkind.ClassifyFS(err)))
 	}
 	stats.Conflicts = append(stats.Conflicts, conflicts...)
 	m.log.Info("mount synced", zap.String("mount", mt.path), zap.String("store", mt.st.desc), zap.Int("changed", len(work)),
@@ -302,7 +302,7 @@ func (m *Mounter) spool(ctx context.Context, c *agentclient.Client, wp string) (
 		if tmp != nil {
 			tmp.Close()
 		}
-		return nil, "", nil, errdefs.MarkRetryable(errdefs.Errorf(errdefs.ErrConflict, "%s changed while it was read for upload (%d bytes read); sync again", wp, n))
+		return nil, "", nil, errkind.MarkRetryable(errkind.Errorf(errkind.ErrConflict, "%s changed while it was read for upload (%d bytes read); sync again", wp, n))
 	}
 	if tmp == nil {
 		return nopSeekCloser{bytes.NewReader(mem.Bytes())}, sum, fi, nil
@@ -380,7 +380,7 @@ func walk(ctx context.Context, c *agentclient.Client, dir string, limit int) (ma
 					queue = append(queue, r)
 				case agentdv1.FileType_FILE_TYPE_REGULAR:
 					if len(out) >= limit {
-						return nil, errdefs.Errorf(errdefs.ErrResourceExhausted, "%s holds more than %d files (mount.Config.MaxObjects)", dir, limit)
+						return nil, errkind.Errorf(errkind.ErrResourceExhausted, "%s holds more than %d files (mount.Config.MaxObjects)", dir, limit)
 					}
 					out[r] = fi
 				}

@@ -8,7 +8,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // Lister is a Store that can enumerate its snapshots and describe one.
@@ -19,7 +19,7 @@ type Lister interface {
 	// listing and is returned. Info may lack Size and Chunks (Stat has
 	// them).
 	List(ctx context.Context, fn func(Info) error) error
-	// Stat describes one snapshot (errdefs.ErrNotFound when absent).
+	// Stat describes one snapshot (errkind.ErrNotFound when absent).
 	Stat(ctx context.Context, id string) (Info, error)
 }
 
@@ -74,13 +74,13 @@ func (l *Local) Stat(_ context.Context, id string) (Info, error) {
 func S3ConfigFromURL(raw string, getenv func(string) string) (S3Config, error) {
 	u, err := url.Parse(raw)
 	if err != nil || u.Scheme != "s3" {
-		return S3Config{}, fmt.Errorf("%w: snapshot store: want s3://BUCKET[/PREFIX]", errdefs.ErrInvalidArgument)
+		return S3Config{}, fmt.Errorf("%w: snapshot store: want s3://BUCKET[/PREFIX]", errkind.ErrInvalidArgument)
 	}
 	if u.User != nil {
-		return S3Config{}, fmt.Errorf("%w: snapshot store: the URL carries credentials; put them in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead", errdefs.ErrInvalidArgument)
+		return S3Config{}, fmt.Errorf("%w: snapshot store: the URL carries credentials; put them in AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY instead", errkind.ErrInvalidArgument)
 	}
 	if u.Host == "" || u.RawQuery != "" || u.Fragment != "" {
-		return S3Config{}, fmt.Errorf("%w: snapshot store %s: want s3://BUCKET[/PREFIX]", errdefs.ErrInvalidArgument, u.Redacted())
+		return S3Config{}, fmt.Errorf("%w: snapshot store %s: want s3://BUCKET[/PREFIX]", errkind.ErrInvalidArgument, u.Redacted())
 	}
 	cfg := S3Config{Bucket: u.Host, Prefix: strings.Trim(u.Path, "/"),
 		AccessKeyID: getenv("AWS_ACCESS_KEY_ID"), SecretAccessKey: getenv("AWS_SECRET_ACCESS_KEY"), SessionToken: getenv("AWS_SESSION_TOKEN"),

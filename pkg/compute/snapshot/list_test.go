@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 func TestLocalListAndStat(t *testing.T) {
@@ -43,7 +43,7 @@ func TestLocalListAndStat(t *testing.T) {
 	if in, err := s.Stat(ctx, "b"); err != nil || in.Size != 2 {
 		t.Fatalf("stat: %+v %v", in, err)
 	}
-	if _, err := s.Stat(ctx, "zz"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Stat(ctx, "zz"); !errors.Is(err, errkind.ErrNotFound) {
 		t.Fatalf("stat absent: %v", err)
 	}
 }
@@ -68,11 +68,11 @@ func TestS3ConfigFromURL(t *testing.T) {
 	}
 	for _, bad := range []string{"s3://", "http://bucket/x", "s3://AKIA:s3cr3t@bucket/x", "s3://bucket/x?versionId=1", "::"} {
 		_, err := S3ConfigFromURL(bad, func(string) string { return "" })
-		if !errors.Is(err, errdefs.ErrInvalidArgument) || strings.Contains(err.Error(), "s3cr3t") {
+		if !errors.Is(err, errkind.ErrInvalidArgument) || strings.Contains(err.Error(), "s3cr3t") {
 			t.Errorf("%q: %v", bad, err)
 		}
 	}
-	if _, err := NewS3(S3Config{Bucket: "b", Prefix: "a/../b", AccessKeyID: "k", SecretAccessKey: "s"}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := NewS3(S3Config{Bucket: "b", Prefix: "a/../b", AccessKeyID: "k", SecretAccessKey: "s"}); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("prefix with ..: %v", err)
 	}
 }

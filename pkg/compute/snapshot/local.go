@@ -12,7 +12,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // snapshotSuffix names stored snapshots; tempPrefix names writes in progress.
@@ -33,7 +33,7 @@ type Local struct {
 // directory, and removes temporary files that interrupted writes left.
 func NewLocal(dir string) (*Local, error) {
 	if dir == "" {
-		return nil, fmt.Errorf("%w: snapshot directory is empty", errdefs.ErrInvalidArgument)
+		return nil, fmt.Errorf("%w: snapshot directory is empty", errkind.ErrInvalidArgument)
 	}
 	abs, err := filepath.Abs(dir)
 	if err != nil {
@@ -136,15 +136,15 @@ func (l *Local) Delete(_ context.Context, id string) error {
 func classify(op, id string, err error) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return fmt.Errorf("snapshot %s: %s: %w", id, op, errdefs.ErrNotFound)
+		return fmt.Errorf("snapshot %s: %s: %w", id, op, errkind.ErrNotFound)
 	case errors.Is(err, fs.ErrPermission):
-		return fmt.Errorf("snapshot %s: %s: %w: %w", id, op, errdefs.ErrPermissionDenied, err)
+		return fmt.Errorf("snapshot %s: %s: %w: %w", id, op, errkind.ErrPermissionDenied, err)
 	case errors.Is(err, context.Canceled):
-		return fmt.Errorf("snapshot %s: %s: %w", id, op, errdefs.ErrCanceled)
+		return fmt.Errorf("snapshot %s: %s: %w", id, op, errkind.ErrCanceled)
 	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("snapshot %s: %s: %w", id, op, errdefs.ErrDeadlineExceeded)
+		return fmt.Errorf("snapshot %s: %s: %w", id, op, errkind.ErrDeadlineExceeded)
 	case isNoSpace(err):
-		return fmt.Errorf("snapshot %s: %s: %w: %w", id, op, errdefs.ErrNoSpace, err)
+		return fmt.Errorf("snapshot %s: %s: %w: %w", id, op, errkind.ErrNoSpace, err)
 	}
 	return fmt.Errorf("snapshot %s: %s: %w", id, op, err)
 }

@@ -26,7 +26,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // S3Config configures an S3 store. Credentials are used to sign requests
@@ -148,6 +148,13 @@ type S3 struct {
 	enc     *zstd.Encoder
 	dec     *zstd.Decoder
 	log     *zap.Logger
+
+	// closing ends every Get still streaming when Close is called, and
+	// inflight counts their goroutines, so Close releases the decoder only
+	// after the last one stopped using it.
+	closing  context.Context
+	stop     context.CancelFunc
+	inflight sync.WaitGroup
 }
 
 var _ Store = (*S3)(nil)
@@ -156,12 +163,12 @@ var _ Store = (*S3)(nil)
 // operation reports a wrong endpoint, bucket or credentials.
 func NewS3(cfg S3Config) (*S3, error) {
 	if cfg.Bucket == "" || strings.ContainsAny(cfg.Bucket, "/ ") {
-		return nil, fmt.Errorf("%w: S3 snapshot store: bucket %q: want a bucket name", errdefs.ErrInvalidArgument, cfg.Bucket)
+		return nil, fmt.Errorf("%w: S3 snapshot store: bucket %q: want a bucket name", errkind.ErrInvalidArgument, cfg.Bucket)
 	}
 	prefix := strings.Trim(cfg.Prefix, "/")
 	for _, seg := range strings.Split(prefix, "/") {
 		if prefix != "" && (seg == "" || seg == "." || seg == "..") {
-			return nil, fmt.Errorf("%w: S3 snapshot store: prefix %q has an empty, . or .. segment", errdefs.ErrInvalidArgument, cfg.Prefix)
+			return nil, fmt.Errorf("%w: S3 snapshot store: prefix %q has an empty, . or .. segment", errkind.ErrInvalidArgument, cfg.Prefix)
 		}
 	}
 	if prefix != "" {
@@ -172,7 +179,7 @@ func NewS3(cfg S3Config) (*S3, error) {
 		chunk = DefaultChunking()
 	}
 	if err := chunk.validate(); err != nil {
-		return nil, fmt.Errorf("%w: S3 snapshot store: %w", errdefs.ErrInvalidArgument, err)
+		return nil, fmt.Errorf("%w: S3 snapshot store: %w", errkind.ErrInvalidArgument, err)
 	}
 	s := &S3{bucket: cfg.Bucket, prefix: prefix, desc: cfg.String(), chunk: chunk,
 		conc: orDefault(cfg.Concurrency, defaultConcurrency), tries: orDefault(cfg.MaxAttempts, defaultMaxAttempts),
@@ -186,7 +193,7 @@ func NewS3(cfg S3Config) (*S3, error) {
 	creds := cfg.Credentials
 	if creds == nil {
 		if cfg.AccessKeyID == "" || cfg.SecretAccessKey == "" {
-			return nil, fmt.Errorf("%w: S3 snapshot store %s: no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)", errdefs.ErrInvalidArgument, s.desc)
+			return nil, fmt.Errorf("%w: S3 snapshot store %s: no credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY)", errkind.ErrInvalidArgument, s.desc)
 		}
 		creds = credentials.NewStaticCredentialsProvider(cfg.AccessKeyID, cfg.SecretAccessKey, cfg.SessionToken)
 	}
@@ -238,6 +245,7 @@ func NewS3(cfg S3Config) (*S3, error) {
 	if s.dec, err = zstd.NewReader(nil, zstd.WithDecoderConcurrency(s.conc), zstd.WithDecoderMaxMemory(2*maxChunkSize)); err != nil {
 		return nil, fmt.Errorf("S3 snapshot store: zstd decoder: %w", err)
 	}
+	s.closing, s.stop = context.WithCancel(context.Background())
 	return s, nil
 }
 
@@ -248,8 +256,11 @@ func orDefault(v, def int) int {
 	return v
 }
 
-// Close releases the store's compressors. The store is unusable after.
+// Close ends the Gets still streaming, waits for their fetches, and
+// releases the store's compressors. The store is unusable after.
 func (s *S3) Close() error {
+	s.stop()
+	s.inflight.Wait()
 	s.enc.Close()
 	s.dec.Close()
 	return nil
@@ -386,8 +397,8 @@ read:
 		return Info{}, s.classify(ctx, "put", id, err)
 	}
 	if took := time.Since(start); took > s.grace/2 {
-		return Info{}, errdefs.MarkRetryable(fmt.Errorf("snapshot %s: put: %w: the upload took %s, more than half the GC grace period (%s); its chunks may have been collected, so no snapshot was written",
-			id, errdefs.ErrDeadlineExceeded, took.Round(time.Second), s.grace))
+		return Info{}, errkind.MarkRetryable(fmt.Errorf("snapshot %s: put: %w: the upload took %s, more than half the GC grace period (%s); its chunks may have been collected, so no snapshot was written",
+			id, errkind.ErrDeadlineExceeded, took.Round(time.Second), s.grace))
 	}
 	doc.Size, doc.SHA256, doc.Created = in.n, hex.EncodeToString(in.h.Sum(nil)), time.Now().UTC()
 	body, err := json.Marshal(&doc)
@@ -415,7 +426,7 @@ func (s *S3) sourceError(ctx context.Context, id string, in *hashingReader, enco
 		return fmt.Errorf("read the archive stream: %w", in.err)
 	}
 	if encoding == encodingZstd {
-		return fmt.Errorf("%w: the archive stream is not valid zstd: %w", errdefs.ErrInvalidArgument, err)
+		return fmt.Errorf("%w: the archive stream is not valid zstd: %w", errkind.ErrInvalidArgument, err)
 	}
 	return fmt.Errorf("read the archive stream: %w", err)
 }
@@ -486,7 +497,7 @@ func (s *S3) readManifest(ctx context.Context, id string) (*manifest, time.Time,
 		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest does not decode: %w", id, ErrCorrupt, err)
 	}
 	if doc.Version != manifestVersion {
-		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest version %d (this harness reads %d)", id, errdefs.ErrUnimplemented, doc.Version, manifestVersion)
+		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest version %d (this harness reads %d)", id, errkind.ErrUnimplemented, doc.Version, manifestVersion)
 	}
 	if doc.Encoding != encodingZstd && doc.Encoding != encodingRaw {
 		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest encoding %q", id, ErrCorrupt, doc.Encoding)
@@ -543,13 +554,16 @@ func (s *S3) Get(ctx context.Context, id string) (io.ReadCloser, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(ctx)
+	stopOnClose := context.AfterFunc(s.closing, cancel)
 	pr, pw := io.Pipe()
 	type result struct {
 		data []byte
 		err  error
 	}
 	futures := make(chan chan result, s.conc)
+	s.inflight.Add(1) // the producer; it counts each fetch it starts
 	go func() {
+		defer s.inflight.Done()
 		defer close(futures)
 		for _, c := range doc.Chunks {
 			f := make(chan result, 1)
@@ -558,13 +572,16 @@ func (s *S3) Get(ctx context.Context, id string) (io.ReadCloser, error) {
 			case <-ctx.Done():
 				return
 			}
+			s.inflight.Add(1)
 			go func() {
+				defer s.inflight.Done()
 				data, err := s.fetchChunk(ctx, doc.Encoding, c)
 				f <- result{data, err}
 			}()
 		}
 	}()
 	go func() {
+		defer stopOnClose()
 		defer cancel()
 		for f := range futures {
 			res := <-f

@@ -22,8 +22,8 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testservers/s3server"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -215,7 +215,7 @@ func TestS3RawStream(t *testing.T) {
 	if err != nil || !bytes.Equal(got, data) {
 		t.Fatalf("raw round trip: %v (got %d bytes, want %d)", err, len(got), len(data))
 	}
-	if _, err := s.Get(ctx, "absent"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Get(ctx, "absent"); !errors.Is(err, errkind.ErrNotFound) {
 		t.Fatalf("get absent: %v", err)
 	}
 	if err := s.Delete(ctx, "raw"); err != nil {
@@ -227,7 +227,7 @@ func TestS3RawStream(t *testing.T) {
 	if ok, err := s.Exists(ctx, "raw"); ok || err != nil {
 		t.Fatalf("exists after delete: %v %v", ok, err)
 	}
-	if _, err := s.Put(ctx, "../x", bytes.NewReader(nil)); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := s.Put(ctx, "../x", bytes.NewReader(nil)); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("bad id: %v", err)
 	}
 }
@@ -258,7 +258,7 @@ func TestS3CorruptChunk(t *testing.T) {
 	}
 	_, err = io.ReadAll(r)
 	r.Close()
-	if !errors.Is(err, snapshot.ErrCorrupt) || errdefs.Retryable(err) {
+	if !errors.Is(err, snapshot.ErrCorrupt) || errkind.Retryable(err) {
 		t.Fatalf("want snapshot.ErrCorrupt, not retryable: %v", err)
 	}
 }
@@ -296,7 +296,7 @@ func TestS3ServerStopsMidUpload(t *testing.T) {
 	if err == nil {
 		t.Fatal("put succeeded with the server stopped")
 	}
-	if !errors.Is(err, errdefs.ErrUnavailable) || !errdefs.Retryable(err) {
+	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
 		t.Fatalf("want a retryable ErrUnavailable, got %v", err)
 	}
 	if strings.Contains(err.Error(), srv.SecretKey) || strings.Contains(err.Error(), srv.AccessKey) {
@@ -349,7 +349,7 @@ func TestS3ServerStopsMidRestore(t *testing.T) {
 	})
 	_, err = b.Client.Restore(ctx, &agentdv1.RestoreHeader{}, stopping)
 	r.Close()
-	if !errors.Is(err, errdefs.ErrUnavailable) || !errdefs.Retryable(err) {
+	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
 		t.Fatalf("want a retryable ErrUnavailable, got %v", err)
 	}
 	t.Logf("mid-restore: %v", err)
@@ -395,7 +395,7 @@ func TestS3WrongCredentials(t *testing.T) {
 			_, eerr := s.Exists(ctx, "x")
 			lerr := s.List(ctx, func(snapshot.Info) error { return nil })
 			for _, err := range []error{perr, eerr, lerr} {
-				if !errors.Is(err, errdefs.ErrUnauthenticated) || errdefs.Retryable(err) {
+				if !errors.Is(err, errkind.ErrUnauthenticated) || errkind.Retryable(err) {
 					t.Fatalf("want ErrUnauthenticated, not retryable: %v", err)
 				}
 				for _, secret := range []string{srv.SecretKey, wrongSecret, "AKIAWRONGKEY000001", srv.AccessKey} {
@@ -407,11 +407,11 @@ func TestS3WrongCredentials(t *testing.T) {
 			t.Logf("wrong %s: %v", name, perr)
 		})
 	}
-	if _, err := snapshot.NewS3(snapshot.S3Config{Bucket: bucket, Endpoint: srv.Endpoint}); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := snapshot.NewS3(snapshot.S3Config{Bucket: bucket, Endpoint: srv.Endpoint}); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("no credentials: %v", err)
 	}
 	s := newS3(t, srv, "no-such-bucket", nil)
-	if _, err := s.Exists(ctx, "x"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Exists(ctx, "x"); !errors.Is(err, errkind.ErrNotFound) {
 		t.Fatalf("missing bucket: %v", err)
 	}
 }
@@ -487,7 +487,7 @@ func TestS3ListPagesAndGC(t *testing.T) {
 	for id, want := range contents {
 		r, err := s.Get(ctx, id)
 		if n, _ := fmt.Sscanf(id, "snap-%02d", new(int)); n == 1 && id != "snap-00" && id < "snap-10" {
-			if !errors.Is(err, errdefs.ErrNotFound) {
+			if !errors.Is(err, errkind.ErrNotFound) {
 				t.Fatalf("%s: deleted, got %v", id, err)
 			}
 			continue

@@ -14,7 +14,7 @@ import (
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // ErrCorrupt reports stored snapshot data that fails its checks: a chunk
@@ -46,21 +46,21 @@ func (s *S3) classify(ctx context.Context, op, target string, err error) error {
 	code, status := apiCode(err)
 	switch {
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
-		sentinel, detail = errdefs.ErrDeadlineExceeded, "the deadline passed"
+		sentinel, detail = errkind.ErrDeadlineExceeded, "the deadline passed"
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
-		sentinel, detail = errdefs.ErrCanceled, "canceled"
+		sentinel, detail = errkind.ErrCanceled, "canceled"
 	case errors.Is(err, ErrCorrupt):
 		sentinel, detail = ErrCorrupt, ""
 	case code == "NoSuchBucket":
-		sentinel, detail = errdefs.ErrNotFound, "bucket "+s.bucket+" does not exist"
+		sentinel, detail = errkind.ErrNotFound, "bucket "+s.bucket+" does not exist"
 	case isNotFound(err):
-		sentinel, detail = errdefs.ErrNotFound, ""
+		sentinel, detail = errkind.ErrNotFound, ""
 	case isAuthCode(code) || status == 401:
-		sentinel, detail = errdefs.ErrUnauthenticated, "the store refused the credentials ("+code+"); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+		sentinel, detail = errkind.ErrUnauthenticated, "the store refused the credentials ("+code+"); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
 	case code == "AccessDenied" || status == 403:
-		sentinel, detail = errdefs.ErrPermissionDenied, "access denied ("+code+")"
+		sentinel, detail = errkind.ErrPermissionDenied, "access denied ("+code+")"
 	case isUnavailable(err):
-		sentinel, detail, retryable = errdefs.ErrUnavailable, "snapshot store unavailable", true
+		sentinel, detail, retryable = errkind.ErrUnavailable, "snapshot store unavailable", true
 	case isChecksumMismatch(err):
 		sentinel, detail = ErrCorrupt, "the server's checksum does not match the data"
 	}
@@ -73,12 +73,12 @@ func (s *S3) classify(ctx context.Context, op, target string, err error) error {
 		detail = sentinel.Error()
 	}
 	msg += detail
-	if code != "" || sentinel == errdefs.ErrUnavailable {
+	if code != "" || sentinel == errkind.ErrUnavailable {
 		msg += ": " + s.redact(err.Error())
 	}
 	var out error = &storeError{msg: msg, sentinels: []error{sentinel}, cause: err}
 	if retryable {
-		out = errdefs.MarkRetryable(out)
+		out = errkind.MarkRetryable(out)
 	}
 	return out
 }

@@ -12,7 +12,7 @@ import (
 	"regexp"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // Store keeps snapshots by id. Implementations must be safe for concurrent
@@ -23,7 +23,7 @@ type Store interface {
 	// Put stores the bytes of r under id, replacing an existing snapshot
 	// only once r was read completely.
 	Put(ctx context.Context, id string, r io.Reader) (Info, error)
-	// Get opens the snapshot for reading (errdefs.ErrNotFound when absent).
+	// Get opens the snapshot for reading (errkind.ErrNotFound when absent).
 	Get(ctx context.Context, id string) (io.ReadCloser, error)
 	// Exists reports whether a snapshot is stored under id.
 	Exists(ctx context.Context, id string) (bool, error)
@@ -57,7 +57,7 @@ var idPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 // ValidateID checks that id can name a snapshot in every store.
 func ValidateID(id string) error {
 	if !idPattern.MatchString(id) {
-		return fmt.Errorf("%w: snapshot id %q: use 1-128 characters from [A-Za-z0-9._-], starting with a letter or digit", errdefs.ErrInvalidArgument, id)
+		return fmt.Errorf("%w: snapshot id %q: use 1-128 characters from [A-Za-z0-9._-], starting with a letter or digit", errkind.ErrInvalidArgument, id)
 	}
 	return nil
 }
@@ -75,12 +75,12 @@ func (Noop) Put(_ context.Context, id string, r io.Reader) (Info, error) {
 	return Info{ID: id, Size: n}, err
 }
 
-// Get always reports errdefs.ErrNotFound.
+// Get always reports errkind.ErrNotFound.
 func (Noop) Get(_ context.Context, id string) (io.ReadCloser, error) {
 	if err := ValidateID(id); err != nil {
 		return nil, err
 	}
-	return nil, fmt.Errorf("snapshot %s: %w (the no-op store keeps nothing)", id, errdefs.ErrNotFound)
+	return nil, fmt.Errorf("snapshot %s: %w (the no-op store keeps nothing)", id, errkind.ErrNotFound)
 }
 
 // Exists always reports false.

@@ -11,7 +11,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 func TestValidateID(t *testing.T) {
@@ -21,7 +21,7 @@ func TestValidateID(t *testing.T) {
 		}
 	}
 	for _, id := range []string{"", ".", "..", ".hidden", "a/b", "../x", "a\\b", "a b", "ü", "-x", strings.Repeat("x", 129), "a\x00b"} {
-		if err := ValidateID(id); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if err := ValidateID(id); !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Errorf("%q: want ErrInvalidArgument, got %v", id, err)
 		}
 	}
@@ -36,7 +36,7 @@ func TestLocalRoundTrip(t *testing.T) {
 	if ok, err := s.Exists(ctx, "s1"); ok || err != nil {
 		t.Fatalf("exists before put: %v %v", ok, err)
 	}
-	if _, err := s.Get(ctx, "s1"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Get(ctx, "s1"); !errors.Is(err, errkind.ErrNotFound) {
 		t.Fatalf("get before put: %v", err)
 	}
 	data := bytes.Repeat([]byte("snapshot"), 100000)
@@ -93,7 +93,7 @@ func TestLocalFailedPutKeepsOldSnapshot(t *testing.T) {
 	}
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	if _, err := s.Put(cctx, "s", strings.NewReader("new")); !errors.Is(err, errdefs.ErrCanceled) {
+	if _, err := s.Put(cctx, "s", strings.NewReader("new")); !errors.Is(err, errkind.ErrCanceled) {
 		t.Fatalf("canceled put: %v", err)
 	}
 	r, err := s.Get(ctx, "s")
@@ -129,10 +129,10 @@ func TestLocalRejectsBadIDs(t *testing.T) {
 	dir := t.TempDir()
 	s, _ := NewLocal(filepath.Join(dir, "store"))
 	for _, id := range []string{"../escape", "a/b", ""} {
-		if _, err := s.Put(ctx, id, strings.NewReader("x")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := s.Put(ctx, id, strings.NewReader("x")); !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Errorf("put %q: %v", id, err)
 		}
-		if _, err := s.Get(ctx, id); !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if _, err := s.Get(ctx, id); !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Errorf("get %q: %v", id, err)
 		}
 	}
@@ -177,10 +177,10 @@ func TestNoop(t *testing.T) {
 	if ok, _ := s.Exists(ctx, "x"); ok {
 		t.Fatal("noop keeps nothing")
 	}
-	if _, err := s.Get(ctx, "x"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := s.Get(ctx, "x"); !errors.Is(err, errkind.ErrNotFound) {
 		t.Fatal(err)
 	}
-	if _, err := s.Put(ctx, "../x", strings.NewReader("")); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := s.Put(ctx, "../x", strings.NewReader("")); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatal(err)
 	}
 }

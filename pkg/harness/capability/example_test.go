@@ -13,7 +13,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -98,9 +98,9 @@ func Example() {
 }
 
 func TestTodoCapabilityInARun(t *testing.T) {
-	srv := rt.NewServer(
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("c1", "add_todo", `{"item":"write the tests"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("planned")}})
+	srv := replay.NewServer(
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "add_todo", `{"item":"write the tests"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("planned")}})
 	t.Cleanup(srv.Close)
 	m, err := model.NewOpenAI(model.Config{Model: "m", APIKey: "x", BaseURL: srv.URL(), Retry: model.RetryPolicy{MaxAttempts: 1}})
 	if err != nil {

@@ -7,14 +7,14 @@ import (
 	"testing"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
 func TestContextManagementOnTheWire(t *testing.T) {
 	srv := newServer(t,
-		rt.Turn{Items: []rt.Item{rt.Message("a")}},
-		rt.Turn{Items: []rt.Item{rt.Message("b")}},
-		rt.Turn{Items: []rt.Item{rt.Message("c")}},
+		replay.Turn{Items: []replay.Item{replay.Message("a")}},
+		replay.Turn{Items: []replay.Item{replay.Message("b")}},
+		replay.Turn{Items: []replay.Item{replay.Message("c")}},
 	)
 	m, _ := newModel(t, srv)
 	in := []model.Item{model.UserMessage("hi")}
@@ -46,11 +46,11 @@ func TestContextManagementOnTheWire(t *testing.T) {
 func TestCompactionItemPassedBackVerbatim(t *testing.T) {
 	const enc = "gAAAAB-compacted+/=state"
 	srv := newServer(t,
-		rt.Turn{Items: []rt.Item{
-			rt.Compaction("cmp_abc", enc),
-			rt.FunctionCall("call_1", "exec_command", `{"cmd":"ls"}`),
+		replay.Turn{Items: []replay.Item{
+			replay.Compaction("cmp_abc", enc),
+			replay.FunctionCall("call_1", "exec_command", `{"cmd":"ls"}`),
 		}},
-		rt.Turn{Items: []rt.Item{rt.Message("done")}},
+		replay.Turn{Items: []replay.Item{replay.Message("done")}},
 	)
 	m, _ := newModel(t, srv)
 	req := &model.Request{
@@ -102,7 +102,7 @@ func TestCompactionItemPassedBackVerbatim(t *testing.T) {
 }
 
 func TestCompactionItemWithoutID(t *testing.T) {
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message("ok")}})
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message("ok")}})
 	m, _ := newModel(t, srv)
 	run(t, m, &model.Request{Input: []model.Item{
 		{Kind: model.ItemCompaction, EncryptedContent: "blob"},

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
 const testKey = "sk-test-SECRET-0123456789"
@@ -36,9 +36,9 @@ func (s *sleeps) all() []time.Duration {
 	return append([]time.Duration(nil), s.d...)
 }
 
-func newServer(t *testing.T, turns ...rt.Turn) *rt.Server {
+func newServer(t *testing.T, turns ...replay.Turn) *replay.Server {
 	t.Helper()
-	srv := rt.NewServer(turns...)
+	srv := replay.NewServer(turns...)
 	t.Cleanup(func() {
 		srv.Close()
 		if err := srv.Err(); err != nil {
@@ -48,7 +48,7 @@ func newServer(t *testing.T, turns ...rt.Turn) *rt.Server {
 	return srv
 }
 
-func newModel(t *testing.T, srv *rt.Server, edit ...func(*model.Config)) (*model.OpenAI, *sleeps) {
+func newModel(t *testing.T, srv *replay.Server, edit ...func(*model.Config)) (*model.OpenAI, *sleeps) {
 	t.Helper()
 	sl := &sleeps{}
 	cfg := model.Config{
@@ -122,8 +122,8 @@ func asJSON(t *testing.T, v any) any {
 
 func TestTextStreaming(t *testing.T) {
 	const text = "Hello, streaming wörld! Deltas arrive in pieces."
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message(text)},
-		Usage: rt.Usage{InputTokens: 12, CachedTokens: 4, OutputTokens: 9}})
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message(text)},
+		Usage: replay.Usage{InputTokens: 12, CachedTokens: 4, OutputTokens: 9}})
 	m, _ := newModel(t, srv)
 
 	evs, res := run(t, m, &model.Request{Instructions: "Be brief.", Input: []model.Item{model.UserMessage("hi")}})
@@ -159,7 +159,7 @@ func TestTextStreaming(t *testing.T) {
 }
 
 func TestSettingsOnTheWire(t *testing.T) {
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message(`{"ok":true}`)}})
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message(`{"ok":true}`)}})
 	m, _ := newModel(t, srv)
 	temp, topP, parallel := 0.2, 0.9, false
 	schema := json.RawMessage(`{"type":"object","properties":{"ok":{"type":"boolean"}},"required":["ok"],"additionalProperties":false}`)
@@ -207,9 +207,9 @@ func TestSettingsOnTheWire(t *testing.T) {
 
 func TestFunctionCallRoundTrip(t *testing.T) {
 	srv := newServer(t,
-		rt.Turn{Items: []rt.Item{rt.Message("Let me look."), rt.FunctionCall("call_1", "exec_command", `{"cmd":"ls -la"}`)},
-			Usage: rt.Usage{InputTokens: 100, OutputTokens: 20}},
-		rt.Turn{Items: []rt.Item{rt.Message("Two files.")}, Usage: rt.Usage{InputTokens: 150, CachedTokens: 100, OutputTokens: 5}},
+		replay.Turn{Items: []replay.Item{replay.Message("Let me look."), replay.FunctionCall("call_1", "exec_command", `{"cmd":"ls -la"}`)},
+			Usage: replay.Usage{InputTokens: 100, OutputTokens: 20}},
+		replay.Turn{Items: []replay.Item{replay.Message("Two files.")}, Usage: replay.Usage{InputTokens: 150, CachedTokens: 100, OutputTokens: 5}},
 	)
 	m, _ := newModel(t, srv)
 	params := json.RawMessage(`{"type":"object","properties":{"cmd":{"type":"string"}},"required":["cmd"],"additionalProperties":false}`)
@@ -274,8 +274,8 @@ add_line: "+" /(.*)/ LF -> line
 func TestCustomToolRoundTrip(t *testing.T) {
 	patch := "*** Begin Patch\n*** Add File: hello.txt\n+héllo\n*** End Patch\n"
 	srv := newServer(t,
-		rt.Turn{Items: []rt.Item{rt.CustomToolCall("call_p", "apply_patch", patch)}},
-		rt.Turn{Items: []rt.Item{rt.Message("Patched.")}},
+		replay.Turn{Items: []replay.Item{replay.CustomToolCall("call_p", "apply_patch", patch)}},
+		replay.Turn{Items: []replay.Item{replay.Message("Patched.")}},
 	)
 	m, _ := newModel(t, srv)
 	tools := []model.Tool{model.CustomTool("apply_patch", "Edits files with a patch.", &model.Grammar{Syntax: "lark", Definition: larkGrammar})}
@@ -313,7 +313,7 @@ func TestCustomToolRoundTrip(t *testing.T) {
 }
 
 func TestRegexGrammarAndFreeText(t *testing.T) {
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message("ok")}})
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message("ok")}})
 	m, _ := newModel(t, srv)
 	run(t, m, &model.Request{Input: []model.Item{model.UserMessage("x")}, Tools: []model.Tool{
 		model.CustomTool("digits", "", &model.Grammar{Syntax: "regex", Definition: `\d+`}),
@@ -330,11 +330,11 @@ func TestRegexGrammarAndFreeText(t *testing.T) {
 
 func TestReasoningPassedBackVerbatim(t *testing.T) {
 	srv := newServer(t,
-		rt.Turn{Items: []rt.Item{
-			rt.Reasoning("rs_abc", "gAAAAB-opaque+/=state", "Thinking about files.", "Then the answer."),
-			rt.FunctionCall("call_r", "exec_command", `{"cmd":"pwd"}`),
-		}, Usage: rt.Usage{InputTokens: 10, OutputTokens: 50, ReasoningTokens: 40}},
-		rt.Turn{Items: []rt.Item{rt.Message("/work")}},
+		replay.Turn{Items: []replay.Item{
+			replay.Reasoning("rs_abc", "gAAAAB-opaque+/=state", "Thinking about files.", "Then the answer."),
+			replay.FunctionCall("call_r", "exec_command", `{"cmd":"pwd"}`),
+		}, Usage: replay.Usage{InputTokens: 10, OutputTokens: 50, ReasoningTokens: 40}},
+		replay.Turn{Items: []replay.Item{replay.Message("/work")}},
 	)
 	m, _ := newModel(t, srv)
 	req := &model.Request{Input: []model.Item{model.UserMessage("where am I")}, Reasoning: &model.Reasoning{Effort: "medium"}}
@@ -371,7 +371,7 @@ func TestReasoningPassedBackVerbatim(t *testing.T) {
 }
 
 func TestImageToolOutput(t *testing.T) {
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message("A red dot.")}})
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message("A red dot.")}})
 	m, _ := newModel(t, srv)
 	png := []byte("\x89PNG\r\n\x1a\nfake")
 	run(t, m, &model.Request{Input: []model.Item{
@@ -398,7 +398,7 @@ func TestImageToolOutput(t *testing.T) {
 }
 
 func TestIncomplete(t *testing.T) {
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message("cut")}, Incomplete: "max_output_tokens"})
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message("cut")}, Incomplete: "max_output_tokens"})
 	m, _ := newModel(t, srv)
 	_, res := run(t, m, &model.Request{Input: []model.Item{model.UserMessage("x")}})
 	if res.Status != "incomplete" || res.IncompleteReason != "max_output_tokens" || res.Text() != "cut" {
@@ -409,14 +409,14 @@ func TestIncomplete(t *testing.T) {
 func TestRateLimitHonoursRetryAfter(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
-		turn       rt.Turn
+		turn       replay.Turn
 		wantDelays []time.Duration
 	}{
-		{"seconds", rt.RateLimited("7", ""), []time.Duration{7 * time.Second}},
-		{"milliseconds", rt.RateLimited("1", "20"), []time.Duration{20 * time.Millisecond}},
+		{"seconds", replay.RateLimited("7", ""), []time.Duration{7 * time.Second}},
+		{"milliseconds", replay.RateLimited("1", "20"), []time.Duration{20 * time.Millisecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := newServer(t, tc.turn, rt.Turn{Items: []rt.Item{rt.Message("finally")}})
+			srv := newServer(t, tc.turn, replay.Turn{Items: []replay.Item{replay.Message("finally")}})
 			m, sl := newModel(t, srv)
 			_, res := run(t, m, &model.Request{Input: []model.Item{model.UserMessage("x")}})
 			if res.Text() != "finally" || res.Attempts != 2 {
@@ -433,7 +433,7 @@ func TestRateLimitHonoursRetryAfter(t *testing.T) {
 }
 
 func TestRetryAfterBeyondCapFails(t *testing.T) {
-	srv := newServer(t, rt.RateLimited("600", ""))
+	srv := newServer(t, replay.RateLimited("600", ""))
 	m, sl := newModel(t, srv, func(c *model.Config) { c.Retry.MaxRetryAfter = time.Minute })
 	err := streamErr(m, &model.Request{Input: []model.Item{model.UserMessage("x")}})
 	var ae *model.APIError
@@ -451,7 +451,7 @@ func streamErr(m model.Model, req *model.Request) error {
 }
 
 func TestServerErrorsExhaustRetries(t *testing.T) {
-	srv := newServer(t, rt.Fail(500), rt.Fail(503), rt.Fail(500))
+	srv := newServer(t, replay.Fail(500), replay.Fail(503), replay.Fail(500))
 	m, sl := newModel(t, srv, func(c *model.Config) {
 		c.Retry.MaxAttempts = 3
 		c.Retry.InitialBackoff = 100 * time.Millisecond
@@ -482,7 +482,7 @@ func TestServerErrorsExhaustRetries(t *testing.T) {
 }
 
 func TestClientErrorNotRetried(t *testing.T) {
-	srv := newServer(t, rt.Turn{Fault: &rt.Fault{Status: 400, Message: "Invalid value for 'input'."}})
+	srv := newServer(t, replay.Turn{Fault: &replay.Fault{Status: 400, Message: "Invalid value for 'input'."}})
 	m, _ := newModel(t, srv)
 	err := streamErr(m, &model.Request{Input: []model.Item{model.UserMessage("x")}})
 	var ae *model.APIError
@@ -498,7 +498,7 @@ func TestClientErrorNotRetried(t *testing.T) {
 }
 
 func TestDroppedBeforeOutputRetriedTransparently(t *testing.T) {
-	turn := rt.Turn{Items: []rt.Item{rt.Message("steady")}}
+	turn := replay.Turn{Items: []replay.Item{replay.Message("steady")}}
 	srv := newServer(t, turn.Dropped(2), turn)
 	m, sl := newModel(t, srv)
 	evs, res := run(t, m, &model.Request{Input: []model.Item{model.UserMessage("x")}})
@@ -512,7 +512,7 @@ func TestDroppedBeforeOutputRetriedTransparently(t *testing.T) {
 
 func TestDroppedAfterOutputResets(t *testing.T) {
 	const text = "a fairly long answer that streams"
-	turn := rt.Turn{Items: []rt.Item{rt.Message(text)}}
+	turn := replay.Turn{Items: []replay.Item{replay.Message(text)}}
 	srv := newServer(t, turn.Dropped(7), turn)
 	m, _ := newModel(t, srv)
 	evs, res := run(t, m, &model.Request{Input: []model.Item{model.UserMessage("x")}})
@@ -547,7 +547,7 @@ func TestDroppedAfterOutputResets(t *testing.T) {
 }
 
 func TestDroppedEveryTimeFails(t *testing.T) {
-	turn := rt.Turn{Items: []rt.Item{rt.Message("never")}}.Dropped(3)
+	turn := replay.Turn{Items: []replay.Item{replay.Message("never")}}.Dropped(3)
 	srv := newServer(t, turn, turn)
 	m, _ := newModel(t, srv, func(c *model.Config) { c.Retry.MaxAttempts = 2 })
 	err := streamErr(m, &model.Request{Input: []model.Item{model.UserMessage("x")}})
@@ -557,7 +557,7 @@ func TestDroppedEveryTimeFails(t *testing.T) {
 }
 
 func TestCancelMidStream(t *testing.T) {
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message("this will stall half way")}}.Stalled(5))
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message("this will stall half way")}}.Stalled(5))
 	m, _ := newModel(t, srv)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -580,7 +580,7 @@ func TestCancelMidStream(t *testing.T) {
 }
 
 func TestCancelDuringBackoff(t *testing.T) {
-	srv := newServer(t, rt.RateLimited("30", ""))
+	srv := newServer(t, replay.RateLimited("30", ""))
 	ctx, cancel := context.WithCancel(context.Background())
 	m, _ := newModel(t, srv, func(c *model.Config) {
 		c.Retry.Sleep = func(ctx context.Context, d time.Duration) error {
@@ -596,7 +596,7 @@ func TestCancelDuringBackoff(t *testing.T) {
 }
 
 func TestBreakStopsTheCall(t *testing.T) {
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message("one two three four")}}.Stalled(6))
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message("one two three four")}}.Stalled(6))
 	m, _ := newModel(t, srv)
 	for ev, err := range m.Stream(context.Background(), &model.Request{Input: []model.Item{model.UserMessage("x")}}) {
 		if err != nil {
@@ -609,7 +609,7 @@ func TestBreakStopsTheCall(t *testing.T) {
 }
 
 func TestEnvironmentFallback(t *testing.T) {
-	srv := newServer(t, rt.Turn{Items: []rt.Item{rt.Message("env")}}, rt.Turn{Items: []rt.Item{rt.Message("explicit")}})
+	srv := newServer(t, replay.Turn{Items: []replay.Item{replay.Message("env")}}, replay.Turn{Items: []replay.Item{replay.Message("explicit")}})
 	t.Setenv("OPENAI_BASE_URL", srv.URL())
 	t.Setenv("OPENAI_API_KEY", "sk-from-env")
 	t.Setenv("OPENAI_ORG_ID", "org-env")
@@ -653,8 +653,8 @@ func TestNoAPIKey(t *testing.T) {
 func TestAPIKeyNeverInErrors(t *testing.T) {
 	srv := newServer(t)
 	// A misbehaving gateway that echoes the credentials back in its error.
-	srv.EnqueueFunc(func(r *rt.Request) rt.Turn {
-		return rt.Turn{Fault: &rt.Fault{Status: http.StatusUnauthorized, Message: "bad credentials: " + r.Header.Get("Authorization")}}
+	srv.EnqueueFunc(func(r *replay.Request) replay.Turn {
+		return replay.Turn{Fault: &replay.Fault{Status: http.StatusUnauthorized, Message: "bad credentials: " + r.Header.Get("Authorization")}}
 	})
 	m, _ := newModel(t, srv)
 	err := streamErr(m, &model.Request{Input: []model.Item{model.UserMessage("x")}})
@@ -670,7 +670,7 @@ func TestAPIKeyNeverInErrors(t *testing.T) {
 	}
 
 	// A connection failure names the failure, not the key.
-	dead := rt.NewServer()
+	dead := replay.NewServer()
 	url := dead.URL()
 	dead.Close()
 	m2, _ := newModel(t, srv, func(c *model.Config) { c.BaseURL = url; c.Retry.MaxAttempts = 2 })
@@ -702,9 +702,9 @@ func TestInvalidRequests(t *testing.T) {
 
 func TestResponseFailedEvent(t *testing.T) {
 	srv := newServer(t,
-		rt.Turn{}.FailedWith("server_error", "The server had an error."),
-		rt.Turn{Items: []rt.Item{rt.Message("recovered")}},
-		rt.Turn{Items: []rt.Item{rt.Message("partial")}}.FailedWith("invalid_prompt", "Prompt flagged."),
+		replay.Turn{}.FailedWith("server_error", "The server had an error."),
+		replay.Turn{Items: []replay.Item{replay.Message("recovered")}},
+		replay.Turn{Items: []replay.Item{replay.Message("partial")}}.FailedWith("invalid_prompt", "Prompt flagged."),
 	)
 	m, _ := newModel(t, srv)
 	evs, res := run(t, m, &model.Request{Input: []model.Item{model.UserMessage("x")}})

@@ -13,7 +13,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing"
 )
@@ -71,7 +71,7 @@ func fakeRun(ctx context.Context, tr *tracing.Tracer) {
 	_ = input // the helpers take no input
 	tracing.EndToolCall(tc, true, nil)
 
-	fileErr := fmt.Errorf("apply_patch: %w", fmt.Errorf("%w: searched for %q", errdefs.ErrPatchRejected, secrets[2]))
+	fileErr := fmt.Errorf("apply_patch: %w", fmt.Errorf("%w: searched for %q", errkind.ErrPatchRejected, secrets[2]))
 	_, tc = tr.StartToolCall(tctx, "apply_patch", "call_2")
 	tracing.EndToolCall(tc, false, fileErr)
 	tracing.RecordApproval(tctx, "exec_command", "call_3", tracing.ApprovalPending)
@@ -243,10 +243,10 @@ func TestErrorType(t *testing.T) {
 	}{
 		{nil, ""},
 		{fmt.Errorf("x: %w", context.Canceled), "canceled"},
-		{fmt.Errorf("x: %w", errdefs.ErrCanceled), "canceled"},
+		{fmt.Errorf("x: %w", errkind.ErrCanceled), "canceled"},
 		{fmt.Errorf("x: %w", context.DeadlineExceeded), "deadline_exceeded"},
-		{&errdefs.PathError{Op: "read", Path: "a", Err: errdefs.ErrNotFound}, "not_found"},
-		{errdefs.Errorf(errdefs.ErrPathEscape, "secret path"), "path_escape"},
+		{&errkind.PathError{Op: "read", Path: "a", Err: errkind.ErrNotFound}, "not_found"},
+		{errkind.Errorf(errkind.ErrPathEscape, "secret path"), "path_escape"},
 		{fmt.Errorf("a: %w", fmt.Errorf("b: %w", &fs.PathError{Op: "open", Path: "p", Err: errors.ErrUnsupported})), "*fs.PathError"},
 		{errors.Join(fmt.Errorf("a: %w", &fs.PathError{Op: "open", Path: "p", Err: fs.ErrPermission})), "permission_denied"},
 		{fmt.Errorf("a: %w", &apiError{Status: 500}), "*tracing_test.apiError"},

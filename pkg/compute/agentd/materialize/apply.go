@@ -18,7 +18,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // smallFile is the size up to which a file's bytes are buffered and
@@ -57,7 +57,7 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 	}
 	rt, err := os.OpenRoot(root)
 	if err != nil {
-		return Result{}, fmt.Errorf("open workspace: %w", errdefs.ClassifyFS(err))
+		return Result{}, fmt.Errorf("open workspace: %w", errkind.ClassifyFS(err))
 	}
 	defer rt.Close()
 	if err := precheck(rt, c); err != nil {
@@ -87,7 +87,7 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 	for _, e := range c.entries {
 		uid, gid, err := acct.IDs(e.User, e.Group)
 		if err != nil {
-			return res, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: err}
+			return res, &errkind.PathError{Op: "materialize", Path: e.Path, Err: err}
 		}
 		a.owners[e] = owner{uid, gid}
 	}
@@ -95,7 +95,7 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 	if plan.RootUser != "" {
 		uid, gid, err := acct.IDs(plan.RootUser, "")
 		if err != nil {
-			return res, &errdefs.PathError{Op: "materialize", Path: ".", Err: err}
+			return res, &errkind.PathError{Op: "materialize", Path: ".", Err: err}
 		}
 		rootOwner = &owner{uid, gid}
 	}
@@ -106,7 +106,7 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 	}
 	a.stage = StagePrefix + id
 	if err := rt.Mkdir(a.stage, 0o700); err != nil {
-		return res, fmt.Errorf("create staging directory: %w", errdefs.ClassifyFS(err))
+		return res, fmt.Errorf("create staging directory: %w", errkind.ClassifyFS(err))
 	}
 	defer func() { _ = rt.RemoveAll(a.stage) }()
 	files, err := a.build(r)
@@ -140,22 +140,22 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 func (a *applier) chownRoot(o owner) error {
 	d, err := a.rt.Open(".")
 	if err != nil {
-		return &errdefs.PathError{Op: "materialize", Path: ".", Err: errdefs.ClassifyFS(err)}
+		return &errkind.PathError{Op: "materialize", Path: ".", Err: errkind.ClassifyFS(err)}
 	}
 	defer d.Close()
 	fi, err := d.Stat()
 	if err != nil {
-		return &errdefs.PathError{Op: "materialize", Path: ".", Err: errdefs.ClassifyFS(err)}
+		return &errkind.PathError{Op: "materialize", Path: ".", Err: errkind.ClassifyFS(err)}
 	}
 	if st, ok := fi.Sys().(*unix.Stat_t); ok && st.Uid == o.uid && st.Gid == o.gid {
 		return nil
 	}
 	if err := d.Chown(int(o.uid), int(o.gid)); err != nil {
-		err = errdefs.ClassifyFS(err)
-		if errors.Is(err, errdefs.ErrPermissionDenied) && a.euid != 0 {
-			err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "cannot give the workspace root to %d:%d: the daemon does not run as root", o.uid, o.gid)
+		err = errkind.ClassifyFS(err)
+		if errors.Is(err, errkind.ErrPermissionDenied) && a.euid != 0 {
+			err = errkind.Errorf(errkind.ErrFailedPrecondition, "cannot give the workspace root to %d:%d: the daemon does not run as root", o.uid, o.gid)
 		}
-		return &errdefs.PathError{Op: "materialize", Path: ".", Err: err}
+		return &errkind.PathError{Op: "materialize", Path: ".", Err: err}
 	}
 	return nil
 }
@@ -181,7 +181,7 @@ func (a *applier) setDirModes() error {
 				continue
 			}
 			if err := a.rt.Chmod(d, 0o755); err != nil {
-				return &errdefs.PathError{Op: "materialize", Path: d, Err: errdefs.ClassifyFS(err)}
+				return &errkind.PathError{Op: "materialize", Path: d, Err: errkind.ClassifyFS(err)}
 			}
 			continue
 		}
@@ -191,7 +191,7 @@ func (a *applier) setDirModes() error {
 			}
 		}
 		if err := a.rt.Chmod(d, modeOf(e)); err != nil {
-			return &errdefs.PathError{Op: "materialize", Path: d, Err: errdefs.ClassifyFS(err)}
+			return &errkind.PathError{Op: "materialize", Path: d, Err: errkind.ClassifyFS(err)}
 		}
 	}
 	return nil
@@ -211,7 +211,7 @@ func (a *applier) build(r io.Reader) ([]File, error) {
 	slices.Sort(dirs)
 	for _, d := range dirs {
 		if err := a.rt.Mkdir(a.staged(d), 0o700); err != nil {
-			return nil, &errdefs.PathError{Op: "materialize", Path: d, Err: errdefs.ClassifyFS(err)}
+			return nil, &errkind.PathError{Op: "materialize", Path: d, Err: errkind.ClassifyFS(err)}
 		}
 	}
 	for _, e := range a.c.entries {
@@ -219,7 +219,7 @@ func (a *applier) build(r io.Reader) ([]File, error) {
 			continue
 		}
 		if err := a.rt.Symlink(e.LinkTarget, a.staged(e.Path)); err != nil {
-			return nil, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.ClassifyFS(err)}
+			return nil, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.ClassifyFS(err)}
 		}
 		if err := a.chown(e, func(uid, gid int) error { return a.rt.Lchown(a.staged(e.Path), uid, gid) }); err != nil {
 			return nil, err
@@ -239,18 +239,18 @@ func (a *applier) build(r io.Reader) ([]File, error) {
 			// to the run_as user, who can then create files beside the
 			// entries in it (an existing one keeps its owner).
 			if err := a.rt.Lchown(a.staged(d), int(o.uid), int(o.gid)); err != nil {
-				return nil, &errdefs.PathError{Op: "materialize", Path: d, Err: errdefs.ClassifyFS(err)}
+				return nil, &errkind.PathError{Op: "materialize", Path: d, Err: errkind.ClassifyFS(err)}
 			}
 		}
 	}
 	// One syncfs makes everything staged durable before it becomes visible.
 	d, err := a.rt.Open(a.stage)
 	if err != nil {
-		return nil, fmt.Errorf("open staging directory: %w", errdefs.ClassifyFS(err))
+		return nil, fmt.Errorf("open staging directory: %w", errkind.ClassifyFS(err))
 	}
 	defer d.Close()
 	if err := unix.Syncfs(int(d.Fd())); err != nil {
-		return nil, fmt.Errorf("flush staged entries: %w", errdefs.ClassifyFS(err))
+		return nil, fmt.Errorf("flush staged entries: %w", errkind.ClassifyFS(err))
 	}
 	return files, nil
 }
@@ -273,11 +273,11 @@ func (a *applier) chown(e *Entry, fn func(uid, gid int) error) error {
 		return nil
 	}
 	if err := fn(int(o.uid), int(o.gid)); err != nil {
-		err = errdefs.ClassifyFS(err)
-		if errors.Is(err, errdefs.ErrPermissionDenied) && a.euid != 0 {
-			err = errdefs.Errorf(errdefs.ErrFailedPrecondition, "cannot give the entry to %d:%d: the daemon does not run as root", o.uid, o.gid)
+		err = errkind.ClassifyFS(err)
+		if errors.Is(err, errkind.ErrPermissionDenied) && a.euid != 0 {
+			err = errkind.Errorf(errkind.ErrFailedPrecondition, "cannot give the entry to %d:%d: the daemon does not run as root", o.uid, o.gid)
 		}
-		return &errdefs.PathError{Op: "materialize", Path: e.Path, Err: err}
+		return &errkind.PathError{Op: "materialize", Path: e.Path, Err: err}
 	}
 	return nil
 }
@@ -334,14 +334,14 @@ func (a *applier) receive(r io.Reader) ([]File, error) {
 		tr := tar.NewReader(r)
 		for i, e := range a.c.files {
 			if err := a.ctx.Err(); err != nil {
-				return errdefs.ClassifyFS(err)
+				return errkind.ClassifyFS(err)
 			}
 			if err := failed(); err != nil {
 				return err
 			}
 			h, err := tr.Next()
 			if errors.Is(err, io.EOF) {
-				return &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "the stream ended before this file's bytes")}
+				return &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "the stream ended before this file's bytes")}
 			}
 			if err != nil {
 				return streamError(err)
@@ -352,7 +352,7 @@ func (a *applier) receive(r io.Reader) ([]File, error) {
 			if e.Size <= smallFile {
 				data := make([]byte, e.Size)
 				if _, err := io.ReadFull(tr, data); err != nil {
-					return &errdefs.PathError{Op: "materialize", Path: e.Path, Err: streamError(err)}
+					return &errkind.PathError{Op: "materialize", Path: e.Path, Err: streamError(err)}
 				}
 				budget <- struct{}{}
 				jobs <- job{i: i, e: e, data: data}
@@ -368,7 +368,7 @@ func (a *applier) receive(r io.Reader) ([]File, error) {
 			if err != nil {
 				return streamError(err)
 			}
-			return errdefs.Errorf(errdefs.ErrInvalidArgument, "the stream carries members beyond the plan")
+			return errkind.Errorf(errkind.ErrInvalidArgument, "the stream carries members beyond the plan")
 		}
 		// Anything after the end-of-archive marker must be padding.
 		var buf [4096]byte
@@ -376,7 +376,7 @@ func (a *applier) receive(r io.Reader) ([]File, error) {
 			n, err := r.Read(buf[:])
 			for _, b := range buf[:n] {
 				if b != 0 {
-					return errdefs.Errorf(errdefs.ErrInvalidArgument, "data after the end of the tar stream")
+					return errkind.Errorf(errkind.ErrInvalidArgument, "data after the end of the tar stream")
 				}
 			}
 			if errors.Is(err, io.EOF) {
@@ -402,25 +402,25 @@ func (a *applier) receive(r io.Reader) ([]File, error) {
 func matchMember(h *tar.Header, e *Entry) error {
 	switch {
 	case h.Name != e.Path:
-		return &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "expected this file next in the stream, got member %q", h.Name)}
+		return &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "expected this file next in the stream, got member %q", h.Name)}
 	case h.Typeflag != tar.TypeReg:
-		return &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "member is not a regular file")}
+		return &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "member is not a regular file")}
 	case h.Size != e.Size:
-		return &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "member has %d bytes; the plan says %d", h.Size, e.Size)}
+		return &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "member has %d bytes; the plan says %d", h.Size, e.Size)}
 	}
 	return nil
 }
 
 // streamError classifies a failure reading the tar stream.
 func streamError(err error) error {
-	if errdefs.Classified(err) {
+	if errkind.Classified(err) {
 		return err
 	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return errdefs.ClassifyFS(err)
+		return errkind.ClassifyFS(err)
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, tar.ErrHeader) || errors.Is(err, io.EOF) {
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "truncated or malformed tar stream: %v", err)
+		return errkind.Errorf(errkind.ErrInvalidArgument, "truncated or malformed tar stream: %v", err)
 	}
 	return fmt.Errorf("read tar stream: %w", err)
 }
@@ -429,26 +429,26 @@ func streamError(err error) error {
 func (a *applier) writeFile(e *Entry, r io.Reader) (File, error) {
 	f, err := a.rt.OpenFile(a.staged(e.Path), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {
-		return File{}, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.ClassifyFS(err)}
+		return File{}, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.ClassifyFS(err)}
 	}
 	defer f.Close()
 	h := sha256.New()
 	n, err := io.Copy(io.MultiWriter(f, h), io.LimitReader(r, e.Size))
 	if err != nil {
-		return File{}, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: streamError(err)}
+		return File{}, &errkind.PathError{Op: "materialize", Path: e.Path, Err: streamError(err)}
 	}
 	if n != e.Size {
-		return File{}, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "got %d of %d bytes", n, e.Size)}
+		return File{}, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "got %d of %d bytes", n, e.Size)}
 	}
 	if err := a.chown(e, f.Chown); err != nil {
 		return File{}, err
 	}
 	mode := modeOf(e)
 	if err := f.Chmod(mode); err != nil {
-		return File{}, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.ClassifyFS(err)}
+		return File{}, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.ClassifyFS(err)}
 	}
 	if err := f.Close(); err != nil {
-		return File{}, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.ClassifyFS(err)}
+		return File{}, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.ClassifyFS(err)}
 	}
 	return File{Path: e.Path, Size: n, SHA256: hex.EncodeToString(h.Sum(nil)), Mode: mode}, nil
 }
@@ -463,17 +463,17 @@ func (a *applier) commit(dir string) error {
 	}
 	d, err := a.rt.Open(src)
 	if err != nil {
-		return fmt.Errorf("commit %s: %w", dir, errdefs.ClassifyFS(err))
+		return fmt.Errorf("commit %s: %w", dir, errkind.ClassifyFS(err))
 	}
 	names, err := d.Readdirnames(-1)
 	d.Close()
 	if err != nil {
-		return fmt.Errorf("commit %s: %w", dir, errdefs.ClassifyFS(err))
+		return fmt.Errorf("commit %s: %w", dir, errkind.ClassifyFS(err))
 	}
 	slices.Sort(names)
 	for _, name := range names {
 		if err := a.ctx.Err(); err != nil {
-			return errdefs.ClassifyFS(err)
+			return errkind.ClassifyFS(err)
 		}
 		p := name
 		if dir != "." {
@@ -483,27 +483,27 @@ func (a *applier) commit(dir string) error {
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			if err := a.rt.Rename(a.staged(p), p); err != nil {
-				return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.ClassifyFS(err)}
+				return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.ClassifyFS(err)}
 			}
 			continue
 		case err != nil:
-			return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.ClassifyFS(err)}
+			return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.ClassifyFS(err)}
 		}
 		sfi, err := a.rt.Lstat(a.staged(p))
 		if err != nil {
-			return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.ClassifyFS(err)}
+			return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.ClassifyFS(err)}
 		}
 		if !sfi.IsDir() {
 			if fi.IsDir() {
-				return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrIsDirectory, "a directory is in the way")}
+				return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrIsDirectory, "a directory is in the way")}
 			}
 			if err := a.rt.Rename(a.staged(p), p); err != nil {
-				return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.ClassifyFS(err)}
+				return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.ClassifyFS(err)}
 			}
 			continue
 		}
 		if !fi.IsDir() {
-			return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrNotDirectory, "a file is in the way of a directory")}
+			return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrNotDirectory, "a file is in the way of a directory")}
 		}
 		if err := a.commit(p); err != nil {
 			return err

@@ -18,7 +18,7 @@ import (
 	"testing"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // fakeAccounts resolves "alice" (uid 4242) and "staff" (gid 4343) and
@@ -51,14 +51,14 @@ func (f *fakeAccounts) IDs(user, group string) (uint32, uint32, error) {
 	case "alice":
 		uid, gid = 4242, 4242
 	default:
-		return 0, 0, errdefs.Errorf(errdefs.ErrNotFound, "user %q", user)
+		return 0, 0, errkind.Errorf(errkind.ErrNotFound, "user %q", user)
 	}
 	switch group {
 	case "":
 	case "staff":
 		gid = 4343
 	default:
-		return 0, 0, errdefs.Errorf(errdefs.ErrNotFound, "group %q", group)
+		return 0, 0, errkind.Errorf(errkind.ErrNotFound, "group %q", group)
 	}
 	return uid, gid, nil
 }
@@ -298,42 +298,42 @@ func TestApplyRejectsAndChangesNothing(t *testing.T) {
 		root    string // Plan.RootUser
 		want    error
 	}{
-		{name: "absolute path", entries: []Entry{{Path: "/etc/passwd", Kind: KindDir}}, want: errdefs.ErrPathEscape},
-		{name: "dot dot", entries: []Entry{{Path: "a/../../x", Kind: KindDir}}, want: errdefs.ErrInvalidArgument},
-		{name: "dot dot clean", entries: []Entry{{Path: "../x", Kind: KindDir}}, want: errdefs.ErrPathEscape},
-		{name: "unclean", entries: []Entry{{Path: "a//b", Kind: KindDir}}, want: errdefs.ErrInvalidArgument},
-		{name: "empty path", entries: []Entry{{Path: "", Kind: KindDir}}, want: errdefs.ErrInvalidArgument},
-		{name: "reserved name", entries: []Entry{{Path: "x/.bulkhead-tmp-1", Kind: KindDir}}, want: errdefs.ErrInvalidArgument},
-		{name: "duplicate", entries: []Entry{{Path: "d", Kind: KindDir}, {Path: "d", Kind: KindDir}}, want: errdefs.ErrInvalidArgument},
+		{name: "absolute path", entries: []Entry{{Path: "/etc/passwd", Kind: KindDir}}, want: errkind.ErrPathEscape},
+		{name: "dot dot", entries: []Entry{{Path: "a/../../x", Kind: KindDir}}, want: errkind.ErrInvalidArgument},
+		{name: "dot dot clean", entries: []Entry{{Path: "../x", Kind: KindDir}}, want: errkind.ErrPathEscape},
+		{name: "unclean", entries: []Entry{{Path: "a//b", Kind: KindDir}}, want: errkind.ErrInvalidArgument},
+		{name: "empty path", entries: []Entry{{Path: "", Kind: KindDir}}, want: errkind.ErrInvalidArgument},
+		{name: "reserved name", entries: []Entry{{Path: "x/.bulkhead-tmp-1", Kind: KindDir}}, want: errkind.ErrInvalidArgument},
+		{name: "duplicate", entries: []Entry{{Path: "d", Kind: KindDir}, {Path: "d", Kind: KindDir}}, want: errkind.ErrInvalidArgument},
 		{name: "entry below a file entry", entries: []Entry{{Path: "f", Kind: KindFile}, {Path: "f/g", Kind: KindDir}},
-			stream: func(t *testing.T) []byte { return tarOf(t, member{name: "f"}) }, want: errdefs.ErrNotDirectory},
-		{name: "absolute symlink", entries: []Entry{{Path: "l", Kind: KindSymlink, LinkTarget: "/etc"}}, want: errdefs.ErrPathEscape},
-		{name: "escaping symlink", entries: []Entry{{Path: "d/l", Kind: KindSymlink, LinkTarget: "../../x"}}, want: errdefs.ErrPathEscape},
-		{name: "type bits in mode", entries: []Entry{{Path: "d", Kind: KindDir, Mode: fs.ModeDevice | 0o644}}, want: errdefs.ErrInvalidArgument},
-		{name: "unknown kind", entries: []Entry{{Path: "d"}}, want: errdefs.ErrInvalidArgument},
-		{name: "size on a directory", entries: []Entry{{Path: "d", Kind: KindDir, Size: 3}}, want: errdefs.ErrInvalidArgument},
-		{name: "file too large", entries: []Entry{{Path: "f", Kind: KindFile, Size: 1 << 30}}, want: errdefs.ErrResourceExhausted},
-		{name: "directory over an existing file", entries: []Entry{{Path: "existing.txt/sub", Kind: KindDir}}, want: errdefs.ErrNotDirectory},
-		{name: "file over an existing directory", entries: []Entry{{Path: "dir", Kind: KindFile}}, stream: func(t *testing.T) []byte { return tarOf(t, member{name: "dir"}) }, want: errdefs.ErrIsDirectory},
-		{name: "through a symlinked directory", entries: []Entry{{Path: "out/x", Kind: KindDir}}, want: errdefs.ErrConflict},
-		{name: "unknown owner", entries: []Entry{{Path: "d", Kind: KindDir, User: "mallory"}}, want: errdefs.ErrNotFound},
-		{name: "unknown root owner", entries: okFile, stream: okStream, root: "mallory", want: errdefs.ErrNotFound},
-		{name: "accounts fail", entries: okFile, stream: okStream, users: []User{{Name: "bob"}}, acctErr: errdefs.Errorf(errdefs.ErrFailedPrecondition, "no root"), want: errdefs.ErrFailedPrecondition},
-		{name: "member missing", entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 2}, {Path: "b.txt", Kind: KindFile, Size: 1}}, stream: okStream, want: errdefs.ErrInvalidArgument},
+			stream: func(t *testing.T) []byte { return tarOf(t, member{name: "f"}) }, want: errkind.ErrNotDirectory},
+		{name: "absolute symlink", entries: []Entry{{Path: "l", Kind: KindSymlink, LinkTarget: "/etc"}}, want: errkind.ErrPathEscape},
+		{name: "escaping symlink", entries: []Entry{{Path: "d/l", Kind: KindSymlink, LinkTarget: "../../x"}}, want: errkind.ErrPathEscape},
+		{name: "type bits in mode", entries: []Entry{{Path: "d", Kind: KindDir, Mode: fs.ModeDevice | 0o644}}, want: errkind.ErrInvalidArgument},
+		{name: "unknown kind", entries: []Entry{{Path: "d"}}, want: errkind.ErrInvalidArgument},
+		{name: "size on a directory", entries: []Entry{{Path: "d", Kind: KindDir, Size: 3}}, want: errkind.ErrInvalidArgument},
+		{name: "file too large", entries: []Entry{{Path: "f", Kind: KindFile, Size: 1 << 30}}, want: errkind.ErrResourceExhausted},
+		{name: "directory over an existing file", entries: []Entry{{Path: "existing.txt/sub", Kind: KindDir}}, want: errkind.ErrNotDirectory},
+		{name: "file over an existing directory", entries: []Entry{{Path: "dir", Kind: KindFile}}, stream: func(t *testing.T) []byte { return tarOf(t, member{name: "dir"}) }, want: errkind.ErrIsDirectory},
+		{name: "through a symlinked directory", entries: []Entry{{Path: "out/x", Kind: KindDir}}, want: errkind.ErrConflict},
+		{name: "unknown owner", entries: []Entry{{Path: "d", Kind: KindDir, User: "mallory"}}, want: errkind.ErrNotFound},
+		{name: "unknown root owner", entries: okFile, stream: okStream, root: "mallory", want: errkind.ErrNotFound},
+		{name: "accounts fail", entries: okFile, stream: okStream, users: []User{{Name: "bob"}}, acctErr: errkind.Errorf(errkind.ErrFailedPrecondition, "no root"), want: errkind.ErrFailedPrecondition},
+		{name: "member missing", entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 2}, {Path: "b.txt", Kind: KindFile, Size: 1}}, stream: okStream, want: errkind.ErrInvalidArgument},
 		{name: "members out of order", entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 2}, {Path: "b.txt", Kind: KindFile, Size: 1}},
 			stream: func(t *testing.T) []byte {
 				return tarOf(t, member{name: "b.txt", data: []byte("b")}, member{name: "a.txt", data: []byte("hi")})
-			}, want: errdefs.ErrInvalidArgument},
-		{name: "size differs", entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 3}}, stream: okStream, want: errdefs.ErrInvalidArgument},
+			}, want: errkind.ErrInvalidArgument},
+		{name: "size differs", entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 3}}, stream: okStream, want: errkind.ErrInvalidArgument},
 		{name: "extra member", entries: okFile, stream: func(t *testing.T) []byte {
 			return tarOf(t, member{name: "a.txt", data: []byte("hi")}, member{name: "evil", data: []byte("x")})
-		}, want: errdefs.ErrInvalidArgument},
+		}, want: errkind.ErrInvalidArgument},
 		{name: "symlink member", entries: []Entry{{Path: "a.txt", Kind: KindFile}}, stream: func(t *testing.T) []byte {
 			return tarOf(t, member{name: "a.txt", typ: tar.TypeSymlink})
-		}, want: errdefs.ErrInvalidArgument},
-		{name: "truncated stream", entries: okFile, stream: func(t *testing.T) []byte { return okStream(t)[:513] }, want: errdefs.ErrInvalidArgument},
-		{name: "garbage after the archive", entries: okFile, stream: func(t *testing.T) []byte { return append(okStream(t), "trailing"...) }, want: errdefs.ErrInvalidArgument},
-		{name: "no tar at all", entries: okFile, stream: func(t *testing.T) []byte { return []byte("not a tar stream at all") }, want: errdefs.ErrInvalidArgument},
+		}, want: errkind.ErrInvalidArgument},
+		{name: "truncated stream", entries: okFile, stream: func(t *testing.T) []byte { return okStream(t)[:513] }, want: errkind.ErrInvalidArgument},
+		{name: "garbage after the archive", entries: okFile, stream: func(t *testing.T) []byte { return append(okStream(t), "trailing"...) }, want: errkind.ErrInvalidArgument},
+		{name: "no tar at all", entries: okFile, stream: func(t *testing.T) []byte { return []byte("not a tar stream at all") }, want: errkind.ErrInvalidArgument},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -418,7 +418,7 @@ func TestApplyCancelledContext(t *testing.T) {
 	cancel()
 	_, err := Apply(ctx, root, Plan{Entries: []Entry{{Path: "a", Kind: KindFile, Size: 1}}},
 		bytes.NewReader(tarOf(t, member{name: "a", data: []byte("x")})), &fakeAccounts{}, Options{})
-	if !errors.Is(err, errdefs.ErrCanceled) {
+	if !errors.Is(err, errkind.ErrCanceled) {
 		t.Fatalf("error %v, want ErrCanceled", err)
 	}
 	assertNoStaging(t, root)

@@ -8,8 +8,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // DefaultMaxEntries bounds a plan when Options.MaxEntries is zero.
@@ -31,21 +31,21 @@ type checked struct {
 func CheckPath(p string) error {
 	switch {
 	case p == "" || p == ".":
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "entry path is empty")
+		return errkind.Errorf(errkind.ErrInvalidArgument, "entry path is empty")
 	case strings.HasPrefix(p, "/"):
-		return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrPathEscape, "entry paths are workspace-relative")}
+		return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrPathEscape, "entry paths are workspace-relative")}
 	case strings.ContainsRune(p, 0):
-		return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "NUL in path")}
+		return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrInvalidArgument, "NUL in path")}
 	case path.Clean(p) != p:
-		return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "path is not clean (write %q)", path.Clean(p))}
+		return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrInvalidArgument, "path is not clean (write %q)", path.Clean(p))}
 	}
 	for _, c := range strings.Split(p, "/") {
 		if c == ".." {
-			return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrPathEscape, "'..' in entry path")}
+			return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrPathEscape, "'..' in entry path")}
 		}
 		for _, r := range reservedPrefixes {
 			if strings.HasPrefix(c, r) {
-				return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "names starting with %q are reserved", r)}
+				return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrInvalidArgument, "names starting with %q are reserved", r)}
 			}
 		}
 	}
@@ -59,7 +59,7 @@ func validate(plan Plan, opts Options) (*checked, error) {
 		maxEntries = DefaultMaxEntries
 	}
 	if len(plan.Entries) > maxEntries {
-		return nil, errdefs.Errorf(errdefs.ErrResourceExhausted, "plan has %d entries; the limit is %d", len(plan.Entries), maxEntries)
+		return nil, errkind.Errorf(errkind.ErrResourceExhausted, "plan has %d entries; the limit is %d", len(plan.Entries), maxEntries)
 	}
 	for _, g := range plan.Groups {
 		if err := userdb.ValidName(g.Name); err != nil {
@@ -71,7 +71,7 @@ func validate(plan Plan, opts Options) (*checked, error) {
 			return nil, err
 		}
 		if u.Name == "root" {
-			return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "user root cannot be declared")
+			return nil, errkind.Errorf(errkind.ErrInvalidArgument, "user root cannot be declared")
 		}
 	}
 	c := &checked{byPath: make(map[string]*Entry, len(plan.Entries))}
@@ -82,18 +82,18 @@ func validate(plan Plan, opts Options) (*checked, error) {
 			return nil, err
 		}
 		if _, dup := c.byPath[e.Path]; dup {
-			return nil, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "listed twice")}
+			return nil, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "listed twice")}
 		}
 		if e.Mode&^fs.ModePerm&^(fs.ModeSetuid|fs.ModeSetgid|fs.ModeSticky) != 0 {
-			return nil, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "mode %v has type bits", e.Mode)}
+			return nil, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "mode %v has type bits", e.Mode)}
 		}
 		switch e.Kind {
 		case KindFile:
 			if e.Size < 0 {
-				return nil, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "negative size")}
+				return nil, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "negative size")}
 			}
 			if opts.MaxFileBytes > 0 && e.Size > opts.MaxFileBytes {
-				return nil, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrResourceExhausted, "%d bytes; the limit is %d", e.Size, opts.MaxFileBytes)}
+				return nil, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrResourceExhausted, "%d bytes; the limit is %d", e.Size, opts.MaxFileBytes)}
 			}
 			total += e.Size
 			c.files = append(c.files, e)
@@ -103,16 +103,16 @@ func validate(plan Plan, opts Options) (*checked, error) {
 				return nil, err
 			}
 		default:
-			return nil, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "unknown entry kind %d", e.Kind)}
+			return nil, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "unknown entry kind %d", e.Kind)}
 		}
 		if e.Kind != KindFile && e.Size != 0 {
-			return nil, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "only files have a size")}
+			return nil, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrInvalidArgument, "only files have a size")}
 		}
 		c.byPath[e.Path] = e
 		c.entries = append(c.entries, e)
 	}
 	if opts.MaxTotalBytes > 0 && total > opts.MaxTotalBytes {
-		return nil, errdefs.Errorf(errdefs.ErrResourceExhausted, "plan carries %d bytes; the limit is %d", total, opts.MaxTotalBytes)
+		return nil, errkind.Errorf(errkind.ErrResourceExhausted, "plan carries %d bytes; the limit is %d", total, opts.MaxTotalBytes)
 	}
 	slices.SortFunc(c.entries, func(a, b *Entry) int { return strings.Compare(a.Path, b.Path) })
 	implicit := map[string]bool{}
@@ -120,7 +120,7 @@ func validate(plan Plan, opts Options) (*checked, error) {
 		for dir := path.Dir(e.Path); dir != "."; dir = path.Dir(dir) {
 			if p, ok := c.byPath[dir]; ok {
 				if p.Kind != KindDir {
-					return nil, &errdefs.PathError{Op: "materialize", Path: e.Path, Err: errdefs.Errorf(errdefs.ErrNotDirectory, "%s is a %s in the plan", dir, p.Kind)}
+					return nil, &errkind.PathError{Op: "materialize", Path: e.Path, Err: errkind.Errorf(errkind.ErrNotDirectory, "%s is a %s in the plan", dir, p.Kind)}
 				}
 				continue
 			}
@@ -137,11 +137,11 @@ func validate(plan Plan, opts Options) (*checked, error) {
 // checkLinkTarget accepts relative targets that resolve inside the workspace.
 func checkLinkTarget(p, target string) error {
 	bad := func(why string) error {
-		return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrPathEscape, "symlink target %q %s", target, why)}
+		return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrPathEscape, "symlink target %q %s", target, why)}
 	}
 	switch {
 	case target == "" || strings.ContainsRune(target, 0):
-		return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "symlink without a target")}
+		return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrInvalidArgument, "symlink without a target")}
 	case strings.HasPrefix(target, "/"):
 		return bad("is absolute")
 	}
@@ -169,16 +169,16 @@ func precheck(rt *os.Root, c *checked) error {
 			return nil
 		}
 		if err != nil {
-			return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.ClassifyFS(err)}
+			return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.ClassifyFS(err)}
 		}
 		c.existed[p] = true
 		switch {
 		case wantDir && fi.Mode()&fs.ModeSymlink != 0:
-			return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrConflict, "a symbolic link is in the way of a directory")}
+			return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrConflict, "a symbolic link is in the way of a directory")}
 		case wantDir && !fi.IsDir():
-			return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrNotDirectory, "a file is in the way of a directory")}
+			return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrNotDirectory, "a file is in the way of a directory")}
 		case !wantDir && fi.IsDir():
-			return &errdefs.PathError{Op: "materialize", Path: p, Err: errdefs.Errorf(errdefs.ErrIsDirectory, "a directory is in the way")}
+			return &errkind.PathError{Op: "materialize", Path: p, Err: errkind.Errorf(errkind.ErrIsDirectory, "a directory is in the way")}
 		}
 		return nil
 	}

@@ -13,7 +13,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 func TestStartPipesSeparateStreams(t *testing.T) {
@@ -89,21 +89,21 @@ func TestStartValidation(t *testing.T) {
 		sentinel error
 		subs     []string
 	}{
-		{"nothing", StartOptions{}, errdefs.ErrInvalidArgument, nil},
-		{"both", StartOptions{Argv: []string{"true"}, Command: "true"}, errdefs.ErrInvalidArgument, nil},
-		{"empty argv0", StartOptions{Argv: []string{""}}, errdefs.ErrInvalidArgument, nil},
-		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, errdefs.ErrInvalidArgument, []string{"chdir tmp", "not absolute"}},
-		{"missing dir", StartOptions{Argv: []string{"true"}, Dir: "/no/such/dir"}, errdefs.ErrNotFound, []string{"/no/such/dir", "does not exist"}},
-		{"file as dir", StartOptions{Argv: []string{"true"}, Dir: file}, errdefs.ErrNotDirectory, []string{file}},
-		{"missing binary", StartOptions{Argv: []string{"no-such-binary-xyz", "-v"}}, errdefs.ErrNotFound, []string{"no-such-binary-xyz"}},
-		{"missing path", StartOptions{Argv: []string{"/opt/nope/tool"}}, errdefs.ErrNotFound, []string{"/opt/nope/tool"}},
-		{"missing shell", StartOptions{Command: "true", Shell: "/no/shell"}, errdefs.ErrNotFound, []string{"/no/shell"}},
-		{"not executable", StartOptions{Argv: []string{file}}, errdefs.ErrPermissionDenied, []string{file}},
-		{"directory", StartOptions{Argv: []string{"/tmp"}}, errdefs.ErrInvalidArgument, []string{"/tmp"}},
-		{"bad env", StartOptions{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, errdefs.ErrInvalidArgument, nil},
-		{"negative timeout", StartOptions{Argv: []string{"true"}, Timeout: -time.Second}, errdefs.ErrInvalidArgument, nil},
-		{"size without tty", StartOptions{Argv: []string{"true"}, Rows: 10}, errdefs.ErrInvalidArgument, nil},
-		{"unknown user", StartOptions{Argv: []string{"true"}, User: "no-such-user-xyz"}, errdefs.ErrNotFound, []string{"no-such-user-xyz"}},
+		{"nothing", StartOptions{}, errkind.ErrInvalidArgument, nil},
+		{"both", StartOptions{Argv: []string{"true"}, Command: "true"}, errkind.ErrInvalidArgument, nil},
+		{"empty argv0", StartOptions{Argv: []string{""}}, errkind.ErrInvalidArgument, nil},
+		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, errkind.ErrInvalidArgument, []string{"chdir tmp", "not absolute"}},
+		{"missing dir", StartOptions{Argv: []string{"true"}, Dir: "/no/such/dir"}, errkind.ErrNotFound, []string{"/no/such/dir", "does not exist"}},
+		{"file as dir", StartOptions{Argv: []string{"true"}, Dir: file}, errkind.ErrNotDirectory, []string{file}},
+		{"missing binary", StartOptions{Argv: []string{"no-such-binary-xyz", "-v"}}, errkind.ErrNotFound, []string{"no-such-binary-xyz"}},
+		{"missing path", StartOptions{Argv: []string{"/opt/nope/tool"}}, errkind.ErrNotFound, []string{"/opt/nope/tool"}},
+		{"missing shell", StartOptions{Command: "true", Shell: "/no/shell"}, errkind.ErrNotFound, []string{"/no/shell"}},
+		{"not executable", StartOptions{Argv: []string{file}}, errkind.ErrPermissionDenied, []string{file}},
+		{"directory", StartOptions{Argv: []string{"/tmp"}}, errkind.ErrInvalidArgument, []string{"/tmp"}},
+		{"bad env", StartOptions{Argv: []string{"true"}, Env: map[string]string{"A=B": "c"}}, errkind.ErrInvalidArgument, nil},
+		{"negative timeout", StartOptions{Argv: []string{"true"}, Timeout: -time.Second}, errkind.ErrInvalidArgument, nil},
+		{"size without tty", StartOptions{Argv: []string{"true"}, Rows: 10}, errkind.ErrInvalidArgument, nil},
+		{"unknown user", StartOptions{Argv: []string{"true"}, User: "no-such-user-xyz"}, errkind.ErrNotFound, []string{"no-such-user-xyz"}},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -126,7 +126,7 @@ func TestExecFailureAfterLookup(t *testing.T) {
 	}
 	m := newTestManager(t, Config{})
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{script}})
-	wantErr(t, err, errdefs.ErrNotFound, script, "interpreter")
+	wantErr(t, err, errkind.ErrNotFound, script, "interpreter")
 }
 
 func TestWorkingDirectoryAndDefaults(t *testing.T) {
@@ -153,8 +153,8 @@ func TestStdinIsDevNullByDefault(t *testing.T) {
 	}
 	info := mustStart(t, m, StartOptions{Argv: []string{"true"}})
 	_, err := m.WriteStdin(testCtx(t), info.ID, 0, []byte("x"))
-	wantErr(t, err, errdefs.ErrFailedPrecondition, "without stdin")
-	wantErr(t, m.CloseStdin(info.ID), errdefs.ErrFailedPrecondition, "without stdin")
+	wantErr(t, err, errkind.ErrFailedPrecondition, "without stdin")
+	wantErr(t, m.CloseStdin(info.ID), errkind.ErrFailedPrecondition, "without stdin")
 }
 
 func TestStdinOffsets(t *testing.T) {
@@ -180,12 +180,12 @@ func TestStdinOffsets(t *testing.T) {
 		}
 	}
 	next, err := m.WriteStdin(ctx, info.ID, 9, []byte("x"))
-	wantErr(t, err, errdefs.ErrConflict, "9", "7")
+	wantErr(t, err, errkind.ErrConflict, "9", "7")
 	if next != 7 {
 		t.Errorf("conflict returned next %d, want 7", next)
 	}
 	_, err = m.WriteStdin(ctx, info.ID, -1, []byte("x"))
-	wantErr(t, err, errdefs.ErrInvalidArgument)
+	wantErr(t, err, errkind.ErrInvalidArgument)
 
 	if err := m.CloseStdin(info.ID); err != nil {
 		t.Fatal(err)
@@ -194,14 +194,14 @@ func TestStdinOffsets(t *testing.T) {
 		t.Fatalf("second CloseStdin: %v", err)
 	}
 	_, err = m.WriteStdin(ctx, info.ID, 7, []byte("x"))
-	wantErr(t, err, errdefs.ErrFailedPrecondition, "closed")
+	wantErr(t, err, errkind.ErrFailedPrecondition, "closed")
 
 	o := collect(t, m, info.ID)
 	if got := o.stdout.String(); got != "abcdef\n" {
 		t.Errorf("cat echoed %q", got)
 	}
 	_, err = m.WriteStdin(ctx, info.ID, 7, []byte("x"))
-	wantErr(t, err, errdefs.ErrFailedPrecondition, "exited")
+	wantErr(t, err, errkind.ErrFailedPrecondition, "exited")
 }
 
 func TestWriteStdinHonoursContext(t *testing.T) {
@@ -211,7 +211,7 @@ func TestWriteStdinHonoursContext(t *testing.T) {
 	defer cancel()
 	big := make([]byte, 4<<20) // far more than a pipe holds; sleep never reads
 	next, err := m.WriteStdin(ctx, info.ID, 0, big)
-	wantErr(t, err, errdefs.ErrDeadlineExceeded)
+	wantErr(t, err, errkind.ErrDeadlineExceeded)
 	if next <= 0 || next >= int64(len(big)) {
 		t.Fatalf("partial write accepted %d bytes", next)
 	}
@@ -243,7 +243,7 @@ func TestIdempotentStart(t *testing.T) {
 	other := opts
 	other.Command = "echo twice"
 	_, err := m.Start(testCtx(t), other)
-	wantErr(t, err, errdefs.ErrConflict, "req-1")
+	wantErr(t, err, errkind.ErrConflict, "req-1")
 	if o := collect(t, m, a.ID); o.stdout.String() != "once\n" {
 		t.Errorf("stdout = %q", o.stdout.String())
 	}
@@ -278,7 +278,7 @@ func TestMaxProcesses(t *testing.T) {
 	a := mustStart(t, m, StartOptions{Argv: []string{"sleep", "100"}})
 	mustStart(t, m, StartOptions{Argv: []string{"sleep", "100"}})
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{"true"}})
-	wantErr(t, err, errdefs.ErrResourceExhausted, "2")
+	wantErr(t, err, errkind.ErrResourceExhausted, "2")
 	if err := m.Signal(a.ID, "KILL"); err != nil {
 		t.Fatal(err)
 	}
@@ -292,16 +292,16 @@ func TestUnknownProcess(t *testing.T) {
 	m := newTestManager(t, Config{})
 	ctx := testCtx(t)
 	_, err := m.Read(ctx, "proc_nope", 0, 0, 0)
-	wantErr(t, err, errdefs.ErrNotFound, "proc_nope")
+	wantErr(t, err, errkind.ErrNotFound, "proc_nope")
 	_, err = m.Wait(ctx, "proc_nope")
-	wantErr(t, err, errdefs.ErrNotFound)
+	wantErr(t, err, errkind.ErrNotFound)
 	_, err = m.WriteStdin(ctx, "proc_nope", 0, nil)
-	wantErr(t, err, errdefs.ErrNotFound)
-	wantErr(t, m.Signal("proc_nope", "TERM"), errdefs.ErrNotFound)
-	wantErr(t, m.Resize("proc_nope", 1, 1), errdefs.ErrNotFound)
-	wantErr(t, m.CloseStdin("proc_nope"), errdefs.ErrNotFound)
+	wantErr(t, err, errkind.ErrNotFound)
+	wantErr(t, m.Signal("proc_nope", "TERM"), errkind.ErrNotFound)
+	wantErr(t, m.Resize("proc_nope", 1, 1), errkind.ErrNotFound)
+	wantErr(t, m.CloseStdin("proc_nope"), errkind.ErrNotFound)
 	_, err = m.Get("proc_nope")
-	wantErr(t, err, errdefs.ErrNotFound)
+	wantErr(t, err, errkind.ErrNotFound)
 }
 
 func TestSurvivesStartContextAndListWait(t *testing.T) {
@@ -320,7 +320,7 @@ func TestSurvivesStartContextAndListWait(t *testing.T) {
 	short, cancel2 := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel2()
 	_, err = m.Wait(short, info.ID)
-	wantErr(t, err, errdefs.ErrDeadlineExceeded)
+	wantErr(t, err, errkind.ErrDeadlineExceeded)
 
 	e, err := m.Wait(testCtx(t), info.ID)
 	if err != nil || e.Code != 0 {
@@ -340,7 +340,7 @@ func TestSurvivesStartContextAndListWait(t *testing.T) {
 	canceled, cancel3 := context.WithCancel(context.Background())
 	cancel3()
 	_, err = m.Start(canceled, StartOptions{Argv: []string{"true"}})
-	wantErr(t, err, errdefs.ErrCanceled)
+	wantErr(t, err, errkind.ErrCanceled)
 }
 
 func TestExitRetention(t *testing.T) {
@@ -357,7 +357,7 @@ func TestExitRetention(t *testing.T) {
 		return err != nil
 	})
 	_, err := m.Wait(testCtx(t), a.ID)
-	wantErr(t, err, errdefs.ErrNotFound)
+	wantErr(t, err, errkind.ErrNotFound)
 
 	// Beyond MaxExited the oldest exited processes go first.
 	m2 := newTestManager(t, Config{MaxExited: 2})

@@ -7,7 +7,7 @@ import (
 	"github.com/creack/pty"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // outputPipeSize is the kernel buffer requested for the output pipes of a
@@ -53,7 +53,7 @@ func (c *childIO) closeAll() {
 }
 
 func resourceErr(what string, err error) error {
-	return errdefs.MarkRetryable(errdefs.Errorf(errdefs.ErrResourceExhausted, "%s: %v", what, err))
+	return errkind.MarkRetryable(errkind.Errorf(errkind.ErrResourceExhausted, "%s: %v", what, err))
 }
 
 // pipe returns a close-on-exec pipe with the parent's end as a non-blocking
@@ -72,7 +72,7 @@ func pipe(name string, parentReads bool) (parent *os.File, child int, err error)
 	if _, err := unix.FcntlInt(uintptr(c), unix.F_SETFL, 0); err != nil {
 		unix.Close(p)
 		unix.Close(c)
-		return nil, -1, fmt.Errorf("%w: %s pipe: %v", errdefs.ErrInternal, name, err)
+		return nil, -1, fmt.Errorf("%w: %s pipe: %v", errkind.ErrInternal, name, err)
 	}
 	return os.NewFile(uintptr(p), name), c, nil
 }
@@ -131,7 +131,7 @@ func openPTY(rows, cols uint16) (_ *childIO, err error) {
 	c := &childIO{master: master, stdin: master, outputs: []*os.File{master}, streams: []Stream{PTY}, childFiles: []*os.File{tty}}
 	if err := setWinsize(master, rows, cols); err != nil {
 		c.closeAll()
-		return nil, fmt.Errorf("%w: set terminal size: %v", errdefs.ErrInternal, err)
+		return nil, fmt.Errorf("%w: set terminal size: %v", errkind.ErrInternal, err)
 	}
 	// Fd puts the slave back into blocking mode, which is what the child
 	// needs (os.OpenFile made its file description non-blocking).

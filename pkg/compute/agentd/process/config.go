@@ -5,8 +5,8 @@ import (
 	"maps"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Defaults applied by NewManager to zero Config fields.
@@ -28,7 +28,7 @@ const (
 // Config configures a Manager. Zero fields take the defaults above.
 type Config struct {
 	// MaxProcesses bounds the processes running at once (started and not
-	// yet reported exited); Start beyond it is errdefs.ErrResourceExhausted.
+	// yet reported exited); Start beyond it is errkind.ErrResourceExhausted.
 	MaxProcesses int
 	// MaxExited bounds the exited processes kept for their status and
 	// output; beyond it the oldest exited ones are forgotten early.
@@ -81,7 +81,7 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case c.MaxProcesses < 0, c.MaxExited < 0, c.OutputBufferBytes < 0,
 		c.ExitRetention < 0, c.DrainGrace < 0, c.FollowerStallTimeout < 0:
-		return c, errdefs.Errorf(errdefs.ErrInvalidArgument, "process config: negative limit")
+		return c, errkind.Errorf(errkind.ErrInvalidArgument, "process config: negative limit")
 	}
 	if c.MaxProcesses == 0 {
 		c.MaxProcesses = DefaultMaxProcesses

@@ -11,8 +11,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // defaultTerm is TERM for PTY processes whose environment names none.
@@ -22,11 +22,11 @@ const defaultTerm = "xterm-256color"
 func checkEnvVar(k, v string) error {
 	switch {
 	case k == "":
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "empty environment variable name")
+		return errkind.Errorf(errkind.ErrInvalidArgument, "empty environment variable name")
 	case strings.ContainsAny(k, "=\x00"):
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "environment variable name %q contains '=' or NUL", k)
+		return errkind.Errorf(errkind.ErrInvalidArgument, "environment variable name %q contains '=' or NUL", k)
 	case strings.ContainsRune(v, 0):
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "environment variable %q has a NUL byte in its value", k)
+		return errkind.Errorf(errkind.ErrInvalidArgument, "environment variable %q has a NUL byte in its value", k)
 	}
 	return nil
 }
@@ -92,14 +92,14 @@ func lookPath(file, pathEnv, dir string) (string, error) {
 		if err == nil {
 			return p, nil
 		}
-		if firstErr == nil && !errors.Is(err, errdefs.ErrNotFound) {
+		if firstErr == nil && !errors.Is(err, errkind.ErrNotFound) {
 			firstErr = err
 		}
 	}
 	if firstErr != nil {
 		return "", firstErr
 	}
-	return "", errdefs.Errorf(errdefs.ErrNotFound, "executable %q not found in the process's PATH", file)
+	return "", errkind.Errorf(errkind.ErrNotFound, "executable %q not found in the process's PATH", file)
 }
 
 // checkExecutable reports why path cannot be executed, if it cannot.
@@ -107,13 +107,13 @@ func checkExecutable(path string) error {
 	fi, err := os.Stat(path)
 	switch {
 	case err != nil && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.ENOTDIR)):
-		return errdefs.Errorf(errdefs.ErrNotFound, "executable %q does not exist", path)
+		return errkind.Errorf(errkind.ErrNotFound, "executable %q does not exist", path)
 	case err != nil:
-		return errdefs.Errorf(errdefs.ErrPermissionDenied, "executable %q: %v", path, err)
+		return errkind.Errorf(errkind.ErrPermissionDenied, "executable %q: %v", path, err)
 	case fi.IsDir():
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "executable %q is a directory", path)
+		return errkind.Errorf(errkind.ErrInvalidArgument, "executable %q is a directory", path)
 	case fi.Mode()&0o111 == 0:
-		return errdefs.Errorf(errdefs.ErrPermissionDenied, "%q is not executable", path)
+		return errkind.Errorf(errkind.ErrPermissionDenied, "%q is not executable", path)
 	}
 	return nil
 }

@@ -5,25 +5,25 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
-// procErr wraps err as a *errdefs.ProcessError for op on process id.
+// procErr wraps err as a *errkind.ProcessError for op on process id.
 func procErr(op, id string, err error) error {
-	return &errdefs.ProcessError{Op: op, ProcessID: id, Err: err}
+	return &errkind.ProcessError{Op: op, ProcessID: id, Err: err}
 }
 
 // procErrf is procErr with a "sentinel: detail" error.
 func procErrf(op, id string, sentinel error, format string, args ...any) error {
-	return procErr(op, id, errdefs.Errorf(sentinel, format, args...))
+	return procErr(op, id, errkind.Errorf(sentinel, format, args...))
 }
 
-// ctxErr maps a finished context to errdefs.ErrCanceled or
-// errdefs.ErrDeadlineExceeded, keeping the context error wrapped.
+// ctxErr maps a finished context to errkind.ErrCanceled or
+// errkind.ErrDeadlineExceeded, keeping the context error wrapped.
 func ctxErr(ctx context.Context) error {
 	err := ctx.Err()
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("%w: %w", errdefs.ErrDeadlineExceeded, err)
+		return fmt.Errorf("%w: %w", errkind.ErrDeadlineExceeded, err)
 	}
-	return fmt.Errorf("%w: %w", errdefs.ErrCanceled, err)
+	return fmt.Errorf("%w: %w", errkind.ErrCanceled, err)
 }

@@ -12,7 +12,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // newTestManager returns a Manager shut down at the end of the test.
@@ -91,16 +91,16 @@ func mustStart(t testing.TB, m *Manager, opts StartOptions) Info {
 	return info
 }
 
-// wantErr checks that err wraps sentinel and is a *errdefs.ProcessError
+// wantErr checks that err wraps sentinel and is a *errkind.ProcessError
 // whose message contains each of subs.
 func wantErr(t testing.TB, err, sentinel error, subs ...string) {
 	t.Helper()
 	if !errors.Is(err, sentinel) {
 		t.Fatalf("error = %v, want %v", err, sentinel)
 	}
-	var pe *errdefs.ProcessError
+	var pe *errkind.ProcessError
 	if !errors.As(err, &pe) {
-		t.Fatalf("error %v is not a *errdefs.ProcessError", err)
+		t.Fatalf("error %v is not a *errkind.ProcessError", err)
 	}
 	for _, s := range subs {
 		if !strings.Contains(err.Error(), s) {

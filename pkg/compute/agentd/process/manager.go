@@ -13,7 +13,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // Manager starts and tracks processes. It is safe for concurrent use.
@@ -95,7 +95,7 @@ func (m *Manager) lookup(op, id string) (*proc, error) {
 	p := m.procs[id]
 	m.mu.Unlock()
 	if p == nil {
-		return nil, procErrf(op, id, errdefs.ErrNotFound, "no such process (it never existed or its exit retention passed)")
+		return nil, procErrf(op, id, errkind.ErrNotFound, "no such process (it never existed or its exit retention passed)")
 	}
 	return p, nil
 }

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // model is the reference: every byte ever appended, with its stream.
@@ -175,7 +175,7 @@ func TestReadSemantics(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
 	_, err = m.Read(cctx, info.ID, 10, time.Hour, 0)
 	cancel()
-	wantErr(t, err, errdefs.ErrDeadlineExceeded)
+	wantErr(t, err, errkind.ErrDeadlineExceeded)
 	// A waiting reader is woken by new output.
 	go func() {
 		time.Sleep(50 * time.Millisecond)
@@ -186,9 +186,9 @@ func TestReadSemantics(t *testing.T) {
 		t.Fatalf("woken read = %+v, %v", r, err)
 	}
 	_, err = m.Read(ctx, info.ID, 1000, 0, 0)
-	wantErr(t, err, errdefs.ErrConflict, "1000")
+	wantErr(t, err, errkind.ErrConflict, "1000")
 	_, err = m.Read(ctx, info.ID, -1, 0, 0)
-	wantErr(t, err, errdefs.ErrInvalidArgument)
+	wantErr(t, err, errkind.ErrInvalidArgument)
 
 	if _, err := m.Wait(ctx, info.ID); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // readUntil reads PTY output from *cursor until it contains want.
@@ -48,7 +48,7 @@ func TestPTYCtrlCInterrupts(t *testing.T) {
 	if e.Signal != "SIGINT" || e.Code != 130 {
 		t.Errorf("exit = %+v, want SIGINT", e)
 	}
-	wantErr(t, m.CloseStdin(info.ID), errdefs.ErrFailedPrecondition, "Ctrl-D")
+	wantErr(t, m.CloseStdin(info.ID), errkind.ErrFailedPrecondition, "Ctrl-D")
 }
 
 func TestPTYSizeAndResize(t *testing.T) {
@@ -57,7 +57,7 @@ func TestPTYSizeAndResize(t *testing.T) {
 	var cur int64
 	readUntil(t, m, info.ID, &cur, "30 100")
 
-	wantErr(t, m.Resize(info.ID, 0, 10), errdefs.ErrInvalidArgument)
+	wantErr(t, m.Resize(info.ID, 0, 10), errkind.ErrInvalidArgument)
 	if err := m.Resize(info.ID, 40, 120); err != nil {
 		t.Fatal(err)
 	}
@@ -72,10 +72,10 @@ func TestPTYSizeAndResize(t *testing.T) {
 	if e, err := m.Wait(testCtx(t), info.ID); err != nil || e.Code != 1 {
 		t.Fatalf("exit = %+v, %v (read at EOF returns 1)", e, err)
 	}
-	wantErr(t, m.Resize(info.ID, 10, 10), errdefs.ErrFailedPrecondition, "exited")
+	wantErr(t, m.Resize(info.ID, 10, 10), errkind.ErrFailedPrecondition, "exited")
 
 	pipe := mustStart(t, m, StartOptions{Argv: []string{"sleep", "100"}})
-	wantErr(t, m.Resize(pipe.ID, 10, 10), errdefs.ErrFailedPrecondition, "tty")
+	wantErr(t, m.Resize(pipe.ID, 10, 10), errkind.ErrFailedPrecondition, "tty")
 }
 
 func TestPTYDefaultSizeAndOutput(t *testing.T) {

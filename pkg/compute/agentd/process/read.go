@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // attachBytes bounds the output delivered by one Attach callback: 1 MiB
@@ -17,11 +17,11 @@ const attachBytes = 1<<20 - 4<<10
 // 0 is the first byte ever written). It returns as soon as there is output
 // at or after cursor, the process has exited, yield has passed (yield 0
 // polls) or ctx is done (an error). maxBytes <= 0 means DefaultReadBytes.
-// A cursor past the end of the output is a errdefs.ErrConflict.
+// A cursor past the end of the output is a errkind.ErrConflict.
 func (m *Manager) Read(ctx context.Context, id string, cursor int64, yield time.Duration, maxBytes int) (ReadResult, error) {
 	const op = "read"
 	if cursor < 0 || yield < 0 {
-		return ReadResult{}, procErrf(op, id, errdefs.ErrInvalidArgument, "negative cursor or yield")
+		return ReadResult{}, procErrf(op, id, errkind.ErrInvalidArgument, "negative cursor or yield")
 	}
 	p, err := m.lookup(op, id)
 	if err != nil {
@@ -36,7 +36,7 @@ func (m *Manager) Read(ctx context.Context, id string, cursor int64, yield time.
 		if cursor > p.out.end {
 			end := p.out.end
 			p.mu.Unlock()
-			return ReadResult{}, procErrf(op, id, errdefs.ErrConflict, "cursor %d is past the end of the output (%d bytes so far)", cursor, end)
+			return ReadResult{}, procErrf(op, id, errkind.ErrConflict, "cursor %d is past the end of the output (%d bytes so far)", cursor, end)
 		}
 		if cursor < p.out.end || p.exit != nil || yield == 0 {
 			r := p.readLocked(cursor, maxBytes)
@@ -106,7 +106,7 @@ type AttachOptions struct {
 func (m *Manager) AttachWith(ctx context.Context, id string, cursor int64, opts AttachOptions, fn func(ReadResult) error) error {
 	const op = "read"
 	if cursor < 0 {
-		return procErrf(op, id, errdefs.ErrInvalidArgument, "negative cursor or yield")
+		return procErrf(op, id, errkind.ErrInvalidArgument, "negative cursor or yield")
 	}
 	p, err := m.lookup(op, id)
 	if err != nil {
@@ -151,7 +151,7 @@ func (p *proc) lend(ctx context.Context, op string, f *follower, chunks []Chunk,
 	for {
 		cursor := f.cursor
 		if cursor > p.out.end {
-			return ReadResult{}, procErrf(op, p.id, errdefs.ErrConflict, "cursor %d is past the end of the output (%d bytes so far)", cursor, p.out.end)
+			return ReadResult{}, procErrf(op, p.id, errkind.ErrConflict, "cursor %d is past the end of the output (%d bytes so far)", cursor, p.out.end)
 		}
 		if cursor < p.out.end || p.exit != nil {
 			chunks, next, dropped := p.out.view(cursor, attachBytes, chunks)

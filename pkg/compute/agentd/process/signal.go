@@ -9,7 +9,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // ParseSignal resolves a signal name such as "TERM", "SIGTERM" or "int"
@@ -22,7 +22,7 @@ func ParseSignal(name string) (unix.Signal, error) {
 	if s := unix.SignalNum(n); s != 0 {
 		return s, nil
 	}
-	return 0, errdefs.Errorf(errdefs.ErrInvalidArgument, "unknown signal %q", name)
+	return 0, errkind.Errorf(errkind.ErrInvalidArgument, "unknown signal %q", name)
 }
 
 // Signal delivers the named signal to the process's whole group. For a PTY
@@ -39,10 +39,10 @@ func (m *Manager) Signal(id, name string) error {
 		return err
 	}
 	if p.exitStatus() != nil {
-		return procErrf(op, id, errdefs.ErrFailedPrecondition, "process has exited; %s not sent", unix.SignalName(sig))
+		return procErrf(op, id, errkind.ErrFailedPrecondition, "process has exited; %s not sent", unix.SignalName(sig))
 	}
 	if err := signalGroup(p.pid, sig); err != nil {
-		return procErrf(op, id, errdefs.ErrInternal, "send %s to process group %d: %v", unix.SignalName(sig), p.pid, err)
+		return procErrf(op, id, errkind.ErrInternal, "send %s to process group %d: %v", unix.SignalName(sig), p.pid, err)
 	}
 	if p.tty {
 		if fg, err := foregroundGroup(p.master); err == nil && fg > 0 && fg != p.pid {

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 func TestParseSignal(t *testing.T) {
@@ -22,7 +22,7 @@ func TestParseSignal(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"", "SIG", "BOGUS", "9", "-9", "SIGKILLX"} {
-		if _, err := ParseSignal(bad); !errorsIs(err, errdefs.ErrInvalidArgument) {
+		if _, err := ParseSignal(bad); !errorsIs(err, errkind.ErrInvalidArgument) {
 			t.Errorf("ParseSignal(%q) error = %v, want invalid argument", bad, err)
 		}
 	}
@@ -63,7 +63,7 @@ func TestSignalKillsWholeGroup(t *testing.T) {
 	pids := append(sleepersOf(t, info.PID, 2), info.PID)
 
 	err := m.Signal(info.ID, "BOGUS")
-	wantErr(t, err, errdefs.ErrInvalidArgument, "BOGUS")
+	wantErr(t, err, errkind.ErrInvalidArgument, "BOGUS")
 	if err := m.Signal(info.ID, "KILL"); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestSignalKillsWholeGroup(t *testing.T) {
 		t.Errorf("exit = %+v", e)
 	}
 	noSurvivors(t, pids)
-	wantErr(t, m.Signal(info.ID, "TERM"), errdefs.ErrFailedPrecondition, "exited")
+	wantErr(t, m.Signal(info.ID, "TERM"), errkind.ErrFailedPrecondition, "exited")
 }
 
 func TestSignalTermAndStopCont(t *testing.T) {
@@ -155,7 +155,7 @@ func TestBackgroundJobDoesNotBlockExit(t *testing.T) {
 	}
 	noSurvivors(t, bg)
 	_, err := m.Start(ctx, StartOptions{Argv: []string{"true"}})
-	wantErr(t, err, errdefs.ErrUnavailable, "shutting down")
+	wantErr(t, err, errkind.ErrUnavailable, "shutting down")
 }
 
 func TestShutdownKillsRunning(t *testing.T) {

@@ -18,8 +18,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Default terminal size when StartOptions leave it zero.
@@ -42,7 +42,7 @@ type plan struct {
 // bound to ctx. With a RequestID, a retry of the same request returns the
 // process already started, and a concurrent retry waits for the first.
 //
-// Errors are *errdefs.ProcessError wrapping: ErrInvalidArgument (malformed
+// Errors are *errkind.ProcessError wrapping: ErrInvalidArgument (malformed
 // options, relative Dir, bad env), ErrNotFound (unknown run_as user, missing
 // Dir, missing program or interpreter, named in the message),
 // ErrNotDirectory (Dir is not a directory), ErrPermissionDenied (another
@@ -71,20 +71,20 @@ func (m *Manager) StartOrFind(ctx context.Context, opts StartOptions) (info Info
 		m.mu.Lock()
 		if m.closing {
 			m.mu.Unlock()
-			return Info{}, false, procErrf(op, "", errdefs.ErrUnavailable, "the process manager is shutting down")
+			return Info{}, false, procErrf(op, "", errkind.ErrUnavailable, "the process manager is shutting down")
 		}
 		if rid := opts.RequestID; rid != "" {
 			if p := m.byRequest[rid]; p != nil {
 				m.mu.Unlock()
 				if !sameOptions(p.opts, opts) {
-					return Info{}, false, procErrf(op, p.id, errdefs.ErrConflict, "request_id %q was already used to start a different process", rid)
+					return Info{}, false, procErrf(op, p.id, errkind.ErrConflict, "request_id %q was already used to start a different process", rid)
 				}
 				return p.info(), true, nil
 			}
 			if other := m.pending[rid]; other != nil {
 				m.mu.Unlock()
 				if !sameOptions(other.opts, opts) {
-					return Info{}, false, procErrf(op, "", errdefs.ErrConflict, "request_id %q is already starting a different process", rid)
+					return Info{}, false, procErrf(op, "", errkind.ErrConflict, "request_id %q is already starting a different process", rid)
 				}
 				select {
 				case <-other.done:
@@ -96,7 +96,7 @@ func (m *Manager) StartOrFind(ctx context.Context, opts StartOptions) (info Info
 		}
 		if m.running+m.npending >= m.cfg.MaxProcesses {
 			m.mu.Unlock()
-			return Info{}, false, procErrf(op, "", errdefs.ErrResourceExhausted, "%d processes are already running (the limit)", m.cfg.MaxProcesses)
+			return Info{}, false, procErrf(op, "", errkind.ErrResourceExhausted, "%d processes are already running (the limit)", m.cfg.MaxProcesses)
 		}
 		pend = &pendingStart{opts: opts, done: make(chan struct{})}
 		if opts.RequestID != "" {
@@ -151,32 +151,32 @@ func (m *Manager) startPlanned(opts StartOptions) (*proc, error) {
 
 // workdirError reports a failure about the working directory dir.
 func workdirError(dir string, err error) error {
-	return &errdefs.PathError{Op: "chdir", Path: dir, Err: err}
+	return &errkind.PathError{Op: "chdir", Path: dir, Err: err}
 }
 
 // validateOptions checks what needs no lookup.
 func validateOptions(o StartOptions) error {
 	switch {
 	case len(o.Argv) > 0 && o.Command != "":
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "give either argv or a shell command, not both")
+		return errkind.Errorf(errkind.ErrInvalidArgument, "give either argv or a shell command, not both")
 	case len(o.Argv) == 0 && o.Command == "":
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "neither argv nor a shell command was given")
+		return errkind.Errorf(errkind.ErrInvalidArgument, "neither argv nor a shell command was given")
 	case len(o.Argv) > 0 && o.Argv[0] == "":
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "argv[0] is empty")
+		return errkind.Errorf(errkind.ErrInvalidArgument, "argv[0] is empty")
 	case o.Dir != "" && !filepath.IsAbs(o.Dir):
-		return workdirError(o.Dir, errdefs.Errorf(errdefs.ErrInvalidArgument, "the working directory is not absolute"))
+		return workdirError(o.Dir, errkind.Errorf(errkind.ErrInvalidArgument, "the working directory is not absolute"))
 	case o.Timeout < 0:
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "negative timeout %s", o.Timeout)
+		return errkind.Errorf(errkind.ErrInvalidArgument, "negative timeout %s", o.Timeout)
 	case !o.TTY && (o.Rows != 0 || o.Cols != 0):
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "a terminal size was given without tty")
+		return errkind.Errorf(errkind.ErrInvalidArgument, "a terminal size was given without tty")
 	}
 	for i, a := range o.Argv {
 		if strings.ContainsRune(a, 0) {
-			return errdefs.Errorf(errdefs.ErrInvalidArgument, "argv[%d] contains a NUL byte", i)
+			return errkind.Errorf(errkind.ErrInvalidArgument, "argv[%d] contains a NUL byte", i)
 		}
 	}
 	if strings.ContainsRune(o.Command, 0) || strings.ContainsRune(o.Shell, 0) || strings.ContainsRune(o.Dir, 0) {
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "command, shell or directory contains a NUL byte")
+		return errkind.Errorf(errkind.ErrInvalidArgument, "command, shell or directory contains a NUL byte")
 	}
 	for k, v := range o.Env {
 		if err := checkEnvVar(k, v); err != nil {
@@ -221,7 +221,7 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 			}
 			pl.cred = &syscall.Credential{Uid: u.UID, Gid: u.GID, Groups: groups}
 		case int(u.UID) != m.euid:
-			return nil, errdefs.Errorf(errdefs.ErrPermissionDenied,
+			return nil, errkind.Errorf(errkind.ErrPermissionDenied,
 				"the daemon runs as uid %d, not root, and cannot start processes as user %q (uid %d)", m.euid, u.Name, u.UID)
 		}
 	} else if self, err := m.cfg.Users.Lookup(strconv.Itoa(m.euid)); err == nil {
@@ -246,13 +246,13 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 	fi, err := os.Stat(pl.dir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		return nil, workdirError(pl.dir, errdefs.Errorf(errdefs.ErrNotFound, "the working directory does not exist"))
+		return nil, workdirError(pl.dir, errkind.Errorf(errkind.ErrNotFound, "the working directory does not exist"))
 	case errors.Is(err, unix.ENOTDIR):
-		return nil, workdirError(pl.dir, errdefs.Errorf(errdefs.ErrNotDirectory, "a parent of the working directory is not a directory"))
+		return nil, workdirError(pl.dir, errkind.Errorf(errkind.ErrNotDirectory, "a parent of the working directory is not a directory"))
 	case err != nil:
-		return nil, workdirError(pl.dir, errdefs.Errorf(errdefs.ErrPermissionDenied, "the working directory cannot be entered: %v", err))
+		return nil, workdirError(pl.dir, errkind.Errorf(errkind.ErrPermissionDenied, "the working directory cannot be entered: %v", err))
 	case !fi.IsDir():
-		return nil, workdirError(pl.dir, errdefs.Errorf(errdefs.ErrNotDirectory, "the working directory is not a directory"))
+		return nil, workdirError(pl.dir, errkind.Errorf(errkind.ErrNotDirectory, "the working directory is not a directory"))
 	}
 
 	if len(o.Argv) > 0 {
@@ -370,7 +370,7 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 func execError(err error, pl *plan) error {
 	var errno syscall.Errno
 	if !errors.As(err, &errno) {
-		return errdefs.Errorf(errdefs.ErrInternal, "start %q: %v", pl.argv[0], err)
+		return errkind.Errorf(errkind.ErrInternal, "start %q: %v", pl.argv[0], err)
 	}
 	who := pl.user
 	if who == "" {
@@ -378,19 +378,19 @@ func execError(err error, pl *plan) error {
 	}
 	switch errno {
 	case unix.ENOENT:
-		return errdefs.Errorf(errdefs.ErrNotFound, "start %q: the program or its interpreter does not exist", pl.argv[0])
+		return errkind.Errorf(errkind.ErrNotFound, "start %q: the program or its interpreter does not exist", pl.argv[0])
 	case unix.EACCES:
-		return errdefs.Errorf(errdefs.ErrPermissionDenied, "start %q: %s may not execute it or enter %q", pl.argv[0], who, pl.dir)
+		return errkind.Errorf(errkind.ErrPermissionDenied, "start %q: %s may not execute it or enter %q", pl.argv[0], who, pl.dir)
 	case unix.EPERM:
-		return errdefs.Errorf(errdefs.ErrPermissionDenied, "start %q: cannot switch to %s: %v", pl.argv[0], who, errno)
+		return errkind.Errorf(errkind.ErrPermissionDenied, "start %q: cannot switch to %s: %v", pl.argv[0], who, errno)
 	case unix.ENOEXEC:
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "start %q: not an executable format", pl.argv[0])
+		return errkind.Errorf(errkind.ErrInvalidArgument, "start %q: not an executable format", pl.argv[0])
 	case unix.ENOTDIR:
-		return errdefs.Errorf(errdefs.ErrNotDirectory, "start %q: a path component is not a directory", pl.argv[0])
+		return errkind.Errorf(errkind.ErrNotDirectory, "start %q: a path component is not a directory", pl.argv[0])
 	case unix.E2BIG:
-		return errdefs.Errorf(errdefs.ErrInvalidArgument, "start %q: argument list and environment too long", pl.argv[0])
+		return errkind.Errorf(errkind.ErrInvalidArgument, "start %q: argument list and environment too long", pl.argv[0])
 	case unix.EAGAIN, unix.ENOMEM, unix.EMFILE, unix.ENFILE:
-		return errdefs.MarkRetryable(errdefs.Errorf(errdefs.ErrResourceExhausted, "start %q: %v", pl.argv[0], errno))
+		return errkind.MarkRetryable(errkind.Errorf(errkind.ErrResourceExhausted, "start %q: %v", pl.argv[0], errno))
 	}
-	return errdefs.Errorf(errdefs.ErrInternal, "start %q: %v", pl.argv[0], errno)
+	return errkind.Errorf(errkind.ErrInternal, "start %q: %v", pl.argv[0], errno)
 }

@@ -7,19 +7,19 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // WriteStdin writes data to the process's stdin (the terminal in TTY mode).
 // offset is the absolute stdin offset the client believes data starts at:
 // bytes before the count already accepted are skipped (a resent write is
-// not applied twice) and an offset beyond it is a errdefs.ErrConflict.
+// not applied twice) and an offset beyond it is a errkind.ErrConflict.
 // It returns the stdin offset after the accepted bytes, also on error, so a
 // write cut short by ctx can be resumed from there.
 func (m *Manager) WriteStdin(ctx context.Context, id string, offset int64, data []byte) (int64, error) {
 	const op = "write_stdin"
 	if offset < 0 {
-		return 0, procErrf(op, id, errdefs.ErrInvalidArgument, "negative stdin offset")
+		return 0, procErrf(op, id, errkind.ErrInvalidArgument, "negative stdin offset")
 	}
 	p, err := m.lookup(op, id)
 	if err != nil {
@@ -32,7 +32,7 @@ func (m *Manager) WriteStdin(ctx context.Context, id string, offset int64, data 
 		return acc, procErr(op, id, err)
 	}
 	if offset > acc {
-		return acc, procErrf(op, id, errdefs.ErrConflict, "stdin offset %d is past the %d bytes accepted so far", offset, acc)
+		return acc, procErrf(op, id, errkind.ErrConflict, "stdin offset %d is past the %d bytes accepted so far", offset, acc)
 	}
 	skip := acc - offset
 	if skip >= int64(len(data)) {
@@ -61,22 +61,22 @@ func (m *Manager) WriteStdin(ctx context.Context, id string, offset int64, data 
 	case ctx.Err() != nil && errors.Is(err, os.ErrDeadlineExceeded):
 		return acc, procErr(op, id, ctxErr(ctx))
 	case p.exitStatus() != nil:
-		return acc, procErrf(op, id, errdefs.ErrFailedPrecondition, "the process exited during the write; its stdin is closed")
+		return acc, procErrf(op, id, errkind.ErrFailedPrecondition, "the process exited during the write; its stdin is closed")
 	case errors.Is(err, syscall.EPIPE), errors.Is(err, os.ErrClosed), errors.Is(err, syscall.EIO):
-		return acc, procErrf(op, id, errdefs.ErrFailedPrecondition, "the process no longer reads its stdin (closed or exited)")
+		return acc, procErrf(op, id, errkind.ErrFailedPrecondition, "the process no longer reads its stdin (closed or exited)")
 	}
-	return acc, procErrf(op, id, errdefs.ErrInternal, "write stdin: %v", err)
+	return acc, procErrf(op, id, errkind.ErrInternal, "write stdin: %v", err)
 }
 
 // stdinUsableLocked says why stdin cannot be written; p.stdinMu held.
 func (p *proc) stdinUsableLocked() error {
 	switch {
 	case p.stdin == nil:
-		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "the process was started without stdin (stdin is /dev/null)")
+		return errkind.Errorf(errkind.ErrFailedPrecondition, "the process was started without stdin (stdin is /dev/null)")
 	case p.exitStatus() != nil:
-		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "the process has exited; its stdin is closed")
+		return errkind.Errorf(errkind.ErrFailedPrecondition, "the process has exited; its stdin is closed")
 	case p.stdinClosed:
-		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "stdin was closed")
+		return errkind.Errorf(errkind.ErrFailedPrecondition, "stdin was closed")
 	}
 	return nil
 }
@@ -91,19 +91,19 @@ func (m *Manager) CloseStdin(id string) error {
 		return err
 	}
 	if p.tty {
-		return procErrf(op, id, errdefs.ErrFailedPrecondition, "a terminal has no separate stdin to close; write Ctrl-D (\\x04) instead")
+		return procErrf(op, id, errkind.ErrFailedPrecondition, "a terminal has no separate stdin to close; write Ctrl-D (\\x04) instead")
 	}
 	p.stdinMu.Lock()
 	defer p.stdinMu.Unlock()
 	if p.stdin == nil {
-		return procErrf(op, id, errdefs.ErrFailedPrecondition, "the process was started without stdin (stdin is /dev/null)")
+		return procErrf(op, id, errkind.ErrFailedPrecondition, "the process was started without stdin (stdin is /dev/null)")
 	}
 	if p.stdinClosed || p.exitStatus() != nil {
 		return nil
 	}
 	p.stdinClosed = true
 	if err := p.stdin.Close(); err != nil {
-		return procErrf(op, id, errdefs.ErrInternal, "close stdin: %v", err)
+		return procErrf(op, id, errkind.ErrInternal, "close stdin: %v", err)
 	}
 	return nil
 }
@@ -113,23 +113,23 @@ func (m *Manager) CloseStdin(id string) error {
 func (m *Manager) Resize(id string, rows, cols uint16) error {
 	const op = "resize"
 	if rows == 0 || cols == 0 {
-		return procErrf(op, id, errdefs.ErrInvalidArgument, "terminal size %dx%d has a zero dimension", rows, cols)
+		return procErrf(op, id, errkind.ErrInvalidArgument, "terminal size %dx%d has a zero dimension", rows, cols)
 	}
 	p, err := m.lookup(op, id)
 	if err != nil {
 		return err
 	}
 	if !p.tty {
-		return procErrf(op, id, errdefs.ErrFailedPrecondition, "the process has no terminal to resize (it was started without tty)")
+		return procErrf(op, id, errkind.ErrFailedPrecondition, "the process has no terminal to resize (it was started without tty)")
 	}
 	if p.exitStatus() != nil {
-		return procErrf(op, id, errdefs.ErrFailedPrecondition, "the process has exited")
+		return procErrf(op, id, errkind.ErrFailedPrecondition, "the process has exited")
 	}
 	if err := setWinsize(p.master, rows, cols); err != nil {
 		if errors.Is(err, os.ErrClosed) {
-			return procErrf(op, id, errdefs.ErrFailedPrecondition, "the terminal is closed")
+			return procErrf(op, id, errkind.ErrFailedPrecondition, "the terminal is closed")
 		}
-		return procErrf(op, id, errdefs.ErrInternal, "resize terminal: %v", err)
+		return procErrf(op, id, errkind.ErrInternal, "resize terminal: %v", err)
 	}
 	return nil
 }

@@ -3,7 +3,7 @@ package process
 import (
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Stream tells which output a chunk came from.

@@ -7,8 +7,8 @@ import (
 	"testing"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // fakeUsers writes a passwd/group pair under a temp root: "agent" maps to
@@ -74,22 +74,22 @@ func TestRunAsUserCannotEnterDirectory(t *testing.T) {
 	}
 	m := newTestManager(t, Config{Users: fakeUsers(t)})
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{"true"}, User: "agent", Dir: dir})
-	wantErr(t, err, errdefs.ErrPermissionDenied, "agent", dir)
+	wantErr(t, err, errkind.ErrPermissionDenied, "agent", dir)
 }
 
 func TestRunAsErrors(t *testing.T) {
 	m := newTestManager(t, Config{Users: fakeUsers(t)})
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{"true"}, User: "ghost"})
-	wantErr(t, err, errdefs.ErrNotFound, "ghost", "run_as")
+	wantErr(t, err, errkind.ErrNotFound, "ghost", "run_as")
 
 	// A daemon that is not root may only run processes as itself.
 	m.euid = 1000
 	_, err = m.Start(testCtx(t), StartOptions{Argv: []string{"true"}, User: "agent"})
-	wantErr(t, err, errdefs.ErrPermissionDenied, "agent", "not root")
+	wantErr(t, err, errkind.ErrPermissionDenied, "agent", "not root")
 
 	m3 := newTestManager(t, Config{Users: fakeUsers(t), DefaultUser: "ghost"})
 	_, err = m3.Start(testCtx(t), StartOptions{Argv: []string{"true"}})
-	wantErr(t, err, errdefs.ErrNotFound, "ghost")
+	wantErr(t, err, errkind.ErrNotFound, "ghost")
 }
 
 // TestRunAsResolvedByCaller checks StartOptions.RunAs is used instead of a
@@ -105,5 +105,5 @@ func TestRunAsResolvedByCaller(t *testing.T) {
 	}
 	// A resolved account under another name is not taken for the one asked.
 	_, err := m.Start(testCtx(t), StartOptions{Argv: []string{"true"}, User: "nobody-else", RunAs: ghost})
-	wantErr(t, err, errdefs.ErrNotFound, "nobody-else")
+	wantErr(t, err, errkind.ErrNotFound, "nobody-else")
 }

@@ -6,7 +6,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // A failed start says what is at fault by its type, not its text: a
@@ -24,19 +24,19 @@ func TestStartFailuresSayWhatIsAtFault(t *testing.T) {
 		sentinel error
 		workdir  string // the PathError's path; "" for none
 	}{
-		{"missing dir", StartOptions{Argv: []string{"true"}, Dir: "/no/such/dir"}, errdefs.ErrNotFound, "/no/such/dir"},
-		{"file as dir", StartOptions{Argv: []string{"true"}, Dir: file}, errdefs.ErrNotDirectory, file},
-		{"parent is a file", StartOptions{Argv: []string{"true"}, Dir: file + "/sub"}, errdefs.ErrNotDirectory, file + "/sub"},
-		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, errdefs.ErrInvalidArgument, "tmp"},
-		{"missing program", StartOptions{Argv: []string{"/no/such/program"}}, errdefs.ErrNotFound, ""},
-		{"unknown user", StartOptions{Argv: []string{"true"}, User: "no-such-user-xyz"}, errdefs.ErrUserNotFound, ""},
+		{"missing dir", StartOptions{Argv: []string{"true"}, Dir: "/no/such/dir"}, errkind.ErrNotFound, "/no/such/dir"},
+		{"file as dir", StartOptions{Argv: []string{"true"}, Dir: file}, errkind.ErrNotDirectory, file},
+		{"parent is a file", StartOptions{Argv: []string{"true"}, Dir: file + "/sub"}, errkind.ErrNotDirectory, file + "/sub"},
+		{"relative dir", StartOptions{Argv: []string{"true"}, Dir: "tmp"}, errkind.ErrInvalidArgument, "tmp"},
+		{"missing program", StartOptions{Argv: []string{"/no/such/program"}}, errkind.ErrNotFound, ""},
+		{"unknown user", StartOptions{Argv: []string{"true"}, User: "no-such-user-xyz"}, errkind.ErrUserNotFound, ""},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := m.Start(testCtx(t), c.opts)
 			if !errors.Is(err, c.sentinel) {
 				t.Fatalf("error = %v, want %v", err, c.sentinel)
 			}
-			var pe *errdefs.PathError
+			var pe *errkind.PathError
 			isPath := errors.As(err, &pe)
 			switch {
 			case c.workdir == "" && isPath:
@@ -44,7 +44,7 @@ func TestStartFailuresSayWhatIsAtFault(t *testing.T) {
 			case c.workdir != "" && (!isPath || pe.Path != c.workdir || pe.Op != "chdir"):
 				t.Errorf("want a chdir PathError on %q, got %v", c.workdir, err)
 			}
-			if c.sentinel != errdefs.ErrUserNotFound && errors.Is(err, errdefs.ErrUserNotFound) {
+			if c.sentinel != errkind.ErrUserNotFound && errors.Is(err, errkind.ErrUserNotFound) {
 				t.Errorf("%v is an unknown user", err)
 			}
 		})

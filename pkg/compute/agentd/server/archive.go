@@ -4,8 +4,8 @@ import (
 	"context"
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/archive"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/archive"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -67,7 +67,7 @@ func (s *workspaceService) Restore(stream agentdv1.WorkspaceService_RestoreServe
 	}
 	h := first.GetHeader()
 	if h == nil {
-		return errmap.ToStatus(errdefs.Errorf(errdefs.ErrInvalidArgument, "Restore: the first message must be the header"))
+		return errmap.ToStatus(errkind.Errorf(errkind.ErrInvalidArgument, "Restore: the first message must be the header"))
 	}
 	next := func() ([]byte, bool, error) {
 		m, err := stream.Recv()

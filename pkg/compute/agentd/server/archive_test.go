@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -139,7 +139,7 @@ func TestRestoreRejectsMaliciousArchiveChangingNothing(t *testing.T) {
 	}
 	tw.Close()
 	_, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader(evil.Bytes()))
-	if !errors.Is(err, errdefs.ErrPathEscape) && !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if !errors.Is(err, errkind.ErrPathEscape) && !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("want a path error, got %v", err)
 	}
 	sameTree(t, before, treeOf(t, td.workspace))
@@ -162,7 +162,7 @@ func TestRestoreInterruptedChangesNothing(t *testing.T) {
 	before := treeOf(t, td.workspace)
 	// The archive ends halfway (a truncated snapshot): the daemon's
 	// extraction fails, rolls back, and only then answers.
-	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader(snap.Bytes()[:snap.Len()/2])); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader(snap.Bytes()[:snap.Len()/2])); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("truncated archive: want ErrInvalidArgument, got %v", err)
 	}
 	sameTree(t, before, treeOf(t, td.workspace))
@@ -176,7 +176,7 @@ func TestRestoreInterruptedChangesNothing(t *testing.T) {
 	eventuallySameTree(t, before, td.workspace)
 	// Garbage is refused cleanly too (this call may queue behind the
 	// aborted restore above, which the daemon serializes).
-	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader([]byte("not an archive at all"))); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader([]byte("not an archive at all"))); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("garbage: want ErrInvalidArgument, got %v", err)
 	}
 	eventuallySameTree(t, before, td.workspace)

@@ -23,7 +23,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -131,7 +131,7 @@ func TestBufconnExec(t *testing.T) {
 	}
 	// A start failure is a specific error over bufconn too.
 	_, err = c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "../outside"}}, nil)
-	if !errors.Is(err, errdefs.ErrPathEscape) {
+	if !errors.Is(err, errkind.ErrPathEscape) {
 		t.Fatalf("exec with an escaping cwd: %v", err)
 	}
 
@@ -147,7 +147,7 @@ func TestBufconnExec(t *testing.T) {
 
 	// Without the token nothing runs.
 	bad := bufClient(t, lis, "")
-	if _, err := bad.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"touch", filepath.Join(ws, "pwned")}}}, nil); !errors.Is(err, errdefs.ErrUnauthenticated) {
+	if _, err := bad.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"touch", filepath.Join(ws, "pwned")}}}, nil); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("exec without token: %v", err)
 	}
 	assertMissing(t, filepath.Join(ws, "pwned"))
@@ -181,7 +181,7 @@ func TestHandlerPanicIsRecovered(t *testing.T) {
 
 	for i := range 3 { // again and again: the server survives each one
 		_, err := c.Info(ctx)
-		if !errors.Is(err, errdefs.ErrInternal) {
+		if !errors.Is(err, errkind.ErrInternal) {
 			t.Fatalf("round %d: unary panic: want Internal, got %v", i, err)
 		}
 		if !strings.Contains(err.Error(), "internal error in /bulkhead.agentd.v1.SystemService/Info") {
@@ -189,11 +189,11 @@ func TestHandlerPanicIsRecovered(t *testing.T) {
 		}
 		// A server stream (ReadFile) and a client stream (WriteFile).
 		_, _, err = readBytes(ctx, c, &agentdv1.ReadFileRequest{Path: "x"})
-		if !errors.Is(err, errdefs.ErrInternal) {
+		if !errors.Is(err, errkind.ErrInternal) {
 			t.Fatalf("round %d: server-stream panic: want ErrInternal, got %v", i, err)
 		}
 		_, err = c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "x"}, strings.NewReader("data"))
-		if !errors.Is(err, errdefs.ErrInternal) {
+		if !errors.Is(err, errkind.ErrInternal) {
 			t.Fatalf("round %d: client-stream panic: want ErrInternal, got %v", i, err)
 		}
 	}
@@ -202,7 +202,7 @@ func TestHandlerPanicIsRecovered(t *testing.T) {
 	if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health after panics: %v %v", resp, err)
 	}
-	if _, err := bufClient(t, lis, "not-the-token-at-all").Info(ctx); !errors.Is(err, errdefs.ErrUnauthenticated) {
+	if _, err := bufClient(t, lis, "not-the-token-at-all").Info(ctx); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("unauthenticated call to a panicking handler: %v", err)
 	}
 

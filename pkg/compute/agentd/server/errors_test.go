@@ -10,7 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -62,33 +62,33 @@ func TestRealFailuresOnTheWire(t *testing.T) {
 	}{
 		// DESIGN: "the answer to an escape is a clear PermissionDenied".
 		{"relative escape", func() error { _, err := td.client.Stat(ctx, "../outside", ""); return err },
-			codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE, []error{errdefs.ErrPathEscape}, "../outside"},
+			codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE, []error{errkind.ErrPathEscape}, "../outside"},
 		{"missing file", func() error { _, err := td.client.Stat(ctx, "nope.txt", ""); return err },
-			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errdefs.ErrNotFound}, "nope.txt"},
+			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errkind.ErrNotFound}, "nope.txt"},
 		{"unknown run_as user for a file", func() error { _, err := td.client.Stat(ctx, "a.txt", ghost); return err },
-			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND, []error{errdefs.ErrUserNotFound, errdefs.ErrNotFound}, "a.txt"},
+			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND, []error{errkind.ErrUserNotFound, errkind.ErrNotFound}, "a.txt"},
 		{"unknown run_as user for a process", start(&agentdv1.ProcessSpec{Argv: []string{"true"}, User: ghost}),
-			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND, []error{errdefs.ErrUserNotFound}, ""},
+			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND, []error{errkind.ErrUserNotFound}, ""},
 		{"missing working directory", start(&agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "nodir"}),
-			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errdefs.ErrNotFound}, "nodir"},
+			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errkind.ErrNotFound}, "nodir"},
 		{"working directory is a file", start(&agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "a.txt"}),
-			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY, []error{errdefs.ErrNotDirectory}, "a.txt"},
+			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY, []error{errkind.ErrNotDirectory}, "a.txt"},
 		{"missing program", start(&agentdv1.ProcessSpec{Argv: []string{"/bulkhead/no/such/program"}}),
-			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errdefs.ErrNotFound}, ""},
+			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errkind.ErrNotFound}, ""},
 		{"existing directory", func() error {
 			_, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "dir"})
 			return err
-		}, codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS, []error{errdefs.ErrAlreadyExists}, "dir"},
+		}, codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS, []error{errkind.ErrAlreadyExists}, "dir"},
 		{"non-empty directory", func() error { return td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "dir"}) },
-			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY, []error{errdefs.ErrNotEmpty}, "dir"},
+			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY, []error{errkind.ErrNotEmpty}, "dir"},
 		{"malformed patch", patch("*** Begin Patch\n*** Frobnicate File: a.txt\n*** End Patch\n"),
-			codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT, []error{errdefs.ErrInvalidArgument}, "*"},
+			codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT, []error{errkind.ErrInvalidArgument}, "*"},
 		{"patch context not found", patch(patchEnvelope("*** Update File: a.txt", "@@", " zero", "-one", "+ONE")),
-			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED, []error{errdefs.ErrPatchRejected}, "*"},
+			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED, []error{errkind.ErrPatchRejected}, "*"},
 		{"patch updating a directory", patch(patchEnvelope("*** Update File: dir", "@@", "-x", "+y")),
-			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED, []error{errdefs.ErrPatchRejected, errdefs.ErrIsDirectory}, "*"},
+			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED, []error{errkind.ErrPatchRejected, errkind.ErrIsDirectory}, "*"},
 		{"patch escaping", patch(patchEnvelope("*** Add File: ../evil.txt", "+x")),
-			codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE, []error{errdefs.ErrPathEscape}, "*"},
+			codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE, []error{errkind.ErrPathEscape}, "*"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			err := c.call()
@@ -104,7 +104,7 @@ func TestRealFailuresOnTheWire(t *testing.T) {
 					t.Errorf("errors.Is(%v, %v) is false", err, s)
 				}
 			}
-			var pe *errdefs.PathError
+			var pe *errkind.PathError
 			isPath := errors.As(err, &pe)
 			switch {
 			case c.path == "*":
@@ -163,7 +163,7 @@ func TestPatchRejectionReasons(t *testing.T) {
 	// A failure that is not the engine's (an unknown user) has none.
 	_, err := td.client.ApplyPatch(ctx, &agentdv1.ApplyPatchRequest{User: "bulkhead-no-such-user",
 		Input: &agentdv1.ApplyPatchRequest_Patch{Patch: patchEnvelope("*** Add File: b.txt", "+b")}})
-	if !errors.Is(err, errdefs.ErrUserNotFound) || agentclient.PatchRejection(err) != nil {
+	if !errors.Is(err, errkind.ErrUserNotFound) || agentclient.PatchRejection(err) != nil {
 		t.Fatalf("unknown user: %v (rejection %v)", err, agentclient.PatchRejection(err))
 	}
 }

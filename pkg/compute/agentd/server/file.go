@@ -13,7 +13,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -29,11 +29,11 @@ type fileService struct {
 func (s *fileService) ReadFile(req *agentdv1.ReadFileRequest, stream agentdv1.FileService_ReadFileServer) error {
 	ctx := stream.Context()
 	if req.GetOffset() < 0 || req.GetLimit() < 0 {
-		return errmap.ToStatus(&errdefs.PathError{Op: "read", Path: req.GetPath(), Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "negative offset or limit")})
+		return errmap.ToStatus(&errkind.PathError{Op: "read", Path: req.GetPath(), Err: errkind.Errorf(errkind.ErrInvalidArgument, "negative offset or limit")})
 	}
 	user, err := s.d.User(req.GetUser())
 	if err != nil {
-		return errmap.ToStatus(&errdefs.PathError{Op: "read", Path: req.GetPath(), Err: err})
+		return errmap.ToStatus(&errkind.PathError{Op: "read", Path: req.GetPath(), Err: err})
 	}
 	r, err := s.d.Workspace().ReadFile(ctx, user, req.GetPath(), req.GetOffset(), req.GetLimit())
 	if err != nil {
@@ -73,10 +73,10 @@ func (s *fileService) WriteFile(stream agentdv1.FileService_WriteFileServer) err
 	}
 	h := first.GetHeader()
 	if h == nil {
-		return errmap.ToStatus(errdefs.Errorf(errdefs.ErrInvalidArgument, "WriteFile: the first message must be the header"))
+		return errmap.ToStatus(errkind.Errorf(errkind.ErrInvalidArgument, "WriteFile: the first message must be the header"))
 	}
 	fail := func(err error) error {
-		return errmap.ToStatus(&errdefs.PathError{Op: "write", Path: h.GetPath(), Err: err})
+		return errmap.ToStatus(&errkind.PathError{Op: "write", Path: h.GetPath(), Err: err})
 	}
 	user, err := s.d.User(h.GetUser())
 	if err != nil {
@@ -131,7 +131,7 @@ func (c *chunkReader) NextChunk() ([]byte, error) {
 			return nil, err
 		}
 		if header {
-			return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "a second header arrived")
+			return nil, errkind.Errorf(errkind.ErrInvalidArgument, "a second header arrived")
 		}
 		c.buf = data
 	}
@@ -154,7 +154,7 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 			return 0, err // io.EOF at the end of the stream
 		}
 		if header {
-			return 0, errdefs.Errorf(errdefs.ErrInvalidArgument, "a second header arrived")
+			return 0, errkind.Errorf(errkind.ErrInvalidArgument, "a second header arrived")
 		}
 		c.buf = data
 	}
@@ -166,7 +166,7 @@ func (c *chunkReader) Read(p []byte) (int, error) {
 func (s *fileService) Stat(ctx context.Context, req *agentdv1.StatRequest) (*agentdv1.StatResponse, error) {
 	user, err := s.d.User(req.GetUser())
 	if err != nil {
-		return nil, errmap.ToStatus(&errdefs.PathError{Op: "stat", Path: req.GetPath(), Err: err})
+		return nil, errmap.ToStatus(&errkind.PathError{Op: "stat", Path: req.GetPath(), Err: err})
 	}
 	fi, err := s.d.Workspace().Stat(ctx, user, req.GetPath())
 	if err != nil {
@@ -178,7 +178,7 @@ func (s *fileService) Stat(ctx context.Context, req *agentdv1.StatRequest) (*age
 func (s *fileService) ListDir(ctx context.Context, req *agentdv1.ListDirRequest) (*agentdv1.ListDirResponse, error) {
 	user, err := s.d.User(req.GetUser())
 	if err != nil {
-		return nil, errmap.ToStatus(&errdefs.PathError{Op: "list", Path: req.GetPath(), Err: err})
+		return nil, errmap.ToStatus(&errkind.PathError{Op: "list", Path: req.GetPath(), Err: err})
 	}
 	res, err := s.d.Workspace().ListDir(ctx, user, req.GetPath(), workspace.ListOptions{PageToken: req.GetPageToken(), PageSize: int(req.GetPageSize())})
 	if err != nil {
@@ -197,7 +197,7 @@ func (s *fileService) ListDir(ctx context.Context, req *agentdv1.ListDirRequest)
 
 func (s *fileService) MakeDir(ctx context.Context, req *agentdv1.MakeDirRequest) (*agentdv1.MakeDirResponse, error) {
 	fail := func(err error) error {
-		return errmap.ToStatus(&errdefs.PathError{Op: "mkdir", Path: req.GetPath(), Err: err})
+		return errmap.ToStatus(&errkind.PathError{Op: "mkdir", Path: req.GetPath(), Err: err})
 	}
 	user, err := s.d.User(req.GetUser())
 	if err != nil {
@@ -224,7 +224,7 @@ func (s *fileService) MakeDir(ctx context.Context, req *agentdv1.MakeDirRequest)
 func (s *fileService) Remove(ctx context.Context, req *agentdv1.RemoveRequest) (*agentdv1.RemoveResponse, error) {
 	user, err := s.d.User(req.GetUser())
 	if err != nil {
-		return nil, errmap.ToStatus(&errdefs.PathError{Op: "remove", Path: req.GetPath(), Err: err})
+		return nil, errmap.ToStatus(&errkind.PathError{Op: "remove", Path: req.GetPath(), Err: err})
 	}
 	if err := s.d.Workspace().Remove(ctx, user, req.GetPath(), req.GetRecursive()); err != nil {
 		return nil, errmap.ToStatus(err)
@@ -235,7 +235,7 @@ func (s *fileService) Remove(ctx context.Context, req *agentdv1.RemoveRequest) (
 func (s *fileService) Rename(ctx context.Context, req *agentdv1.RenameRequest) (*agentdv1.RenameResponse, error) {
 	user, err := s.d.User(req.GetUser())
 	if err != nil {
-		return nil, errmap.ToStatus(&errdefs.PathError{Op: "rename", Path: req.GetFrom(), Err: err})
+		return nil, errmap.ToStatus(&errkind.PathError{Op: "rename", Path: req.GetFrom(), Err: err})
 	}
 	if err := s.d.Workspace().Rename(ctx, user, req.GetFrom(), req.GetTo(), req.GetOverwrite()); err != nil {
 		return nil, errmap.ToStatus(err)
@@ -246,7 +246,7 @@ func (s *fileService) Rename(ctx context.Context, req *agentdv1.RenameRequest) (
 // fileMode converts wire permission bits (0o7777) into an fs.FileMode.
 func fileMode(m uint32) (fs.FileMode, error) {
 	if m&^0o7777 != 0 {
-		return 0, errdefs.Errorf(errdefs.ErrInvalidArgument, "mode %#o has bits outside 0o7777", m)
+		return 0, errkind.Errorf(errkind.ErrInvalidArgument, "mode %#o has bits outside 0o7777", m)
 	}
 	mode := fs.FileMode(m & 0o777)
 	if m&0o4000 != 0 {

@@ -22,7 +22,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -170,14 +170,14 @@ func assertSameTree(t *testing.T, what string, before, after map[string]treeEntr
 	t.FailNow()
 }
 
-// assertPathErr checks err matches sentinel, is a *errdefs.PathError for
+// assertPathErr checks err matches sentinel, is a *errkind.PathError for
 // exactly the caller's path, and mentions none of the host paths.
 func assertPathErr(t *testing.T, err error, sentinel error, path string, hostPaths ...string) {
 	t.Helper()
 	if !errors.Is(err, sentinel) {
 		t.Fatalf("%q: want %v, got %v", path, sentinel, err)
 	}
-	var pe *errdefs.PathError
+	var pe *errkind.PathError
 	switch {
 	case errors.As(err, &pe):
 		if pe.Path != path {
@@ -185,7 +185,7 @@ func assertPathErr(t *testing.T, err error, sentinel error, path string, hostPat
 		}
 	case path != "":
 		// (An empty path cannot travel in ErrorDetail.path.)
-		t.Fatalf("%q: error is not a *errdefs.PathError: %#v", path, err)
+		t.Fatalf("%q: error is not a *errkind.PathError: %#v", path, err)
 	}
 	for _, h := range hostPaths {
 		if h != "" && strings.Contains(err.Error(), h) {
@@ -305,9 +305,9 @@ func TestWriteReadRoundTripLarge(t *testing.T) {
 		}
 	}
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin", Offset: -1})
-	assertPathErr(t, err, errdefs.ErrInvalidArgument, "deep/dir/blob.bin")
+	assertPathErr(t, err, errkind.ErrInvalidArgument, "deep/dir/blob.bin")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin", Limit: -5})
-	assertPathErr(t, err, errdefs.ErrInvalidArgument, "deep/dir/blob.bin")
+	assertPathErr(t, err, errkind.ErrInvalidArgument, "deep/dir/blob.bin")
 
 	// An empty file still answers with its info.
 	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "empty"}, nil); err != nil {
@@ -351,7 +351,7 @@ func TestWriteFileHashOnlyWhenAsked(t *testing.T) {
 	}
 	short := int64(len(data) - 1)
 	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "d.bin", ExpectedSize: &short}, data)
-	assertPathErr(t, err, errdefs.ErrConflict, "d.bin")
+	assertPathErr(t, err, errkind.ErrConflict, "d.bin")
 	if _, err := os.Lstat(filepath.Join(td.workspace, "d.bin")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("a refused write left d.bin behind: %v", err)
 	}
@@ -384,8 +384,8 @@ func TestWriteFileMismatchKeepsOldFile(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			c.h.Path = "keep.txt"
 			_, err := writeBytes(ctx, td.client, c.h, c.data)
-			assertPathErr(t, err, errdefs.ErrConflict, "keep.txt", td.workspace)
-			if errdefs.Retryable(err) {
+			assertPathErr(t, err, errkind.ErrConflict, "keep.txt", td.workspace)
+			if errkind.Retryable(err) {
 				t.Fatal("a self-contradicting write must not be retryable")
 			}
 			if got := diskContent(t, target); got != "the old content\n" {
@@ -399,12 +399,12 @@ func TestWriteFileMismatchKeepsOldFile(t *testing.T) {
 	}
 	// Also for a new file: nothing is created.
 	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "new.bin", ExpectedSha256: wrongSum[:]}, big)
-	assertPathErr(t, err, errdefs.ErrConflict, "new.bin")
+	assertPathErr(t, err, errkind.ErrConflict, "new.bin")
 	assertMissing(t, filepath.Join(td.workspace, "new.bin"))
 	assertNoTemp(t, td.workspace)
 	// A malformed checksum is a bad request, not a conflict.
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "keep.txt", ExpectedSha256: []byte{1, 2, 3}}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrInvalidArgument, "keep.txt")
+	assertPathErr(t, err, errkind.ErrInvalidArgument, "keep.txt")
 	// The right announcement succeeds.
 	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "keep.txt", ExpectedSize: i64(int64(len(big))), ExpectedSha256: bigSum[:]}, big); err != nil {
 		t.Fatal(err)
@@ -427,7 +427,7 @@ func TestWriteFilePolicies(t *testing.T) {
 	}
 
 	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_NEVER}, []byte("clobbered"))
-	assertPathErr(t, err, errdefs.ErrAlreadyExists, "exists.txt", ws)
+	assertPathErr(t, err, errkind.ErrAlreadyExists, "exists.txt", ws)
 	if diskContent(t, filepath.Join(ws, "exists.txt")) != "original" {
 		t.Fatal("NEVER replaced an existing file")
 	}
@@ -436,7 +436,7 @@ func TestWriteFilePolicies(t *testing.T) {
 	}
 
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "missing.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_ONLY_IF_EXISTS}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrNotFound, "missing.txt", ws)
+	assertPathErr(t, err, errkind.ErrNotFound, "missing.txt", ws)
 	assertMissing(t, filepath.Join(ws, "missing.txt"))
 	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_ONLY_IF_EXISTS}, []byte("replaced")); err != nil {
 		t.Fatalf("ONLY_IF_EXISTS on an existing file: %v", err)
@@ -446,19 +446,19 @@ func TestWriteFilePolicies(t *testing.T) {
 	}
 
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "no/such/parent.txt"}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrNotFound, "no/such/parent.txt", ws)
+	assertPathErr(t, err, errkind.ErrNotFound, "no/such/parent.txt", ws)
 	assertMissing(t, filepath.Join(ws, "no"))
 	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "no/such/parent.txt", CreateParents: true}, []byte("x")); err != nil {
 		t.Fatalf("create_parents: %v", err)
 	}
 
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "adir"}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrIsDirectory, "adir", ws)
+	assertPathErr(t, err, errkind.ErrIsDirectory, "adir", ws)
 	if fi, err := os.Stat(filepath.Join(ws, "adir")); err != nil || !fi.IsDir() {
 		t.Fatal("the directory was replaced")
 	}
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt/child"}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrNotDirectory, "exists.txt/child", ws)
+	assertPathErr(t, err, errkind.ErrNotDirectory, "exists.txt/child", ws)
 
 	// The header must come first.
 	ws2, err := agentdv1.NewFileServiceClient(td.client.Conn()).WriteFile(ctx)
@@ -466,7 +466,7 @@ func TestWriteFilePolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 	_ = ws2.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: []byte("headless")}})
-	if _, err := ws2.CloseAndRecv(); !errors.Is(errmap.FromStatus(err), errdefs.ErrInvalidArgument) {
+	if _, err := ws2.CloseAndRecv(); !errors.Is(errmap.FromStatus(err), errkind.ErrInvalidArgument) {
 		t.Fatalf("data before header: want InvalidArgument, got %v", err)
 	}
 	// A second header in the middle aborts the write and changes nothing.
@@ -477,7 +477,7 @@ func TestWriteFilePolicies(t *testing.T) {
 	_ = ws3.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Header{Header: &agentdv1.WriteFileHeader{Path: "exists.txt"}}})
 	_ = ws3.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: []byte("part")}})
 	_ = ws3.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Header{Header: &agentdv1.WriteFileHeader{Path: "other"}}})
-	if _, err := ws3.CloseAndRecv(); !errors.Is(errmap.FromStatus(err), errdefs.ErrInvalidArgument) {
+	if _, err := ws3.CloseAndRecv(); !errors.Is(errmap.FromStatus(err), errkind.ErrInvalidArgument) {
 		t.Fatalf("second header: want InvalidArgument, got %v", err)
 	}
 	if diskContent(t, filepath.Join(ws, "exists.txt")) != "replaced" {
@@ -518,12 +518,12 @@ func TestWriteFileModes(t *testing.T) {
 	// Set-id, sticky and out-of-range bits are refused, and nothing is created.
 	for _, mode := range []uint32{0o4755, 0o2755, 0o1755, 0o10644} {
 		_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "setid", Mode: mode}, []byte("x"))
-		assertPathErr(t, err, errdefs.ErrInvalidArgument, "setid", ws)
+		assertPathErr(t, err, errkind.ErrInvalidArgument, "setid", ws)
 		assertMissing(t, filepath.Join(ws, "setid"))
 	}
 	// Nor may an existing file be turned set-id.
 	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "script", Mode: 0o4755}, []byte("evil"))
-	assertPathErr(t, err, errdefs.ErrInvalidArgument, "script", ws)
+	assertPathErr(t, err, errkind.ErrInvalidArgument, "script", ws)
 	if fi, _ := os.Stat(filepath.Join(ws, "script")); fi.Mode() != 0o755 {
 		t.Fatalf("mode became %v", fi.Mode())
 	}
@@ -572,11 +572,11 @@ func TestStat(t *testing.T) {
 		t.Fatalf("root: %v %v", fi, err)
 	}
 	_, err = td.client.Stat(ctx, "dir/nope", "")
-	assertPathErr(t, err, errdefs.ErrNotFound, "dir/nope", ws)
+	assertPathErr(t, err, errkind.ErrNotFound, "dir/nope", ws)
 	_, err = td.client.Stat(ctx, "dir/file.txt/below", "")
-	assertPathErr(t, err, errdefs.ErrNotDirectory, "dir/file.txt/below", ws)
+	assertPathErr(t, err, errkind.ErrNotDirectory, "dir/file.txt/below", ws)
 	_, err = td.client.Stat(ctx, "", "")
-	assertPathErr(t, err, errdefs.ErrInvalidArgument, "", ws)
+	assertPathErr(t, err, errkind.ErrInvalidArgument, "", ws)
 }
 
 func listAll(t *testing.T, ctx context.Context, c *agentclient.Client, dir string, pageSize int32) (names []string, pages int) {
@@ -657,13 +657,13 @@ func TestListDirPaging(t *testing.T) {
 	}
 
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list", PageToken: "!!not a token!!"})
-	assertPathErr(t, err, errdefs.ErrInvalidArgument, "list", ws)
+	assertPathErr(t, err, errkind.ErrInvalidArgument, "list", ws)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list", PageSize: -1})
-	assertPathErr(t, err, errdefs.ErrInvalidArgument, "list", ws)
+	assertPathErr(t, err, errkind.ErrInvalidArgument, "list", ws)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list/a.txt"})
-	assertPathErr(t, err, errdefs.ErrNotDirectory, "list/a.txt", ws)
+	assertPathErr(t, err, errkind.ErrNotDirectory, "list/a.txt", ws)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "nothere"})
-	assertPathErr(t, err, errdefs.ErrNotFound, "nothere", ws)
+	assertPathErr(t, err, errkind.ErrNotFound, "nothere", ws)
 }
 
 func TestListDirNonUTF8Name(t *testing.T) {
@@ -721,9 +721,9 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		t.Fatalf("parents: an existing directory is not an error: %v", err)
 	}
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "a/b/c"})
-	assertPathErr(t, err, errdefs.ErrAlreadyExists, "a/b/c", ws)
+	assertPathErr(t, err, errkind.ErrAlreadyExists, "a/b/c", ws)
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "x/y"})
-	assertPathErr(t, err, errdefs.ErrNotFound, "x/y", ws)
+	assertPathErr(t, err, errkind.ErrNotFound, "x/y", ws)
 	assertMissing(t, filepath.Join(ws, "x"))
 	if info, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "plain"}); err != nil || info.GetMode() != 0o755 {
 		t.Fatalf("default directory mode: %v %v", info, err)
@@ -731,7 +731,7 @@ func TestMakeDirRemoveRename(t *testing.T) {
 	mustWrite(t, filepath.Join(ws, "a/b/c/f.txt"), "f", 0o644)
 
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "a"})
-	assertPathErr(t, err, errdefs.ErrNotEmpty, "a", ws)
+	assertPathErr(t, err, errkind.ErrNotEmpty, "a", ws)
 	if diskContent(t, filepath.Join(ws, "a/b/c/f.txt")) != "f" {
 		t.Fatal("a refused removal removed something")
 	}
@@ -744,7 +744,7 @@ func TestMakeDirRemoveRename(t *testing.T) {
 	}
 	assertMissing(t, filepath.Join(ws, "plain"))
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone"})
-	assertPathErr(t, err, errdefs.ErrNotFound, "gone", ws)
+	assertPathErr(t, err, errkind.ErrNotFound, "gone", ws)
 
 	// The workspace root is never removed, however it is named.
 	mustWrite(t, filepath.Join(ws, "survivor"), "s", 0o644)
@@ -753,7 +753,7 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		if err == nil {
 			t.Fatalf("Remove(%q) of the workspace root succeeded", p)
 		}
-		if !errors.Is(err, errdefs.ErrPermissionDenied) && !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if !errors.Is(err, errkind.ErrPermissionDenied) && !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Fatalf("Remove(%q): want PermissionDenied or InvalidArgument, got %v", p, err)
 		}
 		if diskContent(t, filepath.Join(ws, "survivor")) != "s" {
@@ -761,9 +761,9 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		}
 	}
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "."})
-	assertPathErr(t, err, errdefs.ErrPermissionDenied, ".")
+	assertPathErr(t, err, errkind.ErrPermissionDenied, ".")
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: ""})
-	assertPathErr(t, err, errdefs.ErrInvalidArgument, "")
+	assertPathErr(t, err, errkind.ErrInvalidArgument, "")
 
 	// Rename.
 	mustWrite(t, filepath.Join(ws, "r1"), "one", 0o600)
@@ -776,7 +776,7 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		t.Fatal("rename did not move the file as is")
 	}
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r2", To: "existing"})
-	assertPathErr(t, err, errdefs.ErrAlreadyExists, "existing", ws) // the path in the way, as given
+	assertPathErr(t, err, errkind.ErrAlreadyExists, "existing", ws) // the path in the way, as given
 	if diskContent(t, filepath.Join(ws, "r2")) != "one" || diskContent(t, filepath.Join(ws, "existing")) != "old" {
 		t.Fatal("a refused rename changed files")
 	}
@@ -788,9 +788,9 @@ func TestMakeDirRemoveRename(t *testing.T) {
 		t.Fatal("overwrite rename did not replace")
 	}
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "nope", To: "other"})
-	assertPathErr(t, err, errdefs.ErrNotFound, "nope", ws)
+	assertPathErr(t, err, errkind.ErrNotFound, "nope", ws)
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: ".", To: "moved-root"})
-	assertPathErr(t, err, errdefs.ErrPermissionDenied, ".", ws)
+	assertPathErr(t, err, errkind.ErrPermissionDenied, ".", ws)
 	if _, err := os.Stat(ws); err != nil {
 		t.Fatal("the workspace root is gone")
 	}
@@ -806,25 +806,25 @@ func TestErrorsCarryCallerPathOnly(t *testing.T) {
 		assertPathErr(t, err, sentinel, path, host)
 	}
 	_, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "missing/file.txt"})
-	check(err, errdefs.ErrNotFound, "missing/file.txt")
+	check(err, errkind.ErrNotFound, "missing/file.txt")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "./f.txt/x"})
-	check(err, errdefs.ErrNotDirectory, "./f.txt/x")
+	check(err, errkind.ErrNotDirectory, "./f.txt/x")
 	_, err = td.client.Stat(ctx, "sub/../nope", "")
-	check(err, errdefs.ErrNotFound, "sub/../nope")
+	check(err, errkind.ErrNotFound, "sub/../nope")
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "nodir/x"}, []byte("x"))
-	check(err, errdefs.ErrNotFound, "nodir/x")
+	check(err, errkind.ErrNotFound, "nodir/x")
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "nothere"})
-	check(err, errdefs.ErrNotFound, "nothere")
+	check(err, errkind.ErrNotFound, "nothere")
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone/x"})
-	check(err, errdefs.ErrNotFound, "gone/x")
+	check(err, errkind.ErrNotFound, "gone/x")
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "f.txt"})
-	check(err, errdefs.ErrAlreadyExists, "f.txt")
+	check(err, errkind.ErrAlreadyExists, "f.txt")
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "ghost", To: "g2"})
-	check(err, errdefs.ErrNotFound, "ghost")
+	check(err, errkind.ErrNotFound, "ghost")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "sub/.."})
-	check(err, errdefs.ErrIsDirectory, "sub/..")
+	check(err, errkind.ErrIsDirectory, "sub/..")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "../escape"})
-	check(err, errdefs.ErrPathEscape, "../escape")
+	check(err, errkind.ErrPathEscape, "../escape")
 	// The error text the model would see names the path.
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "missing/file.txt"})
 	if !strings.Contains(err.Error(), "missing/file.txt") {
@@ -858,46 +858,46 @@ func TestEscapesAreRefused(t *testing.T) {
 	for _, p := range reads {
 		got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: p})
 		if strings.HasPrefix(p, outside) {
-			assertPathErr(t, err, errdefs.ErrPathEscape, p) // the caller named the host path itself
+			assertPathErr(t, err, errkind.ErrPathEscape, p) // the caller named the host path itself
 		} else {
-			assertPathErr(t, err, errdefs.ErrPathEscape, p, hosts...)
+			assertPathErr(t, err, errkind.ErrPathEscape, p, hosts...)
 		}
 		if len(got) > 0 {
 			t.Fatalf("%q: %d bytes were read through an escape", p, len(got))
 		}
 	}
 	_, err := td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "etc"})
-	assertPathErr(t, err, errdefs.ErrPathEscape, "etc", hosts...)
+	assertPathErr(t, err, errkind.ErrPathEscape, "etc", hosts...)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "out"})
-	assertPathErr(t, err, errdefs.ErrPathEscape, "out", hosts...)
+	assertPathErr(t, err, errkind.ErrPathEscape, "out", hosts...)
 	_, err = td.client.Stat(ctx, "out/secret.txt", "")
-	assertPathErr(t, err, errdefs.ErrPathEscape, "out/secret.txt", hosts...)
+	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
 
 	writes := []string{"../x", "/etc/bulkhead-pwned", "etc/bulkhead-pwned", "out/pwned", "out/secret.txt", "rel", outside + "/abs-pwned", "a/../../x"}
 	for _, p := range writes {
 		for _, parents := range []bool{false, true} {
 			_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p, CreateParents: parents}, []byte("pwned"))
 			if strings.HasPrefix(p, outside) {
-				assertPathErr(t, err, errdefs.ErrPathEscape, p)
+				assertPathErr(t, err, errkind.ErrPathEscape, p)
 			} else {
-				assertPathErr(t, err, errdefs.ErrPathEscape, p, hosts...)
+				assertPathErr(t, err, errkind.ErrPathEscape, p, hosts...)
 			}
 		}
 	}
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "out/newdir", Parents: true})
-	assertPathErr(t, err, errdefs.ErrPathEscape, "out/newdir", hosts...)
+	assertPathErr(t, err, errkind.ErrPathEscape, "out/newdir", hosts...)
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "out/secret.txt"})
-	assertPathErr(t, err, errdefs.ErrPathEscape, "out/secret.txt", hosts...)
+	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "../sibling.txt"})
-	assertPathErr(t, err, errdefs.ErrPathEscape, "../sibling.txt", hosts...)
+	assertPathErr(t, err, errkind.ErrPathEscape, "../sibling.txt", hosts...)
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "../moved.txt"})
-	assertPathErr(t, err, errdefs.ErrPathEscape, "../moved.txt", hosts...)
+	assertPathErr(t, err, errkind.ErrPathEscape, "../moved.txt", hosts...)
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "out/moved.txt", Overwrite: true})
-	if !errors.Is(err, errdefs.ErrPathEscape) {
+	if !errors.Is(err, errkind.ErrPathEscape) {
 		t.Fatalf("rename into a link to outside: %v", err)
 	}
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "out/secret.txt", To: "stolen.txt"})
-	assertPathErr(t, err, errdefs.ErrPathEscape, "out/secret.txt", hosts...)
+	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
 
 	assertSameTree(t, "outside", outsideBefore, snapshotTree(t, outside))
 	assertSameTree(t, "workspace", wsBefore, snapshotTree(t, ws))
@@ -951,20 +951,20 @@ func TestReadOnlyGrant(t *testing.T) {
 
 	p := grant + "/new.txt"
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrReadOnly, p)
+	assertPathErr(t, err, errkind.ErrReadOnly, p)
 	p = grant + "/data.txt"
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrReadOnly, p)
+	assertPathErr(t, err, errkind.ErrReadOnly, p)
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: grant + "/deep/new.txt", CreateParents: true}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrReadOnly, grant+"/deep/new.txt")
+	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/deep/new.txt")
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: p})
-	assertPathErr(t, err, errdefs.ErrReadOnly, p)
+	assertPathErr(t, err, errkind.ErrReadOnly, p)
 	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: grant + "/sub", Recursive: true})
-	assertPathErr(t, err, errdefs.ErrReadOnly, grant+"/sub")
+	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/sub")
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: grant + "/newdir"})
-	assertPathErr(t, err, errdefs.ErrReadOnly, grant+"/newdir")
+	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/newdir")
 	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: p, To: grant + "/renamed.txt"})
-	if !errors.Is(err, errdefs.ErrReadOnly) {
+	if !errors.Is(err, errkind.ErrReadOnly) {
 		t.Fatalf("rename in a read-only grant: %v", err)
 	}
 	// A symlink in the workspace does not turn a read-only grant writable.
@@ -972,7 +972,7 @@ func TestReadOnlyGrant(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ro/data.txt"}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrReadOnly, "ro/data.txt")
+	assertPathErr(t, err, errkind.ErrReadOnly, "ro/data.txt")
 	assertSameTree(t, "read-only grant", before, snapshotTree(t, grant))
 
 	// A writable grant takes writes.
@@ -1031,7 +1031,7 @@ func TestRunAsUser(t *testing.T) {
 		t.Fatalf("analyst reading a 0444 file: %q %v", got, err)
 	}
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ro.txt", User: "analyst"}, []byte("analyst was here"))
-	assertPathErr(t, err, errdefs.ErrPermissionDenied, "ro.txt", ws)
+	assertPathErr(t, err, errkind.ErrPermissionDenied, "ro.txt", ws)
 	if diskContent(t, ro) != "root's" {
 		t.Fatal("analyst replaced a read-only root file")
 	}
@@ -1048,7 +1048,7 @@ func TestRunAsUser(t *testing.T) {
 	// A private root file is closed to analyst.
 	mustWrite(t, filepath.Join(ws, "private.txt"), "private", 0o600)
 	got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "private.txt", User: "analyst"})
-	assertPathErr(t, err, errdefs.ErrPermissionDenied, "private.txt", ws)
+	assertPathErr(t, err, errkind.ErrPermissionDenied, "private.txt", ws)
 	if len(got) != 0 {
 		t.Fatal("bytes of a private file reached analyst")
 	}
@@ -1059,7 +1059,7 @@ func TestRunAsUser(t *testing.T) {
 
 	// An unknown user is NotFound, names run_as, and nothing happens.
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ghost.txt", User: "mallory"}, []byte("x"))
-	assertPathErr(t, err, errdefs.ErrNotFound, "ghost.txt", ws)
+	assertPathErr(t, err, errkind.ErrNotFound, "ghost.txt", ws)
 	if !strings.Contains(err.Error(), "run_as") {
 		t.Fatalf("unknown user error does not name run_as: %v", err)
 	}
@@ -1084,7 +1084,7 @@ func TestRunAsUser(t *testing.T) {
 		},
 	} {
 		err := call()
-		if !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "run_as") {
+		if !errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "run_as") {
 			t.Fatalf("%s as an unknown user: %v", name, err)
 		}
 	}

@@ -5,7 +5,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/materialize"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -16,7 +16,7 @@ func (s *workspaceService) Materialize(stream agentdv1.WorkspaceService_Material
 	}
 	p := first.GetPlan()
 	if p == nil {
-		return errmap.ToStatus(errdefs.Errorf(errdefs.ErrInvalidArgument, "Materialize: the first message must be the plan"))
+		return errmap.ToStatus(errkind.Errorf(errkind.ErrInvalidArgument, "Materialize: the first message must be the plan"))
 	}
 	req, err := materializeRequest(p)
 	if err != nil {
@@ -66,7 +66,7 @@ func materializeRequest(p *agentdv1.MaterializePlan) (agentd.MaterializeRequest,
 	for i, e := range p.GetEntries() {
 		mode, err := fileMode(e.GetMode())
 		if err != nil {
-			return req, &errdefs.PathError{Op: "materialize", Path: e.GetPath(), Err: err}
+			return req, &errkind.PathError{Op: "materialize", Path: e.GetPath(), Err: err}
 		}
 		me := materialize.Entry{Path: e.GetPath(), Mode: mode, User: e.GetUser(), Group: e.GetGroup(), Size: e.GetSize(), LinkTarget: e.GetLinkTarget()}
 		switch e.GetKind() {
@@ -77,7 +77,7 @@ func materializeRequest(p *agentdv1.MaterializePlan) (agentd.MaterializeRequest,
 		case agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_SYMLINK:
 			me.Kind = materialize.KindSymlink
 		default:
-			return req, errdefs.Errorf(errdefs.ErrInvalidArgument, "entry %q: kind is not set", e.GetPath())
+			return req, errkind.Errorf(errkind.ErrInvalidArgument, "entry %q: kind is not set", e.GetPath())
 		}
 		req.Plan.Entries[i] = me
 	}

@@ -11,7 +11,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -174,10 +174,10 @@ func TestApplyPatchRejectedChangesNothing(t *testing.T) {
 		"+echo renamed",
 	)
 	_, err := td.client.ApplyPatch(ctx, textPatch(patch))
-	if !errors.Is(err, errdefs.ErrPatchRejected) {
+	if !errors.Is(err, errkind.ErrPatchRejected) {
 		t.Fatalf("want ErrPatchRejected, got %v", err)
 	}
-	if errdefs.Retryable(err) {
+	if errkind.Retryable(err) {
 		t.Fatal("a rejected patch is not retryable as is")
 	}
 	rej := agentclient.PatchRejection(err)
@@ -198,7 +198,7 @@ func TestApplyPatchRejectedChangesNothing(t *testing.T) {
 		&agentdv1.PatchOperation{Type: opUpdate, Path: "a.txt", Diff: "@@\n-beta\n+BETA\n"},
 		&agentdv1.PatchOperation{Type: opUpdate, Path: "b.txt", Diff: "@@\n first\n-this line is not there\n+x\n"},
 	))
-	if rej := agentclient.PatchRejection(err); !errors.Is(err, errdefs.ErrPatchRejected) || rej.GetPath() != "b.txt" {
+	if rej := agentclient.PatchRejection(err); !errors.Is(err, errkind.ErrPatchRejected) || rej.GetPath() != "b.txt" {
 		t.Fatalf("operations form: %v (rejection %v)", err, rej)
 	}
 
@@ -210,7 +210,7 @@ func TestApplyPatchRejectedChangesNothing(t *testing.T) {
 		patchEnvelope("*** Add File: ok.txt", "+x", "*** Add File: a.txt/child", "+x"),
 	} {
 		_, err := td.client.ApplyPatch(ctx, textPatch(p))
-		if !errors.Is(err, errdefs.ErrPatchRejected) {
+		if !errors.Is(err, errkind.ErrPatchRejected) {
 			t.Fatalf("patch\n%s\nwant ErrPatchRejected, got %v", p, err)
 		}
 		assertSameTree(t, "workspace after a rejected patch", before, snapshotTree(t, td.workspace))
@@ -237,13 +237,13 @@ func TestApplyPatchMalformed(t *testing.T) {
 		opsRequest(&agentdv1.PatchOperation{Type: opCreate, Path: "x", Diff: "+x\nno plus\n"}),
 	} {
 		_, err := td.client.ApplyPatch(ctx, req)
-		if !errors.Is(err, errdefs.ErrInvalidArgument) {
+		if !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Fatalf("malformed patch %v: want ErrInvalidArgument, got %v", req, err)
 		}
 	}
 	// Past the configured limit.
 	_, err := td.client.ApplyPatch(ctx, textPatch(patchEnvelope("*** Add File: big.txt", "+"+strings.Repeat("x", 5000))))
-	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if !errors.Is(err, errkind.ErrResourceExhausted) {
 		t.Fatalf("oversized patch: want ErrResourceExhausted, got %v", err)
 	}
 	assertSameTree(t, "workspace after malformed patches", before, snapshotTree(t, td.workspace))
@@ -283,7 +283,7 @@ func TestApplyPatchEscapeChangesNothing(t *testing.T) {
 		req := textPatch(c.patch)
 		req.Cwd = c.cwd
 		_, err := td.client.ApplyPatch(ctx, req)
-		if !errors.Is(err, errdefs.ErrPathEscape) {
+		if !errors.Is(err, errkind.ErrPathEscape) {
 			t.Fatalf("cwd %q patch\n%s\nwant ErrPathEscape, got %v", c.cwd, c.patch, err)
 		}
 		for _, h := range []string{outside, filepath.Dir(ws)} {
@@ -322,7 +322,7 @@ func TestApplyPatchDryRun(t *testing.T) {
 	// A dry run that would not apply is rejected the same way.
 	bad := textPatch(patchEnvelope("*** Update File: a.txt", "@@", "-nope", "+x"))
 	bad.DryRun = true
-	if _, err := td.client.ApplyPatch(ctx, bad); !errors.Is(err, errdefs.ErrPatchRejected) || agentclient.PatchRejection(err).GetPath() != "a.txt" {
+	if _, err := td.client.ApplyPatch(ctx, bad); !errors.Is(err, errkind.ErrPatchRejected) || agentclient.PatchRejection(err).GetPath() != "a.txt" {
 		t.Fatalf("dry run of a bad patch: %v", err)
 	}
 	// And the real run then applies.
@@ -371,7 +371,7 @@ func TestApplyPatchCwd(t *testing.T) {
 	}
 	// Without cwd the same patch targets the root, where it does not match.
 	_, err := td.client.ApplyPatch(ctx, textPatch(patch))
-	if rej := agentclient.PatchRejection(err); !errors.Is(err, errdefs.ErrPatchRejected) || rej.GetPath() != "a.txt" {
+	if rej := agentclient.PatchRejection(err); !errors.Is(err, errkind.ErrPatchRejected) || rej.GetPath() != "a.txt" {
 		t.Fatalf("no cwd: %v", err)
 	}
 }
@@ -580,7 +580,7 @@ func TestApplyPatchRunAs(t *testing.T) {
 		req := textPatch(p)
 		req.User = "analyst"
 		_, err := td.client.ApplyPatch(ctx, req)
-		if !errors.Is(err, errdefs.ErrPermissionDenied) {
+		if !errors.Is(err, errkind.ErrPermissionDenied) {
 			t.Fatalf("patch as analyst\n%s\nwant ErrPermissionDenied, got %v", p, err)
 		}
 		assertSameTree(t, "workspace after a denied patch", before, snapshotTree(t, ws))
@@ -609,7 +609,7 @@ func TestApplyPatchRunAs(t *testing.T) {
 	// An unknown user.
 	req = textPatch(patchEnvelope("*** Add File: ghost.txt", "+x"))
 	req.User = "mallory"
-	if _, err := td.client.ApplyPatch(ctx, req); !errors.Is(err, errdefs.ErrNotFound) || !strings.Contains(err.Error(), "run_as") {
+	if _, err := td.client.ApplyPatch(ctx, req); !errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "run_as") {
 		t.Fatalf("unknown user: %v", err)
 	}
 	assertMissing(t, filepath.Join(ws, "ghost.txt"))

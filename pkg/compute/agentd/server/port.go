@@ -6,7 +6,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -25,7 +25,7 @@ func (s *portService) Forward(stream agentdv1.PortService_ForwardServer) error {
 	}
 	start := first.GetStart()
 	if start == nil {
-		return errmap.ToStatus(errdefs.Errorf(errdefs.ErrInvalidArgument, "Forward: the first message must be the start"))
+		return errmap.ToStatus(errkind.Errorf(errkind.ErrInvalidArgument, "Forward: the first message must be the start"))
 	}
 	err = s.d.ForwardPort(stream.Context(), int(start.GetPort()), agentd.PortTunnel{
 		Opened: func(address string) error {
@@ -38,7 +38,7 @@ func (s *portService) Forward(stream agentdv1.PortService_ForwardServer) error {
 					return nil, err // io.EOF: the harness closed its side
 				}
 				if msg.GetStart() != nil {
-					return nil, errmap.ToStatus(errdefs.Errorf(errdefs.ErrInvalidArgument, "Forward: a second start"))
+					return nil, errmap.ToStatus(errkind.Errorf(errkind.ErrInvalidArgument, "Forward: a second start"))
 				}
 				if len(msg.GetData()) > 0 {
 					return msg.GetData(), nil

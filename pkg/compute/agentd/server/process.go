@@ -9,7 +9,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/process"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -66,7 +66,7 @@ func (s *processService) CloseStdin(_ context.Context, req *agentdv1.CloseStdinR
 func (s *processService) Resize(_ context.Context, req *agentdv1.ResizeRequest) (*agentdv1.ResizeResponse, error) {
 	rows, cols := req.GetSize().GetRows(), req.GetSize().GetCols()
 	if rows == 0 || cols == 0 || rows > 0xffff || cols > 0xffff {
-		return nil, errmap.ToStatus(&errdefs.ProcessError{Op: "resize", ProcessID: req.GetProcessId(), Err: errdefs.Errorf(errdefs.ErrInvalidArgument, "terminal size %dx%d out of range", rows, cols)})
+		return nil, errmap.ToStatus(&errkind.ProcessError{Op: "resize", ProcessID: req.GetProcessId(), Err: errkind.Errorf(errkind.ErrInvalidArgument, "terminal size %dx%d out of range", rows, cols)})
 	}
 	if err := s.d.Processes().Resize(req.GetProcessId(), uint16(rows), uint16(cols)); err != nil {
 		return nil, errmap.ToStatus(err)

@@ -15,7 +15,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/faultnet"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -85,7 +85,7 @@ func TestCwdIsConfined(t *testing.T) {
 	}
 	for _, cwd := range []string{"../..", "/etc", "sub/../../.."} {
 		_, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: cwd}}, nil)
-		if !errors.Is(err, errdefs.ErrPathEscape) {
+		if !errors.Is(err, errkind.ErrPathEscape) {
 			t.Errorf("cwd %q: want ErrPathEscape, got %v", cwd, err)
 		}
 	}
@@ -93,7 +93,7 @@ func TestCwdIsConfined(t *testing.T) {
 	if err := os.Symlink("/etc", filepath.Join(td.workspace, "out")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: "out"}}, nil); !errors.Is(err, errdefs.ErrPathEscape) {
+	if _, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: "out"}}, nil); !errors.Is(err, errkind.ErrPathEscape) {
 		t.Errorf("cwd through symlink: want ErrPathEscape, got %v", err)
 	}
 }
@@ -109,13 +109,13 @@ func TestStartFailuresAreSpecific(t *testing.T) {
 		spec *agentdv1.ProcessSpec
 		want error
 	}{
-		{"missing binary", &agentdv1.ProcessSpec{Argv: []string{"no-such-binary-xyz"}}, errdefs.ErrNotFound},
-		{"missing absolute binary", &agentdv1.ProcessSpec{Argv: []string{"/nonexistent/bin"}}, errdefs.ErrNotFound},
-		{"missing cwd", &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "nope"}, errdefs.ErrNotFound},
-		{"cwd is a file", &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "file"}, errdefs.ErrNotDirectory},
-		{"unknown user", &agentdv1.ProcessSpec{Argv: []string{"true"}, User: "no-such-user"}, errdefs.ErrNotFound},
-		{"argv and command", &agentdv1.ProcessSpec{Argv: []string{"true"}, Command: "true"}, errdefs.ErrInvalidArgument},
-		{"nothing to run", &agentdv1.ProcessSpec{}, errdefs.ErrInvalidArgument},
+		{"missing binary", &agentdv1.ProcessSpec{Argv: []string{"no-such-binary-xyz"}}, errkind.ErrNotFound},
+		{"missing absolute binary", &agentdv1.ProcessSpec{Argv: []string{"/nonexistent/bin"}}, errkind.ErrNotFound},
+		{"missing cwd", &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "nope"}, errkind.ErrNotFound},
+		{"cwd is a file", &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "file"}, errkind.ErrNotDirectory},
+		{"unknown user", &agentdv1.ProcessSpec{Argv: []string{"true"}, User: "no-such-user"}, errkind.ErrNotFound},
+		{"argv and command", &agentdv1.ProcessSpec{Argv: []string{"true"}, Command: "true"}, errkind.ErrInvalidArgument},
+		{"nothing to run", &agentdv1.ProcessSpec{}, errkind.ErrInvalidArgument},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -123,7 +123,7 @@ func TestStartFailuresAreSpecific(t *testing.T) {
 			if !errors.Is(err, c.want) {
 				t.Fatalf("want %v, got %v", c.want, err)
 			}
-			if errdefs.Retryable(err) {
+			if errkind.Retryable(err) {
 				t.Fatalf("a bad request must not be retryable: %v", err)
 			}
 		})
@@ -148,19 +148,19 @@ func TestProcessStateErrors(t *testing.T) {
 	if _, err := td.client.Wait(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.WriteStdin(ctx, id, 0, []byte("x")); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if _, err := td.client.WriteStdin(ctx, id, 0, []byte("x")); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Errorf("stdin to an exited process: want ErrFailedPrecondition, got %v", err)
 	}
-	if err := td.client.Resize(ctx, id, 10, 10); !errors.Is(err, errdefs.ErrFailedPrecondition) {
+	if err := td.client.Resize(ctx, id, 10, 10); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Errorf("resize without a tty: want ErrFailedPrecondition, got %v", err)
 	}
-	if err := td.client.Signal(ctx, id, "NOPE"); !errors.Is(err, errdefs.ErrInvalidArgument) {
+	if err := td.client.Signal(ctx, id, "NOPE"); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Errorf("unknown signal: want ErrInvalidArgument, got %v", err)
 	}
-	if _, err := td.client.Wait(ctx, "no-such-process"); !errors.Is(err, errdefs.ErrNotFound) {
+	if _, err := td.client.Wait(ctx, "no-such-process"); !errors.Is(err, errkind.ErrNotFound) {
 		t.Errorf("unknown process: want ErrNotFound, got %v", err)
 	}
-	var pe *errdefs.ProcessError
+	var pe *errkind.ProcessError
 	if _, err := td.client.ReadOutput(ctx, "no-such-process", 0, 0, 0); !errors.As(err, &pe) || pe.ProcessID != "no-such-process" {
 		t.Errorf("error should name the process: %#v", err)
 	}
@@ -175,7 +175,7 @@ func TestMaxProcesses(t *testing.T) {
 		}
 	}
 	_, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 100")})
-	if !errors.Is(err, errdefs.ErrResourceExhausted) {
+	if !errors.Is(err, errkind.ErrResourceExhausted) {
 		t.Fatalf("want ErrResourceExhausted, got %v", err)
 	}
 }
@@ -203,7 +203,7 @@ func TestStartIsIdempotentByRequestID(t *testing.T) {
 		t.Fatalf("the command ran %d times", strings.Count(string(data), "ran"))
 	}
 	_, err = td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("echo other"), RequestId: "req-1"})
-	if !errors.Is(err, errdefs.ErrConflict) {
+	if !errors.Is(err, errkind.ErrConflict) {
 		t.Fatalf("same request id, different command: want ErrConflict, got %v", err)
 	}
 }
@@ -226,7 +226,7 @@ func TestStdinOffsetsAreIdempotent(t *testing.T) {
 		{0, "abc", 3, nil},  // resent: nothing applied twice
 		{1, "bcde", 5, nil}, // overlapping resend: only "de" is new
 		{5, "f", 6, nil},    // continues
-		{10, "zz", 0, errdefs.ErrConflict},
+		{10, "zz", 0, errkind.ErrConflict},
 	}
 	for i, s := range steps {
 		next, err := td.client.WriteStdin(ctx, id, s.offset, []byte(s.data))
@@ -264,7 +264,7 @@ func TestPTYInterrupt(t *testing.T) {
 	if exit.GetSignal() != "SIGINT" {
 		t.Fatalf("want SIGINT, got %v", exit)
 	}
-	if err := td.client.Resize(ctx, id, 40, 120); !errors.Is(err, errdefs.ErrFailedPrecondition) && !errors.Is(err, errdefs.ErrNotFound) && err != nil {
+	if err := td.client.Resize(ctx, id, 40, 120); !errors.Is(err, errkind.ErrFailedPrecondition) && !errors.Is(err, errkind.ErrNotFound) && err != nil {
 		t.Fatalf("resize after exit: %v", err)
 	}
 }

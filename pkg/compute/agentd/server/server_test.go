@@ -21,7 +21,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -146,7 +146,7 @@ func TestAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	if _, err := bad.Info(ctx); !errors.Is(err, errdefs.ErrUnauthenticated) {
+	if _, err := bad.Info(ctx); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("client with wrong token: want ErrUnauthenticated, got %v", err)
 	}
 }

@@ -24,7 +24,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -265,7 +265,7 @@ func TestRunMutualTLS(t *testing.T) {
 		if err == nil {
 			t.Fatalf("%s: Info succeeded", name)
 		}
-		if !errors.Is(err, errdefs.ErrUnavailable) {
+		if !errors.Is(err, errkind.ErrUnavailable) {
 			t.Fatalf("%s: want a transport failure (ErrUnavailable), got %v", name, err)
 		}
 	}
@@ -281,7 +281,7 @@ func TestRunMutualTLS(t *testing.T) {
 	for name, token := range map[string]string{"wrong token": strings.Repeat("z", len(testToken)), "no token": ""} {
 		c := dialT(t, agentclient.Options{Address: "tcp://" + addr, Token: token,
 			TLS: &tls.Config{RootCAs: ca.pool(), Certificates: []tls.Certificate{clientPair}}})
-		if _, err := c.Info(shortCtx(t)); !errors.Is(err, errdefs.ErrUnauthenticated) {
+		if _, err := c.Info(shortCtx(t)); !errors.Is(err, errkind.ErrUnauthenticated) {
 			t.Fatalf("%s over mTLS: want ErrUnauthenticated, got %v", name, err)
 		}
 		// Health needs the certificate but not the token.

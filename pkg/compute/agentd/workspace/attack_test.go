@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // TestAttacks runs hostile paths against every operation and checks, for
@@ -52,22 +52,22 @@ func TestAttacks(t *testing.T) {
 		return func(t *testing.T, e *env) error { return writeString(ctx, e.w, nil, p, "pwned\n") }
 	}
 	cases := []tc{
-		{name: "read dotdot", run: read("../outside/secret.txt"), want: errdefs.ErrPathEscape},
-		{name: "read nested dotdot", setup: links, run: read("a/../../outside/secret.txt"), want: errdefs.ErrPathEscape},
-		{name: "read deep dotdot", run: read("x/y/../../../../../../etc/passwd"), want: errdefs.ErrPathEscape},
-		{name: "write dotdot", run: write("../outside/new.txt"), want: errdefs.ErrPathEscape},
+		{name: "read dotdot", run: read("../outside/secret.txt"), want: errkind.ErrPathEscape},
+		{name: "read nested dotdot", setup: links, run: read("a/../../outside/secret.txt"), want: errkind.ErrPathEscape},
+		{name: "read deep dotdot", run: read("x/y/../../../../../../etc/passwd"), want: errkind.ErrPathEscape},
+		{name: "write dotdot", run: write("../outside/new.txt"), want: errkind.ErrPathEscape},
 		{name: "mkdir dotdot", run: func(t *testing.T, e *env) error {
 			return e.w.MakeDir(ctx, nil, "../outside/newdir", 0, true)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "read absolute outside", run: func(t *testing.T, e *env) error {
 			return read(filepath.Join(e.outside, "secret.txt"))(t, e)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "write absolute outside", run: func(t *testing.T, e *env) error {
 			return write(filepath.Join(e.outside, "secret.txt"))(t, e)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "absolute dotdot out of root", run: func(t *testing.T, e *env) error {
 			return read(e.root+"/../outside/secret.txt")(t, e)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "absolute inside allowed", setup: links, run: func(t *testing.T, e *env) error {
 			if err := write(e.root+"/a/../new.txt")(t, e); err != nil {
 				return err
@@ -82,16 +82,16 @@ func TestAttacks(t *testing.T) {
 			bytesEqual(t, b, []byte("inside\n"))
 			return err
 		}},
-		{name: "read absolute symlink to outside", setup: links, run: read("abslink"), want: errdefs.ErrPathEscape},
-		{name: "read relative symlink to outside", setup: links, run: read("rellink"), want: errdefs.ErrPathEscape},
-		{name: "write through symlink to outside", setup: links, run: write("abslink"), want: errdefs.ErrPathEscape},
-		{name: "write through relative symlink", setup: links, run: write("rellink"), want: errdefs.ErrPathEscape},
-		{name: "write via symlinked parent", setup: links, run: write("dirlink/secret.txt"), want: errdefs.ErrPathEscape},
-		{name: "write new file via relative symlinked parent", setup: links, run: write("reldirlink/new.txt"), want: errdefs.ErrPathEscape},
+		{name: "read absolute symlink to outside", setup: links, run: read("abslink"), want: errkind.ErrPathEscape},
+		{name: "read relative symlink to outside", setup: links, run: read("rellink"), want: errkind.ErrPathEscape},
+		{name: "write through symlink to outside", setup: links, run: write("abslink"), want: errkind.ErrPathEscape},
+		{name: "write through relative symlink", setup: links, run: write("rellink"), want: errkind.ErrPathEscape},
+		{name: "write via symlinked parent", setup: links, run: write("dirlink/secret.txt"), want: errkind.ErrPathEscape},
+		{name: "write new file via relative symlinked parent", setup: links, run: write("reldirlink/new.txt"), want: errkind.ErrPathEscape},
 		{name: "stat via symlinked parent", setup: links, run: func(t *testing.T, e *env) error {
 			_, err := e.w.Stat(ctx, nil, "dirlink/secret.txt")
 			return err
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "stat of the link itself allowed", setup: links, run: func(t *testing.T, e *env) error {
 			fi, err := e.w.Stat(ctx, nil, "rellink")
 			if err == nil && (fi.Type != TypeSymlink || fi.LinkTarget != "../outside/secret.txt") {
@@ -102,19 +102,19 @@ func TestAttacks(t *testing.T) {
 		{name: "list via symlink", setup: links, run: func(t *testing.T, e *env) error {
 			_, err := e.w.ListDir(ctx, nil, "dirlink", ListOptions{})
 			return err
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "mkdir through symlink", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.MakeDir(ctx, nil, "dirlink/newdir", 0o755, false)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "mkdir parents through symlink", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.MakeDir(ctx, nil, "reldirlink/x/y", 0o755, true)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "remove through symlinked dir", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.Remove(ctx, nil, "dirlink/secret.txt", false)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "remove recursive through symlinked dir", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.Remove(ctx, nil, "dirlink/sub", true)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "remove the symlink itself allowed", setup: links, run: func(t *testing.T, e *env) error {
 			if err := e.w.Remove(ctx, nil, "dirlink", true); err != nil {
 				return err
@@ -135,30 +135,30 @@ func TestAttacks(t *testing.T) {
 		}},
 		{name: "rename onto symlink without overwrite", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.Rename(ctx, nil, "file.txt", "abslink", false)
-		}, want: errdefs.ErrAlreadyExists},
+		}, want: errkind.ErrAlreadyExists},
 		{name: "rename into symlinked dir", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.Rename(ctx, nil, "file.txt", "dirlink/file.txt", true)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "rename out of symlinked dir", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.Rename(ctx, nil, "dirlink/secret.txt", "stolen.txt", false)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "symlink loop", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink("loop2", e.path("loop1")))
 			must(t, os.Symlink("loop1", e.path("loop2")))
-		}, run: read("loop1"), want: errdefs.ErrPathEscape},
+		}, run: read("loop1"), want: errkind.ErrPathEscape},
 		{name: "write to symlink loop", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink("loop2", e.path("loop1")))
 			must(t, os.Symlink("loop1", e.path("loop2")))
-		}, run: write("loop1"), want: errdefs.ErrPathEscape},
+		}, run: write("loop1"), want: errkind.ErrPathEscape},
 		{name: "dangling symlink to outside", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink(filepath.Join(e.outside, "created.txt"), e.path("dangling")))
-		}, run: write("dangling"), want: errdefs.ErrPathEscape},
+		}, run: write("dangling"), want: errkind.ErrPathEscape},
 		{name: "dangling relative dir symlink with parents", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink("../outside/newdir", e.path("dangdir")))
 		}, run: func(t *testing.T, e *env) error {
 			_, err := e.w.WriteFile(ctx, nil, WriteOptions{Path: "dangdir/x", CreateParents: true, ExpectedSize: -1}, strings.NewReader("x"))
 			return err
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "dangling symlink inside creates target", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink("target.txt", e.path("dangling")))
 		}, run: func(t *testing.T, e *env) error {
@@ -193,37 +193,37 @@ func TestAttacks(t *testing.T) {
 			must(t, os.Symlink("/etc/passwd", filepath.Join(e.grantRW, "passwd")))
 		}, run: func(t *testing.T, e *env) error {
 			return read(filepath.Join(e.grantRW, "passwd"))(t, e)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "dotdot out of a grant", run: func(t *testing.T, e *env) error {
 			return write(e.grantRW+"/../outside/secret.txt")(t, e)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "symlink chain to outside", setup: func(t *testing.T, e *env) {
 			must(t, os.Mkdir(e.path("a"), 0o755))
 			must(t, os.Symlink("../l2", e.path("a/l1")))
 			must(t, os.Symlink("a/../l3", e.path("l2")))
 			must(t, os.Symlink("../outside/secret.txt", e.path("l3")))
-		}, run: write("a/l1"), want: errdefs.ErrPathEscape},
+		}, run: write("a/l1"), want: errkind.ErrPathEscape},
 		{name: "write into read-only grant", run: func(t *testing.T, e *env) error {
 			return write(filepath.Join(e.grantRO, "data.txt"))(t, e)
-		}, want: errdefs.ErrReadOnly},
+		}, want: errkind.ErrReadOnly},
 		{name: "new file in read-only grant", run: func(t *testing.T, e *env) error {
 			return write(filepath.Join(e.grantRO, "new.txt"))(t, e)
-		}, want: errdefs.ErrReadOnly},
+		}, want: errkind.ErrReadOnly},
 		{name: "mkdir in read-only grant", run: func(t *testing.T, e *env) error {
 			return e.w.MakeDir(ctx, nil, filepath.Join(e.grantRO, "d"), 0, false)
-		}, want: errdefs.ErrReadOnly},
+		}, want: errkind.ErrReadOnly},
 		{name: "remove in read-only grant", run: func(t *testing.T, e *env) error {
 			return e.w.Remove(ctx, nil, filepath.Join(e.grantRO, "data.txt"), false)
-		}, want: errdefs.ErrReadOnly},
+		}, want: errkind.ErrReadOnly},
 		{name: "rename in read-only grant", run: func(t *testing.T, e *env) error {
 			return e.w.Rename(ctx, nil, filepath.Join(e.grantRO, "data.txt"), filepath.Join(e.grantRO, "x"), false)
-		}, want: errdefs.ErrReadOnly},
+		}, want: errkind.ErrReadOnly},
 		{name: "commit into read-only grant", run: func(t *testing.T, e *env) error {
 			return e.w.Commit(ctx, nil, []FileChange{{Kind: ChangeWrite, Path: filepath.Join(e.grantRO, "data.txt"), Content: []byte("x")}})
-		}, want: errdefs.ErrReadOnly},
+		}, want: errkind.ErrReadOnly},
 		{name: "symlink into read-only grant stays read-only", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink(filepath.Join(e.grantRO, "data.txt"), e.path("rolink")))
-		}, run: write("rolink"), want: errdefs.ErrReadOnly},
+		}, run: write("rolink"), want: errkind.ErrReadOnly},
 		{name: "read through symlink into grant allowed", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink(filepath.Join(e.grantRO, "data.txt"), e.path("rolink")))
 		}, run: func(t *testing.T, e *env) error {
@@ -231,23 +231,23 @@ func TestAttacks(t *testing.T) {
 			bytesEqual(t, b, []byte("read only data\n"))
 			return err
 		}},
-		{name: "char device read", setup: mknodSetup("dev", syscall.S_IFCHR|0o666, 1<<8|3), run: read("dev"), want: errdefs.ErrInvalidArgument},
-		{name: "char device write", setup: mknodSetup("dev", syscall.S_IFCHR|0o666, 1<<8|3), run: write("dev"), want: errdefs.ErrInvalidArgument},
-		{name: "block device read", setup: mknodSetup("blk", syscall.S_IFBLK|0o666, 7<<8), run: read("blk"), want: errdefs.ErrInvalidArgument},
+		{name: "char device read", setup: mknodSetup("dev", syscall.S_IFCHR|0o666, 1<<8|3), run: read("dev"), want: errkind.ErrInvalidArgument},
+		{name: "char device write", setup: mknodSetup("dev", syscall.S_IFCHR|0o666, 1<<8|3), run: write("dev"), want: errkind.ErrInvalidArgument},
+		{name: "block device read", setup: mknodSetup("blk", syscall.S_IFBLK|0o666, 7<<8), run: read("blk"), want: errkind.ErrInvalidArgument},
 		{name: "socket read", setup: func(t *testing.T, e *env) {
 			l, err := net.Listen("unix", e.path("sock"))
 			if err != nil {
 				testenv.Skip(t, fmt.Sprintf("cannot listen on a unix socket in the workspace: %v", err))
 			}
 			t.Cleanup(func() { l.Close() })
-		}, run: read("sock"), want: errdefs.ErrInvalidArgument},
-		{name: "fifo read does not hang", setup: mknodSetup("fifo", syscall.S_IFIFO|0o666, 0), run: read("fifo"), want: errdefs.ErrInvalidArgument},
-		{name: "fifo write does not hang", setup: mknodSetup("fifo", syscall.S_IFIFO|0o666, 0), run: write("fifo"), want: errdefs.ErrInvalidArgument},
+		}, run: read("sock"), want: errkind.ErrInvalidArgument},
+		{name: "fifo read does not hang", setup: mknodSetup("fifo", syscall.S_IFIFO|0o666, 0), run: read("fifo"), want: errkind.ErrInvalidArgument},
+		{name: "fifo write does not hang", setup: mknodSetup("fifo", syscall.S_IFIFO|0o666, 0), run: write("fifo"), want: errkind.ErrInvalidArgument},
 		{name: "fifo in commit", setup: mknodSetup("fifo", syscall.S_IFIFO|0o666, 0), run: func(t *testing.T, e *env) error {
 			return e.w.Commit(ctx, nil, []FileChange{{Kind: ChangeWrite, Path: "fifo", Content: []byte("x")}})
-		}, want: errdefs.ErrInvalidArgument},
-		{name: "name longer than 255 bytes", run: write(strings.Repeat("n", 300)), want: errdefs.ErrInvalidArgument},
-		{name: "path longer than 4096 bytes", run: write(strings.Repeat("d/", 2100) + "f"), want: errdefs.ErrInvalidArgument},
+		}, want: errkind.ErrInvalidArgument},
+		{name: "name longer than 255 bytes", run: write(strings.Repeat("n", 300)), want: errkind.ErrInvalidArgument},
+		{name: "path longer than 4096 bytes", run: write(strings.Repeat("d/", 2100) + "f"), want: errkind.ErrInvalidArgument},
 		{name: "non-UTF-8 name round-trips", run: func(t *testing.T, e *env) error {
 			name := "bad\xff\xfename"
 			if err := write(name)(t, e); err != nil {
@@ -275,62 +275,62 @@ func TestAttacks(t *testing.T) {
 		}},
 		{name: "proc self root absolute", run: func(t *testing.T, e *env) error {
 			return read("/proc/self/root"+filepath.Join(e.outside, "secret.txt"))(t, e)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "symlink to proc self root", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink("/proc/self/root", e.path("procroot")))
 		}, run: func(t *testing.T, e *env) error {
 			return read("procroot"+filepath.Join(e.outside, "secret.txt"))(t, e)
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "relative symlink to proc self root", setup: func(t *testing.T, e *env) {
 			must(t, os.Symlink(strings.Repeat("../", 20)+"proc/self/root", e.path("procroot")))
 		}, run: func(t *testing.T, e *env) error {
 			return write("procroot"+filepath.Join(e.outside, "secret.txt"))(t, e)
-		}, want: errdefs.ErrPathEscape},
-		{name: "NUL byte", run: read("file\x00.txt"), want: errdefs.ErrInvalidArgument},
-		{name: "NUL byte write", run: write("../outside/secret.txt\x00"), want: errdefs.ErrInvalidArgument},
-		{name: "empty path", run: read(""), want: errdefs.ErrInvalidArgument},
-		{name: "empty path write", run: write(""), want: errdefs.ErrInvalidArgument},
-		{name: "dot read", run: read("."), want: errdefs.ErrIsDirectory},
-		{name: "dot write", run: write("."), want: errdefs.ErrIsDirectory},
+		}, want: errkind.ErrPathEscape},
+		{name: "NUL byte", run: read("file\x00.txt"), want: errkind.ErrInvalidArgument},
+		{name: "NUL byte write", run: write("../outside/secret.txt\x00"), want: errkind.ErrInvalidArgument},
+		{name: "empty path", run: read(""), want: errkind.ErrInvalidArgument},
+		{name: "empty path write", run: write(""), want: errkind.ErrInvalidArgument},
+		{name: "dot read", run: read("."), want: errkind.ErrIsDirectory},
+		{name: "dot write", run: write("."), want: errkind.ErrIsDirectory},
 		{name: "remove root", run: func(t *testing.T, e *env) error {
 			return e.w.Remove(ctx, nil, ".", true)
-		}, want: errdefs.ErrPermissionDenied},
+		}, want: errkind.ErrPermissionDenied},
 		{name: "remove root by absolute path", run: func(t *testing.T, e *env) error {
 			return e.w.Remove(ctx, nil, e.root+"/", true)
-		}, want: errdefs.ErrPermissionDenied},
+		}, want: errkind.ErrPermissionDenied},
 		{name: "remove grant root", run: func(t *testing.T, e *env) error {
 			return e.w.Remove(ctx, nil, e.grantRW, true)
-		}, want: errdefs.ErrPermissionDenied},
+		}, want: errkind.ErrPermissionDenied},
 		{name: "rename root", run: func(t *testing.T, e *env) error {
 			return e.w.Rename(ctx, nil, ".", "x", false)
-		}, want: errdefs.ErrPermissionDenied},
+		}, want: errkind.ErrPermissionDenied},
 		{name: "cwd outside", run: func(t *testing.T, e *env) error {
 			_, err := e.w.ResolveDir(ctx, nil, "../outside")
 			return err
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "cwd via symlink to outside", setup: links, run: func(t *testing.T, e *env) error {
 			_, err := e.w.ResolveDir(ctx, nil, "reldirlink")
 			return err
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "cwd on a file", setup: links, run: func(t *testing.T, e *env) error {
 			_, err := e.w.ResolveDir(ctx, nil, "file.txt")
 			return err
-		}, want: errdefs.ErrNotDirectory},
+		}, want: errkind.ErrNotDirectory},
 		{name: "commit through symlink changes nothing", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.Commit(ctx, nil, []FileChange{
 				{Kind: ChangeWrite, Path: "file.txt", Content: []byte("changed")},
 				{Kind: ChangeWrite, Path: "dirlink/secret.txt", Content: []byte("pwned")},
 			})
-		}, want: errdefs.ErrPathEscape, check: func(t *testing.T, e *env) {
+		}, want: errkind.ErrPathEscape, check: func(t *testing.T, e *env) {
 			b, _ := os.ReadFile(e.path("file.txt"))
 			bytesEqual(t, b, []byte("inside\n"))
 		}},
 		{name: "commit delete through symlink", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.Commit(ctx, nil, []FileChange{{Kind: ChangeDelete, Path: "dirlink/secret.txt"}})
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 		{name: "commit move out of the root", setup: links, run: func(t *testing.T, e *env) error {
 			return e.w.Commit(ctx, nil, []FileChange{{Kind: ChangeMove, Path: "file.txt", NewPath: "../outside/file.txt"}})
-		}, want: errdefs.ErrPathEscape},
+		}, want: errkind.ErrPathEscape},
 	}
 	if len(cases) < 30 {
 		t.Fatalf("only %d attack cases", len(cases))
@@ -430,16 +430,16 @@ func TestAttackParentSwap(t *testing.T) {
 			tally["ok"]++
 			return
 		}
-		if errors.Is(err, errdefs.ErrInternal) {
+		if errors.Is(err, errkind.ErrInternal) {
 			t.Errorf("internal error under the race: %v", err)
 		}
-		var pe *errdefs.PathError
+		var pe *errkind.PathError
 		if !errors.As(err, &pe) {
 			t.Errorf("not a PathError: %v", err)
 			return
 		}
 		tally[sentinelOf(err)]++
-		if errors.Is(err, errdefs.ErrInvalidArgument) && tally[sentinelOf(err)] < 4 {
+		if errors.Is(err, errkind.ErrInvalidArgument) && tally[sentinelOf(err)] < 4 {
 			t.Logf("invalid: %v", err)
 		}
 	}
@@ -492,17 +492,17 @@ func TestAttackGrantRules(t *testing.T) {
 	}
 	must(t, e.w.SetGrants(nil))
 	_, err := e.w.Stat(context.Background(), nil, filepath.Join(e.grantRW, "data.txt"))
-	checkErr(t, e, err, errdefs.ErrPathEscape)
+	checkErr(t, e, err, errkind.ErrPathEscape)
 }
 
 // sentinelOf names the compute sentinel err wraps.
 func sentinelOf(err error) string {
 	for _, s := range []error{
-		errdefs.ErrNotFound, errdefs.ErrAlreadyExists, errdefs.ErrInvalidArgument,
-		errdefs.ErrPermissionDenied, errdefs.ErrPathEscape, errdefs.ErrReadOnly,
-		errdefs.ErrNotDirectory, errdefs.ErrIsDirectory, errdefs.ErrNotEmpty,
-		errdefs.ErrNoSpace, errdefs.ErrResourceExhausted, errdefs.ErrFailedPrecondition,
-		errdefs.ErrConflict, errdefs.ErrInternal,
+		errkind.ErrNotFound, errkind.ErrAlreadyExists, errkind.ErrInvalidArgument,
+		errkind.ErrPermissionDenied, errkind.ErrPathEscape, errkind.ErrReadOnly,
+		errkind.ErrNotDirectory, errkind.ErrIsDirectory, errkind.ErrNotEmpty,
+		errkind.ErrNoSpace, errkind.ErrResourceExhausted, errkind.ErrFailedPrecondition,
+		errkind.ErrConflict, errkind.ErrInternal,
 	} {
 		if errors.Is(err, s) {
 			return s.Error()

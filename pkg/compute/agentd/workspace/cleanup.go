@@ -7,7 +7,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // CleanupTemp removes the temporary files (TempPrefix*) that writes or
@@ -30,7 +30,7 @@ func (w *Workspace) CleanupTemp(ctx context.Context) (int, error) {
 			if err != nil {
 				w.log.Warn("cleanup: skip unreadable entry", zap.String("path", p), zap.Error(err))
 				if first == nil {
-					first = &errdefs.PathError{Op: "cleanup", Path: p, Err: classify(err)}
+					first = &errkind.PathError{Op: "cleanup", Path: p, Err: classify(err)}
 				}
 				if d != nil && d.IsDir() {
 					return fs.SkipDir
@@ -43,7 +43,7 @@ func (w *Workspace) CleanupTemp(ctx context.Context) (int, error) {
 			if err := m.root.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
 				w.log.Warn("cleanup: remove temporary file", zap.String("path", p), zap.Error(err))
 				if first == nil {
-					first = &errdefs.PathError{Op: "cleanup", Path: p, Err: classify(err)}
+					first = &errkind.PathError{Op: "cleanup", Path: p, Err: classify(err)}
 				}
 				return nil
 			}
@@ -51,7 +51,7 @@ func (w *Workspace) CleanupTemp(ctx context.Context) (int, error) {
 			return nil
 		})
 		if err != nil {
-			return removed, &errdefs.PathError{Op: "cleanup", Path: ".", Err: classify(err)}
+			return removed, &errkind.PathError{Op: "cleanup", Path: ".", Err: classify(err)}
 		}
 	}
 	if removed > 0 {

@@ -11,8 +11,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // ChangeKind is the kind of one FileChange.
@@ -57,7 +57,7 @@ type FileChange struct {
 //
 // Each path may appear only once among all Path and NewPath values.
 // Directories are neither deleted nor moved. Missing parent directories of
-// written or moved-to files are created. Errors are *errdefs.PathError with
+// written or moved-to files are created. Errors are *errkind.PathError with
 // Op "commit" and the path of the change that failed.
 func (w *Workspace) Commit(ctx context.Context, u *userdb.User, changes []FileChange) error {
 	c := &commit{w: w, ctx: ctx, changes: changes, chown: u == nil && w.euid == 0, dirs: map[string]*os.File{}}
@@ -71,11 +71,11 @@ func (w *Workspace) Commit(ctx context.Context, u *userdb.User, changes []FileCh
 		err = fmt.Errorf("%w; rollback incomplete: %v", classify(err), rerr)
 	}
 	c.closeDirs()
-	var pe *errdefs.PathError
+	var pe *errkind.PathError
 	if errors.As(err, &pe) {
 		return err
 	}
-	return &errdefs.PathError{Op: "commit", Path: c.failedPath, Err: classify(err)}
+	return &errkind.PathError{Op: "commit", Path: c.failedPath, Err: classify(err)}
 }
 
 // commit is the state of one Commit.
@@ -150,7 +150,7 @@ func (c *commit) validate() error {
 	claim := func(l loc) error {
 		key := l.m.abs + "\x00" + l.rel
 		if seen[key] {
-			return errorf(errdefs.ErrInvalidArgument, "the path is changed twice in one commit")
+			return errorf(errkind.ErrInvalidArgument, "the path is changed twice in one commit")
 		}
 		seen[key] = true
 		return nil
@@ -159,10 +159,10 @@ func (c *commit) validate() error {
 		ch := &c.changes[i]
 		c.failedPath = ch.Path
 		if ch.Mode&^fs.ModePerm != 0 {
-			return errorf(errdefs.ErrInvalidArgument, "mode %v: only permission bits may be set", ch.Mode)
+			return errorf(errkind.ErrInvalidArgument, "mode %v: only permission bits may be set", ch.Mode)
 		}
 		if c.w.maxWrite > 0 && int64(len(ch.Content)) > c.w.maxWrite {
-			return errorf(errdefs.ErrResourceExhausted, "the content exceeds the %d-byte write limit", c.w.maxWrite)
+			return errorf(errkind.ErrResourceExhausted, "the content exceeds the %d-byte write limit", c.w.maxWrite)
 		}
 		op := commitOp{c: ch}
 		var err error
@@ -184,10 +184,10 @@ func (c *commit) validate() error {
 				return err
 			}
 			if ch.Content == nil && op.src.l.m != op.dst.l.m {
-				return errorf(errdefs.ErrInvalidArgument, "a move without content cannot cross between the workspace and a grant")
+				return errorf(errkind.ErrInvalidArgument, "a move without content cannot cross between the workspace and a grant")
 			}
 		default:
-			return errorf(errdefs.ErrInvalidArgument, "unknown change kind %d", ch.Kind)
+			return errorf(errkind.ErrInvalidArgument, "unknown change kind %d", ch.Kind)
 		}
 		c.plan = append(c.plan, op)
 	}
@@ -215,7 +215,7 @@ func (c *commit) source(path string, claim func(loc) error) (*commitTarget, erro
 		return nil, err
 	}
 	if fileTypeOf(t.st.Mode) == TypeDirectory {
-		return nil, errorf(errdefs.ErrIsDirectory, "a commit does not delete or move directories")
+		return nil, errorf(errkind.ErrIsDirectory, "a commit does not delete or move directories")
 	}
 	t.exists = true
 	return t, nil
@@ -258,7 +258,7 @@ func (c *commit) target(path string, follow bool, claim func(loc) error) (*commi
 		return t, checkWritable(t.dir, t.name)
 	case TypeSymlink:
 		if follow {
-			return nil, errorf(errdefs.ErrConflict, "the target was replaced by a symbolic link concurrently")
+			return nil, errorf(errkind.ErrConflict, "the target was replaced by a symbolic link concurrently")
 		}
 		return t, nil
 	default:

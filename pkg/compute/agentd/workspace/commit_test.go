@@ -7,7 +7,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // commitFixture is a workspace with files a commit changes.
@@ -82,7 +82,7 @@ func TestCommitRollbackAtEveryStep(t *testing.T) {
 			if !errors.Is(err, injected) {
 				t.Fatalf("error %v", err)
 			}
-			var pe *errdefs.PathError
+			var pe *errkind.PathError
 			if !errors.As(err, &pe) || pe.Op != "commit" {
 				t.Fatalf("error %#v", err)
 			}
@@ -119,7 +119,7 @@ func TestCommitRollbackReadOnlyDirMidway(t *testing.T) {
 		{Kind: ChangeDelete, Path: "src/old.go"},
 		{Kind: ChangeWrite, Path: "docs/readme.md", Content: []byte("changed")},
 	})
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	if !errors.Is(err, syscall.EACCES) {
 		t.Fatalf("not the real EACCES: %v", err)
 	}
@@ -140,25 +140,25 @@ func TestCommitValidation(t *testing.T) {
 		{"duplicate path", []FileChange{
 			{Kind: ChangeWrite, Path: "src/main.go", Content: []byte("a")},
 			{Kind: ChangeWrite, Path: "src/../src/main.go", Content: []byte("b")},
-		}, errdefs.ErrInvalidArgument, "src/../src/main.go"},
-		{"delete missing", []FileChange{{Kind: ChangeDelete, Path: "nope"}}, errdefs.ErrNotFound, "nope"},
-		{"delete directory", []FileChange{{Kind: ChangeDelete, Path: "src"}}, errdefs.ErrIsDirectory, "src"},
-		{"write directory", []FileChange{{Kind: ChangeWrite, Path: "docs", Content: []byte("x")}}, errdefs.ErrIsDirectory, "docs"},
-		{"move onto directory", []FileChange{{Kind: ChangeMove, Path: "src/main.go", NewPath: "docs"}}, errdefs.ErrIsDirectory, "docs"},
-		{"move to /", []FileChange{{Kind: ChangeMove, Path: "src/main.go", NewPath: "/"}}, errdefs.ErrPathEscape, "/"},
-		{"unknown kind", []FileChange{{Path: "x"}}, errdefs.ErrInvalidArgument, "x"},
+		}, errkind.ErrInvalidArgument, "src/../src/main.go"},
+		{"delete missing", []FileChange{{Kind: ChangeDelete, Path: "nope"}}, errkind.ErrNotFound, "nope"},
+		{"delete directory", []FileChange{{Kind: ChangeDelete, Path: "src"}}, errkind.ErrIsDirectory, "src"},
+		{"write directory", []FileChange{{Kind: ChangeWrite, Path: "docs", Content: []byte("x")}}, errkind.ErrIsDirectory, "docs"},
+		{"move onto directory", []FileChange{{Kind: ChangeMove, Path: "src/main.go", NewPath: "docs"}}, errkind.ErrIsDirectory, "docs"},
+		{"move to /", []FileChange{{Kind: ChangeMove, Path: "src/main.go", NewPath: "/"}}, errkind.ErrPathEscape, "/"},
+		{"unknown kind", []FileChange{{Path: "x"}}, errkind.ErrInvalidArgument, "x"},
 		{"escape late in the list", []FileChange{
 			{Kind: ChangeWrite, Path: "new/a.go", Content: []byte("a")},
 			{Kind: ChangeWrite, Path: "../b.go", Content: []byte("b")},
-		}, errdefs.ErrPathEscape, "../b.go"},
-		{"write under a file", []FileChange{{Kind: ChangeWrite, Path: "src/main.go/x", Content: []byte("x")}}, errdefs.ErrNotDirectory, "src/main.go/x"},
+		}, errkind.ErrPathEscape, "../b.go"},
+		{"write under a file", []FileChange{{Kind: ChangeWrite, Path: "src/main.go/x", Content: []byte("x")}}, errkind.ErrNotDirectory, "src/main.go/x"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			e := commitFixture(t)
 			before := snapshot(t, e.root)
 			err := e.w.Commit(context.Background(), nil, c.changes)
 			checkErr(t, e, err, c.want)
-			var pe *errdefs.PathError
+			var pe *errkind.PathError
 			errors.As(err, &pe)
 			if pe.Path != c.path {
 				t.Errorf("error path %q, want %q", pe.Path, c.path)
@@ -177,7 +177,7 @@ func TestCommitMoveIntoGrantWithContent(t *testing.T) {
 	err := e.w.Commit(context.Background(), nil, []FileChange{
 		{Kind: ChangeMove, Path: "src/main.go", NewPath: e.grantRW + "/main.go"},
 	})
-	checkErr(t, e, err, errdefs.ErrInvalidArgument)
+	checkErr(t, e, err, errkind.ErrInvalidArgument)
 	must(t, e.w.Commit(context.Background(), nil, []FileChange{
 		{Kind: ChangeMove, Path: "src/main.go", NewPath: e.grantRW + "/main.go", Content: []byte("moved")},
 	}))

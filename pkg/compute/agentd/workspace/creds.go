@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"runtime"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // runAs runs fn with the filesystem identity of u, so that files fn creates
@@ -15,7 +15,7 @@ import (
 //
 // u == nil, or u equal to the daemon's own uid and gid, runs fn directly on
 // the calling goroutine. Otherwise the daemon must be root (else
-// errdefs.ErrPermissionDenied) and fn runs on the calling goroutine locked
+// errkind.ErrPermissionDenied) and fn runs on the calling goroutine locked
 // to its OS thread, whose supplementary groups, fsgid and fsuid are
 // switched to u's with raw system calls (which, unlike syscall.Setgroups
 // and friends, touch only the calling thread) and afterwards set back to
@@ -51,7 +51,7 @@ func (w *Workspace) runAs(ctx context.Context, u *userdb.User, fn func() error) 
 		return fn()
 	}
 	if w.euid != 0 {
-		return errorf(errdefs.ErrPermissionDenied,
+		return errorf(errkind.ErrPermissionDenied,
 			"the daemon runs as uid %d and cannot act as user %q (uid %d)", w.euid, u.Name, u.UID)
 	}
 	runtime.LockOSThread()
@@ -75,18 +75,18 @@ func switchedRun(u *userdb.User, fn func() error) (err error) {
 	saved, err := getThreadCreds()
 	if err != nil {
 		runtime.UnlockOSThread() // nothing was changed
-		return fmt.Errorf("%w: read the thread's credentials: %w", errdefs.ErrInternal, err)
+		return fmt.Errorf("%w: read the thread's credentials: %w", errkind.ErrInternal, err)
 	}
 	defer func() {
 		if rerr := restoreThreadCreds(saved); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("%w: restore the thread's credentials after acting as user %q: %w",
-				errdefs.ErrInternal, u.Name, rerr))
+				errkind.ErrInternal, u.Name, rerr))
 			return // still locked: this thread ends with its goroutine
 		}
 		runtime.UnlockOSThread()
 	}()
 	if err := setThreadFSCreds(u.UID, u.GID, u.Groups); err != nil {
-		return fmt.Errorf("%w: switch to user %q: %w", errdefs.ErrInternal, u.Name, err)
+		return fmt.Errorf("%w: switch to user %q: %w", errkind.ErrInternal, u.Name, err)
 	}
 	return fn()
 }
@@ -104,7 +104,7 @@ func runBesideMainThread(u *userdb.User, fn func() error) error {
 	go func() {
 		defer func() {
 			if r := recover(); r != nil {
-				done <- fmt.Errorf("%w: panic while acting as user %q: %v", errdefs.ErrInternal, u.Name, r)
+				done <- fmt.Errorf("%w: panic while acting as user %q: %v", errkind.ErrInternal, u.Name, r)
 			}
 		}()
 		runtime.LockOSThread()

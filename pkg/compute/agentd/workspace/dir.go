@@ -13,8 +13,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Page sizes for ListDir.
@@ -56,7 +56,7 @@ func (w *Workspace) ListDir(ctx context.Context, u *userdb.User, path string, op
 	size := opts.PageSize
 	switch {
 	case size < 0:
-		return ListResult{}, pathErr("list", path, errorf(errdefs.ErrInvalidArgument, "negative page size"))
+		return ListResult{}, pathErr("list", path, errorf(errkind.ErrInvalidArgument, "negative page size"))
 	case size == 0:
 		size = DefaultPageSize
 	case size > MaxPageSize:
@@ -66,7 +66,7 @@ func (w *Workspace) ListDir(ctx context.Context, u *userdb.User, path string, op
 	if opts.PageToken != "" {
 		b, err := base64.RawURLEncoding.DecodeString(opts.PageToken)
 		if err != nil || len(b) == 0 {
-			return ListResult{}, pathErr("list", path, errorf(errdefs.ErrInvalidArgument, "malformed page token"))
+			return ListResult{}, pathErr("list", path, errorf(errkind.ErrInvalidArgument, "malformed page token"))
 		}
 		after = string(b)
 	}
@@ -150,11 +150,11 @@ func readlinkat(d *os.File, name string) (string, error) {
 // mode (0: DefaultDirMode), applied exactly. With parents, missing parents
 // are created (DefaultDirMode, subject to the umask) and an existing
 // directory is not an error; without, an existing entry is
-// errdefs.ErrAlreadyExists. A symbolic link in the final component is not
+// errkind.ErrAlreadyExists. A symbolic link in the final component is not
 // followed.
 func (w *Workspace) MakeDir(ctx context.Context, u *userdb.User, path string, mode fs.FileMode, parents bool) error {
 	if mode&^fs.ModePerm != 0 {
-		return pathErr("mkdir", path, errorf(errdefs.ErrInvalidArgument, "mode %v: only permission bits may be set", mode))
+		return pathErr("mkdir", path, errorf(errkind.ErrInvalidArgument, "mode %v: only permission bits may be set", mode))
 	}
 	if mode == 0 {
 		mode = DefaultDirMode

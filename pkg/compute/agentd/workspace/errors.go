@@ -3,29 +3,29 @@ package workspace
 import (
 	"errors"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // classify maps a system error to a compute sentinel, wrapping the errno
-// too (errors.Is works with both errdefs.ErrNotFound and fs.ErrNotExist);
-// host paths are dropped. See errdefs.ClassifyFS.
-func classify(err error) error { return errdefs.ClassifyFS(err) }
+// too (errors.Is works with both errkind.ErrNotFound and fs.ErrNotExist);
+// host paths are dropped. See errkind.ClassifyFS.
+func classify(err error) error { return errkind.ClassifyFS(err) }
 
-// pathErr returns a *errdefs.PathError for the caller's path. A nil err
-// stays nil. An error that already is a *errdefs.PathError is returned as is,
+// pathErr returns a *errkind.PathError for the caller's path. A nil err
+// stays nil. An error that already is a *errkind.PathError is returned as is,
 // so the innermost (most precise) operation name wins.
 func pathErr(op, path string, err error) error {
 	if err == nil {
 		return nil
 	}
-	var pe *errdefs.PathError
+	var pe *errkind.PathError
 	if errors.As(err, &pe) {
 		return err
 	}
-	return &errdefs.PathError{Op: op, Path: path, Err: classify(err)}
+	return &errkind.PathError{Op: op, Path: path, Err: classify(err)}
 }
 
-// errorf is errdefs.Errorf, for brevity.
+// errorf is errkind.Errorf, for brevity.
 func errorf(sentinel error, format string, args ...any) error {
-	return errdefs.Errorf(sentinel, format, args...)
+	return errkind.Errorf(sentinel, format, args...)
 }

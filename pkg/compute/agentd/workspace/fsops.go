@@ -11,8 +11,9 @@ import (
 )
 
 // TempPrefix starts the name of every temporary file the workspace creates
-// (atomic-write staging files and Commit backups). Archives should skip such
-// names; CleanupTemp removes them; ListDir hides them.
+// (atomic-write staging files and Commit backups). Archives skip such names
+// (pkg/archive keeps a copy of the prefix, archive.TempPrefix, which a test
+// of package agentd keeps equal); CleanupTemp removes them; ListDir hides them.
 const TempPrefix = ".bulkhead-tmp-"
 
 // IsTempName reports whether a file name is one of the workspace's

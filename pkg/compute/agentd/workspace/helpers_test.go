@@ -18,8 +18,8 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // env is a workspace under test with a sentinel tree outside it.
@@ -212,7 +212,7 @@ func writeString(ctx context.Context, w *Workspace, u *userdb.User, path, conten
 	return err
 }
 
-// checkErr asserts err wraps want (nil: no error) and is a *errdefs.PathError
+// checkErr asserts err wraps want (nil: no error) and is a *errkind.PathError
 // that mentions no host path of the test tree.
 func checkErr(t testing.TB, e *env, err, want error) {
 	t.Helper()
@@ -225,9 +225,9 @@ func checkErr(t testing.TB, e *env, err, want error) {
 	if !errors.Is(err, want) {
 		t.Fatalf("error = %v, want %v", err, want)
 	}
-	var pe *errdefs.PathError
+	var pe *errkind.PathError
 	if !errors.As(err, &pe) {
-		t.Fatalf("error %v (%T) is not a *errdefs.PathError", err, err)
+		t.Fatalf("error %v (%T) is not a *errkind.PathError", err, err)
 	}
 	if e != nil && strings.Contains(err.Error(), e.base) && !strings.Contains(pe.Path, e.base) {
 		t.Fatalf("error %q leaks a host path", err)

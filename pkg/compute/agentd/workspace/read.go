@@ -9,8 +9,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // FileReader streams part of a regular file. It reads the file that was
@@ -51,12 +51,12 @@ func (r *FileReader) Close() error {
 // ReadFile opens path for user u and returns a reader over limit bytes from
 // offset (limit 0: to the end), bounded by Config.MaxReadBytes. Symbolic
 // links are followed (inside the workspace and grants only). Directories
-// are errdefs.ErrIsDirectory; FIFOs, sockets and devices are
-// errdefs.ErrInvalidArgument, refused without blocking and, unless the path
+// are errkind.ErrIsDirectory; FIFOs, sockets and devices are
+// errkind.ErrInvalidArgument, refused without blocking and, unless the path
 // is swapped concurrently, without being opened.
 func (w *Workspace) ReadFile(ctx context.Context, u *userdb.User, path string, offset, limit int64) (*FileReader, error) {
 	if offset < 0 || limit < 0 {
-		return nil, pathErr("read", path, errorf(errdefs.ErrInvalidArgument, "offset and limit must not be negative"))
+		return nil, pathErr("read", path, errorf(errkind.ErrInvalidArgument, "offset and limit must not be negative"))
 	}
 	var (
 		f    *os.File
@@ -143,8 +143,8 @@ func readable(mode uint32) error {
 	case TypeSymlink:
 		// Resolution followed every link; a link here was swapped in
 		// concurrently.
-		return errorf(errdefs.ErrConflict, "the file was replaced by a symbolic link while being opened")
+		return errorf(errkind.ErrConflict, "the file was replaced by a symbolic link while being opened")
 	default:
-		return errorf(errdefs.ErrInvalidArgument, "not a regular file (%s)", t)
+		return errorf(errkind.ErrInvalidArgument, "not a regular file (%s)", t)
 	}
 }

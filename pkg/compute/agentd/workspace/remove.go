@@ -6,15 +6,15 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Remove removes path as user u. A symbolic link is removed itself, never
 // its target. A directory is removed only when empty, unless recursive (a
-// non-empty directory without recursive is errdefs.ErrNotEmpty). The
+// non-empty directory without recursive is errkind.ErrNotEmpty). The
 // workspace root, grant roots and directories holding a grant root are
-// refused with errdefs.ErrPermissionDenied.
+// refused with errkind.ErrPermissionDenied.
 func (w *Workspace) Remove(ctx context.Context, u *userdb.User, path string, recursive bool) error {
 	err := w.runAs(ctx, u, func() error {
 		l, err := w.locate(path, false)
@@ -41,7 +41,7 @@ func (w *Workspace) Remove(ctx context.Context, u *userdb.User, path string, rec
 		}
 		err = unlinkAt(d, name, true)
 		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) {
-			return errorf(errdefs.ErrNotEmpty, "the directory is not empty and the removal is not recursive")
+			return errorf(errkind.ErrNotEmpty, "the directory is not empty and the removal is not recursive")
 		}
 		return err
 	})
@@ -55,13 +55,13 @@ func (w *Workspace) movable(l loc) error {
 		return err
 	}
 	if l.isRoot() {
-		return errorf(errdefs.ErrPermissionDenied, "the workspace root and grant roots cannot be removed or renamed")
+		return errorf(errkind.ErrPermissionDenied, "the workspace root and grant roots cannot be removed or renamed")
 	}
 	abs := l.abs()
 	for _, m := range w.mounts.Load().list {
 		if m != l.m {
 			if _, inside := within([]string{abs}, m.abs); inside {
-				return errorf(errdefs.ErrPermissionDenied, "the directory holds a grant or the workspace root")
+				return errorf(errkind.ErrPermissionDenied, "the directory holds a grant or the workspace root")
 			}
 		}
 	}
@@ -70,11 +70,11 @@ func (w *Workspace) movable(l loc) error {
 
 // Rename renames from to to as user u. Neither final component is followed:
 // a symbolic link is renamed, or replaced, itself. Without overwrite an
-// existing target is errdefs.ErrAlreadyExists (checked atomically with
+// existing target is errkind.ErrAlreadyExists (checked atomically with
 // renameat2(RENAME_NOREPLACE) where the filesystem has it); with overwrite
 // the kernel's rules apply (a directory replaces only an empty directory).
 // Both paths must lie in the same root: moving between the workspace and a
-// grant is errdefs.ErrInvalidArgument.
+// grant is errkind.ErrInvalidArgument.
 func (w *Workspace) Rename(ctx context.Context, u *userdb.User, from, to string, overwrite bool) error {
 	err := w.runAs(ctx, u, func() error {
 		lf, err := w.locate(from, false)
@@ -83,16 +83,16 @@ func (w *Workspace) Rename(ctx context.Context, u *userdb.User, from, to string,
 		}
 		lt, err := w.locate(to, false)
 		if err != nil {
-			return &errdefs.PathError{Op: "rename", Path: to, Err: classify(err)}
+			return &errkind.PathError{Op: "rename", Path: to, Err: classify(err)}
 		}
 		if err := w.movable(lf); err != nil {
 			return err
 		}
 		if err := w.movable(lt); err != nil {
-			return &errdefs.PathError{Op: "rename", Path: to, Err: classify(err)}
+			return &errkind.PathError{Op: "rename", Path: to, Err: classify(err)}
 		}
 		if lf.m != lt.m {
-			return errorf(errdefs.ErrInvalidArgument, "cannot rename between the workspace and a grant, or between grants")
+			return errorf(errkind.ErrInvalidArgument, "cannot rename between the workspace and a grant, or between grants")
 		}
 		od, on, err := lf.openParent()
 		if err != nil {
@@ -101,7 +101,7 @@ func (w *Workspace) Rename(ctx context.Context, u *userdb.User, from, to string,
 		defer od.Close()
 		nd, nn, err := lt.openParent()
 		if err != nil {
-			return &errdefs.PathError{Op: "rename", Path: to, Err: classify(err)}
+			return &errkind.PathError{Op: "rename", Path: to, Err: classify(err)}
 		}
 		defer nd.Close()
 		if _, err := fstatat(od, on); err != nil {
@@ -114,7 +114,7 @@ func (w *Workspace) Rename(ctx context.Context, u *userdb.User, from, to string,
 		}
 		if errors.Is(err, unix.EEXIST) || errors.Is(err, unix.ENOTEMPTY) || errors.Is(err, unix.EISDIR) {
 			// The target is the problem.
-			return &errdefs.PathError{Op: "rename", Path: to, Err: classify(err)}
+			return &errkind.PathError{Op: "rename", Path: to, Err: classify(err)}
 		}
 		return err
 	})

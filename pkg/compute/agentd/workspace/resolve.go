@@ -12,8 +12,8 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Limits on the paths the resolver accepts.
@@ -67,7 +67,7 @@ func (l loc) base() string { return filepath.Base(l.rel) }
 // writable refuses changes in a read-only grant.
 func (l loc) writable() error {
 	if l.m.readOnly {
-		return errorf(errdefs.ErrReadOnly, "the path lies in a read-only grant")
+		return errorf(errkind.ErrReadOnly, "the path lies in a read-only grant")
 	}
 	return nil
 }
@@ -83,7 +83,7 @@ func (l loc) location() Location {
 // the directory was reached through the root, and the name has no slash.
 func (l loc) openParent() (*os.File, string, error) {
 	if l.isRoot() {
-		return nil, "", errorf(errdefs.ErrInvalidArgument, "the operation does not apply to a workspace or grant root")
+		return nil, "", errorf(errkind.ErrInvalidArgument, "the operation does not apply to a workspace or grant root")
 	}
 	d, err := l.m.root.OpenFile(l.dir(), unix.O_PATH|unix.O_DIRECTORY, 0)
 	if err != nil {
@@ -163,22 +163,22 @@ func (w *Workspace) locate(p string, followLast bool) (loc, error) {
 func (w *Workspace) inputPath(p string) (string, error) {
 	switch {
 	case p == "":
-		return "", errorf(errdefs.ErrInvalidArgument, "empty path")
+		return "", errorf(errkind.ErrInvalidArgument, "empty path")
 	case strings.IndexByte(p, 0) >= 0:
-		return "", errorf(errdefs.ErrInvalidArgument, "path contains a NUL byte")
+		return "", errorf(errkind.ErrInvalidArgument, "path contains a NUL byte")
 	case len(p) > MaxPathBytes:
-		return "", errorf(errdefs.ErrInvalidArgument, "path is longer than %d bytes", MaxPathBytes)
+		return "", errorf(errkind.ErrInvalidArgument, "path is longer than %d bytes", MaxPathBytes)
 	}
 	for _, c := range strings.Split(p, "/") {
 		if len(c) > MaxNameBytes {
-			return "", errorf(errdefs.ErrInvalidArgument, "a path component is longer than %d bytes", MaxNameBytes)
+			return "", errorf(errkind.ErrInvalidArgument, "a path component is longer than %d bytes", MaxNameBytes)
 		}
 	}
 	if filepath.IsAbs(p) {
 		return filepath.Clean(p), nil
 	}
 	if !filepath.IsLocal(p) {
-		return "", errorf(errdefs.ErrPathEscape, "the relative path leaves the workspace")
+		return "", errorf(errkind.ErrPathEscape, "the relative path leaves the workspace")
 	}
 	return filepath.Join(w.ws.abs, p), nil
 }
@@ -252,7 +252,7 @@ func (ms *mounts) walk(abs string, followLast bool) (loc, error) {
 	}
 	m, rel := ms.find("/" + strings.Join(done, "/"))
 	if m == nil {
-		return loc{}, errorf(errdefs.ErrPathEscape, "the path resolves outside the workspace and its grants")
+		return loc{}, errorf(errkind.ErrPathEscape, "the path resolves outside the workspace and its grants")
 	}
 	return loc{m: m, rel: rel}, nil
 }

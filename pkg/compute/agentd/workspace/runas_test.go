@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 func requireRoot(t testing.TB) {
@@ -86,27 +86,27 @@ func TestRunAsPermissions(t *testing.T) {
 	before := fileSnapshot(t, e.root)
 
 	_, err := e.w.WriteFile(ctx, nobody, WriteOptions{Path: "ro.txt", ExpectedSize: -1}, strings.NewReader("pwned"))
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	err = e.w.Commit(ctx, nobody, []FileChange{{Kind: ChangeWrite, Path: "ro.txt", Content: []byte("pwned")}})
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	_, err = readAll(ctx, e.w, nobody, "private/secret.txt")
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	_, err = e.w.ListDir(ctx, nobody, "private", ListOptions{})
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	_, err = e.w.Stat(ctx, nobody, "private/secret.txt")
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	err = writeString(ctx, e.w, nobody, "private/new.txt", "x")
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	err = e.w.Remove(ctx, nobody, "private/secret.txt", false)
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	err = e.w.Remove(ctx, nobody, "private", true)
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	_, err = e.w.ResolveDir(ctx, nobody, "private")
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	err = e.w.MakeDir(ctx, nobody, "private/d", 0, false)
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	err = e.w.Rename(ctx, nobody, "private/secret.txt", "stolen.txt", false)
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 
 	if d := diffSnapshots(before, fileSnapshot(t, e.root)); d != "" {
 		t.Fatalf("workspace changed:\n%s", d)
@@ -130,7 +130,7 @@ func TestRunAsGroups(t *testing.T) {
 	if uid, gid := ownerOf(t, e.path("team/a.txt")); uid != 1001 || gid != 1001 {
 		t.Fatalf("owned by %d:%d", uid, gid)
 	}
-	checkErr(t, e, writeString(ctx, e.w, nobody, "team/b.txt", "x"), errdefs.ErrPermissionDenied)
+	checkErr(t, e, writeString(ctx, e.w, nobody, "team/b.txt", "x"), errkind.ErrPermissionDenied)
 }
 
 // TestRunAsThreadsStayClean runs many user operations concurrently with
@@ -221,7 +221,7 @@ func TestRunAsNeedsRoot(t *testing.T) {
 	e.w.euid, e.w.egid = 1001, 1001
 	ctx := context.Background()
 	_, err := e.w.Stat(ctx, &userdb.User{Name: "nobody", UID: 65534, GID: 65534}, ".")
-	checkErr(t, e, err, errdefs.ErrPermissionDenied)
+	checkErr(t, e, err, errkind.ErrPermissionDenied)
 	_, err = e.w.Stat(ctx, &userdb.User{Name: "alice", UID: 1001, GID: 1001}, ".")
 	must(t, err)
 }

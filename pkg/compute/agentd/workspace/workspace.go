@@ -11,8 +11,8 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Config configures a Workspace.
@@ -24,7 +24,7 @@ type Config struct {
 	MaxReadBytes int64
 	// MaxWriteBytes bounds the bytes one WriteFile or one Commit change may
 	// write (0: no limit). A larger write fails with
-	// errdefs.ErrResourceExhausted and changes nothing.
+	// errkind.ErrResourceExhausted and changes nothing.
 	MaxWriteBytes int64
 	// Users names file owners in FileInfo (nil: numeric ids only).
 	Users *userdb.DB
@@ -38,7 +38,7 @@ type Config struct {
 type Grant struct {
 	// Path is absolute and not "/".
 	Path string
-	// ReadOnly refuses every change below Path with errdefs.ErrReadOnly.
+	// ReadOnly refuses every change below Path with errkind.ErrReadOnly.
 	ReadOnly bool
 }
 
@@ -89,7 +89,7 @@ func New(cfg Config) (*Workspace, error) {
 		log = zap.NewNop()
 	}
 	if cfg.MaxReadBytes < 0 || cfg.MaxWriteBytes < 0 {
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "workspace limits must not be negative")
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "workspace limits must not be negative")
 	}
 	ws, err := openMount(cfg.Root, false, false)
 	if err != nil {
@@ -111,14 +111,14 @@ func New(cfg Config) (*Workspace, error) {
 // openMount validates and opens a workspace or grant directory.
 func openMount(path string, readOnly, grant bool) (*mount, error) {
 	if !filepath.IsAbs(path) {
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "%q is not an absolute path", path)
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "%q is not an absolute path", path)
 	}
 	if strings.IndexByte(path, 0) >= 0 {
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "path contains a NUL byte")
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "path contains a NUL byte")
 	}
 	abs := filepath.Clean(path)
 	if abs == "/" {
-		return nil, errdefs.Errorf(errdefs.ErrInvalidArgument, "/ cannot be a workspace root or a grant")
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "/ cannot be a workspace root or a grant")
 	}
 	root, err := os.OpenRoot(abs)
 	if err != nil {
@@ -158,7 +158,7 @@ func (w *Workspace) SetGrants(grants []Grant) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.closed {
-		return errdefs.Errorf(errdefs.ErrFailedPrecondition, "workspace is closed")
+		return errkind.Errorf(errkind.ErrFailedPrecondition, "workspace is closed")
 	}
 	old := w.mounts.Load()
 	reuse := map[Grant]*mount{}
@@ -178,11 +178,11 @@ func (w *Workspace) SetGrants(grants []Grant) error {
 	seen := map[string]bool{}
 	for _, g := range grants {
 		if !filepath.IsAbs(g.Path) || filepath.Clean(g.Path) == "/" {
-			return fail(errdefs.Errorf(errdefs.ErrInvalidArgument, "grant %q must be an absolute path other than /", g.Path))
+			return fail(errkind.Errorf(errkind.ErrInvalidArgument, "grant %q must be an absolute path other than /", g.Path))
 		}
 		g.Path = filepath.Clean(g.Path)
 		if seen[g.Path] || g.Path == w.ws.abs {
-			return fail(errdefs.Errorf(errdefs.ErrInvalidArgument, "grant %q is given twice or is the workspace root", g.Path))
+			return fail(errkind.Errorf(errkind.ErrInvalidArgument, "grant %q is given twice or is the workspace root", g.Path))
 		}
 		seen[g.Path] = true
 		if m, ok := reuse[g]; ok {
@@ -206,7 +206,7 @@ func (w *Workspace) SetGrants(grants []Grant) error {
 				continue
 			}
 			if _, inside := within(rw.aliases, ro.abs); inside {
-				return fail(errdefs.Errorf(errdefs.ErrInvalidArgument,
+				return fail(errkind.Errorf(errkind.ErrInvalidArgument,
 					"read-only grant %q lies inside writable %q and could not be enforced", ro.abs, rw.abs))
 			}
 		}

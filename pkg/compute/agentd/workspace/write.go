@@ -17,8 +17,8 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/userdb"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
 // Overwrite says what WriteFile does when the target already exists.
@@ -29,10 +29,10 @@ const (
 	// OverwriteAlways creates the file or replaces an existing one.
 	OverwriteAlways Overwrite = iota
 	// OverwriteNever only creates: an existing target is
-	// errdefs.ErrAlreadyExists (checked atomically by the final rename).
+	// errkind.ErrAlreadyExists (checked atomically by the final rename).
 	OverwriteNever
 	// OverwriteOnlyIfExists only replaces: a missing target is
-	// errdefs.ErrNotFound.
+	// errkind.ErrNotFound.
 	OverwriteOnlyIfExists
 )
 
@@ -106,11 +106,11 @@ type stagedWrite struct {
 // editor that renames. Hard links to the old file keep the old content: the
 // target name gets a new inode.
 //
-// A size or checksum mismatch is errdefs.ErrConflict: the request
+// A size or checksum mismatch is errkind.ErrConflict: the request
 // contradicts itself, and retrying it unchanged cannot help. Exceeding
-// Config.MaxWriteBytes is errdefs.ErrResourceExhausted. Writing over a
-// directory is errdefs.ErrIsDirectory; over a FIFO, socket or device,
-// errdefs.ErrInvalidArgument.
+// Config.MaxWriteBytes is errkind.ErrResourceExhausted. Writing over a
+// directory is errkind.ErrIsDirectory; over a FIFO, socket or device,
+// errkind.ErrInvalidArgument.
 func (w *Workspace) WriteFile(ctx context.Context, u *userdb.User, opts WriteOptions, r io.Reader) (WriteResult, error) {
 	p := opts.Path
 	if err := w.checkWriteOptions(opts); err != nil {
@@ -141,15 +141,15 @@ func (w *Workspace) WriteFile(ctx context.Context, u *userdb.User, opts WriteOpt
 func (w *Workspace) checkWriteOptions(opts WriteOptions) error {
 	switch {
 	case opts.Mode&^fs.ModePerm != 0:
-		return errorf(errdefs.ErrInvalidArgument, "mode %v: only permission bits may be set", opts.Mode)
+		return errorf(errkind.ErrInvalidArgument, "mode %v: only permission bits may be set", opts.Mode)
 	case opts.Overwrite < OverwriteAlways || opts.Overwrite > OverwriteOnlyIfExists:
-		return errorf(errdefs.ErrInvalidArgument, "unknown overwrite policy %d", opts.Overwrite)
+		return errorf(errkind.ErrInvalidArgument, "unknown overwrite policy %d", opts.Overwrite)
 	case opts.ExpectedSize < UnknownSize:
-		return errorf(errdefs.ErrInvalidArgument, "expected size %d is negative", opts.ExpectedSize)
+		return errorf(errkind.ErrInvalidArgument, "expected size %d is negative", opts.ExpectedSize)
 	case opts.ExpectedSHA256 != nil && len(opts.ExpectedSHA256) != sha256.Size:
-		return errorf(errdefs.ErrInvalidArgument, "expected SHA-256 has %d bytes, not %d", len(opts.ExpectedSHA256), sha256.Size)
+		return errorf(errkind.ErrInvalidArgument, "expected SHA-256 has %d bytes, not %d", len(opts.ExpectedSHA256), sha256.Size)
 	case w.maxWrite > 0 && opts.ExpectedSize > w.maxWrite:
-		return errorf(errdefs.ErrResourceExhausted, "the file (%d bytes) exceeds the %d-byte write limit", opts.ExpectedSize, w.maxWrite)
+		return errorf(errkind.ErrResourceExhausted, "the file (%d bytes) exceeds the %d-byte write limit", opts.ExpectedSize, w.maxWrite)
 	}
 	return nil
 }
@@ -195,7 +195,7 @@ func (s *stagedWrite) checkTarget(policy Overwrite) error {
 	switch {
 	case errors.Is(err, unix.ENOENT):
 		if policy == OverwriteOnlyIfExists {
-			return errorf(errdefs.ErrNotFound, "the file does not exist and the write may only replace")
+			return errorf(errkind.ErrNotFound, "the file does not exist and the write may only replace")
 		}
 		return nil
 	case err != nil:
@@ -205,7 +205,7 @@ func (s *stagedWrite) checkTarget(policy Overwrite) error {
 		return err
 	}
 	if policy == OverwriteNever {
-		return errorf(errdefs.ErrAlreadyExists, "the file exists and the write may not replace it")
+		return errorf(errkind.ErrAlreadyExists, "the file exists and the write may not replace it")
 	}
 	s.exists, s.old = true, st
 	return checkWritable(s.dir, s.name)
@@ -219,9 +219,9 @@ func writableType(mode uint32) error {
 	case TypeDirectory:
 		return syscall.EISDIR
 	case TypeSymlink:
-		return errorf(errdefs.ErrConflict, "the target was replaced by a symbolic link concurrently")
+		return errorf(errkind.ErrConflict, "the target was replaced by a symbolic link concurrently")
 	default:
-		return errorf(errdefs.ErrInvalidArgument, "the target is not a regular file (%s)", t)
+		return errorf(errkind.ErrInvalidArgument, "the target is not a regular file (%s)", t)
 	}
 }
 
@@ -249,11 +249,11 @@ func (w *Workspace) fillAndCommit(ctx context.Context, u *userdb.User, opts Writ
 	}
 	switch {
 	case opts.ExpectedSize >= 0 && n != opts.ExpectedSize:
-		return WriteResult{}, errorf(errdefs.ErrConflict, "received %d bytes but %d were announced", n, opts.ExpectedSize)
+		return WriteResult{}, errorf(errkind.ErrConflict, "received %d bytes but %d were announced", n, opts.ExpectedSize)
 	case w.maxWrite > 0 && n > w.maxWrite:
-		return WriteResult{}, errorf(errdefs.ErrResourceExhausted, "the content exceeds the %d-byte write limit", w.maxWrite)
+		return WriteResult{}, errorf(errkind.ErrResourceExhausted, "the content exceeds the %d-byte write limit", w.maxWrite)
 	case opts.ExpectedSHA256 != nil && !bytes.Equal(sum, opts.ExpectedSHA256):
-		return WriteResult{}, errorf(errdefs.ErrConflict, "the content's SHA-256 does not match the announced one")
+		return WriteResult{}, errorf(errkind.ErrConflict, "the content's SHA-256 does not match the announced one")
 	}
 	mode := opts.Mode
 	if mode == 0 {

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // TestWriteAtomicUnderConcurrentReads alternates two contents of different
@@ -107,23 +107,23 @@ func TestWriteFailureKeepsOldContent(t *testing.T) {
 		{name: "context canceled", opts: WriteOptions{ExpectedSize: -1},
 			r: func(cancel func()) io.Reader {
 				return &failingReader{n: 3 << 20, err: io.EOF, during: cancel}
-			}, want: errdefs.ErrCanceled},
+			}, want: errkind.ErrCanceled},
 		{name: "short content", opts: WriteOptions{ExpectedSize: 10},
-			r: func(func()) io.Reader { return strings.NewReader("short") }, want: errdefs.ErrConflict},
+			r: func(func()) io.Reader { return strings.NewReader("short") }, want: errkind.ErrConflict},
 		{name: "long content", opts: WriteOptions{ExpectedSize: 3},
-			r: func(func()) io.Reader { return strings.NewReader("too long") }, want: errdefs.ErrConflict},
+			r: func(func()) io.Reader { return strings.NewReader("too long") }, want: errkind.ErrConflict},
 		{name: "checksum mismatch", opts: WriteOptions{ExpectedSize: -1, ExpectedSHA256: make([]byte, 32)},
-			r: func(func()) io.Reader { return strings.NewReader("content") }, want: errdefs.ErrConflict},
+			r: func(func()) io.Reader { return strings.NewReader("content") }, want: errkind.ErrConflict},
 		{name: "write limit", opts: WriteOptions{ExpectedSize: -1}, max: 1000,
-			r: func(func()) io.Reader { return &failingReader{n: 5000, err: io.EOF} }, want: errdefs.ErrResourceExhausted},
+			r: func(func()) io.Reader { return &failingReader{n: 5000, err: io.EOF} }, want: errkind.ErrResourceExhausted},
 		{name: "announced size over limit", opts: WriteOptions{ExpectedSize: 5000}, max: 1000,
-			r: func(func()) io.Reader { return strings.NewReader("x") }, want: errdefs.ErrResourceExhausted},
+			r: func(func()) io.Reader { return strings.NewReader("x") }, want: errkind.ErrResourceExhausted},
 		{name: "never overwrite", opts: WriteOptions{ExpectedSize: -1, Overwrite: OverwriteNever},
-			r: func(func()) io.Reader { return strings.NewReader("x") }, want: errdefs.ErrAlreadyExists},
+			r: func(func()) io.Reader { return strings.NewReader("x") }, want: errkind.ErrAlreadyExists},
 		{name: "setuid mode", opts: WriteOptions{ExpectedSize: -1, Mode: fs.ModeSetuid | 0o755},
-			r: func(func()) io.Reader { return strings.NewReader("x") }, want: errdefs.ErrInvalidArgument},
+			r: func(func()) io.Reader { return strings.NewReader("x") }, want: errkind.ErrInvalidArgument},
 		{name: "bad checksum length", opts: WriteOptions{ExpectedSize: -1, ExpectedSHA256: []byte{1}},
-			r: func(func()) io.Reader { return strings.NewReader("x") }, want: errdefs.ErrInvalidArgument},
+			r: func(func()) io.Reader { return strings.NewReader("x") }, want: errkind.ErrInvalidArgument},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -192,7 +192,7 @@ func TestWriteSemantics(t *testing.T) {
 	if !bytes.Equal(res.SHA256, sum[:]) || res.Info.Size != 6 || res.Info.Mode != DefaultFileMode || res.Info.Name != "f.txt" || res.Info.Path != "new/dir/f.txt" || res.Info.Owner != "root" {
 		t.Fatalf("result %+v", res)
 	}
-	checkErr(t, e, writeString(ctx, e.w, nil, "missing/f.txt", "x"), errdefs.ErrNotFound)
+	checkErr(t, e, writeString(ctx, e.w, nil, "missing/f.txt", "x"), errkind.ErrNotFound)
 
 	// The digest is computed when asked for, and only then.
 	res, err = e.w.WriteFile(ctx, nil, WriteOptions{Path: "h1.txt", ExpectedSize: UnknownSize, ComputeSHA256: true}, strings.NewReader(content))
@@ -220,7 +220,7 @@ func TestWriteSemantics(t *testing.T) {
 
 	// Policies.
 	_, err = e.w.WriteFile(ctx, nil, WriteOptions{Path: "absent.txt", Overwrite: OverwriteOnlyIfExists, ExpectedSize: -1}, strings.NewReader("x"))
-	checkErr(t, e, err, errdefs.ErrNotFound)
+	checkErr(t, e, err, errkind.ErrNotFound)
 	_, err = e.w.WriteFile(ctx, nil, WriteOptions{Path: "m.txt", Overwrite: OverwriteOnlyIfExists, ExpectedSize: -1}, strings.NewReader("only"))
 	must(t, err)
 	_, err = e.w.WriteFile(ctx, nil, WriteOptions{Path: "fresh.txt", Overwrite: OverwriteNever, ExpectedSize: -1}, strings.NewReader("x"))
@@ -228,7 +228,7 @@ func TestWriteSemantics(t *testing.T) {
 
 	// Over a directory.
 	must(t, os.Mkdir(e.path("adir"), 0o755))
-	checkErr(t, e, writeString(ctx, e.w, nil, "adir", "x"), errdefs.ErrIsDirectory)
+	checkErr(t, e, writeString(ctx, e.w, nil, "adir", "x"), errkind.ErrIsDirectory)
 	// Through an inner symlink: the target changes, the link stays.
 	must(t, os.Symlink("new/dir/f.txt", e.path("link")))
 	must(t, writeString(ctx, e.w, nil, "link", "via link"))
@@ -273,11 +273,11 @@ func TestReadRanges(t *testing.T) {
 		}
 	}
 	_, err := e.w.ReadFile(ctx, nil, "f", -1, 0)
-	checkErr(t, e, err, errdefs.ErrInvalidArgument)
+	checkErr(t, e, err, errkind.ErrInvalidArgument)
 	_, err = e.w.ReadFile(ctx, nil, "nope", 0, 0)
-	checkErr(t, e, err, errdefs.ErrNotFound)
+	checkErr(t, e, err, errkind.ErrNotFound)
 	_, err = e.w.ReadFile(ctx, nil, "f/x", 0, 0)
-	checkErr(t, e, err, errdefs.ErrNotDirectory)
+	checkErr(t, e, err, errkind.ErrNotDirectory)
 }
 
 // TestCleanupTemp removes leftovers of interrupted writes only.
@@ -337,9 +337,9 @@ func TestStatListMkdirRemoveRename(t *testing.T) {
 		t.Fatalf("names %v", names)
 	}
 	_, err := e.w.ListDir(ctx, nil, "dir", ListOptions{PageToken: "!!"})
-	checkErr(t, e, err, errdefs.ErrInvalidArgument)
+	checkErr(t, e, err, errkind.ErrInvalidArgument)
 	_, err = e.w.ListDir(ctx, nil, "dir/a", ListOptions{})
-	checkErr(t, e, err, errdefs.ErrNotDirectory)
+	checkErr(t, e, err, errkind.ErrNotDirectory)
 
 	fi, err := e.w.Stat(ctx, nil, "dir/a")
 	must(t, err)
@@ -353,16 +353,16 @@ func TestStatListMkdirRemoveRename(t *testing.T) {
 	}
 
 	must(t, e.w.MakeDir(ctx, nil, "m", 0o700, false))
-	checkErr(t, e, e.w.MakeDir(ctx, nil, "m", 0o700, false), errdefs.ErrAlreadyExists)
+	checkErr(t, e, e.w.MakeDir(ctx, nil, "m", 0o700, false), errkind.ErrAlreadyExists)
 	must(t, e.w.MakeDir(ctx, nil, "m", 0o700, true))
-	checkErr(t, e, e.w.MakeDir(ctx, nil, "dir/a", 0, true), errdefs.ErrAlreadyExists)
-	checkErr(t, e, e.w.MakeDir(ctx, nil, "x/y", 0, false), errdefs.ErrNotFound)
+	checkErr(t, e, e.w.MakeDir(ctx, nil, "dir/a", 0, true), errkind.ErrAlreadyExists)
+	checkErr(t, e, e.w.MakeDir(ctx, nil, "x/y", 0, false), errkind.ErrNotFound)
 	if st, _ := os.Stat(e.path("m")); st.Mode().Perm() != 0o700 {
 		t.Fatalf("mkdir mode %v", st.Mode())
 	}
 
-	checkErr(t, e, e.w.Remove(ctx, nil, "dir", false), errdefs.ErrNotEmpty)
-	checkErr(t, e, e.w.Remove(ctx, nil, "nope", true), errdefs.ErrNotFound)
+	checkErr(t, e, e.w.Remove(ctx, nil, "dir", false), errkind.ErrNotEmpty)
+	checkErr(t, e, e.w.Remove(ctx, nil, "nope", true), errkind.ErrNotFound)
 	must(t, e.w.Remove(ctx, nil, "m", false))
 	must(t, e.w.Remove(ctx, nil, "dir/link", false))
 	if _, err := os.Stat(e.path("dir/a")); err != nil {
@@ -370,16 +370,16 @@ func TestStatListMkdirRemoveRename(t *testing.T) {
 	}
 
 	must(t, e.w.Rename(ctx, nil, "dir/a", "dir/z", false))
-	checkErr(t, e, e.w.Rename(ctx, nil, "dir/b", "dir/z", false), errdefs.ErrAlreadyExists)
+	checkErr(t, e, e.w.Rename(ctx, nil, "dir/b", "dir/z", false), errkind.ErrAlreadyExists)
 	must(t, e.w.Rename(ctx, nil, "dir/b", "dir/z", true))
-	checkErr(t, e, e.w.Rename(ctx, nil, "dir/nope", "dir/y", true), errdefs.ErrNotFound)
-	checkErr(t, e, e.w.Rename(ctx, nil, "dir/c", e.grantRW+"/c", true), errdefs.ErrInvalidArgument)
+	checkErr(t, e, e.w.Rename(ctx, nil, "dir/nope", "dir/y", true), errkind.ErrNotFound)
+	checkErr(t, e, e.w.Rename(ctx, nil, "dir/c", e.grantRW+"/c", true), errkind.ErrInvalidArgument)
 	must(t, os.Mkdir(e.path("full"), 0o755))
 	e.put(t, "full/x", "x", 0o644)
 	must(t, os.Mkdir(e.path("empty"), 0o755))
-	checkErr(t, e, e.w.Rename(ctx, nil, "empty", "full", true), errdefs.ErrNotEmpty)
-	checkErr(t, e, e.w.Rename(ctx, nil, "dir/c", "full", true), errdefs.ErrIsDirectory)
-	checkErr(t, e, e.w.Rename(ctx, nil, "full", "full/x/in", true), errdefs.ErrNotDirectory)
+	checkErr(t, e, e.w.Rename(ctx, nil, "empty", "full", true), errkind.ErrNotEmpty)
+	checkErr(t, e, e.w.Rename(ctx, nil, "dir/c", "full", true), errkind.ErrIsDirectory)
+	checkErr(t, e, e.w.Rename(ctx, nil, "full", "full/x/in", true), errkind.ErrNotDirectory)
 	must(t, e.w.Remove(ctx, nil, "dir", true))
 	if _, err := os.Stat(e.path("dir")); !os.IsNotExist(err) {
 		t.Fatal("recursive remove left the directory")

@@ -15,13 +15,13 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/compaction"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 )
 
 // wireTypes lists the "type" of each input item of a recorded request
 // (short-form messages have none: "message").
-func wireTypes(r *rt.Request) []string {
+func wireTypes(r *replay.Request) []string {
 	var out []string
 	for _, it := range r.Input() {
 		s, _ := it["type"].(string)
@@ -37,13 +37,13 @@ func wireTypes(r *rt.Request) []string {
 // capabilities to sandbox agents): turn 2 returns a compaction item, and
 // turn 3's request starts at it, while the run keeps the whole conversation.
 func TestRunDropsItemsBeforeCompaction(t *testing.T) {
-	srv := rt.NewServer(
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("call_1", "lookup", `{"q":"a"}`)}},
-		rt.Turn{Items: []rt.Item{
-			rt.Compaction("cmp_1", "ENCRYPTED-SUMMARY"),
-			rt.FunctionCall("call_2", "lookup", `{"q":"b"}`),
+	srv := replay.NewServer(
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("call_1", "lookup", `{"q":"a"}`)}},
+		replay.Turn{Items: []replay.Item{
+			replay.Compaction("cmp_1", "ENCRYPTED-SUMMARY"),
+			replay.FunctionCall("call_2", "lookup", `{"q":"b"}`),
 		}},
-		rt.Turn{Items: []rt.Item{rt.Message("all done")}},
+		replay.Turn{Items: []replay.Item{replay.Message("all done")}},
 	)
 	t.Cleanup(func() {
 		srv.Close()

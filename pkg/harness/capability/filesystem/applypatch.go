@@ -10,7 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/patch"
@@ -167,7 +167,7 @@ func failure(msg string) tool.Result { return tool.Result{Output: msg, IsError: 
 // Other pre-check failures (a size limit) are left to the daemon, whose
 // limits are the ones that count.
 func isMalformed(err error) bool {
-	return err != nil && errors.Is(err, errdefs.ErrInvalidArgument)
+	return err != nil && errors.Is(err, errkind.ErrInvalidArgument)
 }
 
 // decodeOperations reads the per-file operation form: {"operations": [...]}
@@ -258,7 +258,7 @@ func successSummary(changes []*agentdv1.PatchChange) string {
 // from the typed rejection, which is written for the model and names only
 // the patch's paths, and otherwise the harness's wording for the class.
 func patchFailure(err error, workdir string) (msg string, ok bool) {
-	if errors.Is(err, errdefs.ErrUserNotFound) {
+	if errors.Is(err, errkind.ErrUserNotFound) {
 		return "", false
 	}
 	rej := agentclient.PatchRejection(err)
@@ -266,18 +266,18 @@ func patchFailure(err error, workdir string) (msg string, ok bool) {
 	// A PathError says the workspace failed on a file the patch needed
 	// (while planning or committing): its cause is worded here, more
 	// precisely than the engine's generic "cannot access the file".
-	var pe *errdefs.PathError
+	var pe *errkind.PathError
 	fileFailure := errors.As(err, &pe)
 	var b strings.Builder
 	b.WriteString("apply_patch verification failed: ")
 	switch {
-	case errors.Is(err, errdefs.ErrPathEscape):
+	case errors.Is(err, errkind.ErrPathEscape):
 		fmt.Fprintf(&b, "the path '%s' leads outside the workspace", p)
 		if workdir != "" {
 			fmt.Fprintf(&b, " (relative paths are resolved from the working directory '%s')", workdir)
 		}
 		b.WriteString("; every path of a patch must stay inside the workspace, also through symbolic links.")
-	case errors.Is(err, errdefs.ErrReadOnly):
+	case errors.Is(err, errkind.ErrReadOnly):
 		fmt.Fprintf(&b, "the path '%s' is read-only.", p)
 	case rej.GetMessage() != "" && !fileFailure:
 		b.WriteString(rej.GetMessage())
@@ -285,12 +285,12 @@ func patchFailure(err error, workdir string) (msg string, ok bool) {
 	case rej != nil:
 		b.WriteString(pathCause(p, err))
 		writeRejectionDetail(&b, rej)
-	case errors.Is(err, errdefs.ErrPermissionDenied):
+	case errors.Is(err, errkind.ErrPermissionDenied):
 		fmt.Fprintf(&b, "permission denied: the sandbox user may not change '%s'.", p)
-	case errors.Is(err, errdefs.ErrNoSpace):
+	case errors.Is(err, errkind.ErrNoSpace):
 		b.WriteString("the sandbox has no space left on its disk.")
-	case errors.Is(err, errdefs.ErrPatchRejected), errors.Is(err, errdefs.ErrInvalidArgument),
-		errors.Is(err, errdefs.ErrResourceExhausted):
+	case errors.Is(err, errkind.ErrPatchRejected), errors.Is(err, errkind.ErrInvalidArgument),
+		errors.Is(err, errkind.ErrResourceExhausted):
 		b.WriteString(pathCause(p, err))
 	default:
 		return "", false
@@ -314,13 +314,13 @@ var causes = [...]struct {
 	sentinel error
 	text     string
 }{
-	{errdefs.ErrNotDirectory, "not a directory: a parent of this path is a file"},
-	{errdefs.ErrIsDirectory, "this is a directory, not a file"},
-	{errdefs.ErrNotFound, "no such file or directory"},
-	{errdefs.ErrPermissionDenied, "permission denied"},
-	{errdefs.ErrReadOnly, "the path is read-only"},
-	{errdefs.ErrNoSpace, "no space left on the sandbox's disk"},
-	{errdefs.ErrResourceExhausted, "a limit of the sandbox was exceeded"},
+	{errkind.ErrNotDirectory, "not a directory: a parent of this path is a file"},
+	{errkind.ErrIsDirectory, "this is a directory, not a file"},
+	{errkind.ErrNotFound, "no such file or directory"},
+	{errkind.ErrPermissionDenied, "permission denied"},
+	{errkind.ErrReadOnly, "the path is read-only"},
+	{errkind.ErrNoSpace, "no space left on the sandbox's disk"},
+	{errkind.ErrResourceExhausted, "a limit of the sandbox was exceeded"},
 }
 
 // causeText names the specific reason of a failure by its class (a
@@ -338,7 +338,7 @@ func causeText(err error) string {
 // sentinelText names err's class by its sentinel's text, never by the
 // error's own text.
 func sentinelText(err error) string {
-	if c, ok := errdefs.ClassOf(err); ok {
+	if c, ok := errkind.ClassOf(err); ok {
 		return c.Err.Error()
 	}
 	return "the operation failed"
@@ -417,7 +417,7 @@ func rejectedPath(err error) string {
 	if rej := agentclient.PatchRejection(err); rej != nil && rej.GetPath() != "" {
 		return rej.GetPath()
 	}
-	var pe *errdefs.PathError
+	var pe *errkind.PathError
 	if errors.As(err, &pe) {
 		return pe.Path
 	}
@@ -425,4 +425,4 @@ func rejectedPath(err error) string {
 }
 
 // errorClass names err's class for logs.
-func errorClass(err error) string { return errdefs.Name(err) }
+func errorClass(err error) string { return errkind.Name(err) }

@@ -13,7 +13,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/filesystem"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -122,18 +122,18 @@ func TestDefinitionsOnTheWire(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		opts   filesystem.Options
-		call   rt.Item
+		call   replay.Item
 		golden string
 	}{
 		{"freeform", filesystem.Options{},
-			rt.CustomToolCall("call_p", "apply_patch", "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"),
+			replay.CustomToolCall("call_p", "apply_patch", "*** Begin Patch\n*** Add File: hello.txt\n+hello\n*** End Patch\n"),
 			"tools.freeform.json"},
 		{"json", filesystem.Options{PatchFormat: filesystem.PatchJSON},
-			rt.FunctionCall("call_p", "apply_patch", `{"operations":[{"type":"create_file","path":"hello.txt","diff":"+hello\n"}]}`),
+			replay.FunctionCall("call_p", "apply_patch", `{"operations":[{"type":"create_file","path":"hello.txt","diff":"+hello\n"}]}`),
 			"tools.json.json"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			srv := rt.NewServer(rt.Turn{Items: []rt.Item{tc.call}})
+			srv := replay.NewServer(replay.Turn{Items: []replay.Item{tc.call}})
 			t.Cleanup(srv.Close)
 			m, err := model.NewOpenAI(model.Config{Model: "gpt-test", APIKey: "sk-test", BaseURL: srv.URL(),
 				Retry: model.RetryPolicy{MaxAttempts: 1, InitialBackoff: time.Millisecond, MaxBackoff: time.Millisecond}})

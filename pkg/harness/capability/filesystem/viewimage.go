@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -146,18 +146,18 @@ func notImage(shown string) tool.Result {
 func (t *viewImageTool) readFailure(call tool.Context, shown string, err error) (tool.Result, error) {
 	var msg string
 	switch {
-	case errors.Is(err, errdefs.ErrUserNotFound):
+	case errors.Is(err, errkind.ErrUserNotFound):
 		return tool.Result{}, fmt.Errorf("view_image %s: %w", shown, err)
-	case errors.Is(err, errdefs.ErrNotFound):
+	case errors.Is(err, errkind.ErrNotFound):
 		msg = fmt.Sprintf("image path `%s` was not found", shown)
-	case errors.Is(err, errdefs.ErrPathEscape):
+	case errors.Is(err, errkind.ErrPathEscape):
 		msg = fmt.Sprintf("image path `%s` is outside the workspace", shown)
 		if call.Workdir != "" && !path.IsAbs(shown) {
 			msg += fmt.Sprintf(" (relative paths are resolved from the working directory '%s')", call.Workdir)
 		}
-	case errors.Is(err, errdefs.ErrPermissionDenied), errors.Is(err, errdefs.ErrIsDirectory),
-		errors.Is(err, errdefs.ErrNotDirectory), errors.Is(err, errdefs.ErrResourceExhausted),
-		errors.Is(err, errdefs.ErrInvalidArgument):
+	case errors.Is(err, errkind.ErrPermissionDenied), errors.Is(err, errkind.ErrIsDirectory),
+		errors.Is(err, errkind.ErrNotDirectory), errors.Is(err, errkind.ErrResourceExhausted),
+		errors.Is(err, errkind.ErrInvalidArgument):
 		msg = fmt.Sprintf("unable to read image at `%s`: %s", shown, sentinelText(err))
 	default:
 		return tool.Result{}, fmt.Errorf("view_image %s: %w", shown, err)

@@ -19,7 +19,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/memory"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
 func ctxT(t *testing.T) context.Context {
@@ -29,9 +29,9 @@ func ctxT(t *testing.T) context.Context {
 }
 
 // testModel returns a model answering from a scripted server.
-func testModel(t *testing.T, turns ...rt.Turn) (*rt.Server, model.Model) {
+func testModel(t *testing.T, turns ...replay.Turn) (*replay.Server, model.Model) {
 	t.Helper()
-	srv := rt.NewServer(turns...)
+	srv := replay.NewServer(turns...)
 	t.Cleanup(srv.Close)
 	m, err := model.NewOpenAI(model.Config{APIKey: "x", BaseURL: srv.URL(), Retry: model.RetryPolicy{MaxAttempts: 1}})
 	if err != nil {
@@ -77,7 +77,7 @@ func fenced(t *testing.T, frag string) string {
 }
 
 // inputText returns the text of the request's first input message.
-func inputText(t *testing.T, r *rt.Request) string {
+func inputText(t *testing.T, r *replay.Request) string {
 	t.Helper()
 	msgs := r.InputOfType("message")
 	if len(msgs) != 1 {
@@ -229,7 +229,7 @@ func TestEndWritesSummary(t *testing.T) {
 	old := "# Notes\n- Tests run with `go test ./...`.\n"
 	writeWS(t, d, "memories/memory_summary.md", old)
 	answer := "# Notes\n- Tests run with `go test ./...`.\n- pkg/calc: Add once used subtraction (fixed)."
-	srv, m := testModel(t, rt.Turn{Items: []rt.Item{rt.Message("\n" + answer + "\n\n")}})
+	srv, m := testModel(t, replay.Turn{Items: []replay.Item{replay.Message("\n" + answer + "\n\n")}})
 	_, end := hooks(t, memory.New(memory.Options{SummaryModel: "summary-model", MaxItemBytes: 200}))
 
 	long := "FAIL-START " + strings.Repeat("x", 10000) + " FAIL-END"
@@ -285,7 +285,7 @@ func TestEndWritesSummary(t *testing.T) {
 	// Without a summary model, the run's model name is used; without a
 	// current memory, the input says so; a prompt override is used as is.
 	d2 := agentdtest.Start(t, nil)
-	srv.Enqueue(rt.Turn{Items: []rt.Item{rt.Message("first memory")}})
+	srv.Enqueue(replay.Turn{Items: []replay.Item{replay.Message("first memory")}})
 	_, end2 := hooks(t, memory.New(memory.Options{SummaryPrompt: "CUSTOM PROMPT"}))
 	info.Agent = d2.Client
 	if err := end2.OnRunEnd(ctxT(t), info); err != nil {
@@ -303,7 +303,7 @@ func TestEndWritesSummary(t *testing.T) {
 func TestEndModelFailureIsReturned(t *testing.T) {
 	d := agentdtest.Start(t, nil)
 	writeWS(t, d, "memories/memory_summary.md", "keep me\n")
-	_, m := testModel(t, rt.Fail(500), rt.Turn{Items: []rt.Item{rt.Message("   ")}}, rt.Turn{Items: []rt.Item{rt.Message("cut")}, Incomplete: "max_output_tokens"})
+	_, m := testModel(t, replay.Fail(500), replay.Turn{Items: []replay.Item{replay.Message("   ")}}, replay.Turn{Items: []replay.Item{replay.Message("cut")}, Incomplete: "max_output_tokens"})
 	_, end := hooks(t, memory.New(memory.Options{}))
 	info := capability.RunInfo{Agent: d.Client, Model: m, ModelName: "run-model", Items: runItems("ok")}
 	for _, want := range []string{"500", "no text", "incomplete"} {
@@ -381,10 +381,10 @@ func TestReadOnlyAndDisabled(t *testing.T) {
 // the second run's instructions.
 func TestMemoryCarriedToNextRun(t *testing.T) {
 	srv, m := testModel(t,
-		rt.Turn{Items: []rt.Item{rt.Message("Run one is done.")}},
-		rt.Turn{Items: []rt.Item{rt.Message("# Notes\n- The answer is 42 (learned in run one).")}},
-		rt.Turn{Items: []rt.Item{rt.Message("Run two is done.")}},
-		rt.Turn{Items: []rt.Item{rt.Message("# Notes\n- The answer is 42.\n- Run two confirmed it.")}},
+		replay.Turn{Items: []replay.Item{replay.Message("Run one is done.")}},
+		replay.Turn{Items: []replay.Item{replay.Message("# Notes\n- The answer is 42 (learned in run one).")}},
+		replay.Turn{Items: []replay.Item{replay.Message("Run two is done.")}},
+		replay.Turn{Items: []replay.Item{replay.Message("# Notes\n- The answer is 42.\n- Run two confirmed it.")}},
 	)
 	prov := agentdtest.NewProvider(t, nil)
 	client := compute.NewClient(prov, compute.ClientOptions{Log: zaptest.NewLogger(t)})

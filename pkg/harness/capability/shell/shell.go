@@ -27,7 +27,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -220,7 +220,7 @@ func killProcess(ctx context.Context, agent *agentclient.Client, pid string) err
 		return nil
 	}
 	err := agent.Signal(ctx, pid, "KILL")
-	if err == nil || errors.Is(err, errdefs.ErrFailedPrecondition) || errors.Is(err, errdefs.ErrNotFound) {
+	if err == nil || errors.Is(err, errkind.ErrFailedPrecondition) || errors.Is(err, errkind.ErrNotFound) {
 		return nil
 	}
 	return err

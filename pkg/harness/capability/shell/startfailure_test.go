@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -14,9 +14,9 @@ import (
 // and never reaches the model.
 func TestStartFailureUsesClassAndShapeOnly(t *testing.T) {
 	const noise = "run_as working directory /host/secret"
-	start := func(err error) error { return &errdefs.ProcessError{Op: "start", Err: err} }
+	start := func(err error) error { return &errkind.ProcessError{Op: "start", Err: err} }
 	workdir := func(s error) error {
-		return start(&errdefs.PathError{Op: "chdir", Path: "sub", Err: errdefs.Errorf(s, noise)})
+		return start(&errkind.PathError{Op: "chdir", Path: "sub", Err: errkind.Errorf(s, noise)})
 	}
 	wd := "sub"
 	spec := &agentdv1.ProcessSpec{User: "agent", Shell: "/bin/zsh"}
@@ -26,16 +26,16 @@ func TestStartFailureUsesClassAndShapeOnly(t *testing.T) {
 		want string
 		ok   bool
 	}{
-		{"unknown user", start(fmt.Errorf("run_as: %w", errdefs.Errorf(errdefs.ErrUserNotFound, noise))),
+		{"unknown user", start(fmt.Errorf("run_as: %w", errkind.Errorf(errkind.ErrUserNotFound, noise))),
 			`the user "agent" that commands run as does not exist in the sandbox`, true},
-		{"missing workdir", workdir(errdefs.ErrNotFound), `workdir "sub" does not exist`, true},
-		{"workdir not a directory", workdir(errdefs.ErrNotDirectory), `workdir "sub" is not a directory`, true},
-		{"workdir not enterable", workdir(errdefs.ErrPermissionDenied), `workdir "sub" cannot be entered by the user commands run as`, true},
-		{"workdir escapes", workdir(errdefs.ErrPathEscape), `workdir "sub" is outside the workspace`, true},
-		{"missing shell", start(errdefs.Errorf(errdefs.ErrNotFound, noise)), `shell "/bin/zsh" does not exist in the sandbox`, true},
-		{"shell not runnable", start(errdefs.Errorf(errdefs.ErrPermissionDenied, noise)),
+		{"missing workdir", workdir(errkind.ErrNotFound), `workdir "sub" does not exist`, true},
+		{"workdir not a directory", workdir(errkind.ErrNotDirectory), `workdir "sub" is not a directory`, true},
+		{"workdir not enterable", workdir(errkind.ErrPermissionDenied), `workdir "sub" cannot be entered by the user commands run as`, true},
+		{"workdir escapes", workdir(errkind.ErrPathEscape), `workdir "sub" is outside the workspace`, true},
+		{"missing shell", start(errkind.Errorf(errkind.ErrNotFound, noise)), `shell "/bin/zsh" does not exist in the sandbox`, true},
+		{"shell not runnable", start(errkind.Errorf(errkind.ErrPermissionDenied, noise)),
 			`permission denied: shell "/bin/zsh" cannot be run by the user commands run as in this directory`, true},
-		{"internal", start(errdefs.Errorf(errdefs.ErrInternal, noise)), "", false},
+		{"internal", start(errkind.Errorf(errkind.ErrInternal, noise)), "", false},
 		{"unclassified", errors.New(noise), "", false},
 	} {
 		got, ok := startFailure(c.err, &wd, spec)

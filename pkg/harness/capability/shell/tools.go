@@ -12,7 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -169,7 +169,7 @@ func (s *Shell) writeStdin(ctx context.Context, call tool.Context, input string)
 			}), IsError: true}, nil
 		}
 		if err := s.write(ctx, p, []byte(chars)); err != nil {
-			if errors.Is(err, errdefs.ErrNotFound) {
+			if errors.Is(err, errkind.ErrNotFound) {
 				s.remove(p)
 				return notFound(), nil
 			}
@@ -197,7 +197,7 @@ func (s *Shell) write(ctx context.Context, p *proc, data []byte) error {
 		// (an empty write at offset 0 returns the daemon's offset).
 		next, err := p.agent.WriteStdin(ctx, p.pid, 0, nil)
 		if err != nil {
-			if errors.Is(err, errdefs.ErrFailedPrecondition) {
+			if errors.Is(err, errkind.ErrFailedPrecondition) {
 				return nil
 			}
 			return err
@@ -209,7 +209,7 @@ func (s *Shell) write(ctx context.Context, p *proc, data []byte) error {
 	case err == nil:
 		p.stdin = next
 		return nil
-	case errors.Is(err, errdefs.ErrFailedPrecondition):
+	case errors.Is(err, errkind.ErrFailedPrecondition):
 		p.stdinUnknown = true
 		return nil
 	}
@@ -228,7 +228,7 @@ func (s *Shell) collect(ctx context.Context, call tool.Context, p *proc, deadlin
 		wait := max(time.Until(deadline), 0)
 		resp, err := p.agent.ReadOutput(ctx, p.pid, p.cursor, wait, 0)
 		if err != nil {
-			if errors.Is(err, errdefs.ErrNotFound) {
+			if errors.Is(err, errkind.ErrNotFound) {
 				s.remove(p)
 				return update{notFound: true}, nil
 			}
@@ -342,32 +342,32 @@ func startFailure(err error, workdir *string, spec *agentdv1.ProcessSpec) (strin
 	// The one path of a start is its working directory: a failure that
 	// carries a path concerns the directory, one without concerns the
 	// program (see ErrorDetail.path).
-	var pe *errdefs.PathError
+	var pe *errkind.PathError
 	isPath := errors.As(err, &pe)
 	switch {
-	case errors.Is(err, errdefs.ErrUserNotFound):
+	case errors.Is(err, errkind.ErrUserNotFound):
 		return fmt.Sprintf("the user %q that commands run as does not exist in the sandbox", spec.GetUser()), true
-	case errors.Is(err, errdefs.ErrPathEscape):
+	case errors.Is(err, errkind.ErrPathEscape):
 		return dir + " is outside the workspace", true
-	case errors.Is(err, errdefs.ErrReadOnly):
+	case errors.Is(err, errkind.ErrReadOnly):
 		return dir + " is read-only", true
-	case isPath && errors.Is(err, errdefs.ErrNotFound):
+	case isPath && errors.Is(err, errkind.ErrNotFound):
 		return dir + " does not exist", true
-	case isPath && errors.Is(err, errdefs.ErrNotDirectory):
+	case isPath && errors.Is(err, errkind.ErrNotDirectory):
 		return dir + " is not a directory", true
-	case isPath && errors.Is(err, errdefs.ErrPermissionDenied):
+	case isPath && errors.Is(err, errkind.ErrPermissionDenied):
 		return dir + " cannot be entered by the user commands run as", true
-	case isPath && errors.Is(err, errdefs.ErrInvalidArgument):
+	case isPath && errors.Is(err, errkind.ErrInvalidArgument):
 		return dir + " is not a valid path", true
-	case errors.Is(err, errdefs.ErrNotFound):
+	case errors.Is(err, errkind.ErrNotFound):
 		return shell + " does not exist in the sandbox", true
-	case errors.Is(err, errdefs.ErrPermissionDenied):
+	case errors.Is(err, errkind.ErrPermissionDenied):
 		return "permission denied: " + shell + " cannot be run by the user commands run as in this directory", true
-	case errors.Is(err, errdefs.ErrNotDirectory):
+	case errors.Is(err, errkind.ErrNotDirectory):
 		return shell + " is not a program (a path component is not a directory)", true
-	case errors.Is(err, errdefs.ErrResourceExhausted):
+	case errors.Is(err, errkind.ErrResourceExhausted):
 		return "the sandbox is running as many processes as it allows; wait for some to finish or stop them", true
-	case errors.Is(err, errdefs.ErrInvalidArgument):
+	case errors.Is(err, errkind.ErrInvalidArgument):
 		return "the command cannot be started: its text, shell or environment is invalid (for example too long or containing a NUL byte)", true
 	}
 	return "", false

@@ -11,7 +11,7 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/errdefs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -129,7 +129,7 @@ func staged(ctx context.Context, call tool.Context, p string) (bool, error) {
 	switch {
 	case err == nil:
 		return true, nil
-	case errors.Is(err, errdefs.ErrNotFound) && !errors.Is(err, errdefs.ErrUserNotFound):
+	case errors.Is(err, errkind.ErrNotFound) && !errors.Is(err, errkind.ErrUserNotFound):
 		return false, nil
 	}
 	return false, err
@@ -174,12 +174,12 @@ func write(ctx context.Context, call tool.Context, p string, f file) error {
 // anything else (the sandbox is gone, the run's user is unknown) ends the
 // call with an error.
 func (t *loadSkillTool) stageFailure(call tool.Context, name string, err error) (tool.Result, error) {
-	if errors.Is(err, errdefs.ErrUserNotFound) {
+	if errors.Is(err, errkind.ErrUserNotFound) {
 		return tool.Result{}, fmt.Errorf("load_skill %s: %w", name, err)
 	}
-	for _, s := range []error{errdefs.ErrPermissionDenied, errdefs.ErrReadOnly, errdefs.ErrNotDirectory,
-		errdefs.ErrIsDirectory, errdefs.ErrNoSpace, errdefs.ErrResourceExhausted, errdefs.ErrPathEscape,
-		errdefs.ErrAlreadyExists, errdefs.ErrInvalidArgument} {
+	for _, s := range []error{errkind.ErrPermissionDenied, errkind.ErrReadOnly, errkind.ErrNotDirectory,
+		errkind.ErrIsDirectory, errkind.ErrNoSpace, errkind.ErrResourceExhausted, errkind.ErrPathEscape,
+		errkind.ErrAlreadyExists, errkind.ErrInvalidArgument} {
 		if errors.Is(err, s) {
 			call.Log.Debug("load_skill failed", zap.String("call_id", call.CallID), zap.String("skill", name),
 				zap.String("class", s.Error()))

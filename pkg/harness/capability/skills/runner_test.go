@@ -15,15 +15,15 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/skills"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	rt "github.com/bulkhead-dev/bulkhead/pkg/harness/responsestest"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
 // runWith runs an agent with the skills capability against a scripted
 // model and an in-process sandbox that is kept after the run; it returns
 // the model's requests and the workspace directory.
-func runWith(t *testing.T, s capability.Capability, workdir string, turns ...rt.Turn) ([]*rt.Request, string) {
+func runWith(t *testing.T, s capability.Capability, workdir string, turns ...replay.Turn) ([]*replay.Request, string) {
 	t.Helper()
-	srv := rt.NewServer(turns...)
+	srv := replay.NewServer(turns...)
 	t.Cleanup(srv.Close)
 	m, err := model.NewOpenAI(model.Config{Model: "test-model", APIKey: "sk-test", BaseURL: srv.URL(),
 		Retry: model.RetryPolicy{MaxAttempts: 1}})
@@ -51,8 +51,8 @@ func TestRunLoadsSkillLazily(t *testing.T) {
 		t.Fatal(err)
 	}
 	reqs, ws := runWith(t, s, "repo",
-		rt.Turn{Items: []rt.Item{rt.FunctionCall("call_1", "load_skill", `{"skill_name":"release-notes"}`)}},
-		rt.Turn{Items: []rt.Item{rt.Message("Done.")}},
+		replay.Turn{Items: []replay.Item{replay.FunctionCall("call_1", "load_skill", `{"skill_name":"release-notes"}`)}},
+		replay.Turn{Items: []replay.Item{replay.Message("Done.")}},
 	)
 	if len(reqs) != 2 {
 		t.Fatalf("%d requests", len(reqs))
@@ -89,7 +89,7 @@ func TestRunStagesSkillsEagerly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reqs, ws := runWith(t, s, "", rt.Turn{Items: []rt.Item{rt.Message("Done.")}})
+	reqs, ws := runWith(t, s, "", replay.Turn{Items: []replay.Item{replay.Message("Done.")}})
 	ins := reqs[0].Instructions()
 	if !strings.Contains(ins, "- pdf-tools: Extract text and tables from PDF files, and fill PDF forms. (file: .agents/skills/pdf-tools)") ||
 		strings.Contains(ins, "load_skill") {
