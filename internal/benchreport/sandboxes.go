@@ -53,6 +53,12 @@ func localKind(agentd string, iso local.Isolation) sandboxKind {
 		if err != nil {
 			return nil, nil, err
 		}
+		// A root harness's sandboxes run as accounts of their own, which
+		// pass through the state directory to their workspaces.
+		if err := os.Chmod(dir, 0o711); err != nil {
+			os.RemoveAll(dir)
+			return nil, nil, err
+		}
 		c, err := local.NewClient(local.Config{StateDir: dir, AgentdPath: agentd, Isolation: iso}, compute.ClientOptions{Log: zap.NewNop()})
 		if err != nil {
 			os.RemoveAll(dir)

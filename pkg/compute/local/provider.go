@@ -37,7 +37,8 @@ const ProviderName = "local"
 // Config configures the local provider.
 type Config struct {
 	// StateDir holds one private directory per sandbox (socket, token,
-	// workspace); "" means <user cache dir>/bulkhead/local.
+	// workspace); "" means <user cache dir>/bulkhead/local, or
+	// /var/lib/bulkhead/local for root.
 	StateDir string
 	// AgentdPath is the daemon binary; "" means FindAgentd.
 	AgentdPath string
@@ -152,6 +153,11 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 		base, err := os.UserCacheDir()
 		if err != nil {
 			base = os.TempDir()
+		}
+		if os.Geteuid() == 0 {
+			// Not below /root (0700): plain sandboxes' own accounts
+			// must pass through to their workspaces.
+			base = "/var/lib"
 		}
 		cfg.StateDir = filepath.Join(base, "bulkhead", "local")
 	}
