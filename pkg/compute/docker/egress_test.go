@@ -2,71 +2,20 @@ package docker
 
 import (
 	"bytes"
-	"context"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
+	"github.com/bulkhead-dev/bulkhead/internal/egresstest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
-
-// egressClientSource is a tiny static HTTP client for inside the
-// container: "get URL" goes through $HTTP(S)_PROXY as HTTP clients do;
-// "dial HOST:PORT" connects directly.
-const egressClientSource = `package main
-
-import (
-	"crypto/tls"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"os"
-	"time"
-)
-
-func main() {
-	switch os.Args[1] {
-	case "get":
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
-		resp, err := (&http.Client{Transport: tr, Timeout: 20 * time.Second}).Get(os.Args[2])
-		if err != nil {
-			fmt.Println("error:", err)
-			os.Exit(1)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		fmt.Printf("status %d: %s\n", resp.StatusCode, b)
-	case "dial":
-		c, err := net.DialTimeout("tcp", os.Args[2], 5*time.Second)
-		if err != nil {
-			fmt.Println("error:", err)
-			os.Exit(1)
-		}
-		c.Close()
-		fmt.Println("connected")
-	}
-}
-`
-
-type staticResolver map[string][]netip.Addr
-
-func (r staticResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	if a, ok := r[host]; ok {
-		return a, nil
-	}
-	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-}
 
 // TestEgressThroughTheProxy: a container on network "none" reaches an
 // allowed name (a loopback test server on the host stands in for it) only
@@ -75,20 +24,7 @@ func (r staticResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.
 // go nowhere.
 func TestEgressThroughTheProxy(t *testing.T) {
 	needDocker(t)
-	dir := t.TempDir()
-	src := filepath.Join(dir, "main.go")
-	if err := os.WriteFile(src, []byte(egressClientSource), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "build", "-o", filepath.Join(dir, "netclient"), src)
-	cmd.Dir, cmd.Env = dir, append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the network client: %v\n%s", err, out)
-	}
-	client, err := os.ReadFile(filepath.Join(dir, "netclient"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	client := egresstest.Client(t)
 
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello %s%s", r.Host, r.URL.Path) })
 	hs := httptest.NewServer(h)
@@ -101,7 +37,7 @@ func TestEgressThroughTheProxy(t *testing.T) {
 	p := newProvider(t, func(c *Config) {
 		c.Egress = &egress.Options{
 			Policy:     egress.Policy{Allow: []egress.Rule{{Host: "allowed.test", Ports: []int{httpPort, tlsPort}}}},
-			Resolver:   staticResolver{"allowed.test": loop, "other.test": loop},
+			Resolver:   egresstest.Resolver{"allowed.test": loop, "other.test": loop},
 			AllowAddrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 		}
 	})

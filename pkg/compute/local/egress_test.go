@@ -20,83 +20,12 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
+	"github.com/bulkhead-dev/bulkhead/internal/egresstest"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
-
-// egressClientSource is a tiny HTTP client run inside the sandbox (curl
-// may not exist there): "get URL" fetches through $HTTP(S)_PROXY as any
-// HTTP client would; "dial HOST:PORT" connects directly, with no proxy.
-const egressClientSource = `package main
-
-import (
-	"crypto/tls"
-	"fmt"
-	"io"
-	"net"
-	"net/http"
-	"os"
-	"time"
-)
-
-func main() {
-	switch os.Args[1] {
-	case "get":
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true}
-		c := &http.Client{Transport: tr, Timeout: 20 * time.Second}
-		resp, err := c.Get(os.Args[2])
-		if err != nil {
-			fmt.Println("error:", err)
-			os.Exit(1)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		fmt.Printf("status %d: %s\n", resp.StatusCode, b)
-	case "dial":
-		c, err := net.DialTimeout("tcp", os.Args[2], 5*time.Second)
-		if err != nil {
-			fmt.Println("error:", err)
-			os.Exit(1)
-		}
-		c.Close()
-		fmt.Println("connected")
-	}
-}
-`
-
-// buildEgressClient builds egressClientSource as a static binary.
-func buildEgressClient(t *testing.T) []byte {
-	t.Helper()
-	dir := t.TempDir()
-	src := filepath.Join(dir, "main.go")
-	if err := os.WriteFile(src, []byte(egressClientSource), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	out := filepath.Join(dir, "netclient")
-	cmd := exec.Command("go", "build", "-o", out, src)
-	cmd.Dir = dir
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOFLAGS=")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("build the sandbox's network client: %v\n%s", err, b)
-	}
-	data, err := os.ReadFile(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return data
-}
-
-// staticResolver points names at fixed addresses (DNS for the tests).
-type staticResolver map[string][]netip.Addr
-
-func (r staticResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.Addr, error) {
-	if a, ok := r[host]; ok {
-		return a, nil
-	}
-	return nil, &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-}
 
 // TestEgressThroughBubblewrap: a command in a bubblewrap sandbox reaches
 // an allowed name (a loopback test server on the host stands in for it)
@@ -106,7 +35,7 @@ func (r staticResolver) LookupNetIP(_ context.Context, _, host string) ([]netip.
 // goes nowhere, as the sandbox's network namespace holds only loopback.
 func TestEgressThroughBubblewrap(t *testing.T) {
 	testenv.Require(t, testenv.Bubblewrap)
-	client := buildEgressClient(t)
+	client := egresstest.Client(t)
 
 	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintf(w, "hello %s%s", r.Host, r.URL.Path) })
 	hs := httptest.NewServer(h)
@@ -126,7 +55,7 @@ func TestEgressThroughBubblewrap(t *testing.T) {
 	p, err := New(Config{StateDir: stateDir, AgentdPath: agentdBin, Isolation: IsolationBubblewrap,
 		Egress: &egress.Options{
 			Policy:     egress.Policy{Allow: []egress.Rule{{Host: "allowed.test", Ports: []int{httpPort, tlsPort}}}},
-			Resolver:   staticResolver{"allowed.test": loop, "other.test": loop},
+			Resolver:   egresstest.Resolver{"allowed.test": loop, "other.test": loop},
 			AllowAddrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")},
 		}}, zap.New(core))
 	if err != nil {
@@ -217,7 +146,7 @@ func TestEgressThroughBubblewrap(t *testing.T) {
 		t.Fatal(err)
 	}
 	p2, err := New(Config{StateDir: stateDir, AgentdPath: agentdBin, Isolation: IsolationBubblewrap,
-		Egress: &egress.Options{Resolver: staticResolver{"allowed.test": loop, "other.test": loop},
+		Egress: &egress.Options{Resolver: egresstest.Resolver{"allowed.test": loop, "other.test": loop},
 			AllowAddrs: []netip.Prefix{netip.MustParsePrefix("127.0.0.1/32")}}}, zap.New(core))
 	if err != nil {
 		t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -302,7 +303,7 @@ func (st *bucketStore) get(ctx context.Context, o *objectRef) (io.ReadCloser, er
 	}
 	out, err := st.client.GetObject(ctx, in)
 	if err != nil {
-		if isPreconditionFailed(err) {
+		if s3errs.IsPreconditionFailed(err) {
 			return nil, errkind.MarkRetryable(errkind.Errorf(errkind.ErrConflict, "object %s changed while it was being mounted; start again", o.key))
 		}
 		return nil, st.classify(ctx, "read", o.key, err)

@@ -23,6 +23,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -192,14 +193,14 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 	if w.delete {
 		cur, err := st.head(ctx, w.o.key)
 		switch {
-		case isNotFound(err):
+		case s3errs.IsNotFound(err):
 			return "deleted", nil, nil // gone already
 		case err != nil:
 			return "", nil, err
 		case cur != w.o.etag:
 			return "conflict", nil, nil
 		}
-		if _, err := st.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &st.bucket, Key: aws.String(w.o.key)}); err != nil && !isNotFound(err) {
+		if _, err := st.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &st.bucket, Key: aws.String(w.o.key)}); err != nil && !s3errs.IsNotFound(err) {
 			return "", nil, st.classify(ctx, "delete", w.o.key, err)
 		}
 		return "deleted", nil, nil
@@ -222,7 +223,7 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 	// conditional PUT closes it where supported).
 	cur, err := st.head(ctx, key)
 	switch {
-	case err != nil && !isNotFound(err):
+	case err != nil && !s3errs.IsNotFound(err):
 		return "", nil, err
 	case w.o == nil && err == nil, w.o != nil && (err != nil || cur != w.o.etag):
 		return "conflict", nil, nil
@@ -236,7 +237,7 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 		in.IfNoneMatch = aws.String("*")
 	}
 	out, err := st.client.PutObject(ctx, in)
-	if err != nil && isNotImplemented(err) {
+	if err != nil && s3errs.IsNotImplemented(err) {
 		// No conditional writes here: the HEAD above was the check.
 		in.IfMatch, in.IfNoneMatch = nil, nil
 		if _, serr := body.Seek(0, io.SeekStart); serr != nil {
@@ -245,7 +246,7 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 		out, err = st.client.PutObject(ctx, in)
 	}
 	if err != nil {
-		if isPreconditionFailed(err) {
+		if s3errs.IsPreconditionFailed(err) {
 			return "conflict", nil, nil
 		}
 		return "", nil, st.classify(ctx, "upload", key, err)
@@ -257,7 +258,7 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 func (st *bucketStore) head(ctx context.Context, key string) (string, error) {
 	out, err := st.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &st.bucket, Key: aws.String(key)})
 	if err != nil {
-		if isNotFound(err) {
+		if s3errs.IsNotFound(err) {
 			return "", err
 		}
 		return "", st.classify(ctx, "look up", key, err)

@@ -11,6 +11,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"go.uber.org/zap"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 )
 
 // GCOptions tune a garbage collection.
@@ -83,7 +85,7 @@ func (s *S3) GC(ctx context.Context, opts GCOptions) (GCStats, error) {
 			doc, _, err := s.readManifest(ctx, id)
 			mu.Lock()
 			defer mu.Unlock()
-			if isNotFound(err) {
+			if s3errs.IsNotFound(err) {
 				return // deleted since the listing
 			}
 			if err != nil {
@@ -143,7 +145,7 @@ func (s *S3) GC(ctx context.Context, opts GCOptions) (GCStats, error) {
 func (s *S3) collect(ctx context.Context, h string, cutoff time.Time, dryRun bool) (bool, error) {
 	key := s.chunkKey(h)
 	mod, err := s.statObject(ctx, key)
-	if isNotFound(err) {
+	if s3errs.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
@@ -155,7 +157,7 @@ func (s *S3) collect(ctx context.Context, h string, cutoff time.Time, dryRun boo
 	if dryRun {
 		return true, nil
 	}
-	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &key}); err != nil && !isNotFound(err) {
+	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &key}); err != nil && !s3errs.IsNotFound(err) {
 		return false, s.classify(ctx, "delete chunk", h, err)
 	}
 	return true, nil

@@ -26,6 +26,7 @@ import (
 	"github.com/klauspost/compress/zstd"
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
@@ -447,12 +448,12 @@ func (s *S3) storeChunk(ctx context.Context, h string, data []byte) (uploaded in
 		if err == nil {
 			return 0, true, nil
 		}
-		if isUnavailable(err) || ctx.Err() != nil {
+		if s3errs.IsUnavailable(err) || ctx.Err() != nil {
 			return 0, false, s.classify(ctx, "touch chunk", h, err)
 		}
 		// Not there any more, or a server that cannot copy in place:
 		// upload it again, which refreshes it as well.
-	} else if !isNotFound(err) {
+	} else if !s3errs.IsNotFound(err) {
 		return 0, false, s.classify(ctx, "look up chunk", h, err)
 	}
 	z := s.enc.EncodeAll(data, make([]byte, 0, len(data)/2+64))
@@ -623,7 +624,7 @@ func (g *getReader) Close() error {
 func (s *S3) fetchChunk(ctx context.Context, encoding string, c chunkRef) ([]byte, error) {
 	z, _, err := s.getObject(ctx, s.chunkKey(c.Hash), c.Size+c.Size/8+(64<<10))
 	if err != nil {
-		if isNotFound(err) {
+		if s3errs.IsNotFound(err) {
 			return nil, fmt.Errorf("chunk %s: %w: the chunk is missing from the store", c.Hash, ErrCorrupt)
 		}
 		return nil, s.classify(ctx, "download chunk", c.Hash, err)
@@ -648,7 +649,7 @@ func (s *S3) Exists(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	_, err := s.statObject(ctx, s.manifestKey(id))
-	if isNotFound(err) {
+	if s3errs.IsNotFound(err) {
 		return false, nil
 	}
 	if err != nil {
@@ -664,7 +665,7 @@ func (s *S3) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	key := s.manifestKey(id)
-	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &key}); err != nil && !isNotFound(err) {
+	if _, err := s.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &s.bucket, Key: &key}); err != nil && !s3errs.IsNotFound(err) {
 		return s.classify(ctx, "delete", id, err)
 	}
 	return nil

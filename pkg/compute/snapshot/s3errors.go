@@ -3,17 +3,11 @@ package snapshot
 import (
 	"context"
 	"errors"
-	"io"
 	"math/rand/v2"
-	"net"
 	"strings"
-	"syscall"
 	"time"
 
-	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
-	"github.com/aws/smithy-go"
-	smithyhttp "github.com/aws/smithy-go/transport/http"
-
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
@@ -43,7 +37,7 @@ func (s *S3) classify(ctx context.Context, op, target string, err error) error {
 		detail    string
 		retryable bool
 	)
-	code, status := apiCode(err)
+	code, status := s3errs.Code(err)
 	switch {
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		sentinel, detail = errkind.ErrDeadlineExceeded, "the deadline passed"
@@ -53,13 +47,13 @@ func (s *S3) classify(ctx context.Context, op, target string, err error) error {
 		sentinel, detail = ErrCorrupt, ""
 	case code == "NoSuchBucket":
 		sentinel, detail = errkind.ErrNotFound, "bucket "+s.bucket+" does not exist"
-	case isNotFound(err):
+	case s3errs.IsNotFound(err):
 		sentinel, detail = errkind.ErrNotFound, ""
-	case isAuthCode(code) || status == 401:
+	case s3errs.IsAuthCode(code) || status == 401:
 		sentinel, detail = errkind.ErrUnauthenticated, "the store refused the credentials ("+code+"); check AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
 	case code == "AccessDenied" || status == 403:
 		sentinel, detail = errkind.ErrPermissionDenied, "access denied ("+code+")"
-	case isUnavailable(err):
+	case s3errs.IsUnavailable(err):
 		sentinel, detail, retryable = errkind.ErrUnavailable, "snapshot store unavailable", true
 	case isChecksumMismatch(err):
 		sentinel, detail = ErrCorrupt, "the server's checksum does not match the data"
@@ -83,68 +77,8 @@ func (s *S3) classify(ctx context.Context, op, target string, err error) error {
 	return out
 }
 
-// redact removes the store's credentials from text.
-func (s *S3) redact(text string) string {
-	for _, v := range s.secrets {
-		text = strings.ReplaceAll(text, v, "[REDACTED]")
-	}
-	return text
-}
-
-// apiCode returns the S3 error code and HTTP status of err, when it has
-// them.
-func apiCode(err error) (string, int) {
-	var code string
-	var ae smithy.APIError
-	if errors.As(err, &ae) {
-		code = ae.ErrorCode()
-	}
-	var re *awshttp.ResponseError
-	if errors.As(err, &re) {
-		return code, re.HTTPStatusCode()
-	}
-	return code, 0
-}
-
-// isAuthCode reports the error codes of refused credentials (Versity
-// answers an unknown key with a 404 XAdminUserNotFound).
-func isAuthCode(code string) bool {
-	switch code {
-	case "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken", "InvalidSecurity",
-		"InvalidClientTokenId", "XAdminUserNotFound", "AuthorizationHeaderMalformed":
-		return true
-	}
-	return false
-}
-
-// isNotFound reports a missing key.
-func isNotFound(err error) bool {
-	if err == nil {
-		return false
-	}
-	code, status := apiCode(err)
-	return code == "NoSuchKey" || code == "NotFound" || (status == 404 && code != "NoSuchBucket" && !isAuthCode(code))
-}
-
-// isUnavailable reports an error that retrying later can cure: the server
-// unreachable, a connection cut, a 5xx, throttling.
-func isUnavailable(err error) bool {
-	if err == nil {
-		return false
-	}
-	code, status := apiCode(err)
-	switch code {
-	case "SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "Throttling", "ThrottlingException", "RequestTimeTooSkewed":
-		return true
-	}
-	if status >= 500 || status == 429 {
-		return true
-	}
-	var send *smithyhttp.RequestSendError
-	var nerr net.Error
-	return errors.As(err, &send) || errors.As(err, &nerr) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-}
+// redact removes the credentials from text.
+func (s *S3) redact(text string) string { return s3errs.Redact(text, s.secrets) }
 
 // isChecksumMismatch reports the SDK's failed response checksum check.
 func isChecksumMismatch(err error) bool {
