@@ -17,7 +17,7 @@ BUILD_TAGS    ?= grpcnotrace
 TEST_FLAGS    ?=
 # Code generators, pinned in tools/go.mod (a separate module so buf's
 # dependency graph stays out of the main module).
-GENERATORS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
+GENERATORS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/protoc-gen-connect-go
 # staticcheck, pinned in tools/go.mod the same way.
 STATICCHECK   := $(BIN)/staticcheck
 
@@ -45,7 +45,8 @@ demo: build ## build, then tour the daemon's API step by step (harness demo)
 
 $(GENERATORS): tools/go.mod tools/go.sum
 	cd tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf \
-		google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+		google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		connectrpc.com/connect/cmd/protoc-gen-connect-go
 	@touch $(GENERATORS)
 
 $(STATICCHECK): tools/go.mod tools/go.sum
@@ -88,6 +89,14 @@ image-sandbox: build ## build only the small image bulkhead/sandbox:dev
 
 image-sandbox-full: build ## build only the debootstrap image bulkhead/sandbox-full:dev
 	./images/build.sh sandbox-full
+
+# The Kubernetes cluster the kubernetes provider's tests run against
+# (internal/testservers/kube): etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler and kubelet built from the Go module proxy into the user
+# cache directory, as the tests build them (about 10 minutes cold).
+.PHONY: kube-tools
+kube-tools: ## build the test cluster's etcd and Kubernetes binaries into the user cache (as the tests do)
+	$(GO) run ./internal/testservers/kube/cmd/kubetools
 
 .PHONY: vet
 vet: ## go vet and gofmt

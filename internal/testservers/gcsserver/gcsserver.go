@@ -1,0 +1,367 @@
+// Package gcsserver starts a real Google Cloud Storage JSON API server for
+// tests: fake-gcs-server (github.com/fsouza/fake-gcs-server) in its HTTP
+// mode with its filesystem backend, listening on loopback. It accepts any
+// bearer token.
+//
+// The binary is built from the Go module proxy once per machine, into the
+// user cache directory, under a file lock (as internal/testservers/s3server
+// builds Versity Gateway). A test that cannot have the server skips
+// through internal/testenv (and so fails under CI=true).
+package gcsserver
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+)
+
+// Version is the fake-gcs-server release the tests run.
+const Version = "v1.56.1"
+
+// pkg is what `go install` builds.
+const pkg = "github.com/fsouza/fake-gcs-server"
+
+// buildTimeout bounds a cold build (module download and compile: about
+// two and a half minutes on 2 cores).
+const buildTimeout = 20 * time.Minute
+
+// Server is a running fake-gcs-server.
+type Server struct {
+	// Endpoint is the base URL (http://127.0.0.1:PORT), the endpoint of
+	// a gcs_mount entry.
+	Endpoint string
+	// Dir holds the objects (the filesystem backend: unlike the memory
+	// one, its reads and writes do not slow down as a bucket grows).
+	Dir string
+
+	bin  string
+	seed string
+	addr string
+	cmd  *exec.Cmd
+	done chan struct{}
+	logw io.Writer
+	hc   *http.Client
+}
+
+// Binary returns the path of the fake-gcs-server binary, building it first
+// if needed: into DIR/bulkhead/testservers/fake-gcs-server-VERSION under the
+// user cache directory (BULKHEAD_TESTSERVERS_DIR overrides DIR).
+func Binary(ctx context.Context) (string, error) {
+	base := os.Getenv("BULKHEAD_TESTSERVERS_DIR")
+	if base == "" {
+		c, err := os.UserCacheDir()
+		if err != nil {
+			return "", fmt.Errorf("fake-gcs-server: user cache dir: %w", err)
+		}
+		base = filepath.Join(c, "bulkhead", "testservers")
+	}
+	dir := filepath.Join(base, "fake-gcs-server-"+Version+"-"+runtime.GOOS+"-"+runtime.GOARCH)
+	bin := filepath.Join(dir, "fake-gcs-server")
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		return "", fmt.Errorf("fake-gcs-server: %w", err)
+	}
+	lock, err := os.OpenFile(filepath.Join(base, "fake-gcs-server-"+Version+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
+	if err != nil {
+		return "", fmt.Errorf("fake-gcs-server: lock: %w", err)
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return "", fmt.Errorf("fake-gcs-server: lock: %w", err)
+	}
+	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing the file unlocks too
+	if _, err := os.Stat(bin); err == nil {
+		return bin, nil // another process built it while we waited
+	}
+	tmp, err := os.MkdirTemp(base, ".build-")
+	if err != nil {
+		return "", fmt.Errorf("fake-gcs-server: %w", err)
+	}
+	defer os.RemoveAll(tmp)
+	goBin, err := exec.LookPath("go")
+	if err != nil {
+		return "", fmt.Errorf("fake-gcs-server: building it needs the go command on PATH: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, goBin, "install", pkg+"@"+Version)
+	cmd.Dir = tmp
+	cmd.Env = append(os.Environ(), "GOBIN="+filepath.Join(tmp, "bin"), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	start := time.Now()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return "", fmt.Errorf("fake-gcs-server: go install %s@%s (after %s): %w\n%s", pkg, Version, time.Since(start).Round(time.Second), err, tail(out))
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return "", fmt.Errorf("fake-gcs-server: %w", err)
+	}
+	if err := os.Rename(filepath.Join(tmp, "bin", "fake-gcs-server"), bin); err != nil {
+		return "", fmt.Errorf("fake-gcs-server: %w", err)
+	}
+	return bin, nil
+}
+
+func tail(b []byte) string {
+	s := strings.TrimSpace(string(b))
+	if len(s) > 2000 {
+		s = "..." + s[len(s)-2000:]
+	}
+	return s
+}
+
+// Start builds (once) and starts a server on a free loopback port; it
+// stops when the test ends. Without the binary the test is skipped
+// through testenv (failed under CI=true).
+func Start(t testing.TB) *Server {
+	t.Helper()
+	return StartSeeded(t, "")
+}
+
+// StartSeeded is Start with buckets loaded at start from seed (when not
+// ""): each directory in seed is a bucket, each file below it an object
+// named by its slash-separated relative path. Much faster than uploading
+// many objects one by one.
+func StartSeeded(t testing.TB, seed string) *Server {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
+	defer cancel()
+	if _, err := Binary(ctx); err != nil {
+		testenv.Skip(t, "no fake-gcs-server: "+err.Error())
+		return nil
+	}
+	logf, err := os.Create(filepath.Join(t.TempDir(), "fake-gcs-server.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := run(ctx, MemoryDir(t), seed, logf)
+	t.Cleanup(func() {
+		if s != nil {
+			s.Stop()
+		}
+		logf.Close()
+		if t.Failed() {
+			if b, err := os.ReadFile(logf.Name()); err == nil && len(b) > 0 {
+				t.Logf("fake-gcs-server log:\n%s", tail(b))
+			}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// MemoryDir returns a fresh directory for a test's objects, removed when
+// the test ends: on /dev/shm when it has room (the filesystem backend
+// syncs every object it writes, which on a disk costs milliseconds each),
+// else the test's temporary directory.
+func MemoryDir(t testing.TB) string {
+	t.Helper()
+	var st syscall.Statfs_t
+	if syscall.Statfs("/dev/shm", &st) == nil && int64(st.Bavail)*int64(st.Bsize) >= 1<<30 {
+		if dir, err := os.MkdirTemp("/dev/shm", "bulkhead-gcs-"); err == nil {
+			t.Cleanup(func() { _ = os.RemoveAll(dir) })
+			return dir
+		}
+	}
+	return t.TempDir()
+}
+
+// Run builds (once) and starts a server on a free loopback port over dir
+// (created if needed), its output going to logw. The caller stops it.
+func Run(ctx context.Context, dir string, logw io.Writer) (*Server, error) {
+	return run(ctx, dir, "", logw)
+}
+
+func run(ctx context.Context, dir, seed string, logw io.Writer) (*Server, error) {
+	bin, err := Binary(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("fake-gcs-server: %w", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("fake-gcs-server: pick a port: %w", err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	s := &Server{bin: bin, addr: addr, Endpoint: "http://" + addr, Dir: dir, seed: seed, logw: logw, hc: &http.Client{Timeout: time.Minute}}
+	if err := s.start(); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// start runs the server and waits until it answers.
+func (s *Server) start() error {
+	host, port, _ := net.SplitHostPort(s.addr)
+	args := []string{"-scheme", "http", "-host", host, "-port", port, "-backend", "filesystem", "-filesystem-root", s.Dir,
+		"-public-host", s.addr, "-external-url", s.Endpoint, "-log-level", "warn"}
+	if s.seed != "" {
+		args = append(args, "-data", s.seed)
+	}
+	cmd := exec.Command(s.bin, args...)
+	cmd.Dir = os.TempDir()
+	cmd.Stdout, cmd.Stderr = s.logw, s.logw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("start fake-gcs-server: %w", err)
+	}
+	s.cmd, s.done = cmd, make(chan struct{})
+	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(s.done)
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		select {
+		case <-s.done:
+			return errors.New("fake-gcs-server exited at start (see its log)")
+		default:
+		}
+		resp, err := http.Get(s.Endpoint + "/storage/v1/b")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.Stop()
+	return errors.New("fake-gcs-server did not answer within 30s")
+}
+
+// Stop kills the server at once.
+// Stopping twice is fine.
+func (s *Server) Stop() {
+	if s.cmd == nil {
+		return
+	}
+	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
+	<-s.done
+	s.cmd = nil
+}
+
+// Bucket creates a bucket with a fresh name and returns the name.
+func (s *Server) Bucket(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	name, err := s.CreateBucket(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return name
+}
+
+// CreateBucket creates a bucket with a fresh name and returns the name.
+func (s *Server) CreateBucket(ctx context.Context) (string, error) {
+	b := make([]byte, 6)
+	_, _ = rand.Read(b)
+	name := "b-" + hex.EncodeToString(b)
+	body, _ := json.Marshal(map[string]string{"name": name})
+	if _, err := s.call(ctx, http.MethodPost, s.Endpoint+"/storage/v1/b", "application/json", strings.NewReader(string(body))); err != nil {
+		return "", fmt.Errorf("create bucket %s: %w", name, err)
+	}
+	return name, nil
+}
+
+// Put writes an object and returns its new generation.
+func (s *Server) Put(ctx context.Context, bucket, name string, data []byte) (string, error) {
+	q := url.Values{"uploadType": {"media"}, "name": {name}}
+	raw, err := s.call(ctx, http.MethodPost, s.Endpoint+"/upload/storage/v1/b/"+url.PathEscape(bucket)+"/o?"+q.Encode(), "application/octet-stream", strings.NewReader(string(data)))
+	if err != nil {
+		return "", fmt.Errorf("put %s: %w", name, err)
+	}
+	var o struct {
+		Generation string `json:"generation"`
+	}
+	if err := json.Unmarshal(raw, &o); err != nil {
+		return "", fmt.Errorf("put %s: %w", name, err)
+	}
+	return o.Generation, nil
+}
+
+// Get reads an object; found is false when there is none.
+func (s *Server) Get(ctx context.Context, bucket, name string) (data []byte, found bool, err error) {
+	raw, err := s.call(ctx, http.MethodGet, s.objectURL(bucket, name)+"?alt=media", "", nil)
+	var se *statusError
+	if errors.As(err, &se) && se.status == http.StatusNotFound {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("get %s: %w", name, err)
+	}
+	return raw, true, nil
+}
+
+// Generation returns an object's generation ("" when there is none).
+func (s *Server) Generation(ctx context.Context, bucket, name string) (string, error) {
+	raw, err := s.call(ctx, http.MethodGet, s.objectURL(bucket, name), "", nil)
+	var se *statusError
+	if errors.As(err, &se) && se.status == http.StatusNotFound {
+		return "", nil
+	}
+	if err != nil {
+		return "", err
+	}
+	var o struct {
+		Generation string `json:"generation"`
+	}
+	err = json.Unmarshal(raw, &o)
+	return o.Generation, err
+}
+
+func (s *Server) objectURL(bucket, name string) string {
+	return s.Endpoint + "/storage/v1/b/" + url.PathEscape(bucket) + "/o/" + url.PathEscape(name)
+}
+
+type statusError struct {
+	status int
+	body   string
+}
+
+func (e *statusError) Error() string { return "HTTP " + strconv.Itoa(e.status) + ": " + e.body }
+
+func (s *Server) call(ctx context.Context, method, u, contentType string, body io.Reader) ([]byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, u, body)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		req.Header.Set("Content-Type", contentType)
+	}
+	req.Header.Set("Authorization", "Bearer test")
+	resp, err := s.hc.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode/100 != 2 {
+		return nil, &statusError{status: resp.StatusCode, body: tail(raw)}
+	}
+	return raw, nil
+}
