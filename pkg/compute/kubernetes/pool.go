@@ -1,0 +1,356 @@
+package kubernetes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+)
+
+// errNoWarmPod says a claim found nothing to claim (Launch then creates
+// the sandbox cold).
+var errNoWarmPod = errors.New("no ready pod in the pool")
+
+// poolResync is how often the pool runner checks its pools when no claim
+// prompted it.
+const poolResync = 5 * time.Second
+
+// poolRunner is the background work of StartPools.
+type poolRunner struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	kick   map[string]chan struct{}
+}
+
+// StartPools keeps every configured pool filled in the background until
+// StopPools or Close: unclaimed Pods that died are replaced, claimed ones
+// are replaced as soon as they are claimed. Calling it twice is a no-op.
+func (p *Provider) StartPools(ctx context.Context) {
+	p.poolMu.Lock()
+	defer p.poolMu.Unlock()
+	if p.poolRun != nil || len(p.cfg.Pools) == 0 {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	r := &poolRunner{cancel: cancel, kick: map[string]chan struct{}{}}
+	for _, pool := range p.cfg.Pools {
+		kick := make(chan struct{}, 1)
+		r.kick[pool.Name] = kick
+		r.wg.Add(1)
+		go func(pool Pool) {
+			defer r.wg.Done()
+			t := time.NewTicker(poolResync)
+			defer t.Stop()
+			for {
+				if _, err := p.FillPool(ctx, pool.Name); err != nil && ctx.Err() == nil {
+					p.log.Warn("filling the warm pool", zap.String("pool", pool.Name), zap.Error(err))
+				}
+				select {
+				case <-ctx.Done():
+					return
+				case <-kick:
+				case <-t.C:
+				}
+			}
+		}(pool)
+	}
+	p.poolRun = r
+}
+
+// StopPools stops the background work StartPools began (pool Pods stay).
+func (p *Provider) StopPools() {
+	p.poolMu.Lock()
+	r := p.poolRun
+	p.poolRun = nil
+	p.poolMu.Unlock()
+	if r != nil {
+		r.cancel()
+		r.wg.Wait()
+	}
+}
+
+// kickPool asks the background runner, if any, to refill a pool now.
+func (p *Provider) kickPool(name string) {
+	p.poolMu.Lock()
+	defer p.poolMu.Unlock()
+	if p.poolRun == nil {
+		return
+	}
+	select {
+	case p.poolRun.kick[name] <- struct{}{}:
+	default:
+	}
+}
+
+// poolPods lists a pool's Pods not yet claimed, oldest first.
+func (p *Provider) poolPods(ctx context.Context, name string) ([]corev1.Pod, string, error) {
+	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: p.selector(map[string]string{LabelPool: name, LabelClaimed: "false"})})
+	if err != nil {
+		return nil, "", p.apiErr("list", "pods", "", err)
+	}
+	items := list.Items
+	sort.SliceStable(items, func(i, j int) bool {
+		if a, b := items[i].CreationTimestamp, items[j].CreationTimestamp; !a.Equal(&b) {
+			return a.Before(&b)
+		}
+		return items[i].Name < items[j].Name
+	})
+	return items, list.ResourceVersion, nil
+}
+
+// FillPool makes one pass over a pool: unclaimed Pods that died are
+// deleted, and new ones are created until the pool has Size unclaimed Pods
+// (ready or starting). It returns how many it created.
+func (p *Provider) FillPool(ctx context.Context, name string) (int, error) {
+	pool, ok := p.cfg.pool(name)
+	if !ok {
+		return 0, fmt.Errorf("kubernetes: %w: no pool named %q", compute.ErrInvalidArgument, name)
+	}
+	pods, _, err := p.poolPods(ctx, name)
+	if err != nil {
+		return 0, err
+	}
+	alive := 0
+	for i := range pods {
+		if why := podDead(&pods[i]); why != "" {
+			if pods[i].DeletionTimestamp == nil {
+				p.log.Info("replacing a dead warm pod", zap.String("pool", name), zap.String("pod", pods[i].Name), zap.String("why", why))
+				_ = p.deleteSandbox(ctx, stateOf(&pods[i]), true)
+			}
+			continue
+		}
+		alive++
+	}
+	made := 0
+	var errs []error
+	for ; alive+made < pool.Size; made++ {
+		if err := p.createPoolPod(ctx, pool); err != nil {
+			errs = append(errs, err)
+			break
+		}
+	}
+	return made, errors.Join(errs...)
+}
+
+// createPoolPod creates one warm Pod of pool, with its own token Secret
+// and NetworkPolicy, like a cold sandbox without a session.
+func (p *Provider) createPoolPod(ctx context.Context, pool Pool) error {
+	set, err := p.cfg.settings(&pool.Template.Options)
+	if err != nil {
+		return err
+	}
+	key, err := randomHex(8)
+	if err != nil {
+		return err
+	}
+	objLabels := p.ownerLabels(nil)
+	objLabels[LabelSandbox] = "1"
+	objLabels[LabelKey] = key
+	objLabels[LabelPool] = pool.Name
+	objLabels[LabelClaimed] = "false"
+	annots := map[string]string{AnnotationWorkspace: pool.Template.WorkspaceRoot, AnnotationRunAs: pool.Template.RunAs}
+	var cleanup []func(context.Context)
+	fail := func(err error) error {
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+		defer cancel()
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i](bg)
+		}
+		return err
+	}
+	if boolOr(p.cfg.NetworkPolicy, true) {
+		np := p.policyFor(key, objLabels)
+		cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "networkpolicies", policyName(key)) })
+		if _, err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			return fail(p.apiErr("create", "networkpolicies", np.Name, err))
+		}
+	}
+	pod := p.podFor(podParams{key: key, set: set, root: pool.Template.WorkspaceRoot, runAs: pool.Template.RunAs, labels: objLabels, annots: annots, readiness: true})
+	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "pods", pod.Name) })
+	created, err := p.client.CoreV1().Pods(p.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return fail(p.apiErr("create", "pods", pod.Name, err))
+	}
+	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "secrets", secretName(key)) })
+	if _, err := p.createToken(ctx, created, key, objLabels); err != nil {
+		return fail(err)
+	}
+	if boolOr(p.cfg.NetworkPolicy, true) {
+		if err := p.adoptPolicy(ctx, created, key); err != nil {
+			return fail(err)
+		}
+	}
+	return nil
+}
+
+// podReady reports the Pod's Ready condition (its daemon answers the
+// kubelet's gRPC health probe).
+func podReady(pod *corev1.Pod) bool {
+	if pod.Status.Phase != corev1.PodRunning || pod.DeletionTimestamp != nil || pod.Status.PodIP == "" {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionTrue
+		}
+	}
+	return false
+}
+
+// WaitPoolReady watches until the pool has at least n ready unclaimed Pods.
+func (p *Provider) WaitPoolReady(ctx context.Context, name string, n int) error {
+	for {
+		pods, rv, err := p.poolPods(ctx, name)
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for i := range pods {
+			if podReady(&pods[i]) {
+				ready++
+			}
+		}
+		if ready >= n {
+			return nil
+		}
+		w, err := p.client.CoreV1().Pods(p.cfg.Namespace).Watch(ctx, metav1.ListOptions{
+			LabelSelector: p.selector(map[string]string{LabelPool: name}), ResourceVersion: rv,
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("kubernetes: pool %s: %w: %d of %d pods ready", name, compute.ErrDeadlineExceeded, ready, n)
+			}
+			return p.apiErr("watch", "pods", "", err)
+		}
+		func() {
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case ev, ok := <-w.ResultChan():
+					if !ok || ev.Type == watch.Error {
+						return
+					}
+					if pod, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Modified && podReady(pod) {
+						return // count again
+					}
+				}
+			}
+		}()
+		if ctx.Err() != nil {
+			return fmt.Errorf("kubernetes: pool %s: %w: %d of %d pods ready", name, compute.ErrDeadlineExceeded, ready, n)
+		}
+	}
+}
+
+// DrainPool deletes a pool's unclaimed Pods (and what they own).
+func (p *Provider) DrainPool(ctx context.Context, name string) error {
+	pods, _, err := p.poolPods(ctx, name)
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for i := range pods {
+		errs = append(errs, p.deleteSandbox(ctx, stateOf(&pods[i]), true))
+	}
+	return errors.Join(errs...)
+}
+
+// claim takes a ready Pod of the pool for the session: an optimistic
+// update of its labels at the resourceVersion it was listed at. A
+// conflict means another harness claimed (or changed) it first; the next
+// candidate is tried. It returns errNoWarmPod when no Pod could be
+// claimed or the pool cannot serve this session.
+func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSpec, root, runAs string) (*sandbox, error) {
+	pool, _ := p.cfg.pool(name)
+	if root != pool.Template.WorkspaceRoot {
+		return nil, fmt.Errorf("%w: the session's workspace root %s is not the pool's %s", errNoWarmPod, root, pool.Template.WorkspaceRoot)
+	}
+	if runAs != pool.Template.RunAs && !(runAs == "root" && pool.Template.RunAs == "") {
+		return nil, fmt.Errorf("%w: the session runs as %q, the pool's daemons as %q", errNoWarmPod, runAs, pool.Template.RunAs)
+	}
+	pods, _, err := p.poolPods(ctx, name)
+	if err != nil {
+		return nil, err
+	}
+	lifetime := spec.Lifetime
+	if lifetime.CreatedAt.IsZero() {
+		lifetime.CreatedAt = time.Now()
+	}
+	conflicts := 0
+	for i := range pods {
+		cand := &pods[i]
+		if !podReady(cand) {
+			continue
+		}
+		// The token is read while the claim is written (one round trip
+		// less on the claim's path); it is used only if the claim wins.
+		type tokenRead struct {
+			token string
+			err   error
+		}
+		tokc := make(chan tokenRead, 1)
+		go func(key string) {
+			sec, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Get(ctx, secretName(key), metav1.GetOptions{})
+			if err != nil {
+				tokc <- tokenRead{err: p.apiErr("get", "secrets", secretName(key), err)}
+				return
+			}
+			tokc <- tokenRead{token: strings.TrimSpace(string(sec.Data[tokenKey]))}
+		}(cand.Labels[LabelKey])
+		upd := cand.DeepCopy()
+		for k, v := range p.ownerLabels(spec.Labels) {
+			if _, set := upd.Labels[k]; !set {
+				upd.Labels[k] = v
+			}
+		}
+		upd.Labels[LabelClaimed] = "true"
+		upd.Labels[LabelSession] = sessionLabel(spec.SessionID)
+		if upd.Annotations == nil {
+			upd.Annotations = map[string]string{}
+		}
+		upd.Annotations[AnnotationSession] = spec.SessionID
+		upd.Annotations[AnnotationLastActive] = time.Now().UTC().Format(time.RFC3339Nano)
+		lifetimeAnnotations(lifetime, upd.Annotations)
+		got, err := p.client.CoreV1().Pods(p.cfg.Namespace).Update(ctx, upd, metav1.UpdateOptions{})
+		tr := <-tokc
+		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			conflicts++
+			continue // someone else claimed it first
+		}
+		if err != nil {
+			return nil, p.apiErr("update", "pods", cand.Name, err)
+		}
+		p.kickPool(name)
+		st := stateOf(got)
+		err = tr.err
+		var sb *sandbox
+		if err == nil {
+			sb, err = p.connect(ctx, st, got, tr.token, false)
+		}
+		if err != nil {
+			p.log.Warn("a claimed warm pod does not answer; deleting it", zap.String("pod", got.Name), zap.Error(err))
+			_ = p.deleteSandbox(ctx, st, true)
+			continue
+		}
+		p.log.Info("claimed a warm pod", zap.String("pool", name), zap.String("pod", got.Name), zap.String("session", spec.SessionID))
+		return sb, nil
+	}
+	why := "none ready"
+	if conflicts > 0 {
+		why = fmt.Sprintf("%d lost to other claimers", conflicts)
+	}
+	return nil, fmt.Errorf("%w %s (%s)", errNoWarmPod, name, why)
+}

@@ -1,0 +1,813 @@
+package kubernetes
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+)
+
+var parameterCodec = scheme.ParameterCodec
+
+// Provider runs sandboxes as Pods. It is safe for concurrent use; it keeps
+// no per-sandbox state in memory: the API server's objects are the state.
+type Provider struct {
+	cfg    Config
+	log    *zap.Logger
+	client kubernetes.Interface
+	rest   *rest.Config
+
+	poolMu  sync.Mutex
+	poolRun *poolRunner
+}
+
+var (
+	_ compute.Provider        = (*Provider)(nil)
+	_ compute.AccountProvider = (*Provider)(nil)
+)
+
+// New makes a provider talking to the API server restCfg describes (the
+// client-side rate limits Config.QPS and Burst apply). It does no I/O.
+func New(cfg Config, restCfg *rest.Config, log *zap.Logger) (*Provider, error) {
+	if restCfg == nil {
+		return nil, fmt.Errorf("kubernetes: %w: no REST config", compute.ErrInvalidArgument)
+	}
+	rc := rest.CopyConfig(restCfg)
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	rc.QPS, rc.Burst = c.QPS, c.Burst
+	if rc.UserAgent == "" {
+		rc.UserAgent = "bulkhead-harness"
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: client: %w", err)
+	}
+	return NewWithClient(cfg, cs, rc, log)
+}
+
+// NewFromKubeconfig makes a provider from a kubeconfig file (empty: the
+// usual loading rules, $KUBECONFIG then ~/.kube/config, or the in-cluster
+// configuration when there is none). Config.Namespace defaults to the
+// kubeconfig context's namespace.
+func NewFromKubeconfig(cfg Config, kubeconfig string, log *zap.Logger) (*Provider, error) {
+	rules := clientcmd.NewDefaultClientConfigLoadingRules()
+	if kubeconfig != "" {
+		rules.ExplicitPath = kubeconfig
+	}
+	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
+	rc, err := cc.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w: kubeconfig: %v", compute.ErrInvalidArgument, err)
+	}
+	if cfg.Namespace == "" {
+		if ns, _, err := cc.Namespace(); err == nil {
+			cfg.Namespace = ns
+		}
+	}
+	return New(cfg, rc, log)
+}
+
+// NewWithClient makes a provider over an existing clientset (tests use a
+// fake one). restCfg may be nil; port-forward and exec relays then fail.
+func NewWithClient(cfg Config, client kubernetes.Interface, restCfg *rest.Config, log *zap.Logger) (*Provider, error) {
+	if log == nil {
+		log = zap.NewNop()
+	}
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Provider{cfg: cfg, log: log.With(zap.String("provider", ProviderName), zap.String("namespace", cfg.Namespace)), client: client, rest: restCfg}, nil
+}
+
+// Name is "kubernetes".
+func (p *Provider) Name() string { return ProviderName }
+
+// Config returns the configuration with its defaults filled in.
+func (p *Provider) Config() Config { return p.cfg }
+
+// API returns the clientset the provider uses (tests and diagnostics).
+func (p *Provider) API() kubernetes.Interface { return p.client }
+
+// DefaultRunAs gives a session whose manifest names no run_as user an
+// unprivileged account of its own, when the daemon runs as root in its
+// container (it cannot create accounts otherwise).
+func (p *Provider) DefaultRunAs() *manifest.User {
+	if p.cfg.RunAsUser != nil {
+		return nil
+	}
+	return &manifest.User{Name: compute.DefaultRunAsName}
+}
+
+// Close stops the warm pools' background work. Sandboxes and pool Pods are
+// left as they are.
+func (p *Provider) Close() error {
+	p.StopPools()
+	return nil
+}
+
+// Launch creates a sandbox Pod (or claims one from a warm pool) and
+// returns it connected. With spec.Prior set, the earlier Pod (if any) is
+// deleted and its workspace PVC, if kept, is mounted again (WorkspaceKept).
+func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute.Sandbox, error) {
+	if spec.SessionID == "" {
+		return nil, fmt.Errorf("kubernetes: launch: %w: empty session id", compute.ErrInvalidArgument)
+	}
+	set, err := p.cfg.settings(spec.Options)
+	if err != nil {
+		return nil, err
+	}
+	root, runAs := manifest.DefaultRoot, ""
+	if m := spec.Manifest; m != nil {
+		root, runAs = m.WorkspaceRoot(), m.RunAs
+		if p.cfg.RunAsUser != nil && (m.RunAs != "" || len(m.Users) > 0 || len(m.Groups) > 0) {
+			return nil, fmt.Errorf("kubernetes: launch: %w: the daemon runs as non-root uid %d (Config.RunAsUser), so it cannot create the manifest's accounts or run as %q",
+				compute.ErrFailedPrecondition, *p.cfg.RunAsUser, m.RunAs)
+		}
+	}
+	if err := checkRoot(root); err != nil {
+		return nil, err
+	}
+	log := p.log.With(zap.String("session", spec.SessionID))
+
+	var prior *State
+	if len(spec.Prior) > 0 {
+		st, err := DecodeState(spec.Prior)
+		if err != nil {
+			return nil, err
+		}
+		prior = &st
+		if err := p.deleteSandbox(ctx, st, st.Volume != ""); err != nil {
+			return nil, err
+		}
+	}
+
+	if set.pool != "" && !set.volume && prior == nil {
+		sb, err := p.claim(ctx, set.pool, spec, root, runAs)
+		switch {
+		case err == nil:
+			return sb, nil
+		case errors.Is(err, errNoWarmPod):
+			log.Info("no warm pod to claim; creating one cold", zap.String("pool", set.pool), zap.String("why", err.Error()))
+		default:
+			return nil, err
+		}
+	}
+
+	key, err := randomHex(8)
+	if err != nil {
+		return nil, err
+	}
+	lifetime := spec.Lifetime
+	if lifetime.CreatedAt.IsZero() {
+		lifetime.CreatedAt = time.Now()
+	}
+	objLabels := p.ownerLabels(spec.Labels)
+	objLabels[LabelSandbox] = "1"
+	objLabels[LabelKey] = key
+	objLabels[LabelSession] = sessionLabel(spec.SessionID)
+	annots := map[string]string{AnnotationSession: spec.SessionID, AnnotationWorkspace: root}
+	lifetimeAnnotations(lifetime, annots)
+
+	var cleanup []func(context.Context)
+	fail := func(err error) (compute.Sandbox, error) {
+		bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.StopTimeout+30*time.Second)
+		defer cancel()
+		for i := len(cleanup) - 1; i >= 0; i-- {
+			cleanup[i](bg)
+		}
+		return nil, err
+	}
+
+	// Workspace PVC.
+	volName, kept := "", false
+	if set.volume {
+		volName = VolumeName(spec.SessionID)
+		if prior != nil && prior.Volume != "" {
+			volName = prior.Volume
+		}
+		_, err := p.client.CoreV1().PersistentVolumeClaims(p.cfg.Namespace).Get(ctx, volName, metav1.GetOptions{})
+		switch {
+		case err == nil && prior == nil:
+			return nil, fmt.Errorf("kubernetes: %w: workspace claim %s already exists (left by an earlier sandbox of session %s): launch with that sandbox's state as Prior to reuse it, or destroy it",
+				compute.ErrAlreadyExists, volName, spec.SessionID)
+		case err == nil:
+			kept = true
+			log.Info("reusing the preserved workspace claim", zap.String("pvc", volName))
+		case apierrors.IsNotFound(err):
+			vl := p.ownerLabels(spec.Labels)
+			vl[LabelWorkspaceVolume] = "1"
+			vl[LabelSession] = sessionLabel(spec.SessionID)
+			// Each cleanup is registered before its create: a create whose
+			// answer was lost (the API server restarting) may have happened.
+			cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "persistentvolumeclaims", volName) })
+			if _, err := p.client.CoreV1().PersistentVolumeClaims(p.cfg.Namespace).Create(ctx, p.claimFor(volName, vl), metav1.CreateOptions{}); err != nil {
+				return fail(p.apiErr("create", "persistentvolumeclaims", volName, err))
+			}
+		default:
+			return nil, p.apiErr("get", "persistentvolumeclaims", volName, err)
+		}
+		annots[AnnotationVolume] = volName
+	}
+
+	// The NetworkPolicy comes first, so the Pod is never unprotected; it is
+	// owned by the Pod once the Pod exists.
+	if boolOr(p.cfg.NetworkPolicy, true) {
+		np := p.policyFor(key, objLabels)
+		cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "networkpolicies", policyName(key)) })
+		if _, err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil {
+			return fail(p.apiErr("create", "networkpolicies", np.Name, err))
+		}
+	}
+
+	pod := p.podFor(podParams{key: key, set: set, root: root, runAs: runAs, volume: volName, labels: objLabels, annots: annots})
+	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "pods", pod.Name) })
+	created, err := p.client.CoreV1().Pods(p.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		return fail(p.apiErr("create", "pods", pod.Name, err))
+	}
+	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "secrets", secretName(key)) })
+	token, err := p.createToken(ctx, created, key, objLabels)
+	if err != nil {
+		return fail(err)
+	}
+	if boolOr(p.cfg.NetworkPolicy, true) {
+		if err := p.adoptPolicy(ctx, created, key); err != nil {
+			return fail(err)
+		}
+	}
+	st := stateOf(created)
+	sb, err := p.connect(ctx, st, created, token, kept)
+	if err != nil {
+		return fail(err)
+	}
+	log.Info("sandbox started", zap.String("pod", created.Name), zap.String("image", set.image), zap.Bool("workspace_kept", kept))
+	return sb, nil
+}
+
+// createToken makes a fresh token and its Secret, owned by pod.
+func (p *Provider) createToken(ctx context.Context, pod *corev1.Pod, key string, objLabels map[string]string) (string, error) {
+	token, err := randomHex(32)
+	if err != nil {
+		return "", err
+	}
+	sec := p.secretFor(pod, key, token, objLabels)
+	if _, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
+		return "", p.apiErr("create", "secrets", sec.Name, err)
+	}
+	return token, nil
+}
+
+// adoptPolicy makes pod the owner of its NetworkPolicy.
+func (p *Provider) adoptPolicy(ctx context.Context, pod *corev1.Pod, key string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": ownedBy(pod)}})
+	if err != nil {
+		return fmt.Errorf("kubernetes: owner patch: %w", err)
+	}
+	if _, err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Patch(ctx, policyName(key), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return p.apiErr("patch", "networkpolicies", policyName(key), err)
+	}
+	return nil
+}
+
+// connect waits for the Pod to run, dials its daemon and waits until it
+// serves and accepts the token.
+func (p *Provider) connect(ctx context.Context, st State, pod *corev1.Pod, token string, kept bool) (*sandbox, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.ReadyTimeout)
+	defer cancel()
+	running, err := p.waitRunning(ctx, pod)
+	if err != nil {
+		return nil, err
+	}
+	addr, dopts, err := p.dialOptions(running)
+	if err != nil {
+		return nil, err
+	}
+	ac, err := agentclient.Dial(agentclient.Options{Address: addr, Token: token, DialOptions: dopts, TracerProvider: compute.RPCTracing(ctx)})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: pod %s: %w", pod.Name, err)
+	}
+	var lastCheck time.Time
+	_, err = agentclient.WaitReady(ctx, ac, agentclient.ReadyOptions{Alive: func(ctx context.Context) error {
+		if time.Since(lastCheck) < time.Second {
+			return nil
+		}
+		lastCheck = time.Now()
+		cur, err := p.client.CoreV1().Pods(p.cfg.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return compute.MarkRetryable(fmt.Errorf("%w: pod %s was deleted during start-up", compute.ErrUnavailable, pod.Name))
+		}
+		if err == nil {
+			if why := podDead(cur); why != "" {
+				return compute.MarkRetryable(fmt.Errorf("%w: pod %s %s", compute.ErrUnavailable, pod.Name, why))
+			}
+		}
+		return nil
+	}})
+	if err != nil {
+		_ = ac.Close()
+		return nil, fmt.Errorf("kubernetes: pod %s: %w", pod.Name, err)
+	}
+	return &sandbox{p: p, client: ac, state: st, kept: kept}, nil
+}
+
+// podDead says why a Pod can no longer serve ("" while it can).
+func podDead(pod *corev1.Pod) string {
+	if pod.DeletionTimestamp != nil {
+		return "is being deleted"
+	}
+	switch pod.Status.Phase {
+	case corev1.PodFailed, corev1.PodSucceeded:
+		why := "stopped (phase " + string(pod.Status.Phase)
+		if pod.Status.Reason != "" {
+			why += ", reason " + pod.Status.Reason
+		}
+		if pod.Status.Message != "" {
+			why += ": " + pod.Status.Message
+		}
+		for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
+			if t := cs.State.Terminated; t != nil && t.ExitCode != 0 {
+				why += fmt.Sprintf("; container %s exited %d (%s)", cs.Name, t.ExitCode, t.Reason)
+				if m := strings.TrimSpace(t.Message); m != "" {
+					why += ": " + lastLines(m, 5)
+				}
+			}
+		}
+		return why + ")"
+	}
+	for _, cs := range append(append([]corev1.ContainerStatus{}, pod.Status.InitContainerStatuses...), pod.Status.ContainerStatuses...) {
+		if w := cs.State.Waiting; w != nil {
+			switch w.Reason {
+			case "ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull", "InvalidImageName", "CreateContainerConfigError", "CreateContainerError", "RunContainerError":
+				return fmt.Sprintf("cannot start container %s: %s: %s", cs.Name, w.Reason, w.Message)
+			}
+		}
+	}
+	return ""
+}
+
+func lastLines(s string, n int) string {
+	ls := strings.Split(s, "\n")
+	if len(ls) > n {
+		ls = ls[len(ls)-n:]
+	}
+	return strings.Join(ls, "\n")
+}
+
+// waitRunning watches the Pod until it runs with an IP (returned), fails,
+// or disappears.
+func (p *Provider) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
+	check := func(cur *corev1.Pod) (*corev1.Pod, bool, error) {
+		if why := podDead(cur); why != "" {
+			return nil, true, compute.MarkRetryable(fmt.Errorf("kubernetes: pod %s: %w: %s", cur.Name, compute.ErrUnavailable, why))
+		}
+		if cur.Status.Phase == corev1.PodRunning && cur.Status.PodIP != "" {
+			return cur, true, nil
+		}
+		return nil, false, nil
+	}
+	if got, done, err := check(pod); done {
+		return got, err
+	}
+	rv := pod.ResourceVersion
+	for {
+		w, err := p.client.CoreV1().Pods(p.cfg.Namespace).Watch(ctx, metav1.ListOptions{
+			FieldSelector: fields.OneTermEqualSelector("metadata.name", pod.Name).String(), ResourceVersion: rv,
+			AllowWatchBookmarks: true,
+		})
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, p.waitErr(ctx, pod.Name)
+			}
+			if apierrors.IsGone(err) || apierrors.IsResourceExpired(err) {
+				rv = ""
+				continue
+			}
+			return nil, p.apiErr("watch", "pods", pod.Name, err)
+		}
+		got, done, err := func() (*corev1.Pod, bool, error) {
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return nil, true, p.waitErr(ctx, pod.Name)
+				case ev, ok := <-w.ResultChan():
+					if !ok {
+						return nil, false, nil // the watch ended: start another
+					}
+					switch ev.Type {
+					case watch.Deleted:
+						return nil, true, compute.MarkRetryable(fmt.Errorf("kubernetes: pod %s: %w: deleted before it ran", pod.Name, compute.ErrUnavailable))
+					case watch.Error:
+						if st, ok := ev.Object.(*metav1.Status); ok && (st.Code == 410 || st.Reason == metav1.StatusReasonExpired || st.Reason == metav1.StatusReasonGone) {
+							rv = ""
+						}
+						return nil, false, nil
+					case watch.Bookmark:
+						if cur, ok := ev.Object.(*corev1.Pod); ok {
+							rv = cur.ResourceVersion
+						}
+					case watch.Added, watch.Modified:
+						cur, ok := ev.Object.(*corev1.Pod)
+						if !ok {
+							continue
+						}
+						rv = cur.ResourceVersion
+						if got, done, err := check(cur); done {
+							return got, true, err
+						}
+					}
+				}
+			}
+		}()
+		if done {
+			return got, err
+		}
+		if rv == "" {
+			// Resync from a fresh read.
+			cur, err := p.client.CoreV1().Pods(p.cfg.Namespace).Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				if apierrors.IsNotFound(err) {
+					return nil, compute.MarkRetryable(fmt.Errorf("kubernetes: pod %s: %w: deleted before it ran", pod.Name, compute.ErrUnavailable))
+				}
+				if ctx.Err() != nil {
+					return nil, p.waitErr(ctx, pod.Name)
+				}
+				return nil, p.apiErr("get", "pods", pod.Name, err)
+			}
+			if got, done, err := check(cur); done {
+				return got, err
+			}
+			rv = cur.ResourceVersion
+		}
+	}
+}
+
+// waitErr explains a start-up that ran out of time, with the Pod's
+// conditions and events' gist when they can be read.
+func (p *Provider) waitErr(ctx context.Context, name string) error {
+	why := ""
+	bg, cancel := context.WithTimeout(context.WithoutCancel(ctx), 3*time.Second)
+	defer cancel()
+	if cur, err := p.client.CoreV1().Pods(p.cfg.Namespace).Get(bg, name, metav1.GetOptions{}); err == nil {
+		why = " (phase " + string(cur.Status.Phase)
+		for _, c := range cur.Status.Conditions {
+			if c.Status != corev1.ConditionTrue && c.Message != "" {
+				why += "; " + string(c.Type) + ": " + c.Message
+			}
+		}
+		for _, cs := range append(append([]corev1.ContainerStatus{}, cur.Status.InitContainerStatuses...), cur.Status.ContainerStatuses...) {
+			if w := cs.State.Waiting; w != nil && w.Reason != "" {
+				why += "; " + cs.Name + ": " + w.Reason
+			}
+		}
+		why += ")"
+	}
+	sentinel := compute.ErrDeadlineExceeded
+	if errors.Is(ctx.Err(), context.Canceled) {
+		sentinel = compute.ErrCanceled
+	}
+	return fmt.Errorf("kubernetes: pod %s: %w: it did not start running in time%s", name, sentinel, why)
+}
+
+// Reattach connects to the sandbox prior describes, reading its token from
+// its Secret. A Pod that is gone, being deleted, evicted or exited gives an
+// error wrapping ErrNotFound (and saying why), so the session launches a
+// replacement and restores the snapshot.
+func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior json.RawMessage) (compute.Sandbox, error) {
+	st, err := DecodeState(prior)
+	if err != nil {
+		return nil, err
+	}
+	pods := p.client.CoreV1().Pods(st.Namespace)
+	pod, err := pods.Get(ctx, st.Pod, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: the pod is gone", st.Pod, compute.ErrNotFound)
+	}
+	if err != nil {
+		return nil, p.apiErr("get", "pods", st.Pod, err)
+	}
+	if pod.Labels[LabelKey] != st.Key || (st.UID != "" && string(pod.UID) != st.UID) {
+		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: pod %s is not this sandbox", st.Pod, compute.ErrNotFound, pod.Name)
+	}
+	if why := podDead(pod); why != "" {
+		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: the pod %s", st.Pod, compute.ErrNotFound, why)
+	}
+	sec, err := p.client.CoreV1().Secrets(st.Namespace).Get(ctx, secretName(st.Key), metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: its token Secret is gone", st.Pod, compute.ErrNotFound)
+	}
+	if err != nil {
+		return nil, p.apiErr("get", "secrets", secretName(st.Key), err)
+	}
+	token := strings.TrimSpace(string(sec.Data[tokenKey]))
+	if len(token) != 64 {
+		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: its token Secret is malformed", st.Pod, compute.ErrNotFound)
+	}
+	sb, err := p.connect(ctx, st, pod, token, true)
+	if err != nil {
+		return nil, err
+	}
+	_ = sb.Touch(ctx)
+	p.log.Info("reattached to the running sandbox", zap.String("session", st.SessionID), zap.String("pod", st.Pod))
+	return sb, nil
+}
+
+// Destroy deletes the sandbox's Pod (foreground: garbage collection
+// removes what it owns first), Secret and NetworkPolicy, and under
+// DeleteAll its workspace PVC, and waits until the Pod is gone. What is
+// already gone is not an error.
+func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
+	st, err := DecodeState(prior)
+	if err != nil {
+		return err
+	}
+	if err := p.deleteSandbox(ctx, st, p.cfg.DeletePolicy == DeleteSandbox); err != nil {
+		return err
+	}
+	p.log.Info("sandbox destroyed", zap.String("session", st.SessionID), zap.String("pod", st.Pod))
+	return nil
+}
+
+// deleteSandbox deletes a state's Pod, Secret and NetworkPolicy, its PVC
+// unless keepVolume, and waits for the Pod to be gone.
+func (p *Provider) deleteSandbox(ctx context.Context, st State, keepVolume bool) error {
+	fg := metav1.DeletePropagationForeground
+	var errs []error
+	pods := p.client.CoreV1().Pods(st.Namespace)
+	pod, err := pods.Get(ctx, st.Pod, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		pod = nil
+	case err != nil:
+		return p.apiErr("get", "pods", st.Pod, err)
+	case pod.Labels[LabelKey] != st.Key:
+		pod = nil // not ours (should not happen: the name holds the key)
+	}
+	if pod != nil {
+		err := pods.Delete(ctx, st.Pod, metav1.DeleteOptions{PropagationPolicy: &fg, Preconditions: &metav1.Preconditions{UID: &pod.UID}})
+		if err != nil && !apierrors.IsNotFound(err) && !apierrors.IsConflict(err) {
+			return p.apiErr("delete", "pods", st.Pod, err)
+		}
+	}
+	if err := p.client.CoreV1().Secrets(st.Namespace).Delete(ctx, secretName(st.Key), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+		errs = append(errs, p.apiErr("delete", "secrets", secretName(st.Key), err))
+	}
+	if boolOr(p.cfg.NetworkPolicy, true) {
+		if err := p.client.NetworkingV1().NetworkPolicies(st.Namespace).Delete(ctx, policyName(st.Key), metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, p.apiErr("delete", "networkpolicies", policyName(st.Key), err))
+		}
+	}
+	if !keepVolume && st.Volume != "" {
+		if err := p.client.CoreV1().PersistentVolumeClaims(st.Namespace).Delete(ctx, st.Volume, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			errs = append(errs, p.apiErr("delete", "persistentvolumeclaims", st.Volume, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if pod != nil {
+		if err := p.waitGone(ctx, st.Namespace, pod); err != nil {
+			return err
+		}
+	}
+	if !keepVolume && st.Volume != "" {
+		// The claim goes once no Pod uses it (pvc-protection).
+		return p.waitClaimGone(ctx, st.Namespace, st.Volume)
+	}
+	return nil
+}
+
+// waitClaimGone watches until the PVC name is deleted (bounded).
+func (p *Provider) waitClaimGone(ctx context.Context, ns, name string) error {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	pvcs := p.client.CoreV1().PersistentVolumeClaims(ns)
+	for {
+		cur, err := pvcs.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("kubernetes: claim %s: %w: still terminating", name, compute.ErrDeadlineExceeded)
+			}
+			return p.apiErr("get", "persistentvolumeclaims", name, err)
+		}
+		w, err := pvcs.Watch(ctx, metav1.ListOptions{FieldSelector: fields.OneTermEqualSelector("metadata.name", name).String(), ResourceVersion: cur.ResourceVersion})
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("kubernetes: claim %s: %w: still terminating", name, compute.ErrDeadlineExceeded)
+			}
+			return p.apiErr("watch", "persistentvolumeclaims", name, err)
+		}
+		for ev := range w.ResultChan() {
+			if ev.Type == watch.Deleted {
+				w.Stop()
+				return nil
+			}
+		}
+		w.Stop()
+		if ctx.Err() != nil {
+			return fmt.Errorf("kubernetes: claim %s: %w: still terminating", name, compute.ErrDeadlineExceeded)
+		}
+	}
+}
+
+// waitGone watches until the Pod is deleted (bounded by its grace period
+// and a margin).
+func (p *Provider) waitGone(ctx context.Context, ns string, pod *corev1.Pod) error {
+	ctx, cancel := context.WithTimeout(ctx, p.cfg.StopTimeout+30*time.Second)
+	defer cancel()
+	sel := fields.OneTermEqualSelector("metadata.name", pod.Name).String()
+	for {
+		list, err := p.client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{FieldSelector: sel})
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("kubernetes: pod %s: %w: still terminating", pod.Name, compute.ErrDeadlineExceeded)
+			}
+			return p.apiErr("list", "pods", pod.Name, err)
+		}
+		found := false
+		for _, it := range list.Items {
+			if it.Name == pod.Name && it.UID == pod.UID {
+				found = true
+			}
+		}
+		if !found {
+			return nil
+		}
+		w, err := p.client.CoreV1().Pods(ns).Watch(ctx, metav1.ListOptions{FieldSelector: sel, ResourceVersion: list.ResourceVersion})
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("kubernetes: pod %s: %w: still terminating", pod.Name, compute.ErrDeadlineExceeded)
+			}
+			return p.apiErr("watch", "pods", pod.Name, err)
+		}
+		gone := func() bool {
+			defer w.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return false
+				case ev, ok := <-w.ResultChan():
+					if !ok {
+						return false
+					}
+					if cur, ok := ev.Object.(*corev1.Pod); ok && ev.Type == watch.Deleted && cur.Name == pod.Name && cur.UID == pod.UID {
+						return true
+					}
+				}
+			}
+		}()
+		if gone {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return fmt.Errorf("kubernetes: pod %s: %w: still terminating", pod.Name, compute.ErrDeadlineExceeded)
+		}
+	}
+}
+
+// deleteRetrying deletes an object of a failed launch, retrying while the
+// API server is unreachable (it may be restarting) until ctx ends.
+func (p *Provider) deleteRetrying(ctx context.Context, resource, name string) {
+	bg := metav1.DeletePropagationBackground
+	opts := metav1.DeleteOptions{PropagationPolicy: &bg}
+	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 2*time.Second) {
+		var err error
+		switch resource {
+		case "pods":
+			err = p.client.CoreV1().Pods(p.cfg.Namespace).Delete(ctx, name, opts)
+		case "secrets":
+			err = p.client.CoreV1().Secrets(p.cfg.Namespace).Delete(ctx, name, opts)
+		case "networkpolicies":
+			err = p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Delete(ctx, name, opts)
+		case "persistentvolumeclaims":
+			err = p.client.CoreV1().PersistentVolumeClaims(p.cfg.Namespace).Delete(ctx, name, opts)
+		}
+		if err == nil || apierrors.IsNotFound(err) {
+			return
+		}
+		if !transient(err) {
+			p.log.Warn("cleanup after a failed launch", zap.String("resource", resource), zap.String("name", name), zap.Error(err))
+			return
+		}
+		select {
+		case <-ctx.Done():
+			p.log.Warn("cleanup after a failed launch gave up: the API server did not come back", zap.String("resource", resource), zap.String("name", name), zap.Error(err))
+			return
+		case <-time.After(delay):
+		}
+	}
+}
+
+// selector selects the provider's sandbox Pods (configured labels
+// included).
+func (p *Provider) selector(extra map[string]string) string {
+	set := labels.Set{LabelSandbox: "1"}
+	for k, v := range p.cfg.Labels {
+		set[k] = v
+	}
+	for k, v := range extra {
+		set[k] = v
+	}
+	return labels.SelectorFromSet(set).String()
+}
+
+// List returns the provider's sandbox Pods carrying all of Config.Labels
+// (warm pool Pods not yet claimed are not sandboxes yet, and not listed).
+func (p *Provider) List(ctx context.Context) ([]compute.SandboxInfo, error) {
+	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: p.selector(nil)})
+	if err != nil {
+		return nil, p.apiErr("list", "pods", "", err)
+	}
+	out := make([]compute.SandboxInfo, 0, len(list.Items))
+	for i := range list.Items {
+		pod := &list.Items[i]
+		if pod.Labels[LabelClaimed] == "false" || !keyRE.MatchString(pod.Labels[LabelKey]) {
+			continue
+		}
+		st := stateOf(pod)
+		raw, err := st.encode()
+		if err != nil {
+			return nil, err
+		}
+		life, last := lifetimeOf(pod.Annotations)
+		out = append(out, compute.SandboxInfo{
+			Provider: ProviderName, SessionID: st.SessionID, ID: pod.Name,
+			Running:  pod.Status.Phase == corev1.PodRunning && pod.DeletionTimestamp == nil,
+			Lifetime: life, LastActive: last, State: raw,
+		})
+	}
+	return out, nil
+}
+
+// Reap destroys the listed sandboxes that expired at now and returns them.
+// It also removes NetworkPolicies a crashed launch left without a Pod.
+func (p *Provider) Reap(ctx context.Context, now time.Time) ([]compute.SandboxInfo, error) {
+	all, err := p.List(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var reaped []compute.SandboxInfo
+	var errs []error
+	for _, info := range all {
+		if !info.Expired(now) {
+			continue
+		}
+		if err := p.Destroy(ctx, info.State); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		reaped = append(reaped, info)
+	}
+	errs = append(errs, p.reapOrphans(ctx, now))
+	return reaped, errors.Join(errs...)
+}
+
+// orphanAge is how old an object without its Pod must be before Reap
+// deletes it (a launch in progress creates the NetworkPolicy first).
+const orphanAge = 5 * time.Minute
+
+func (p *Provider) reapOrphans(ctx context.Context, now time.Time) error {
+	if !boolOr(p.cfg.NetworkPolicy, true) {
+		return nil
+	}
+	nps, err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: p.selector(nil)})
+	if err != nil {
+		return p.apiErr("list", "networkpolicies", "", err)
+	}
+	for _, np := range nps.Items {
+		if len(np.OwnerReferences) > 0 || now.Sub(np.CreationTimestamp.Time) < orphanAge {
+			continue
+		}
+		if err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Delete(ctx, np.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
+			return p.apiErr("delete", "networkpolicies", np.Name, err)
+		}
+	}
+	return nil
+}
