@@ -1,0 +1,113 @@
+// Package store persists the runs of `harness serve`: each run's record
+// (tenant, status, spec, RunState, sandbox session state) and its event log.
+// Two implementations satisfy the one Store interface and pass the same
+// conformance suite (storetest): bolt (bbolt, the default: pure Go, one file,
+// no server) and postgres (pgx, for several replicas or an operated database).
+//
+// A store is tenant-aware: reading a run through another tenant answers
+// ErrNotFound, the same as a run that does not exist, so callers cannot tell
+// one from the other.
+package store
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Errors of stores.
+var (
+	// ErrNotFound: no run with that id for that tenant.
+	ErrNotFound = errors.New("run not found")
+	// ErrExists: a run with that id already exists.
+	ErrExists = errors.New("run already exists")
+	// ErrSequence: an appended event does not follow the log's last one.
+	ErrSequence = errors.New("event sequence out of order")
+)
+
+// Run is the stored record of one run. Spec, RunState and SessionState are
+// opaque JSON the service writes; none holds a credential.
+type Run struct {
+	ID      string    `json:"id"`
+	Tenant  string    `json:"tenant"`
+	Status  string    `json:"status"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+	// Spec is how the run was asked for (agent, manifest, approvals, input).
+	Spec []byte `json:"spec,omitempty"`
+	// RunState is the harness RunState of a stopped run (approvals,
+	// checkpoint), nil while none was saved.
+	RunState []byte `json:"run_state,omitempty"`
+	// SessionState is the compute.State of the run's sandbox.
+	SessionState []byte `json:"session_state,omitempty"`
+	// SandboxID is the sandbox session's id ("" before it is made).
+	SandboxID string `json:"sandbox_id,omitempty"`
+	// Provider made the sandbox.
+	Provider string `json:"provider,omitempty"`
+	// SandboxExpires is when a finished run's sandbox is deleted (zero:
+	// none, or not yet).
+	SandboxExpires time.Time `json:"sandbox_expires,omitzero"`
+	// SandboxGone is set once the sandbox was deleted.
+	SandboxGone bool `json:"sandbox_gone,omitempty"`
+	// Checkpoint lists the pending call ids the service itself stopped
+	// (graceful shutdown) and approves on resume.
+	Checkpoint []string `json:"checkpoint,omitempty"`
+	// Result fields.
+	FinalOutput  string `json:"final_output,omitempty"`
+	Error        string `json:"error,omitempty"`
+	Turns        int    `json:"turns,omitempty"`
+	InputTokens  int64  `json:"input_tokens,omitempty"`
+	OutputTokens int64  `json:"output_tokens,omitempty"`
+}
+
+// Event is one stored event of a run's log.
+type Event struct {
+	Seq  uint64
+	Data []byte
+}
+
+// ListOptions filter and page ListRuns.
+type ListOptions struct {
+	// Status keeps only runs in this status ("" for all).
+	Status string
+	// Limit bounds the page (0: 50).
+	Limit int
+	// After is the cursor of the previous page's last run ("" for the first).
+	After string
+}
+
+// Store keeps runs and their events. Implementations are safe for
+// concurrent use.
+type Store interface {
+	// CreateRun stores a new run (ErrExists when its id is taken).
+	CreateRun(ctx context.Context, r *Run) error
+	// UpdateRun replaces a run's record (ErrNotFound when absent).
+	UpdateRun(ctx context.Context, r *Run) error
+	// GetRun returns a tenant's run (ErrNotFound for another tenant's).
+	GetRun(ctx context.Context, tenant, id string) (*Run, error)
+	// ListRuns returns a tenant's runs newest first, and the cursor of the
+	// next page ("" on the last).
+	ListRuns(ctx context.Context, tenant string, opts ListOptions) ([]*Run, string, error)
+	// SandboxRuns returns a tenant's runs that hold a sandbox (SandboxID
+	// set, SandboxGone false), newest first, through an index: listing
+	// sandboxes does not read the tenant's other runs.
+	SandboxRuns(ctx context.Context, tenant string) ([]*Run, error)
+	// ActiveRuns returns every tenant's runs whose status is one of these
+	// (recovery after a restart, sandbox expiry).
+	ActiveRuns(ctx context.Context, statuses ...string) ([]*Run, error)
+	// AppendEvents appends events to a run's log; the first must follow the
+	// log's last sequence by one (ErrSequence otherwise).
+	AppendEvents(ctx context.Context, runID string, evs []Event) error
+	// Events returns up to limit events with a sequence above after.
+	Events(ctx context.Context, runID string, after uint64, limit int) ([]Event, error)
+	// LastSequence is the sequence of the run's last event (0: none).
+	LastSequence(ctx context.Context, runID string) (uint64, error)
+	// Close releases the store.
+	Close() error
+}
+
+// DefaultLimit is the page size when ListOptions.Limit is zero.
+const DefaultLimit = 50
+
+// HoldsSandbox reports whether a run is one SandboxRuns returns.
+func (r *Run) HoldsSandbox() bool { return r.SandboxID != "" && !r.SandboxGone }
