@@ -75,6 +75,7 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert", "", "TLS server certificate (PEM)")
 	fs.StringVar(&cfg.TLSKeyFile, "tls-key", "", "TLS server key (PEM)")
 	fs.StringVar(&cfg.ClientCAFile, "tls-client-ca", "", "require client certificates signed by this CA (mTLS)")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve Prometheus metrics at /metrics on this address (127.0.0.1:9464, tcp://host:port or unix:///path.sock); unauthenticated: bind it to a private address (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long to drain on SIGTERM")
 	fs.DurationVar(&cfg.ReclaimIdle, "reclaim-idle", cfg.ReclaimIdle, "give memory back to the system once a burst of calls has been over this long (0: never)")
 	d := &cfg.Daemon

@@ -48,6 +48,40 @@ type ClientOptions struct {
 	// unless the application set one). The daemon's gRPC calls are traced
 	// by the agentclient (agentclient.Options.TracerProvider).
 	TracerProvider trace.TracerProvider
+	// Observer, when set, is told how long each sandbox operation took
+	// and whether it failed, for metrics (pkg/harness/metrics implements
+	// it); nil means nobody is told.
+	Observer Observer
+}
+
+// Observer is told about a Client's sandbox operations as they finish. Its
+// method is called synchronously: it must be quick and safe for
+// concurrent use.
+type Observer interface {
+	// SandboxOperation reports one finished operation of the named
+	// provider: OpCreate, OpResume, OpStart or OpDelete, how long it took
+	// and its error (nil: it succeeded).
+	SandboxOperation(provider, operation string, d time.Duration, err error)
+}
+
+// Operations reported to an Observer.
+const (
+	// OpCreate is Client.Create: launching a new sandbox (not Start).
+	OpCreate = "create"
+	// OpResume is Client.Resume: reattaching, or launching a replacement.
+	OpResume = "resume"
+	// OpStart is Session.Start: restoring the snapshot and materializing
+	// the manifest (a no-op for a sandbox already started).
+	OpStart = "start"
+	// OpDelete is Client.Delete.
+	OpDelete = "delete"
+)
+
+// observe reports an operation that began at start to the Observer.
+func (c *Client) observe(op string, start time.Time, err error) {
+	if c.opts.Observer != nil {
+		c.opts.Observer.SandboxOperation(c.p.Name(), op, time.Since(start), err)
+	}
 }
 
 // Client creates, resumes and deletes sessions of one provider. It is safe
@@ -159,7 +193,7 @@ type ArchiveLimits struct {
 // manifest (or restore the snapshot) before using it.
 func (c *Client) Create(ctx context.Context, opts CreateOptions) (_ *Session, err error) {
 	ctx, span := c.startSpan(ctx, "compute.create")
-	defer func() { endSpan(span, err) }()
+	defer func(start time.Time) { endSpan(span, err); c.observe(OpCreate, start, err) }(time.Now())
 	ctx = WithRPCTracing(ctx, c.opts.TracerProvider)
 	m := opts.Manifest
 	if m == nil {
@@ -254,7 +288,7 @@ func WithProviderOptions(v any) ResumeOption {
 // replacement, unless the fingerprint shows the kept workspace unchanged.
 func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (_ *Session, err error) {
 	ctx, span := c.startSpan(ctx, "compute.resume")
-	defer func() { endSpan(span, err) }()
+	defer func(start time.Time) { endSpan(span, err); c.observe(OpResume, start, err) }(time.Now())
 	ctx = WithRPCTracing(ctx, c.opts.TracerProvider)
 	if st == nil {
 		return nil, fmt.Errorf("%w: nil session state", ErrInvalidArgument)
@@ -310,7 +344,7 @@ func (c *Client) Delete(ctx context.Context, s *Session) (err error) {
 		return nil
 	}
 	ctx, span := c.startSpan(ctx, "compute.delete", attribute.String(attrSessionID, s.id))
-	defer func() { endSpan(span, err) }()
+	defer func(start time.Time) { endSpan(span, err); c.observe(OpDelete, start, err) }(time.Now())
 	st, err := s.sb.State()
 	if err != nil {
 		return fmt.Errorf("delete session %s: %w", s.id, err)

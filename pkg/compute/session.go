@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
@@ -117,7 +118,7 @@ func (s *Session) fingerprintExtra() ([]byte, error) {
 // no snapshot the whole manifest is materialized. Start is idempotent.
 func (s *Session) Start(ctx context.Context) (err error) {
 	ctx, span := s.startSpan(ctx, "session.start")
-	defer func() { endSpan(span, err) }()
+	defer func(start time.Time) { endSpan(span, err); s.c.observe(OpStart, start, err) }(time.Now())
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
@@ -178,7 +179,7 @@ func (s *Session) restore(ctx context.Context, agent *agentclient.Client) (resto
 		if err != nil {
 			return false, fmt.Errorf("start session %s: fingerprint: %w", s.id, err)
 		}
-		if live == s.fingerprint {
+		if live.GetFingerprint() == s.fingerprint {
 			outcome = "unchanged"
 			s.c.log.Info("workspace unchanged since the snapshot; restore skipped", zap.String("session", s.id))
 			return true, nil
@@ -256,7 +257,7 @@ func (s *Session) stop(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("stop session %s: fingerprint: %w", s.id, err)
 	}
-	s.fingerprint = fp
+	s.fingerprint = fp.GetFingerprint()
 	persisted = true
 	s.c.log.Info("workspace persisted", zap.String("session", s.id), zap.String("snapshot", s.snapshotID))
 	return nil

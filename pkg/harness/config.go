@@ -18,6 +18,13 @@ type RunConfig struct {
 	// Sandbox gives the run a sandbox session; nil runs without one (only
 	// the agent's own tools).
 	Sandbox *SandboxConfig
+	// ConversationID, when set, identifies the conversation in traces
+	// (gen_ai.conversation.id on the run's and model calls' spans): the
+	// service's run id, say. It must not be a secret.
+	ConversationID string
+	// Observer, when set, is told how the run goes: its start and end,
+	// every model request and tool call (for metrics; see RunObserver).
+	Observer RunObserver
 }
 
 // SandboxConfig says where a run's sandbox session comes from. The runner

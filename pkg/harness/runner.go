@@ -207,7 +207,7 @@ func (r *Runner) run(ctx context.Context, start *Agent, st *RunState, cfg RunCon
 	}
 	tr := tracing.New(r.TracerProvider)
 	ctx, span := tr.StartRun(ctx, start.Name, tracing.WithMaxTurns(cfg.MaxTurns), tracing.WithResumed(st.Turn > 0 || len(st.Pending) > 0),
-		tracing.WithStreamed(emit != nil))
+		tracing.WithStreamed(emit != nil), tracing.WithProvider(r.providerName(start)), tracing.WithConversation(cfg.ConversationID))
 	l := &runLoop{r: r, tr: tr, cfg: cfg, emit: emit, st: st, keys: AgentKeys(start), byKey: map[string]*Agent{}, slots: map[string]*agentSlot{}}
 	defer func() {
 		rr := tracing.RunResult{Turns: l.st.Turn, FinalAgent: l.st.Agent, Usage: l.st.Usage}
@@ -216,6 +216,12 @@ func (r *Runner) run(ctx context.Context, start *Agent, st *RunState, cfg RunCon
 		}
 		tracing.EndRun(span, rr, err)
 	}()
+	if obs := cfg.Observer; obs != nil {
+		info := RunInfo{Agent: start.Name, Resumed: st.Turn > 0 || len(st.Pending) > 0, Streamed: emit != nil}
+		began := time.Now()
+		obs.RunStarted(ctx, info)
+		defer func() { obs.RunEnded(ctx, info, outcomeOf(res, err), time.Since(began)) }()
+	}
 	if l.emit == nil {
 		l.emit = func(Event) {}
 	}
@@ -316,9 +322,17 @@ func (l *runLoop) loop(ctx context.Context) (interrupted bool, err error) {
 // stopped for approvals; l.final is set when the run gave its final output.
 func (l *runLoop) turn(ctx context.Context, slot *agentSlot, turn int) (interrupted bool, err error) {
 	a, res := slot.a, l.result
-	mctx, mspan := l.tr.StartModelCall(ctx, l.r.modelName(a))
+	mctx, mspan := l.tr.StartModelCall(ctx, l.r.modelName(a), tracing.WithProvider(l.r.providerName(a)), tracing.WithConversation(l.cfg.ConversationID))
+	began := time.Now()
 	resp, err := l.callModel(mctx, slot)
 	tracing.EndModelCall(mspan, resp, err)
+	if obs := l.cfg.Observer; obs != nil {
+		info := ModelCallInfo{Agent: slot.key, Model: l.r.modelName(a), Duration: time.Since(began), Err: err}
+		if resp != nil {
+			info.ResponseModel, info.Usage = resp.Model, resp.Usage
+		}
+		obs.ModelCalled(ctx, info)
+	}
 	if err != nil {
 		return false, fmt.Errorf("turn %d: %w", turn, err)
 	}
@@ -409,6 +423,9 @@ func (l *runLoop) applyDecisions(ctx context.Context) error {
 				msg = DefaultRejection
 			}
 			res := tool.Result{Output: msg, IsError: true}
+			if obs := l.cfg.Observer; obs != nil {
+				obs.ToolCalled(ctx, ToolCallInfo{Agent: slot.key, Tool: c.Name, CallID: c.ID, Outcome: ToolRejected})
+			}
 			l.emit(Event{Kind: EventToolResult, Agent: slot.key, Call: &c, Result: toolOut(res)})
 			l.st.Items = append(l.st.Items, outputItem(modelCall(c), res))
 			continue
@@ -513,6 +530,9 @@ func (l *runLoop) callTool(ctx context.Context, slot *agentSlot, call ToolCall) 
 	t, ok := slot.tools[call.Name]
 	if !ok {
 		result = tool.Result{Output: fmt.Sprintf("There is no tool named %q.", call.Name), IsError: true}
+		if obs := l.cfg.Observer; obs != nil {
+			obs.ToolCalled(ctx, ToolCallInfo{Agent: slot.key, Tool: call.Name, CallID: call.ID, Outcome: ToolUnknown})
+		}
 	} else {
 		tc := tool.Context{Session: slot.sess, RunAs: l.runAs(a), CallID: call.ID, Log: l.log.With(zap.String("tool", call.Name)),
 			Emit: func(p tool.Progress) {
@@ -525,9 +545,20 @@ func (l *runLoop) callTool(ctx context.Context, slot *agentSlot, call ToolCall) 
 			tc.Workdir = l.cfg.Sandbox.Workdir
 		}
 		tctx, tspan := l.tr.StartToolCall(ctx, call.Name, call.ID)
+		began := time.Now()
 		var err error
 		result, err = t.Call(tctx, tc, call.Input)
 		tracing.EndToolCall(tspan, result.IsError, err)
+		if obs := l.cfg.Observer; obs != nil {
+			outcome := ToolOK
+			switch {
+			case err != nil:
+				outcome = ToolFailed
+			case result.IsError:
+				outcome = ToolError
+			}
+			obs.ToolCalled(ctx, ToolCallInfo{Agent: slot.key, Tool: call.Name, CallID: call.ID, Outcome: outcome, Duration: time.Since(began)})
+		}
 		if err != nil {
 			return model.Item{}, err
 		}
@@ -670,6 +701,18 @@ func checkRequirements(caps []capability.Capability) error {
 		}
 	}
 	return nil
+}
+
+// providerName is the gen_ai.provider.name of a's model ("" when unknown).
+func (r *Runner) providerName(a *Agent) string {
+	m := a.Model
+	if m == nil {
+		m = r.Model
+	}
+	if m == nil {
+		return ""
+	}
+	return model.ProviderName(m)
 }
 
 func (r *Runner) modelName(a *Agent) string {

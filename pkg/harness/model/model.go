@@ -30,6 +30,22 @@ type Model interface {
 	Stream(ctx context.Context, req *Request) iter.Seq2[Event, error]
 }
 
+// ProviderNamer is implemented by models that know their provider's name,
+// as OpenTelemetry's GenAI conventions spell it in gen_ai.provider.name
+// ("openai", "anthropic", "gcp.vertex_ai", ...).
+type ProviderNamer interface {
+	ProviderName() string
+}
+
+// ProviderName returns m's provider name, or "" when m does not say (see
+// ProviderNamer).
+func ProviderName(m Model) string {
+	if p, ok := m.(ProviderNamer); ok {
+		return p.ProviderName()
+	}
+	return ""
+}
+
 // Respond runs one call on m and returns the completed response, ignoring
 // intermediate events.
 func Respond(ctx context.Context, m Model, req *Request) (*Response, error) {

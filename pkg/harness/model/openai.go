@@ -106,6 +106,9 @@ func firstNonEmpty(vs ...string) string {
 	return ""
 }
 
+// ProviderName returns "openai" (gen_ai.provider.name; see ProviderNamer).
+func (m *OpenAI) ProviderName() string { return "openai" }
+
 // Stream implements [Model]. See [Model.Stream] for the retry contract: a
 // failure before any event was yielded is retried silently; a failure after
 // events were yielded is retried after an EventReset. Output items of hosted

@@ -39,11 +39,17 @@
 // messages may quote a file (a rejected patch quotes the lines it looked
 // for) or echo the model's input.
 //
+// Span names, kinds and gen_ai.* attributes follow OpenTelemetry's GenAI
+// semantic conventions (agent spans, inference spans, execute_tool
+// spans); bulkhead.* attributes add what the conventions do not cover.
+//
 // Attribute names (stable):
 //
 //	span "invoke_agent <agent>" (StartRun / EndRun)
 //	  gen_ai.operation.name        "invoke_agent"
 //	  bulkhead.agent, gen_ai.agent.name
+//	  gen_ai.provider.name         (WithProvider: the start agent's model's, "openai")
+//	  gen_ai.conversation.id       (WithConversation: RunConfig.ConversationID)
 //	  bulkhead.run.max_turns, bulkhead.run.resumed, bulkhead.run.streamed
 //	  bulkhead.session.id, bulkhead.provider   (WithSession / SetSession)
 //	  at the end: bulkhead.run.turns, bulkhead.run.final_agent,
@@ -51,7 +57,8 @@
 //	span "turn" (StartTurn / EndTurn)
 //	  bulkhead.turn, bulkhead.agent, gen_ai.request.model
 //	span "chat <model>", kind client (StartModelCall / EndModelCall)
-//	  gen_ai.operation.name "chat", gen_ai.request.model,
+//	  gen_ai.operation.name "chat", gen_ai.provider.name, gen_ai.conversation.id,
+//	  gen_ai.request.model,
 //	  gen_ai.response.model, gen_ai.response.id, bulkhead.model.status,
 //	  bulkhead.model.incomplete_reason, bulkhead.model.attempts,
 //	  gen_ai.usage.input_tokens, gen_ai.usage.output_tokens,
@@ -59,8 +66,8 @@
 //	  bulkhead.usage.total_tokens, bulkhead.usage.requests
 //	span "execute_tool <tool>" (StartToolCall / EndToolCall)
 //	  gen_ai.operation.name "execute_tool", bulkhead.tool.name,
-//	  gen_ai.tool.name, bulkhead.tool.call_id, gen_ai.tool.call.id,
-//	  bulkhead.tool.is_error
+//	  gen_ai.tool.name, gen_ai.tool.type "function", bulkhead.tool.call_id,
+//	  gen_ai.tool.call.id, bulkhead.tool.is_error
 //	span "handoff" (StartHandoff / EndHandoff)
 //	  bulkhead.handoff.from, bulkhead.handoff.to
 //	event "approval" on the current span (RecordApproval)

@@ -18,8 +18,10 @@ const ScopeName = "github.com/bulkhead-dev/bulkhead/pkg/harness"
 // Attribute names. They are part of the package's contract: dashboards and
 // tests rely on them.
 const (
-	AttrOperation = "gen_ai.operation.name"
-	AttrErrorType = "error.type"
+	AttrOperation      = "gen_ai.operation.name"
+	AttrProviderName   = "gen_ai.provider.name"
+	AttrConversationID = "gen_ai.conversation.id"
+	AttrErrorType      = "error.type"
 
 	AttrAgent       = "bulkhead.agent"
 	AttrGenAIAgent  = "gen_ai.agent.name"
@@ -53,6 +55,7 @@ const (
 	AttrGenAIToolName = "gen_ai.tool.name"
 	AttrToolCallID    = "bulkhead.tool.call_id"
 	AttrGenAICallID   = "gen_ai.tool.call.id"
+	AttrToolType      = "gen_ai.tool.type"
 	AttrToolIsError   = "bulkhead.tool.is_error"
 
 	AttrHandoffFrom = "bulkhead.handoff.from"
@@ -101,8 +104,29 @@ func (t *Tracer) start(ctx context.Context, name string, kind trace.SpanKind, at
 	return t.tracer().Start(ctx, name, trace.WithSpanKind(kind), trace.WithAttributes(attrs...))
 }
 
-// RunOption adds facts about a run to its span.
+// RunOption adds facts about a run to its span (WithProvider and
+// WithConversation also to a model call's).
 type RunOption func(*[]attribute.KeyValue)
+
+// WithProvider records the model's provider (gen_ai.provider.name, as
+// model.ProviderName gives it: "openai"); "" records nothing.
+func WithProvider(name string) RunOption {
+	return func(a *[]attribute.KeyValue) {
+		if name != "" {
+			*a = append(*a, attribute.String(AttrProviderName, name))
+		}
+	}
+}
+
+// WithConversation records the conversation the run belongs to
+// (gen_ai.conversation.id: the service's run id, say); "" records nothing.
+func WithConversation(id string) RunOption {
+	return func(a *[]attribute.KeyValue) {
+		if id != "" {
+			*a = append(*a, attribute.String(AttrConversationID, id))
+		}
+	}
+}
 
 // WithMaxTurns records the run's turn limit.
 func WithMaxTurns(n int) RunOption {
@@ -200,15 +224,19 @@ func (t *Tracer) StartTurn(ctx context.Context, turn int, agent, modelName strin
 // EndTurn records err on a turn's span and ends it.
 func EndTurn(span trace.Span, err error) { End(span, err) }
 
-// StartModelCall starts the span of one model request (all its retries).
-// End it with EndModelCall.
-func (t *Tracer) StartModelCall(ctx context.Context, modelName string) (context.Context, trace.Span) {
+// StartModelCall starts the span of one model request (all its retries);
+// opts may add WithProvider and WithConversation. End it with
+// EndModelCall.
+func (t *Tracer) StartModelCall(ctx context.Context, modelName string, opts ...RunOption) (context.Context, trace.Span) {
 	name := OpChat
 	if modelName != "" {
 		name += " " + modelName
 	}
-	return t.start(ctx, name, trace.SpanKindClient,
-		attribute.String(AttrOperation, OpChat), attribute.String(AttrRequestModel, modelName))
+	attrs := []attribute.KeyValue{attribute.String(AttrOperation, OpChat), attribute.String(AttrRequestModel, modelName)}
+	for _, o := range opts {
+		o(&attrs)
+	}
+	return t.start(ctx, name, trace.SpanKindClient, attrs...)
 }
 
 // EndModelCall records the response's id, model, status and token usage
@@ -255,6 +283,8 @@ func (t *Tracer) StartToolCall(ctx context.Context, tool, callID string) (contex
 		attribute.String(AttrOperation, OpExecuteTool),
 		attribute.String(AttrToolName, tool),
 		attribute.String(AttrGenAIToolName, tool),
+		// Every tool runs in the harness, on the model's function call.
+		attribute.String(AttrToolType, "function"),
 	}
 	if callID != "" {
 		attrs = append(attrs, attribute.String(AttrToolCallID, callID), attribute.String(AttrGenAICallID, callID))

@@ -5,6 +5,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/archive"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -17,7 +18,10 @@ func (s *workspaceService) Archive(req *agentdv1.ArchiveRequest, stream agentdv1
 	if req.GetCompression() == agentdv1.ArchiveCompression_ARCHIVE_COMPRESSION_NONE {
 		opts.Compression = archive.CompressionNone
 	}
-	w := &chunkWriter{send: func(p []byte) error { return stream.Send(&agentdv1.ArchiveResponse{Data: p}) }, buf: make([]byte, 0, archiveChunkBytes)}
+	w := &chunkWriter{send: func(p []byte) error {
+		s.m.WorkspaceBytes(metrics.Archive, len(p))
+		return stream.Send(&agentdv1.ArchiveResponse{Data: p})
+	}, buf: make([]byte, 0, archiveChunkBytes)}
 	stats, err := s.d.Archive(stream.Context(), w, opts)
 	if err == nil {
 		err = w.flush()
@@ -71,6 +75,7 @@ func (s *workspaceService) Restore(stream agentdv1.WorkspaceService_RestoreServe
 	}
 	next := func() ([]byte, bool, error) {
 		m, err := stream.Recv()
+		s.m.WorkspaceBytes(metrics.Restore, len(m.GetData()))
 		return m.GetData(), m.GetHeader() != nil, err
 	}
 	stats, err := s.d.Restore(stream.Context(), &chunkReader{next: next}, archive.RestoreOptions{

@@ -102,7 +102,7 @@ func TestArchiveRestoreRoundTrip(t *testing.T) {
 	}
 	writeTree(t, td.workspace, map[string]string{"junk.txt": "x", "cache/big.bin": "new cache"})
 	fp2, _ := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: excl})
-	if fp2 == fp1 {
+	if fp2.GetFingerprint() == fp1.GetFingerprint() {
 		t.Fatal("fingerprint did not change")
 	}
 	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{Exclude: excl}, bytes.NewReader(snap.Bytes())); err != nil {
@@ -116,8 +116,8 @@ func TestArchiveRestoreRoundTrip(t *testing.T) {
 		t.Fatalf("excluded path was not preserved: %q", b)
 	}
 	fp3, _ := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: excl})
-	if fp3 != fp1 {
-		t.Fatalf("fingerprint after restore %s, want %s", fp3, fp1)
+	if fp3.GetFingerprint() != fp1.GetFingerprint() {
+		t.Fatalf("fingerprint after restore %s, want %s", fp3.GetFingerprint(), fp1.GetFingerprint())
 	}
 }
 

@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 )
 
 // AuthorizationHeader is the metadata key carrying "Bearer <token>".
@@ -23,8 +25,9 @@ const healthPrefix = "/grpc.health.v1.Health/"
 // The comparison is constant-time over SHA-256 digests, so neither the
 // token's content nor its length leaks through timing.
 type tokenAuth struct {
-	digest [sha256.Size]byte
-	none   bool // --insecure-no-auth
+	digest  [sha256.Size]byte
+	none    bool         // --insecure-no-auth
+	metrics *metrics.Set // counts refused tokens; nil: off
 }
 
 func newTokenAuth(token []byte, insecureNoAuth bool) *tokenAuth {
@@ -38,14 +41,17 @@ func (a *tokenAuth) check(ctx context.Context, method string) error {
 	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get(AuthorizationHeader)
 	if len(values) != 1 {
+		a.metrics.AuthRejected(metrics.AuthMissing)
 		return status.Error(codes.Unauthenticated, "missing bearer token")
 	}
 	token, ok := strings.CutPrefix(values[0], "Bearer ")
 	if !ok {
+		a.metrics.AuthRejected(metrics.AuthMalformed)
 		return status.Error(codes.Unauthenticated, "authorization is not a bearer token")
 	}
 	got := sha256.Sum256([]byte(token))
 	if subtle.ConstantTimeCompare(got[:], a.digest[:]) != 1 {
+		a.metrics.AuthRejected(metrics.AuthInvalid)
 		return status.Error(codes.Unauthenticated, "invalid bearer token")
 	}
 	return nil

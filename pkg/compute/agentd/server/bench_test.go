@@ -24,7 +24,7 @@ func BenchmarkStreamOutput(b *testing.B) {
 			b.Fatal(err)
 		}
 		var got, dropped int64
-		if _, err := td.client.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+		if _, err := td.client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
 			for _, c := range m.GetChunks() {
 				got += int64(len(c.GetData()))
 			}

@@ -29,6 +29,12 @@ type Config struct {
 	TLSCertFile, TLSKeyFile, ClientCAFile string
 	// ShutdownTimeout bounds the graceful drain after SIGTERM.
 	ShutdownTimeout time.Duration
+	// MetricsListen, when set, serves Prometheus metrics over HTTP at
+	// /metrics on this address (tcp://host:port, host:port or
+	// unix:///path.sock). The endpoint is unauthenticated: bind it to a
+	// loopback or private address. "" (the default) serves no metrics and
+	// counts nothing.
+	MetricsListen string
 	// ReclaimIdle is how long a burst of calls must have been over before
 	// the daemon gives the memory it used back to the system (once per
 	// burst); 0 disables it.
@@ -75,6 +81,11 @@ func (c *Config) Validate() error {
 		return errors.New("no token configured: give --token-file or --token-fd (or --insecure-no-auth for local development)")
 	case sources == 1 && c.InsecureNoAuth:
 		return errors.New("--insecure-no-auth contradicts a configured token")
+	}
+	if c.MetricsListen != "" {
+		if _, _, err := parseMetricsListen(c.MetricsListen); err != nil {
+			return err
+		}
 	}
 	if c.ReclaimIdle < 0 {
 		return fmt.Errorf("--reclaim-idle %s: must not be negative", c.ReclaimIdle)

@@ -61,11 +61,14 @@ func TestRealFailuresOnTheWire(t *testing.T) {
 		path      string  // the PathError's path on the client; "" for none, "*" for any
 	}{
 		// DESIGN: "the answer to an escape is a clear PermissionDenied".
-		{"relative escape", func() error { _, err := td.client.Stat(ctx, "../outside", ""); return err },
+		{"relative escape", func() error { _, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "../outside"}); return err },
 			codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE, []error{errkind.ErrPathEscape}, "../outside"},
-		{"missing file", func() error { _, err := td.client.Stat(ctx, "nope.txt", ""); return err },
+		{"missing file", func() error { _, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "nope.txt"}); return err },
 			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errkind.ErrNotFound}, "nope.txt"},
-		{"unknown run_as user for a file", func() error { _, err := td.client.Stat(ctx, "a.txt", ghost); return err },
+		{"unknown run_as user for a file", func() error {
+			_, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "a.txt", User: ghost})
+			return err
+		},
 			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND, []error{errkind.ErrUserNotFound, errkind.ErrNotFound}, "a.txt"},
 		{"unknown run_as user for a process", start(&agentdv1.ProcessSpec{Argv: []string{"true"}, User: ghost}),
 			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND, []error{errkind.ErrUserNotFound}, ""},
@@ -79,7 +82,7 @@ func TestRealFailuresOnTheWire(t *testing.T) {
 			_, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "dir"})
 			return err
 		}, codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS, []error{errkind.ErrAlreadyExists}, "dir"},
-		{"non-empty directory", func() error { return td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "dir"}) },
+		{"non-empty directory", func() error { _, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "dir"}); return err },
 			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY, []error{errkind.ErrNotEmpty}, "dir"},
 		{"malformed patch", patch("*** Begin Patch\n*** Frobnicate File: a.txt\n*** End Patch\n"),
 			codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT, []error{errkind.ErrInvalidArgument}, "*"},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -24,6 +25,7 @@ const readChunkBytes = 512 << 10
 type fileService struct {
 	agentdv1.UnimplementedFileServiceServer
 	d *agentd.Daemon
+	m *metrics.Set // nil: metrics off
 }
 
 func (s *fileService) ReadFile(req *agentdv1.ReadFileRequest, stream agentdv1.FileService_ReadFileServer) error {
@@ -53,6 +55,7 @@ func (s *fileService) ReadFile(req *agentdv1.ReadFileRequest, stream agentdv1.Fi
 			if err := stream.Send(msg); err != nil {
 				return err
 			}
+			s.m.FileReadBytes(n)
 			msg = &agentdv1.ReadFileResponse{}
 		} else {
 			pool.Put(buf)
@@ -100,6 +103,7 @@ func (s *fileService) WriteFile(stream agentdv1.FileService_WriteFileServer) err
 	}
 	next := func() ([]byte, bool, error) {
 		m, err := stream.Recv()
+		s.m.FileWrittenBytes(len(m.GetData()))
 		return m.GetData(), m.GetHeader() != nil, err
 	}
 	res, err := s.d.Workspace().WriteFile(stream.Context(), user, opts, &chunkReader{next: next, release: pool.PutBytes})

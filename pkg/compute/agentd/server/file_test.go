@@ -253,7 +253,7 @@ func TestWriteReadRoundTripLarge(t *testing.T) {
 	}
 
 	// On the wire the read is a stream of bounded chunks, info first.
-	stream, err := agentdv1.NewFileServiceClient(td.client.Conn()).ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin"})
+	stream, err := agentdv1.NewFileServiceClient(authConn(t, td.socket)).ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -461,7 +461,7 @@ func TestWriteFilePolicies(t *testing.T) {
 	assertPathErr(t, err, errkind.ErrNotDirectory, "exists.txt/child", ws)
 
 	// The header must come first.
-	ws2, err := agentdv1.NewFileServiceClient(td.client.Conn()).WriteFile(ctx)
+	ws2, err := agentdv1.NewFileServiceClient(authConn(t, td.socket)).WriteFile(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -470,7 +470,7 @@ func TestWriteFilePolicies(t *testing.T) {
 		t.Fatalf("data before header: want InvalidArgument, got %v", err)
 	}
 	// A second header in the middle aborts the write and changes nothing.
-	ws3, err := agentdv1.NewFileServiceClient(td.client.Conn()).WriteFile(ctx)
+	ws3, err := agentdv1.NewFileServiceClient(authConn(t, td.socket)).WriteFile(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -539,43 +539,46 @@ func TestStat(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	fi, err := td.client.Stat(ctx, "dir/file.txt", "")
+	st, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir/file.txt"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	fi := st.GetInfo()
 	if fi.GetType() != agentdv1.FileType_FILE_TYPE_REGULAR || fi.GetSize() != 12 || fi.GetMode() != 0o640 ||
 		fi.GetName() != "file.txt" || fi.GetPath() != "dir/file.txt" || fi.GetOwner() != "root" || fi.GetUid() != 0 ||
 		fi.GetModifiedAt() == nil || fi.GetRawName() != nil {
 		t.Fatalf("file: %v", fi)
 	}
-	fi, err = td.client.Stat(ctx, "dir", "")
+	st, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	fi = st.GetInfo()
 	if fi.GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY || fi.GetName() != "dir" || fi.GetOwner() != "root" {
 		t.Fatalf("dir: %v", fi)
 	}
-	fi, err = td.client.Stat(ctx, "dir/link", "")
+	st, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir/link"})
 	if err != nil {
 		t.Fatal(err)
 	}
+	fi = st.GetInfo()
 	if fi.GetType() != agentdv1.FileType_FILE_TYPE_SYMLINK || fi.GetSymlinkTarget() != "file.txt" || fi.GetName() != "link" {
 		t.Fatalf("symlink (described, not followed): %v", fi)
 	}
 	// Absolute paths inside the workspace work and are echoed as given.
 	abs := filepath.Join(ws, "dir/file.txt")
-	if fi, err = td.client.Stat(ctx, abs, ""); err != nil || fi.GetPath() != abs || fi.GetSize() != 12 {
-		t.Fatalf("absolute: %v %v", fi, err)
+	if st, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: abs}); err != nil || st.GetInfo().GetPath() != abs || st.GetInfo().GetSize() != 12 {
+		t.Fatalf("absolute: %v %v", st, err)
 	}
 	// The workspace root itself.
-	if fi, err = td.client.Stat(ctx, ".", ""); err != nil || fi.GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY {
-		t.Fatalf("root: %v %v", fi, err)
+	if st, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "."}); err != nil || st.GetInfo().GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY {
+		t.Fatalf("root: %v %v", st, err)
 	}
-	_, err = td.client.Stat(ctx, "dir/nope", "")
+	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir/nope"})
 	assertPathErr(t, err, errkind.ErrNotFound, "dir/nope", ws)
-	_, err = td.client.Stat(ctx, "dir/file.txt/below", "")
+	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir/file.txt/below"})
 	assertPathErr(t, err, errkind.ErrNotDirectory, "dir/file.txt/below", ws)
-	_, err = td.client.Stat(ctx, "", "")
+	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{})
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "", ws)
 }
 
@@ -707,11 +710,11 @@ func TestMakeDirRemoveRename(t *testing.T) {
 	ctx := ctxT(t)
 	ws := td.workspace
 
-	info, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "a/b/c", Parents: true, Mode: 0o750})
+	made, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "a/b/c", Parents: true, Mode: 0o750})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY || info.GetPath() != "a/b/c" || info.GetMode() != 0o750 {
+	if info := made.GetInfo(); info.GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY || info.GetPath() != "a/b/c" || info.GetMode() != 0o750 {
 		t.Fatalf("MakeDir info %v", info)
 	}
 	if fi, err := os.Stat(filepath.Join(ws, "a/b/c")); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o750 {
@@ -725,31 +728,31 @@ func TestMakeDirRemoveRename(t *testing.T) {
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "x/y"})
 	assertPathErr(t, err, errkind.ErrNotFound, "x/y", ws)
 	assertMissing(t, filepath.Join(ws, "x"))
-	if info, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "plain"}); err != nil || info.GetMode() != 0o755 {
-		t.Fatalf("default directory mode: %v %v", info, err)
+	if made, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "plain"}); err != nil || made.GetInfo().GetMode() != 0o755 {
+		t.Fatalf("default directory mode: %v %v", made, err)
 	}
 	mustWrite(t, filepath.Join(ws, "a/b/c/f.txt"), "f", 0o644)
 
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "a"})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "a"})
 	assertPathErr(t, err, errkind.ErrNotEmpty, "a", ws)
 	if diskContent(t, filepath.Join(ws, "a/b/c/f.txt")) != "f" {
 		t.Fatal("a refused removal removed something")
 	}
-	if err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "a", Recursive: true}); err != nil {
+	if _, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "a", Recursive: true}); err != nil {
 		t.Fatal(err)
 	}
 	assertMissing(t, filepath.Join(ws, "a"))
-	if err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "plain"}); err != nil {
+	if _, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "plain"}); err != nil {
 		t.Fatalf("empty directory: %v", err)
 	}
 	assertMissing(t, filepath.Join(ws, "plain"))
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone"})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone"})
 	assertPathErr(t, err, errkind.ErrNotFound, "gone", ws)
 
 	// The workspace root is never removed, however it is named.
 	mustWrite(t, filepath.Join(ws, "survivor"), "s", 0o644)
 	for _, p := range []string{".", "", "./", ws, "sub/.."} {
-		err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: p, Recursive: true})
+		_, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: p, Recursive: true})
 		if err == nil {
 			t.Fatalf("Remove(%q) of the workspace root succeeded", p)
 		}
@@ -760,36 +763,36 @@ func TestMakeDirRemoveRename(t *testing.T) {
 			t.Fatalf("Remove(%q) removed content", p)
 		}
 	}
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "."})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "."})
 	assertPathErr(t, err, errkind.ErrPermissionDenied, ".")
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: ""})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: ""})
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "")
 
 	// Rename.
 	mustWrite(t, filepath.Join(ws, "r1"), "one", 0o600)
 	mustWrite(t, filepath.Join(ws, "existing"), "old", 0o644)
-	if err := td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r1", To: "r2"}); err != nil {
+	if _, err := td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r1", To: "r2"}); err != nil {
 		t.Fatal(err)
 	}
 	assertMissing(t, filepath.Join(ws, "r1"))
 	if fi, _ := os.Stat(filepath.Join(ws, "r2")); diskContent(t, filepath.Join(ws, "r2")) != "one" || fi.Mode().Perm() != 0o600 {
 		t.Fatal("rename did not move the file as is")
 	}
-	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r2", To: "existing"})
+	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r2", To: "existing"})
 	assertPathErr(t, err, errkind.ErrAlreadyExists, "existing", ws) // the path in the way, as given
 	if diskContent(t, filepath.Join(ws, "r2")) != "one" || diskContent(t, filepath.Join(ws, "existing")) != "old" {
 		t.Fatal("a refused rename changed files")
 	}
-	if err := td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r2", To: "existing", Overwrite: true}); err != nil {
+	if _, err := td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r2", To: "existing", Overwrite: true}); err != nil {
 		t.Fatal(err)
 	}
 	assertMissing(t, filepath.Join(ws, "r2"))
 	if diskContent(t, filepath.Join(ws, "existing")) != "one" {
 		t.Fatal("overwrite rename did not replace")
 	}
-	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "nope", To: "other"})
+	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "nope", To: "other"})
 	assertPathErr(t, err, errkind.ErrNotFound, "nope", ws)
-	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: ".", To: "moved-root"})
+	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: ".", To: "moved-root"})
 	assertPathErr(t, err, errkind.ErrPermissionDenied, ".", ws)
 	if _, err := os.Stat(ws); err != nil {
 		t.Fatal("the workspace root is gone")
@@ -809,17 +812,17 @@ func TestErrorsCarryCallerPathOnly(t *testing.T) {
 	check(err, errkind.ErrNotFound, "missing/file.txt")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "./f.txt/x"})
 	check(err, errkind.ErrNotDirectory, "./f.txt/x")
-	_, err = td.client.Stat(ctx, "sub/../nope", "")
+	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "sub/../nope"})
 	check(err, errkind.ErrNotFound, "sub/../nope")
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "nodir/x"}, []byte("x"))
 	check(err, errkind.ErrNotFound, "nodir/x")
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "nothere"})
 	check(err, errkind.ErrNotFound, "nothere")
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone/x"})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone/x"})
 	check(err, errkind.ErrNotFound, "gone/x")
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "f.txt"})
 	check(err, errkind.ErrAlreadyExists, "f.txt")
-	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "ghost", To: "g2"})
+	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "ghost", To: "g2"})
 	check(err, errkind.ErrNotFound, "ghost")
 	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "sub/.."})
 	check(err, errkind.ErrIsDirectory, "sub/..")
@@ -870,7 +873,7 @@ func TestEscapesAreRefused(t *testing.T) {
 	assertPathErr(t, err, errkind.ErrPathEscape, "etc", hosts...)
 	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "out"})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out", hosts...)
-	_, err = td.client.Stat(ctx, "out/secret.txt", "")
+	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "out/secret.txt"})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
 
 	writes := []string{"../x", "/etc/bulkhead-pwned", "etc/bulkhead-pwned", "out/pwned", "out/secret.txt", "rel", outside + "/abs-pwned", "a/../../x"}
@@ -886,17 +889,17 @@ func TestEscapesAreRefused(t *testing.T) {
 	}
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "out/newdir", Parents: true})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out/newdir", hosts...)
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "out/secret.txt"})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "out/secret.txt"})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "../sibling.txt"})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "../sibling.txt"})
 	assertPathErr(t, err, errkind.ErrPathEscape, "../sibling.txt", hosts...)
-	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "../moved.txt"})
+	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "../moved.txt"})
 	assertPathErr(t, err, errkind.ErrPathEscape, "../moved.txt", hosts...)
-	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "out/moved.txt", Overwrite: true})
+	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "out/moved.txt", Overwrite: true})
 	if !errors.Is(err, errkind.ErrPathEscape) {
 		t.Fatalf("rename into a link to outside: %v", err)
 	}
-	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "out/secret.txt", To: "stolen.txt"})
+	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "out/secret.txt", To: "stolen.txt"})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
 
 	assertSameTree(t, "outside", outsideBefore, snapshotTree(t, outside))
@@ -908,7 +911,7 @@ func TestEscapesAreRefused(t *testing.T) {
 		t.Fatal("a file outside changed")
 	}
 	// The symlinks themselves are inside and may be described.
-	if fi, err := td.client.Stat(ctx, "etc", ""); err != nil || fi.GetSymlinkTarget() != "/etc" {
+	if fi, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "etc"}); err != nil || fi.GetInfo().GetSymlinkTarget() != "/etc" {
 		t.Fatalf("Stat of the link itself: %v %v", fi, err)
 	}
 }
@@ -932,10 +935,10 @@ func TestReadOnlyGrant(t *testing.T) {
 	if !slices.Equal(names, []string{"data.txt", "sub"}) {
 		t.Fatalf("list of the grant: %v", names)
 	}
-	if fi, err := td.client.Stat(ctx, grant+"/sub/more.txt", ""); err != nil || fi.GetSize() != 4 {
+	if fi, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: grant + "/sub/more.txt"}); err != nil || fi.GetInfo().GetSize() != 4 {
 		t.Fatalf("stat in the grant: %v %v", fi, err)
 	}
-	info, err := td.client.Info(ctx)
+	info, err := td.client.Info(ctx, &agentdv1.InfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -957,13 +960,13 @@ func TestReadOnlyGrant(t *testing.T) {
 	assertPathErr(t, err, errkind.ErrReadOnly, p)
 	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: grant + "/deep/new.txt", CreateParents: true}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/deep/new.txt")
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: p})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: p})
 	assertPathErr(t, err, errkind.ErrReadOnly, p)
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: grant + "/sub", Recursive: true})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: grant + "/sub", Recursive: true})
 	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/sub")
 	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: grant + "/newdir"})
 	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/newdir")
-	err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: p, To: grant + "/renamed.txt"})
+	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: p, To: grant + "/renamed.txt"})
 	if !errors.Is(err, errkind.ErrReadOnly) {
 		t.Fatalf("rename in a read-only grant: %v", err)
 	}
@@ -1019,7 +1022,7 @@ func TestRunAsUser(t *testing.T) {
 		t.Fatalf("parent created as analyst is owned by %d", uid)
 	}
 	// Stat names owners through the sandbox's own /etc/passwd.
-	if fi, err := td.client.Stat(ctx, "mine.txt", ""); err != nil || fi.GetOwner() != "analyst" || fi.GetGroup() != "analyst" {
+	if fi, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "mine.txt"}); err != nil || fi.GetInfo().GetOwner() != "analyst" || fi.GetInfo().GetGroup() != "analyst" {
 		t.Fatalf("stat owner: %v %v", fi, err)
 	}
 
@@ -1052,7 +1055,7 @@ func TestRunAsUser(t *testing.T) {
 	if len(got) != 0 {
 		t.Fatal("bytes of a private file reached analyst")
 	}
-	err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "adir", Recursive: true, User: "analyst"})
+	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "adir", Recursive: true, User: "analyst"})
 	if err != nil {
 		t.Fatalf("analyst removing its own tree: %v", err)
 	}
@@ -1069,7 +1072,10 @@ func TestRunAsUser(t *testing.T) {
 			_, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "mine.txt", User: "mallory"})
 			return err
 		},
-		"stat": func() error { _, err := td.client.Stat(ctx, "mine.txt", "mallory"); return err },
+		"stat": func() error {
+			_, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "mine.txt", User: "mallory"})
+			return err
+		},
 		"list": func() error {
 			_, err := td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: ".", User: "mallory"})
 			return err
@@ -1078,9 +1084,13 @@ func TestRunAsUser(t *testing.T) {
 			_, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "gd", User: "mallory"})
 			return err
 		},
-		"remove": func() error { return td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "mine.txt", User: "mallory"}) },
+		"remove": func() error {
+			_, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "mine.txt", User: "mallory"})
+			return err
+		},
 		"rename": func() error {
-			return td.client.Rename(ctx, &agentdv1.RenameRequest{From: "mine.txt", To: "x", User: "mallory"})
+			_, err := td.client.Rename(ctx, &agentdv1.RenameRequest{From: "mine.txt", To: "x", User: "mallory"})
+			return err
 		},
 	} {
 		err := call()

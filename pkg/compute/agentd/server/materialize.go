@@ -4,6 +4,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/materialize"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -24,6 +25,7 @@ func (s *workspaceService) Materialize(stream agentdv1.WorkspaceService_Material
 	}
 	next := func() ([]byte, bool, error) {
 		m, err := stream.Recv()
+		s.m.WorkspaceBytes(metrics.Materialize, len(m.GetData()))
 		return m.GetData(), m.GetPlan() != nil, err
 	}
 	res, err := s.d.Materialize(stream.Context(), req, &chunkReader{next: next})

@@ -8,6 +8,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/process"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -17,12 +18,16 @@ import (
 type processService struct {
 	agentdv1.UnimplementedProcessServiceServer
 	d *agentd.Daemon
+	m *metrics.Set // nil: metrics off
 }
 
 func (s *processService) Start(ctx context.Context, req *agentdv1.StartRequest) (*agentdv1.StartResponse, error) {
 	info, existing, err := s.d.StartProcess(ctx, startOptions(req.GetSpec(), req.GetRequestId()))
 	if err != nil {
 		return nil, errmap.ToStatus(err)
+	}
+	if !existing {
+		s.m.ProcessStarted()
 	}
 	return &agentdv1.StartResponse{Process: processInfo(info), Existing: existing}, nil
 }
@@ -33,6 +38,7 @@ func (s *processService) ReadOutput(ctx context.Context, req *agentdv1.ReadOutpu
 	if err != nil {
 		return nil, errmap.ToStatus(err)
 	}
+	countOutput(s.m, res.Chunks)
 	return &agentdv1.ReadOutputResponse{Chunks: chunks(res.Chunks), NextCursor: res.NextCursor, DroppedBytes: res.Dropped, Exit: exitStatus(res.Exit)}, nil
 }
 
@@ -43,6 +49,7 @@ func (s *processService) ReadOutput(ctx context.Context, req *agentdv1.ReadOutpu
 // it returns (no stats handler keeps messages).
 func (s *processService) Attach(req *agentdv1.AttachRequest, stream agentdv1.ProcessService_AttachServer) error {
 	err := s.d.Processes().Attach(stream.Context(), req.GetProcessId(), req.GetCursor(), func(res process.ReadResult) error {
+		countOutput(s.m, res.Chunks)
 		return stream.Send(&agentdv1.AttachResponse{Chunks: chunks(res.Chunks), NextCursor: res.NextCursor, DroppedBytes: res.Dropped, Exit: exitStatus(res.Exit)})
 	})
 	return errmap.ToStatus(err)
@@ -53,6 +60,7 @@ func (s *processService) WriteStdin(ctx context.Context, req *agentdv1.WriteStdi
 	if err != nil {
 		return nil, errmap.ToStatus(err)
 	}
+	s.m.StdinBytes(len(req.GetData()))
 	return &agentdv1.WriteStdinResponse{NextOffset: next}, nil
 }
 
@@ -118,9 +126,12 @@ func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.Process
 		opts.Stdin = true
 	}
 	opts.HoldOutput = true // the Attach below follows from 0: nothing is lost before it
-	info, _, err := s.d.StartProcess(ctx, opts)
+	info, existing, err := s.d.StartProcess(ctx, opts)
 	if err != nil {
 		return errmap.ToStatus(err)
+	}
+	if !existing {
+		s.m.ProcessStarted()
 	}
 	procs := s.d.Processes()
 	exited := false
@@ -139,6 +150,7 @@ func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.Process
 		if _, err := procs.WriteStdin(ctx, info.ID, 0, req.GetStdin()); err != nil {
 			return errmap.ToStatus(err)
 		}
+		s.m.StdinBytes(len(req.GetStdin()))
 		if !opts.TTY { // a terminal has no end of input to send
 			if err := procs.CloseStdin(info.ID); err != nil {
 				return errmap.ToStatus(err)
@@ -151,6 +163,7 @@ func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.Process
 		if res.Exit != nil {
 			exited = true
 		}
+		countOutput(s.m, res.Chunks)
 		msg := &agentdv1.ExecResponse{Started: started, Chunks: chunks(res.Chunks), DroppedBytes: res.Dropped, Exit: exitStatus(res.Exit)}
 		started = nil
 		return stream.Send(msg)

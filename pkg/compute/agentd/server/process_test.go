@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/bulkhead-dev/bulkhead/internal/faultnet"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
@@ -128,11 +130,11 @@ func TestStartFailuresAreSpecific(t *testing.T) {
 			}
 		})
 	}
-	list, err := td.client.List(ctx)
+	list, err := td.client.List(ctx, &agentdv1.ListRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list) != 0 {
+	if len(list.GetProcesses()) != 0 {
 		t.Fatalf("failed starts left processes: %v", list)
 	}
 }
@@ -145,23 +147,23 @@ func TestProcessStateErrors(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := st.GetProcess().GetProcessId()
-	if _, err := td.client.Wait(ctx, id); err != nil {
+	if _, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: id}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.WriteStdin(ctx, id, 0, []byte("x")); !errors.Is(err, errkind.ErrFailedPrecondition) {
+	if _, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Data: []byte("x")}); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Errorf("stdin to an exited process: want ErrFailedPrecondition, got %v", err)
 	}
-	if err := td.client.Resize(ctx, id, 10, 10); !errors.Is(err, errkind.ErrFailedPrecondition) {
+	if _, err := td.client.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: id, Size: &agentdv1.TerminalSize{Rows: 10, Cols: 10}}); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Errorf("resize without a tty: want ErrFailedPrecondition, got %v", err)
 	}
-	if err := td.client.Signal(ctx, id, "NOPE"); !errors.Is(err, errkind.ErrInvalidArgument) {
+	if _, err := td.client.Signal(ctx, &agentdv1.SignalRequest{ProcessId: id, Signal: "NOPE"}); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Errorf("unknown signal: want ErrInvalidArgument, got %v", err)
 	}
-	if _, err := td.client.Wait(ctx, "no-such-process"); !errors.Is(err, errkind.ErrNotFound) {
+	if _, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: "no-such-process"}); !errors.Is(err, errkind.ErrNotFound) {
 		t.Errorf("unknown process: want ErrNotFound, got %v", err)
 	}
 	var pe *errkind.ProcessError
-	if _, err := td.client.ReadOutput(ctx, "no-such-process", 0, 0, 0); !errors.As(err, &pe) || pe.ProcessID != "no-such-process" {
+	if _, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: "no-such-process"}); !errors.As(err, &pe) || pe.ProcessID != "no-such-process" {
 		t.Errorf("error should name the process: %#v", err)
 	}
 }
@@ -188,7 +190,7 @@ func TestStartIsIdempotentByRequestID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.Wait(ctx, a.GetProcess().GetProcessId()); err != nil {
+	if _, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: a.GetProcess().GetProcessId()}); err != nil {
 		t.Fatal(err)
 	}
 	b, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec, RequestId: "req-1"})
@@ -229,12 +231,13 @@ func TestStdinOffsetsAreIdempotent(t *testing.T) {
 		{10, "zz", 0, errkind.ErrConflict},
 	}
 	for i, s := range steps {
-		next, err := td.client.WriteStdin(ctx, id, s.offset, []byte(s.data))
+		resp, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Offset: s.offset, Data: []byte(s.data)})
+		next := resp.GetNextOffset()
 		if !errors.Is(err, s.err) || (s.err == nil && next != s.next) {
 			t.Fatalf("step %d: next %d err %v, want %d %v", i, next, err, s.next, s.err)
 		}
 	}
-	if err := td.client.CloseStdin(ctx, id); err != nil {
+	if _, err := td.client.CloseStdin(ctx, &agentdv1.CloseStdinRequest{ProcessId: id}); err != nil {
 		t.Fatal(err)
 	}
 	out := readAll(t, td.client, id)
@@ -252,19 +255,19 @@ func TestPTYInterrupt(t *testing.T) {
 	}
 	id := st.GetProcess().GetProcessId()
 	time.Sleep(100 * time.Millisecond)
-	if _, err := td.client.WriteStdin(ctx, id, 0, []byte{0x03}); err != nil {
+	if _, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Data: []byte{0x03}}); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	exit, err := td.client.Wait(wctx, id)
+	exit, err := td.client.Wait(wctx, &agentdv1.WaitRequest{ProcessId: id})
 	if err != nil {
 		t.Fatalf("Ctrl-C did not stop sleep: %v", err)
 	}
-	if exit.GetSignal() != "SIGINT" {
+	if exit.GetExit().GetSignal() != "SIGINT" {
 		t.Fatalf("want SIGINT, got %v", exit)
 	}
-	if err := td.client.Resize(ctx, id, 40, 120); !errors.Is(err, errkind.ErrFailedPrecondition) && !errors.Is(err, errkind.ErrNotFound) && err != nil {
+	if _, err := td.client.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: id, Size: &agentdv1.TerminalSize{Rows: 40, Cols: 120}}); !errors.Is(err, errkind.ErrFailedPrecondition) && !errors.Is(err, errkind.ErrNotFound) && err != nil {
 		t.Fatalf("resize after exit: %v", err)
 	}
 }
@@ -277,7 +280,7 @@ func TestSignalKillsWholeGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := st.GetProcess().GetProcessId()
-	res, err := td.client.ReadOutput(ctx, id, 0, 5*time.Second, 0)
+	res, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(5 * time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -285,14 +288,14 @@ func TestSignalKillsWholeGroup(t *testing.T) {
 	if err != nil {
 		t.Fatalf("background pid: %v", err)
 	}
-	if err := td.client.Signal(ctx, id, "TERM"); err != nil {
+	if _, err := td.client.Signal(ctx, &agentdv1.SignalRequest{ProcessId: id, Signal: "TERM"}); err != nil {
 		t.Fatal(err)
 	}
-	exit, err := td.client.Wait(ctx, id)
+	exit, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: id})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exit.GetSignal() != "SIGTERM" {
+	if exit.GetExit().GetSignal() != "SIGTERM" {
 		t.Fatalf("exit %v", exit)
 	}
 	waitGone(t, bg)
@@ -307,7 +310,7 @@ func TestProcessSurvivesDisconnectAndReplays(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := st.GetProcess().GetProcessId()
-	first, err := td.client.ReadOutput(ctx, id, 0, time.Second, 0)
+	first, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(time.Second)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +347,7 @@ func TestConnectionCutMidStream(t *testing.T) {
 	}
 	var got bytes.Buffer
 	cuts := 0
-	exit, err := c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+	exit, err := c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
 		got.WriteString(joinData(m.GetChunks()))
 		if m.GetDroppedBytes() != 0 {
 			t.Errorf("dropped %d bytes", m.GetDroppedBytes())
@@ -423,17 +426,17 @@ func TestReadOutputYield(t *testing.T) {
 	}
 	id := st.GetProcess().GetProcessId()
 	// Nothing yet: returns empty after the yield, not an error.
-	res, err := td.client.ReadOutput(ctx, id, 0, 20*time.Millisecond, 0)
+	res, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(20 * time.Millisecond)})
 	if err != nil || len(res.GetChunks()) != 0 || res.GetExit() != nil {
 		t.Fatalf("early read: %v %v", res, err)
 	}
 	// A long yield returns as soon as output arrives (not after the full yield).
-	res, err = td.client.ReadOutput(ctx, id, 0, 20*time.Second, 0)
+	res, err = td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(20 * time.Second)})
 	if err != nil || joinData(res.GetChunks()) != "late\n" {
 		t.Fatalf("read: %v %v", res, err)
 	}
 	// Reading past the end of an exited process reports the exit.
-	res, err = td.client.ReadOutput(ctx, id, res.GetNextCursor(), 5*time.Second, 0)
+	res, err = td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, Cursor: res.GetNextCursor(), YieldTime: durationpb.New(5 * time.Second)})
 	if err != nil || res.GetExit() == nil {
 		t.Fatalf("final read: %v %v", res, err)
 	}
@@ -447,11 +450,11 @@ func TestOutputBufferWrapReportsDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := st.GetProcess().GetProcessId()
-	if _, err := td.client.Wait(ctx, id); err != nil {
+	if _, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: id}); err != nil {
 		t.Fatal(err)
 	}
 	var got, dropped int64
-	exit, err := td.client.Follow(ctx, id, 0, func(m *agentdv1.AttachResponse) error {
+	exit, err := td.client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: id}, func(m *agentdv1.AttachResponse) error {
 		for _, c := range m.GetChunks() {
 			got += int64(len(c.GetData()))
 		}
@@ -490,7 +493,7 @@ func TestExecAndAttachFlowControl(t *testing.T) {
 	var got, dropped int64
 	calls := 0
 	released := make(chan error, 1)
-	exit, err := td.client.Follow(ctx, id, 0, func(m *agentdv1.AttachResponse) error {
+	exit, err := td.client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: id}, func(m *agentdv1.AttachResponse) error {
 		if calls++; calls%8 == 0 {
 			time.Sleep(time.Millisecond) // a slow client
 		}
@@ -500,7 +503,7 @@ func TestExecAndAttachFlowControl(t *testing.T) {
 		dropped += m.GetDroppedBytes()
 		if calls == 1 {
 			go func() {
-				_, err := td.client.WriteStdin(ctx, id, 0, []byte("x"))
+				_, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Data: []byte("x")})
 				released <- err
 			}()
 		}
@@ -550,7 +553,7 @@ func readAll(t *testing.T, c *agentclient.Client, id string) string { return rea
 func readFrom(t *testing.T, c *agentclient.Client, id string, cursor int64) string {
 	t.Helper()
 	var b strings.Builder
-	if _, err := c.Follow(ctxT(t), id, cursor, func(m *agentdv1.AttachResponse) error {
+	if _, err := c.Follow(ctxT(t), &agentdv1.AttachRequest{ProcessId: id, Cursor: cursor}, func(m *agentdv1.AttachResponse) error {
 		b.WriteString(joinData(m.GetChunks()))
 		return nil
 	}); err != nil {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"slices"
 	"time"
 
 	"go.uber.org/zap"
@@ -19,7 +20,9 @@ import (
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -49,30 +52,62 @@ type Server struct {
 	drain  *drainGate
 	// reclaim records activity and, in Run, gives memory back after bursts.
 	reclaim *reclaimer
+	// Metrics is the daemon's metric set; nil (nothing is counted and no
+	// interceptor runs) unless New was given WithMetrics.
+	Metrics *metrics.Set
 	log     *zap.Logger
+}
+
+// Option adjusts New.
+type Option func(*options)
+
+type options struct {
+	metrics bool
+}
+
+// WithMetrics makes New count calls, bytes and refused tokens in
+// Server.Metrics (see package metrics); serve them with Metrics.Serve.
+func WithMetrics() Option {
+	return func(o *options) { o.metrics = true }
 }
 
 // New builds the gRPC server with auth, logging, panic recovery and the
 // drain gate, and registers every service plus health and reflection.
 // token may be nil only with insecureNoAuth.
-func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.TransportCredentials, log *zap.Logger) (*Server, error) {
+func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.TransportCredentials, log *zap.Logger, extra ...Option) (*Server, error) {
 	if len(token) == 0 && !insecureNoAuth {
 		return nil, errors.New("refusing to serve without a token")
 	}
+	var o options
+	for _, opt := range extra {
+		opt(&o)
+	}
+	var ms *metrics.Set // nil: metrics off, every count a no-op
+	if o.metrics {
+		ms = metrics.New(buildinfo.Version(), d.Processes().Running)
+	}
 	auth := newTokenAuth(token, insecureNoAuth)
+	auth.metrics = ms
 	gate := &drainGate{}
 	rec := newReclaimer(DefaultReclaimIdle, freeMemory, log)
 	recU, recS := rec.interceptors()
 	logU, logS := requestLog(log)
 	panicU, panicS := recovery(log)
+	// Order: log every call (including auth failures and recovered
+	// panics, which the recovery below turns into Internal), time it for
+	// the metrics (when on), then authenticate, then record activity for
+	// the reclaimer (a caller without the token makes it do nothing), then
+	// refuse new work while draining.
+	unary := []grpc.UnaryServerInterceptor{logU, panicU, auth.unary, recU, gate.unary}
+	stream := []grpc.StreamServerInterceptor{logS, panicS, auth.stream, recS, gate.stream}
+	if ms != nil {
+		mU, mS := rpcMetrics(ms)
+		unary = slices.Insert(unary, 1, mU)
+		stream = slices.Insert(stream, 1, mS)
+	}
 	opts := []grpc.ServerOption{
-		// Order: log every call (including auth failures and recovered
-		// panics, which the recovery below turns into Internal), then
-		// authenticate, then record activity for the reclaimer (a caller
-		// without the token makes it do nothing), then refuse new work
-		// while draining.
-		grpc.ChainUnaryInterceptor(logU, panicU, auth.unary, recU, gate.unary),
-		grpc.ChainStreamInterceptor(logS, panicS, auth.stream, recS, gate.stream),
+		grpc.ChainUnaryInterceptor(unary...),
+		grpc.ChainStreamInterceptor(stream...),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: clientMinPingTime, PermitWithoutStream: true}),
 		grpc.MaxRecvMsgSize(maxMessageBytes),
@@ -94,12 +129,21 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
 	agentdv1.RegisterSystemServiceServer(gs, &systemService{d: d})
-	agentdv1.RegisterProcessServiceServer(gs, &processService{d: d})
-	agentdv1.RegisterFileServiceServer(gs, &fileService{d: d})
-	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d})
+	agentdv1.RegisterProcessServiceServer(gs, &processService{d: d, m: ms})
+	agentdv1.RegisterFileServiceServer(gs, &fileService{d: d, m: ms})
+	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d, m: ms})
 	agentdv1.RegisterPortServiceServer(gs, &portService{d: d})
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, reclaim: rec, log: log}, nil
+	if ms != nil {
+		var methods []string
+		for svc, info := range gs.GetServiceInfo() {
+			for _, m := range info.Methods {
+				methods = append(methods, "/"+svc+"/"+m.Name)
+			}
+		}
+		ms.KnownMethods(methods)
+	}
+	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, reclaim: rec, Metrics: ms, log: log}, nil
 }
 
 // Shutdown drains: health says NOT_SERVING, new work is refused, every
@@ -162,7 +206,11 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	srv, err := New(d, token, cfg.InsecureNoAuth, creds, log)
+	var srvOpts []Option
+	if cfg.MetricsListen != "" {
+		srvOpts = append(srvOpts, WithMetrics())
+	}
+	srv, err := New(d, token, cfg.InsecureNoAuth, creds, log, srvOpts...)
 	if err != nil {
 		return err
 	}
@@ -171,7 +219,17 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		_ = d.Shutdown(context.Background())
 		return err
 	}
-	serveErr := make(chan error, len(listeners))
+	serveErr := make(chan error, len(listeners)+1)
+	var stopMetrics func()
+	if cfg.MetricsListen != "" {
+		if stopMetrics, err = serveMetrics(cfg.MetricsListen, srv.Metrics, serveErr, log); err != nil {
+			for _, l := range listeners {
+				l.Close()
+			}
+			_ = d.Shutdown(context.Background())
+			return err
+		}
+	}
 	for _, l := range listeners {
 		log.Info("listening", zap.String("address", l.Addr().Network()+"://"+l.Addr().String()))
 		go func(l net.Listener) { serveErr <- srv.GRPC.Serve(l) }(l)
@@ -190,6 +248,9 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.ShutdownTimeout)
 	defer cancel()
 	srv.Shutdown(sctx)
+	if stopMetrics != nil {
+		stopMetrics()
+	}
 	for _, l := range cfg.Listen {
 		if network, addr, _ := parseListen(l); network == "unix" {
 			_ = os.Remove(addr)

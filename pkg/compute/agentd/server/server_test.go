@@ -89,6 +89,17 @@ func rawConn(t *testing.T, socket string) *grpc.ClientConn {
 	return conn
 }
 
+// authConn dials the socket with the test token: a hand-made connection
+// for speaking to the services below agentclient (raw streams).
+func authConn(t *testing.T, socket string) *grpc.ClientConn {
+	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithPerRPCCredentials(staticToken(testToken)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
 func TestAuth(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
@@ -134,7 +145,7 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("health without token: %v %v", resp, err)
 	}
 	// The right token works, and the client maps errors.
-	info, err := td.client.Info(ctx)
+	info, err := td.client.Info(ctx, &agentdv1.InfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +157,7 @@ func TestAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	if _, err := bad.Info(ctx); !errors.Is(err, errkind.ErrUnauthenticated) {
+	if _, err := bad.Info(ctx, &agentdv1.InfoRequest{}); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("client with wrong token: want ErrUnauthenticated, got %v", err)
 	}
 }
@@ -178,7 +189,7 @@ func TestDrainRefusesNewWork(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("Start while draining: want Unavailable, got %v", err)
 	}
-	if _, err := td.client.Info(ctx); err != nil {
+	if _, err := td.client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
 		t.Fatalf("Info while draining should still work: %v", err)
 	}
 }

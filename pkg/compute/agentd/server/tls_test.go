@@ -21,7 +21,6 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
@@ -188,7 +187,7 @@ func waitServing(t *testing.T, c *agentclient.Client, r *runningDaemon) {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := c.Info(ctx)
+		_, err := c.Info(ctx, &agentdv1.InfoRequest{})
 		cancel()
 		if err == nil {
 			return
@@ -239,7 +238,7 @@ func TestRunMutualTLS(t *testing.T) {
 	if _, err := os.Stat(cfg.TokenFile); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the token file is still there after start: %v", err)
 	}
-	info, err := good.Info(shortCtx(t))
+	info, err := good.Info(shortCtx(t), &agentdv1.InfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +248,7 @@ func TestRunMutualTLS(t *testing.T) {
 	// The server name may also be checked against the DNS SAN.
 	byName := dialT(t, agentclient.Options{Address: "tcp://" + addr, Token: testToken,
 		TLS: &tls.Config{RootCAs: ca.pool(), Certificates: []tls.Certificate{clientPair}, ServerName: "localhost"}})
-	if _, err := byName.Info(shortCtx(t)); err != nil {
+	if _, err := byName.Info(shortCtx(t), &agentdv1.InfoRequest{}); err != nil {
 		t.Fatalf("ServerName localhost: %v", err)
 	}
 	// Real work over mTLS.
@@ -261,7 +260,7 @@ func TestRunMutualTLS(t *testing.T) {
 	refused := func(name string, opts agentclient.Options) {
 		t.Helper()
 		c := dialT(t, opts)
-		_, err := c.Info(shortCtx(t))
+		_, err := c.Info(shortCtx(t), &agentdv1.InfoRequest{})
 		if err == nil {
 			t.Fatalf("%s: Info succeeded", name)
 		}
@@ -281,13 +280,12 @@ func TestRunMutualTLS(t *testing.T) {
 	for name, token := range map[string]string{"wrong token": strings.Repeat("z", len(testToken)), "no token": ""} {
 		c := dialT(t, agentclient.Options{Address: "tcp://" + addr, Token: token,
 			TLS: &tls.Config{RootCAs: ca.pool(), Certificates: []tls.Certificate{clientPair}}})
-		if _, err := c.Info(shortCtx(t)); !errors.Is(err, errkind.ErrUnauthenticated) {
+		if _, err := c.Info(shortCtx(t), &agentdv1.InfoRequest{}); !errors.Is(err, errkind.ErrUnauthenticated) {
 			t.Fatalf("%s over mTLS: want ErrUnauthenticated, got %v", name, err)
 		}
 		// Health needs the certificate but not the token.
-		resp, err := healthpb.NewHealthClient(c.Conn()).Check(shortCtx(t), &healthpb.HealthCheckRequest{})
-		if err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-			t.Fatalf("%s: health over mTLS: %v %v", name, resp, err)
+		if err := c.Health(shortCtx(t)); err != nil {
+			t.Fatalf("%s: health over mTLS: %v", name, err)
 		}
 	}
 
@@ -299,7 +297,7 @@ func TestRunMutualTLS(t *testing.T) {
 		conn.Close()
 		t.Fatal("the listener is still open after Run returned")
 	}
-	if _, err := good.Info(shortCtx(t)); err == nil {
+	if _, err := good.Info(shortCtx(t), &agentdv1.InfoRequest{}); err == nil {
 		t.Fatal("a call succeeded after shutdown")
 	}
 }
@@ -364,7 +362,7 @@ func TestRunInsecureNoAuth(t *testing.T) {
 		t.Fatal("write did not land")
 	}
 	// Any token is accepted too (there is nothing to check it against).
-	if _, err := dialT(t, agentclient.Options{Address: "unix://" + socket, Token: "whatever-token-value"}).Info(shortCtx(t)); err != nil {
+	if _, err := dialT(t, agentclient.Options{Address: "unix://" + socket, Token: "whatever-token-value"}).Info(shortCtx(t), &agentdv1.InfoRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	if err := run.stop(t); err != nil {

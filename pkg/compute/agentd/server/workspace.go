@@ -7,6 +7,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/patch"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -15,6 +16,7 @@ import (
 type workspaceService struct {
 	agentdv1.UnimplementedWorkspaceServiceServer
 	d *agentd.Daemon
+	m *metrics.Set // nil: metrics off
 }
 
 func (s *workspaceService) ApplyPatch(ctx context.Context, req *agentdv1.ApplyPatchRequest) (*agentdv1.ApplyPatchResponse, error) {
