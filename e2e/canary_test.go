@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testservers/runsc"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
@@ -29,6 +31,8 @@ type canaryRun struct {
 	harnessVisible bool
 	// separateUser: sandbox processes must not run as root.
 	separateUser bool
+	// gvisor: the harness finds runsc (built from the module proxy) on PATH.
+	gvisor bool
 }
 
 // TestSecretCanary runs the attack that found the first promise broken: a
@@ -71,12 +75,25 @@ func TestSecretCanary(t *testing.T) {
 		runs = append(runs, canaryRun{name: "local-nonroot", args: []string{"--provider", "local", "--isolation", "none"},
 			uid: 65534, harnessVisible: true})
 	}
+	// gVisor: the sandbox runs on gVisor's kernel; the harness is not in
+	// its process table at all.
+	runs = append(runs, canaryRun{name: "local-gvisor", args: []string{"--provider", "local", "--isolation", "gvisor"}, separateUser: root, gvisor: true})
+	if root {
+		// A non-root harness runs runsc rootless.
+		runs = append(runs, canaryRun{name: "local-gvisor-nonroot", args: []string{"--provider", "local", "--isolation", "gvisor"}, uid: 65534, gvisor: true})
+	}
 	for _, run := range runs {
 		t.Run(run.name, func(t *testing.T) {
 			for _, p := range providers() {
 				if p.name == run.name {
 					p.skip(t)
 				}
+			}
+			pathEnv := "PATH=" + os.Getenv("PATH")
+			runscBin := ""
+			if run.gvisor {
+				runscBin = runsc.Require(t)
+				pathEnv = "PATH=" + filepath.Dir(runscBin) + string(os.PathListSeparator) + os.Getenv("PATH")
 			}
 			canary := "bulkhead-canary-" + randomHex(t)
 			srv := replay.NewServer(
@@ -89,6 +106,13 @@ func TestSecretCanary(t *testing.T) {
 			bin := agentdtest.Harness(t).Dir
 			if run.uid != 0 {
 				bin = publicBinaries(t, bin)
+				if runscBin != "" {
+					// The cache below /root is closed to the harness's user.
+					if err := copyExecutable(runscBin, filepath.Join(bin, "runsc")); err != nil {
+						t.Fatal(err)
+					}
+					pathEnv = "PATH=" + bin + string(os.PathListSeparator) + os.Getenv("PATH")
+				}
 				if err := os.Chown(state, int(run.uid), int(run.uid)); err != nil {
 					t.Fatal(err)
 				}
@@ -98,8 +122,8 @@ func TestSecretCanary(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 			defer cancel()
 			cmd := exec.CommandContext(ctx, filepath.Join(bin, "harness"), args...)
-			cmd.Env = append(withoutEnv(os.Environ(), "OPENAI_API_KEY", "OPENAI_BASE_URL"),
-				"OPENAI_API_KEY="+canary, "OPENAI_BASE_URL="+srv.URL())
+			cmd.Env = append(withoutEnv(os.Environ(), "OPENAI_API_KEY", "OPENAI_BASE_URL", "PATH"),
+				"OPENAI_API_KEY="+canary, "OPENAI_BASE_URL="+srv.URL(), pathEnv)
 			if run.uid != 0 {
 				cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: run.uid, Gid: run.uid}}
 				cmd.Env = append(cmd.Env, "HOME="+state)
@@ -158,6 +182,24 @@ func publicBinaries(t *testing.T, from string) string {
 		}
 	}
 	return dir
+}
+
+// copyExecutable copies the executable src to dst (mode 0755).
+func copyExecutable(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 func withoutEnv(environ []string, names ...string) []string {

@@ -153,10 +153,10 @@ func TestDaemonTokenSources(t *testing.T) {
 			t.Errorf("token file still exists while the daemon serves: %v", err)
 		}
 		ctx := testCtx(t)
-		if info, err := dialDirect(t, socket, directToken).Info(ctx); err != nil || info.GetWorkspaceRoot() != ws {
+		if info, err := dialDirect(t, socket, directToken).Info(ctx, &agentdv1.InfoRequest{}); err != nil || info.GetWorkspaceRoot() != ws {
 			t.Errorf("Info with the token = %v, %v", info, err)
 		}
-		_, err := dialDirect(t, socket, "wrong-token-0123456789abcdef").Info(ctx)
+		_, err := dialDirect(t, socket, "wrong-token-0123456789abcdef").Info(ctx, &agentdv1.InfoRequest{})
 		if !errors.Is(err, errkind.ErrUnauthenticated) {
 			t.Errorf("Info with a wrong token: %v; want ErrUnauthenticated", err)
 		}
@@ -205,7 +205,7 @@ func TestDaemonTokenSources(t *testing.T) {
 		if !strings.Contains(strings.ToLower(d.stderr.String()), "authentication is disabled") {
 			t.Errorf("no warning about disabled authentication in the log:\n%s", d.stderr.String())
 		}
-		if _, err := dialDirect(t, socket, "").Info(testCtx(t)); err != nil {
+		if _, err := dialDirect(t, socket, "").Info(testCtx(t), &agentdv1.InfoRequest{}); err != nil {
 			t.Errorf("Info without a token against --insecure-no-auth: %v", err)
 		}
 		if err := syscall.Kill(d.cmd.Process.Pid, syscall.SIGTERM); err != nil {
@@ -277,7 +277,7 @@ func TestDaemonAsPID1ReapsOrphans(t *testing.T) {
 
 	ctx := testCtx(t)
 	c := dialDirect(t, socket, directToken)
-	info, err := c.Info(ctx)
+	info, err := c.Info(ctx, &agentdv1.InfoRequest{})
 	if err != nil {
 		t.Fatalf("Info: %v", err)
 	}
@@ -316,7 +316,7 @@ func TestDaemonAsPID1ReapsOrphans(t *testing.T) {
 	if _, err := os.Stat(tokenFile); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("token file not removed: %v", err)
 	}
-	if _, err := c.Info(ctx); err == nil {
+	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err == nil {
 		t.Error("Info succeeded after the daemon exited")
 	}
 }

@@ -75,6 +75,9 @@ func (p *Provider) startEgress(dir string) ([]string, error) {
 	if err := p.egressServers().Start(dir, socket, p.cfg.Egress.Policy, 0o600); err != nil {
 		return nil, err
 	}
+	if err := p.egressForGVisor(dir, socket); err != nil {
+		return nil, err
+	}
 	return []string{"--egress-relay", EgressRelayAddr + "=unix://" + socket}, nil
 }
 
@@ -86,7 +89,23 @@ func (p *Provider) resumeEgress(dir string) error {
 	if err != nil || !ok || p.egressServers().Serving(dir) {
 		return err
 	}
-	return p.egressServers().Start(dir, filepath.Join(dir, runDir, egressSocketName), pol, 0o600)
+	socket := filepath.Join(dir, runDir, egressSocketName)
+	if err := p.egressServers().Start(dir, socket, pol, 0o600); err != nil {
+		return err
+	}
+	return p.egressForGVisor(dir, socket)
+}
+
+// egressForGVisor gives the proxy's socket to the gVisor sandbox account
+// recorded in dir, if any: that account's daemon is the one that connects.
+// The account is drawn (gvisorAccount) before the proxy starts.
+func (p *Provider) egressForGVisor(dir, socket string) error {
+	if uid, ok := gvisorOwner(dir); ok {
+		if err := os.Lchown(socket, uid, uid); err != nil {
+			return fmt.Errorf("egress proxy socket: %w", err)
+		}
+	}
+	return nil
 }
 
 // forgetEgress drops the policy recorded in dir (a sandbox replaced by

@@ -213,7 +213,7 @@ func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 		}
 
 		short, cancel := context.WithTimeout(ctx, time.Second)
-		_, err = agent.Follow(short, bg.GetProcess().GetProcessId(), 0, func(*agentdv1.AttachResponse) error { return nil })
+		_, err = agent.Follow(short, &agentdv1.AttachRequest{ProcessId: bg.GetProcess().GetProcessId()}, func(*agentdv1.AttachResponse) error { return nil })
 		cancel()
 		t.Logf("Follow after SIGKILL: %v", err)
 		if !errors.Is(err, compute.ErrUnavailable) || !compute.Retryable(err) {
@@ -258,7 +258,7 @@ func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 		if got := readFile(t, ctx, s2.Agent(), "notes/kept.txt"); got != "kept\n" {
 			t.Fatalf("kept.txt after resume = %q", got)
 		}
-		if _, err := s2.Agent().Wait(ctx, bg.GetProcess().GetProcessId()); !errors.Is(err, compute.ErrNotFound) {
+		if _, err := s2.Agent().Wait(ctx, &agentdv1.WaitRequest{ProcessId: bg.GetProcess().GetProcessId()}); !errors.Is(err, compute.ErrNotFound) {
 			t.Errorf("a process of the dead daemon is known to the new one: %v", err)
 		}
 		res, err := s2.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "cat notes/kept.txt"}}, nil)
@@ -399,7 +399,7 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 	var out bytes.Buffer
 	var dropped int64
 	cutAt := []int{400, 1500}
-	exit, err := client.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+	exit, err := client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
 		dropped += m.GetDroppedBytes()
 		for _, c := range m.GetChunks() {
 			out.Write(c.GetData())
@@ -458,7 +458,7 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 		t.Errorf("Exec error %v: want ErrUnavailable, not retryable", err)
 	}
 	// The client reconnects by itself for the next call.
-	if _, err := client.Info(ctx); err != nil {
+	if _, err := client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
 		t.Fatalf("Info after the cuts: %v", err)
 	}
 }

@@ -52,6 +52,10 @@ type Options struct {
 	// Wrap, when set, turns the daemon's argv into the argv actually run
 	// (an isolation wrapper such as bubblewrap).
 	Wrap func(argv []string) []string
+	// Prepare, when set, is called with the daemon's argv before Wrap
+	// (gVisor writes it into the OCI bundle runsc runs); its error fails
+	// Start.
+	Prepare func(argv []string) error
 	// ExtraFiles are inherited by the daemon (or its wrapper) as
 	// descriptors 4, 5, ... in order, after the token's 3 (bubblewrap's
 	// seccomp filter, for one). Start does not close them.
@@ -148,6 +152,13 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		return fail(fmt.Errorf("token pipe: %w", err))
 	}
 	argv := append([]string{bin, "--listen", "unix://" + s.Socket, "--token-fd", "3", "--workspace", s.Workspace}, opts.Args...)
+	if opts.Prepare != nil {
+		if err := opts.Prepare(argv); err != nil {
+			tokenR.Close()
+			tokenW.Close()
+			return fail(err)
+		}
+	}
 	if opts.Wrap != nil {
 		argv = opts.Wrap(argv)
 	}

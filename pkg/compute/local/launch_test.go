@@ -22,9 +22,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -42,7 +44,7 @@ func TestStartInfoExecClose(t *testing.T) {
 		t.Errorf("daemon should lead its own process group: %v", daemon)
 	}
 
-	info, err := s.Client.Info(ctx)
+	info, err := s.Client.Info(ctx, &agentdv1.InfoRequest{})
 	if err != nil {
 		t.Fatalf("Info: %v", err)
 	}
@@ -121,7 +123,7 @@ func TestStartInfoExecClose(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%q: pid: %v", cmd, err)
 		}
-		if exit, err := s.Client.Wait(ctx, st.GetProcess().GetProcessId()); err != nil || exit.GetExitCode() != 0 {
+		if exit, err := s.Client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: st.GetProcess().GetProcessId()}); err != nil || exit.GetExit().GetExitCode() != 0 {
 			t.Fatalf("%q: Wait = %v, %v", cmd, exit, err)
 		}
 		var p procStat
@@ -276,7 +278,7 @@ func TestTokenAndEnvironmentStayPrivate(t *testing.T) {
 		}
 		return ps.comm == "sleep" && len(extra) == 0, fmt.Sprintf("%v; inherited: %q", ps, extra)
 	})
-	if err := s.Client.Signal(ctx, st.GetProcess().GetProcessId(), "KILL"); err != nil {
+	if _, err := s.Client.Signal(ctx, &agentdv1.SignalRequest{ProcessId: st.GetProcess().GetProcessId(), Signal: "KILL"}); err != nil {
 		t.Errorf("Signal: %v", err)
 	}
 }
@@ -335,7 +337,7 @@ func TestSIGTERMDrains(t *testing.T) {
 	// Calls after the exit fail as unavailable (and say so), they do not hang.
 	callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := s.Client.Info(callCtx); err == nil {
+	if _, err := s.Client.Info(callCtx, &agentdv1.InfoRequest{}); err == nil {
 		t.Error("Info succeeded after the daemon exited")
 	}
 }
@@ -467,9 +469,19 @@ func TestKillDuringWriteKeepsOldContent(t *testing.T) {
 // service; without it reflection is refused, while health answers.
 func TestReflectionAndHealth(t *testing.T) {
 	ctx := testCtx(t)
-	s := startSandbox(t, Options{})
+	token, err := NewToken()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := startSandbox(t, Options{Token: token})
 
-	services, err := listServices(ctx, s.Client.Conn())
+	anon, err := grpc.NewClient("unix://"+s.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer anon.Close()
+	k, v := agentclient.BearerMetadata(token)
+	services, err := listServices(metadata.AppendToOutgoingContext(ctx, k, v), anon)
 	if err != nil {
 		t.Fatalf("reflection with the token: %v", err)
 	}
@@ -483,11 +495,6 @@ func TestReflectionAndHealth(t *testing.T) {
 		}
 	}
 
-	anon, err := grpc.NewClient("unix://"+s.Socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer anon.Close()
 	if got, err := listServices(ctx, anon); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("reflection without a token: services %q, err %v; want Unauthenticated", got, err)
 	}

@@ -18,6 +18,7 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -203,7 +204,7 @@ func readLine(ctx context.Context, t *testing.T, s *Sandbox, processID string) s
 	var out []byte
 	var cursor int64
 	for !bytes.Contains(out, []byte("\n")) {
-		resp, err := s.Client.ReadOutput(ctx, processID, cursor, 500*time.Millisecond, 0)
+		resp, err := s.Client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: processID, Cursor: cursor, YieldTime: durationpb.New(500 * time.Millisecond)})
 		if err != nil {
 			t.Fatalf("ReadOutput %s: %v", processID, err)
 		}

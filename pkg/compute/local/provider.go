@@ -64,6 +64,12 @@ type Config struct {
 	// program the filter stops, never in production: processes that run
 	// as root in the sandbox of a root harness keep every capability.
 	NoSeccomp bool
+	// Runsc is gVisor's runsc binary for IsolationGVisor; "" means runsc
+	// on PATH.
+	Runsc string
+	// GVisorFlags are extra runsc flags for every gVisor sandboxes
+	// (--platform=kvm, --debug-log=DIR/ ...).
+	GVisorFlags []string
 }
 
 // Isolation is how a local sandbox is confined.
@@ -88,18 +94,23 @@ const (
 	// not root), the host file system read-only, the workspace the only
 	// writable path besides a private /tmp, no network unless asked.
 	IsolationBubblewrap Isolation = "bubblewrap"
+	// IsolationGVisor runs it in a gVisor sandbox (runsc): the same file
+	// system view and network as bubblewrap, but the sandbox's system
+	// calls are served by gVisor's user-space kernel rather than the
+	// host's (see gvisor.go). Chosen by name only: auto keeps bubblewrap.
+	IsolationGVisor Isolation = "gvisor"
 )
 
 // ParseIsolation reads an isolation name as the CLI spells it: "auto" (or
-// ""), "none" or "bubblewrap".
+// ""), "none", "bubblewrap" or "gvisor".
 func ParseIsolation(s string) (Isolation, error) {
 	switch s {
 	case "", "auto":
 		return IsolationAuto, nil
-	case string(IsolationNone), string(IsolationBubblewrap):
+	case string(IsolationNone), string(IsolationBubblewrap), string(IsolationGVisor):
 		return Isolation(s), nil
 	}
-	return "", fmt.Errorf("%w: unknown isolation %q (auto, none or bubblewrap)", compute.ErrInvalidArgument, s)
+	return "", fmt.Errorf("%w: unknown isolation %q (auto, none, bubblewrap or gvisor)", compute.ErrInvalidArgument, s)
 }
 
 // String is the isolation's name ("auto" for the zero value).
@@ -122,7 +133,8 @@ var ErrNoIsolation = fmt.Errorf("%w: no sandbox isolation is available here (ins
 type Provider struct {
 	cfg   Config
 	log   *zap.Logger
-	bwrap string // bwrap binary when sandboxes are isolated
+	bwrap string // bwrap binary when sandboxes are isolated with bubblewrap
+	runsc string // runsc binary when they are isolated with gVisor
 	// isolation is the mode in effect (never IsolationAuto).
 	isolation Isolation
 	// noCgroup logs, once, why a sandbox runs without a cgroup.
@@ -132,8 +144,9 @@ type Provider struct {
 	egressOnce sync.Once
 }
 
-// Isolated reports whether this provider's sandboxes run under bubblewrap.
-func (p *Provider) Isolated() bool { return p.bwrap != "" }
+// Isolated reports whether this provider's sandboxes run under bubblewrap
+// or gVisor.
+func (p *Provider) Isolated() bool { return p.bwrap != "" || p.runsc != "" }
 
 // Isolation returns the isolation in effect: what IsolationAuto chose, or
 // the mode asked for.
@@ -187,6 +200,22 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 	switch cfg.Isolation {
 	case IsolationNone:
 		p.isolation = IsolationNone
+	case IsolationGVisor:
+		runsc := cfg.Runsc
+		if runsc == "" {
+			var err error
+			if runsc, err = exec.LookPath("runsc"); err != nil {
+				return nil, fmt.Errorf("%w: isolation %q: %w", compute.ErrFailedPrecondition, cfg.Isolation, errNoRunsc)
+			}
+		}
+		abs, err := filepath.Abs(runsc)
+		if err != nil {
+			return nil, fmt.Errorf("local provider: runsc path: %w", err)
+		}
+		if fi, err := os.Stat(abs); err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			return nil, fmt.Errorf("%w: isolation %q: runsc %s is not an executable file", compute.ErrFailedPrecondition, cfg.Isolation, abs)
+		}
+		p.runsc, p.isolation = abs, IsolationGVisor
 	case IsolationBubblewrap, IsolationAuto:
 		bwrap, err := exec.LookPath("bwrap")
 		switch {
@@ -243,7 +272,9 @@ func MakeNonDumpable() error {
 // make accounts; otherwise it returns nil and work runs as the harness's
 // user (inside bubblewrap's user namespace, or plainly with IsolationNone).
 func (p *Provider) DefaultRunAs() *manifest.User {
-	if os.Geteuid() != 0 {
+	if os.Geteuid() != 0 || p.runsc != "" {
+		// Under gVisor the daemon itself runs as the sandbox's own
+		// account (gvisorAccount).
 		return nil
 	}
 	uid, err := randomUID()
@@ -392,6 +423,17 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			return nil, fmt.Errorf("create sandbox directory: %w", err)
 		}
 	}
+	var gvisorUID uint32
+	var gvisorRoot bool
+	if p.runsc != "" {
+		// Before the egress proxy, whose socket is given to the account.
+		if gvisorUID, gvisorRoot, err = gvisorAccount(dir, spec.Manifest); err != nil {
+			if !kept {
+				_ = removeTree(dir)
+			}
+			return nil, err
+		}
+	}
 	launched := false
 	if p.cfg.Egress != nil {
 		relay, err := p.startEgress(dir)
@@ -421,6 +463,9 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			seccompFD = 3 + len(opts.ExtraFiles)
 		}
 		opts.Wrap = func(argv []string) []string { return p.bubblewrap(dir, argv, seccompFD) }
+	} else if p.runsc != "" {
+		opts.Prepare = func(argv []string) error { return p.gvisorPrepare(dir, gvisorUID, gvisorRoot, argv) }
+		opts.Wrap = func([]string) []string { return p.gvisorArgv(dir) }
 	} else if m := spec.Manifest; m != nil && m.RunAs != "" && m.RunAs != "root" {
 		if blocked := unsearchableAncestor(ws); blocked != "" {
 			p.log.Warn("the run_as user cannot reach this plain local sandbox's workspace: commands run as it will fail to start; "+
@@ -559,14 +604,15 @@ func (p *Provider) dirOf(prior json.RawMessage) (string, error) {
 }
 
 // running reports the daemon pid recorded in dir and whether that process
-// still runs and is that daemon (its command line names dir's socket).
+// still runs and is that daemon (its command line names dir's socket, or,
+// for runsc, dir's gVisor state: see sandboxMarkers).
 func (p *Provider) running(dir string) (int, bool) {
 	m, err := readMeta(dir)
 	if err != nil || m.PID <= 0 {
 		return 0, false
 	}
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", m.PID))
-	if err != nil || !bytes.Contains(cmdline, []byte(filepath.Join(dir, runDir, socketName))) {
+	if err != nil || !hasMarker(cmdline, sandboxMarkers(dir)) {
 		return m.PID, false
 	}
 	return m.PID, alivePID(m.PID)
@@ -635,20 +681,25 @@ func (s *sandbox) Close() error {
 // its process groups and drains), then, if anything of the sandbox still
 // runs after ctx ends or 10 s, SIGKILL to every process naming its socket
 // (under bubblewrap that includes the pid namespace's init, whose death
-// ends everything inside). Last, the sandbox's cgroup, when it has one, is
+// ends everything inside; under gVisor, the runsc processes, and with the
+// sentry ends everything inside). Last, the sandbox's cgroup, when it has one, is
 // killed and removed: whatever escaped the daemon's process groups, or
 // outlived a daemon that died without draining, ends there.
 func (p *Provider) stopSandbox(ctx context.Context, dir string) error {
 	err := errors.Join(p.stopDaemon(ctx, dir), p.removeCgroup(ctx, dir))
+	unmountNullNetNS(gvisorPathsOf(dir).root)
 	p.stopEgress(dir)
 	return err
 }
 
 // stopDaemon is stopSandbox's graceful part: SIGTERM to the daemon, and
 // SIGKILL to the processes naming its socket if they do not end in time.
+// A daemon inside gVisor is not in the host's process table: `runsc run`
+// (the process the provider started, recorded in meta) gets the SIGTERM
+// and forwards it to the daemon.
 func (p *Provider) stopDaemon(ctx context.Context, dir string) error {
-	socket := filepath.Join(dir, runDir, socketName)
-	procs := sandboxProcesses(socket)
+	markers := sandboxMarkers(dir)
+	procs := sandboxProcesses(markers)
 	signalled := false
 	for _, pr := range procs {
 		if pr.argv0 == p.cfg.AgentdPath {
@@ -656,12 +707,20 @@ func (p *Provider) stopDaemon(ctx context.Context, dir string) error {
 			signalled = true
 		}
 	}
+	if m, err := readMeta(dir); !signalled && err == nil {
+		for _, pr := range procs {
+			if pr.pid == m.PID {
+				_ = syscall.Kill(pr.pid, syscall.SIGTERM)
+				signalled = true
+			}
+		}
+	}
 	if !signalled {
 		for _, pr := range procs {
 			_ = syscall.Kill(pr.pid, syscall.SIGTERM)
 		}
 	}
-	return waitNoDaemons(ctx, socket)
+	return waitNoDaemons(ctx, dir, markers)
 }
 
 // removeCgroup kills and removes the cgroup recorded in dir, if any, and
@@ -725,8 +784,9 @@ type sandboxProc struct {
 	argv0 string
 }
 
-// sandboxProcesses lists the live processes whose command line names socket.
-func sandboxProcesses(socket string) []sandboxProc {
+// sandboxProcesses lists the live processes whose command line carries one
+// of markers (sandboxMarkers).
+func sandboxProcesses(markers [][]byte) []sandboxProc {
 	var out []sandboxProc
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
@@ -735,7 +795,7 @@ func sandboxProcesses(socket string) []sandboxProc {
 			continue
 		}
 		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-		if err != nil || !bytes.Contains(cmdline, []byte(socket)) || !alivePID(pid) {
+		if err != nil || !hasMarker(cmdline, markers) || !alivePID(pid) {
 			continue
 		}
 		argv0, _, _ := bytes.Cut(cmdline, []byte{0})
@@ -744,13 +804,14 @@ func sandboxProcesses(socket string) []sandboxProc {
 	return out
 }
 
-// waitNoDaemons waits until no live process's command line names socket,
-// killing what remains after ctx ends or 10 s pass.
-func waitNoDaemons(ctx context.Context, socket string) error {
+// waitNoDaemons waits until no live process's command line carries one of
+// markers (the sandbox in dir's), killing what remains after ctx ends or
+// 10 s pass.
+func waitNoDaemons(ctx context.Context, dir string, markers [][]byte) error {
 	deadline := time.Now().Add(10 * time.Second)
 	killed := false
 	for {
-		procs := sandboxProcesses(socket)
+		procs := sandboxProcesses(markers)
 		if len(procs) == 0 {
 			return nil
 		}
@@ -760,7 +821,7 @@ func waitNoDaemons(ctx context.Context, socket string) error {
 			}
 			killed, deadline = true, time.Now().Add(5*time.Second)
 		} else if killed && time.Now().After(deadline) {
-			return fmt.Errorf("sandbox processes of %s survive SIGKILL", filepath.Dir(filepath.Dir(socket)))
+			return fmt.Errorf("sandbox processes of %s survive SIGKILL", dir)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -778,9 +839,10 @@ func alivePID(pid int) bool {
 
 // bubblewrap wraps the daemon's argv: the host file system read-only, the
 // workspace, the socket directory and the private etc writable, fresh
-// /dev, /proc and /tmp, and new namespaces. A root harness keeps real root
-// for the daemon (no user namespace), so run_as accounts work; otherwise a
-// user namespace maps the harness user. With seccompFD > 0, bwrap reads
+// /dev, /proc, /tmp and (without the host network) /run, and new
+// namespaces. A root harness keeps real root for the daemon (no user
+// namespace), so run_as accounts work; otherwise a user namespace maps the
+// harness user. With seccompFD > 0, bwrap reads
 // the seccomp filter (package seccomp) from that inherited descriptor and
 // installs it on the daemon, and so on everything the sandbox runs.
 func (p *Provider) bubblewrap(dir string, argv []string, seccompFD int) []string {
@@ -789,6 +851,13 @@ func (p *Provider) bubblewrap(dir string, argv []string, seccompFD int) []string
 		// it dies, for whatever reason, the kernel ends everything inside.
 		"--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
 		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"}
+	if !p.cfg.Network {
+		// The host's /run holds its daemons' sockets (Docker's among
+		// them): a root harness's daemon runs as root, so hide them
+		// behind a fresh tmpfs. (A sandbox on the host network keeps
+		// /run: its resolver configuration may live there.)
+		out = append(out, "--perms", "0755", "--tmpfs", "/run")
+	}
 	out = append(out, privateEtc(dir)...)
 	// The sandbox sees of the state directory only its own workspace,
 	// socket directory, accounts and homes: a fresh tmpfs hides the rest

@@ -224,3 +224,21 @@ func TestSeccompOff(t *testing.T) {
 		t.Errorf("without the filter, reboot as root inside: errno %d, want EPERM (CAP_SYS_BOOT dropped)", got)
 	}
 }
+
+// TestBubblewrapHidesHostRun: the host's /run (where its daemons' sockets
+// live, Docker's among them) is an empty tmpfs inside the sandbox, for the
+// sandbox's account and for root alike.
+func TestBubblewrapHidesHostRun(t *testing.T) {
+	testenv.Require(t, testenv.Bubblewrap)
+	host, err := os.ReadDir("/run")
+	testenv.Require(t, testenv.Condition(err == nil && len(host) > 0, "the host's /run has entries to hide"))
+	run, output := seccompSandbox(t, false)
+	for _, user := range probeUsers() {
+		if exit := run(user, "ls -A /run"); exit.GetExitCode() != 0 {
+			t.Fatalf("as %q: ls /run: exit %v, output %q", user, exit, output())
+		}
+		if got := strings.TrimSpace(string(output())); got != "" {
+			t.Errorf("as %q: the sandbox sees the host's /run: %q", user, got)
+		}
+	}
+}
