@@ -26,15 +26,16 @@ func (e *mountError) Unwrap() []error {
 }
 
 // classify says what failed on which key and whether retrying can help,
-// with no credential in its text. It reads the backend error as snapshot.S3
-// does (package s3errs) and words it for a mount.
+// with no credential in its text. It reads the backend error (its code and HTTP
+// status, as snapshot.S3 does for S3 in package s3errs) and words it for a
+// mount.
 func (st *bucketStore) classify(ctx context.Context, op, key string, err error) error {
 	var (
 		sentinel  error
 		detail    string
 		retryable bool
 	)
-	code, status := s3errs.Code(err)
+	code, status := st.be.errCode(err)
 	switch {
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		sentinel, detail = errkind.ErrDeadlineExceeded, "the deadline passed"
@@ -42,13 +43,13 @@ func (st *bucketStore) classify(ctx context.Context, op, key string, err error) 
 		sentinel, detail = errkind.ErrCanceled, "canceled"
 	case code == "NoSuchBucket":
 		sentinel, detail = errkind.ErrNotFound, "bucket "+st.bucket+" does not exist"
-	case s3errs.IsNotFound(err):
+	case s3errs.IsNotFound(err) || status == 404:
 		sentinel, detail = errkind.ErrNotFound, "no such object"
 	case s3errs.IsAuthCode(code) || status == 401:
 		sentinel, detail = errkind.ErrUnauthenticated, "the storage refused the mount's credentials ("+code+")"
 	case code == "AccessDenied" || status == 403:
 		sentinel, detail = errkind.ErrPermissionDenied, "access denied ("+code+")"
-	case s3errs.IsUnavailable(err):
+	case s3errs.IsUnavailable(err) || status == 429 || status >= 500 && status != 501:
 		sentinel, detail, retryable = errkind.ErrUnavailable, "storage unavailable", true
 	}
 	msg := "mount storage " + st.desc + ": " + op + " " + key + ": "

@@ -1,13 +1,17 @@
 // Package mount makes the remote-storage mount entries of a manifest
-// (s3_mount, r2_mount) work on every provider without putting a credential
-// in the sandbox: the harness lists the bucket with its own credentials and
-// streams the objects into the mount path through the daemon's Materialize
-// call (a copy, not a live file system). Writable mounts are uploaded back
-// by Sync (on demand) and PreStop (when the session closes), with every
-// object's ETag remembered at download so that a change made remotely in
-// the meantime is reported as a conflict, never overwritten.
+// (s3_mount, r2_mount, gcs_mount) work on every provider without putting a
+// credential in the sandbox: the harness lists the bucket with its own
+// credentials and streams the objects into the mount path through the
+// daemon's Materialize call (a copy, not a live file system). Writable
+// mounts are uploaded back by Sync (on demand) and PreStop (when the
+// session closes), with every object's version (S3 ETag, GCS generation)
+// remembered at download so that a change made remotely in the meantime
+// is reported as a conflict, never overwritten.
 //
-// gcs_mount and azure_blob_mount are refused with ErrUnimplemented.
+// S3 and R2 go through aws-sdk-go-v2; GCS through a small hand-written
+// JSON API client (gcs.go) with OAuth bearer tokens, tested against
+// fake-gcs-server. azure_blob_mount is refused with ErrUnimplemented: see
+// azure.go for the parts written and unit-tested without a server.
 //
 // Wiring:
 //
@@ -17,19 +21,22 @@
 //		PreStopHooks: []compute.PreStopHook{m.PreStop},
 //	})
 //
-// Credentials: a mount's `credentials` name secrets (access_key_id,
-// secret_access_key, session_token; see manifest.CredentialKeys), resolved
-// here through Config.Secrets unless the manifest copy holds them resolved
+// Credentials: a mount's `credentials` name secrets (see
+// manifest.CredentialKeys: access_key_id, secret_access_key, session_token
+// for S3; access_token or service_account_key for GCS), resolved here
+// through Config.Secrets unless the manifest copy holds them resolved
 // already (manifest.ResolveSecrets); a mount naming none uses
-// Config.DefaultCredentials. Resolved values live in memory only: state
-// and snapshots carry the secret names, and errors and logs are redacted.
+// Config.DefaultCredentials (S3) or Config.GCSTokens (GCS). Resolved values
+// live in memory only: state and snapshots carry the secret names, and
+// errors and logs are redacted.
 //
 // Deleted files of a writable mount are deleted remotely only when the
-// object is still the one that was downloaded (its ETag); otherwise the
-// deletion is a conflict. Empty directories are not kept remotely (S3 has
-// none). The ETags live in this Mounter's memory: a session reattached by
-// another harness process has none, and Sync refuses its writable mounts
-// rather than guess.
+// object is still the one that was downloaded (its version); otherwise the
+// deletion is a conflict. Empty directories are not kept remotely (object
+// stores have none). The versions live in this Mounter's memory and, with
+// Config.Baselines, in a harness-side store: a session reattached by
+// another harness process sharing that store syncs as if it had started
+// there; without one, Sync refuses its writable mounts rather than guess.
 package mount
 
 import (
@@ -37,16 +44,12 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
-	"github.com/aws/aws-sdk-go-v2/credentials"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/zap"
+	"golang.org/x/oauth2"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
@@ -62,6 +65,14 @@ type Config struct {
 	// credentials (an IAM role, the harness's environment); nil refuses
 	// such mounts. aws.AnonymousCredentials{} reads public buckets.
 	DefaultCredentials aws.CredentialsProvider
+	// Baselines, when set, keeps the baseline of every writable mount
+	// (see BaselineStore) so that another harness process sharing it can
+	// sync a session it reattached to; nil keeps them in memory only.
+	Baselines BaselineStore
+	// GCSTokens authorize the requests of gcs_mount entries that name no
+	// credentials (for example a workload identity's tokens); nil refuses
+	// such mounts.
+	GCSTokens oauth2.TokenSource
 	// MaxBytes bounds the total size of one mount's objects; zero means
 	// 10 GiB. A larger mount fails with ErrResourceExhausted before
 	// anything is written.
@@ -158,86 +169,47 @@ func EnvSecrets() manifest.SecretResolver {
 	})
 }
 
-// bucketStore is one mount's bucket: a signed client, the key prefix and
-// the credential values to redact from errors.
+// bucketStore is one mount's storage: a backend, the key prefix and the
+// credential values to redact from errors.
 type bucketStore struct {
-	client  *s3.Client
-	bucket  string
+	be      backend
+	bucket  string // the bucket (or container) name, for messages
 	prefix  string // "" or ending in "/"
 	desc    string // scheme://bucket/prefix, no credentials
 	secrets []string
 }
 
-// storeFor builds the client of a mount entry. The endpoint is the
-// manifest's, or for R2 the account's (https://ACCOUNT.r2.cloudflarestorage.com).
-//
-// This repeats the client construction of snapshot.NewS3 (static or
-// provided credentials, standard retryer without a retry budget, path-style
-// addressing for S3-compatible endpoints) in a few lines rather than
-// reaching into that package.
+// describe sets the store's description.
+func (st *bucketStore) describe(scheme, endpoint string) {
+	st.desc = scheme + "://" + st.bucket + "/" + st.prefix
+	if endpoint != "" {
+		st.desc += " at " + endpoint
+	}
+}
+
+// storeFor builds the store of a mount entry.
 func (m *Mounter) storeFor(ctx context.Context, p string, e *manifest.Entry) (*bucketStore, error) {
-	mt := e.Mount
-	st := &bucketStore{bucket: mt.Bucket}
-	if pre := strings.Trim(mt.Prefix, "/"); pre != "" {
-		st.prefix = pre + "/"
+	st := &bucketStore{bucket: e.Mount.Bucket, prefix: trimSlash(e.Mount.Prefix)}
+	var err error
+	switch e.Type {
+	case manifest.TypeS3Mount, manifest.TypeR2Mount:
+		err = m.s3Store(ctx, p, e, st)
+	case manifest.TypeGCSMount:
+		err = m.gcsStore(ctx, p, e, st)
+	default:
+		err = errkind.Errorf(errkind.ErrUnimplemented, "%s mounts are not supported", e.Type)
 	}
-	region, endpoint := mt.Region, mt.Endpoint
-	scheme := "s3"
-	if e.Type == manifest.TypeR2Mount {
-		scheme, region = "r2", m.cfg.R2Region
-		if region == "" {
-			region = "auto"
-		}
-		if endpoint == "" {
-			endpoint = "https://" + mt.Account + ".r2.cloudflarestorage.com"
-		}
-	}
-	if region == "" {
-		region = defaultRegion
-	}
-	st.desc = scheme + "://" + mt.Bucket + "/" + st.prefix
-	if mt.Endpoint != "" {
-		st.desc += " at " + mt.Endpoint
-	}
-	creds, err := m.credentials(ctx, p, e, st)
 	if err != nil {
 		return nil, err
 	}
-	retryer := retry.NewStandard(func(o *retry.StandardOptions) {
-		o.MaxAttempts = m.cfg.MaxAttempts
-		o.MaxBackoff = 5 * time.Second
-		o.RateLimiter = ratelimit.None
-	})
-	opts := s3.Options{
-		Region:                     region,
-		Credentials:                aws.NewCredentialsCache(creds),
-		UsePathStyle:               endpoint != "",
-		Retryer:                    retryer,
-		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
-		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
-	}
-	if endpoint != "" {
-		opts.BaseEndpoint = aws.String(endpoint)
-	}
-	if m.cfg.HTTPClient != nil {
-		opts.HTTPClient = m.cfg.HTTPClient
-	}
-	st.client = s3.New(opts)
 	return st, nil
 }
 
-// credentials returns the provider signing a mount's requests and records
-// the values to redact.
-func (m *Mounter) credentials(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) (aws.CredentialsProvider, error) {
-	refs := e.Mount.Credentials
-	if len(refs) == 0 {
-		if m.cfg.DefaultCredentials == nil {
-			return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default mount credentials (mount.Config.DefaultCredentials)", p)
-		}
-		return m.cfg.DefaultCredentials, nil
-	}
+// resolveCredentials resolves the secrets a mount names and records the
+// values to redact.
+func (m *Mounter) resolveCredentials(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) (map[string]string, error) {
 	vals := map[string]string{}
-	for k, ref := range refs {
+	for k, ref := range e.Mount.Credentials {
 		v, ok := ref.Value()
 		if !ok {
 			if m.cfg.Secrets == nil {
@@ -253,17 +225,14 @@ func (m *Mounter) credentials(ctx context.Context, p string, e *manifest.Entry, 
 			st.secrets = append(st.secrets, v)
 		}
 	}
-	id, secret := vals["access_key_id"], vals["secret_access_key"]
-	if id == "" || secret == "" {
-		return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credentials need both access_key_id and secret_access_key", p)
-	}
-	return credentials.NewStaticCredentialsProvider(id, secret, vals["session_token"]), nil
+	return vals, nil
 }
 
 // mounted is what one mount of one session downloaded.
 type mounted struct {
 	path     string // workspace-relative mount path
 	readOnly bool
+	entry    *manifest.Entry
 	st       *bucketStore
 
 	mu      sync.Mutex            // one Sync at a time
@@ -275,7 +244,7 @@ type mounted struct {
 type objectRef struct {
 	rel   string // path relative to the mount
 	key   string
-	etag  string
+	etag  string // the version: an S3 ETag, a GCS generation
 	size  int64
 	sha   string    // hex sha256 of the bytes in the sandbox (after Applied)
 	mtime time.Time // the sandbox file's modification time (after Applied)

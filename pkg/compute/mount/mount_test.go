@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -299,7 +300,7 @@ func TestWritableMountSyncedAtClose(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		return fp
+		return fp.GetFingerprint()
 	}
 	fingerprint := func() string { return fingerprintOf(s.Manifest().EphemeralPaths()) }
 	before, beforeAll := fingerprint(), fingerprintOf(nil)
@@ -467,21 +468,23 @@ func TestMountManyObjects(t *testing.T) {
 	}
 }
 
-// TestOtherMountTypesRefused: gcs_mount and azure_blob_mount stay
-// unimplemented, with a clear error, before a sandbox is touched.
+// TestOtherMountTypesRefused: azure_blob_mount stays unimplemented (no
+// server to test it against), with a clear error, before a sandbox is
+// touched; a gcs_mount without credentials is refused for that.
 func TestOtherMountTypesRefused(t *testing.T) {
 	m, err := mount.New(mount.Config{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for typ, mt := range map[manifest.EntryType]*manifest.Mount{
-		manifest.TypeGCSMount:       {Bucket: "b"},
-		manifest.TypeAzureBlobMount: {Account: "a", Container: "c"},
-	} {
-		_, err := m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: typ, Mount: mt}})
-		if !errors.Is(err, errkind.ErrUnimplemented) || !strings.Contains(err.Error(), string(typ)) {
-			t.Fatalf("%s: %v", typ, err)
-		}
+	_, err = m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: manifest.TypeAzureBlobMount,
+		Mount: &manifest.Mount{Account: "a", Container: "c"}}})
+	if !errors.Is(err, errkind.ErrUnimplemented) || !strings.Contains(err.Error(), "azure_blob_mount") {
+		t.Fatalf("azure_blob_mount: %v", err)
+	}
+	_, err = m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: manifest.TypeGCSMount,
+		Mount: &manifest.Mount{Bucket: "b"}}})
+	if !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "GCSTokens") {
+		t.Fatalf("gcs_mount without credentials: %v", err)
 	}
 }
 
@@ -562,5 +565,95 @@ func TestWritableMountConflictRace(t *testing.T) {
 	}
 	if got, _ := e.get(t, "team/data/race.txt"); got != "remote wins" {
 		t.Fatalf("race.txt = %q: overwritten", got)
+	}
+}
+
+// TestWritableMountResumedElsewhere: a session started by one harness
+// (Mounter A) and reattached by another process's client and Mounter (B)
+// sharing the baseline store syncs from B: the agent's change is uploaded,
+// a remote change is still a conflict. A Mounter without the store
+// refuses, uploading nothing. Close deletes the saved baselines.
+func TestWritableMountResumedElsewhere(t *testing.T) {
+	testenv.Require(t, testenv.Root)
+	stateDir := testenv.SearchableTempDir(t)
+	baselineDir := t.TempDir()
+	newLocal := func(opts compute.ClientOptions) (*compute.Client, error) {
+		return local.NewClient(local.Config{StateDir: stateDir, AgentdPath: agentdtest.Binaries(t).Agentd, Isolation: local.IsolationNone}, opts)
+	}
+	withStore := func(c *mount.Config) { c.Baselines = mount.DirBaselines(baselineDir) }
+	e := newEnvWith(t, withStore, newLocal)
+	e.put(t, "team/data/edit.txt", "before")
+	e.put(t, "team/data/theirs.txt", "t1")
+	e.put(t, "team/data/same.txt", "same")
+	sA := e.session(t, map[string]*manifest.Entry{"w": e.mountEntry(manifest.TypeS3Mount, false)})
+	ctx := ctxT(t)
+	if err := sA.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	st, err := sA.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	js, _ := json.Marshal(st)
+	if strings.Contains(string(js), e.srv.SecretKey) {
+		t.Fatal("the state carries the secret")
+	}
+	if out, code := sh(t, sA, sA.Manifest().RunAs, "cd w && printf after > edit.txt && printf mine > theirs.txt && printf new > new.txt"); code != 0 {
+		t.Fatal(out)
+	}
+	e.put(t, "team/data/theirs.txt", "t2 remote")
+
+	// Another process: its own Mounter and client over the same provider
+	// state, resuming from the saved session state.
+	resume := func(cfg func(*mount.Config)) (*mount.Mounter, *compute.Session) {
+		mc := mount.Config{MaxAttempts: 2, Secrets: manifest.SecretResolverFunc(func(_ context.Context, name string) (string, error) {
+			return map[string]string{"MOUNT_KEY_ID": e.srv.AccessKey, "MOUNT_SECRET": e.srv.SecretKey}[name], nil
+		})}
+		if cfg != nil {
+			cfg(&mc)
+		}
+		m, err := mount.New(mc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := newLocal(compute.ClientOptions{Materializer: materializer.Options{Mounts: m}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec, err := compute.DecodeState(js)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s, err := c.Resume(ctx, dec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = s.Release() })
+		return m, s
+	}
+	mNo, sNo := resume(nil)
+	if stats, err := mNo.Sync(ctx, sNo); !errors.Is(err, errkind.ErrFailedPrecondition) || stats.Uploaded != 0 {
+		t.Fatalf("Sync without the store = %+v, %v", stats, err)
+	}
+	if got, _ := e.get(t, "team/data/edit.txt"); got != "before" {
+		t.Fatalf("edit.txt = %q after a refused sync", got)
+	}
+	mB, sB := resume(withStore)
+	stats, err := mB.Sync(ctx, sB)
+	if !errors.Is(err, errkind.ErrConflict) || fmt.Sprint(stats.Conflicts) != "[w/theirs.txt]" || stats.Uploaded != 2 || stats.Unchanged != 1 {
+		t.Fatalf("Sync from the other process = %+v, %v", stats, err)
+	}
+	for key, want := range map[string]string{"team/data/edit.txt": "after", "team/data/new.txt": "new", "team/data/theirs.txt": "t2 remote", "team/data/same.txt": "same"} {
+		if got, _ := e.get(t, key); got != want {
+			t.Fatalf("%s = %q, want %q", key, got, want)
+		}
+	}
+	// A's Mounter still works from its own memory; then Close drops the
+	// saved baselines.
+	if err := sA.Close(ctx); !errors.Is(err, errkind.ErrConflict) {
+		t.Fatalf("Close = %v, want the standing conflict", err)
+	}
+	if left, _ := os.ReadDir(baselineDir); len(left) != 0 {
+		t.Fatalf("baselines left after Close: %v", left)
 	}
 }

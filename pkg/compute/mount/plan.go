@@ -3,6 +3,7 @@ package mount
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"path"
@@ -11,12 +12,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -42,9 +40,9 @@ const (
 func (m *Mounter) PlanMount(ctx context.Context, req materializer.MountRequest) (*materializer.MountPlan, error) {
 	e := req.Entry
 	switch e.Type {
-	case manifest.TypeS3Mount, manifest.TypeR2Mount:
-	case manifest.TypeGCSMount, manifest.TypeAzureBlobMount:
-		return nil, errkind.Errorf(errkind.ErrUnimplemented, "%s mounts are not supported yet (s3_mount and r2_mount are); copy the data in with a file, dir or git entry", e.Type)
+	case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount:
+	case manifest.TypeAzureBlobMount:
+		return nil, errkind.Errorf(errkind.ErrUnimplemented, "%s mounts are not supported yet (s3_mount, r2_mount and gcs_mount are): there is no Azure Blob server to test them against; copy the data in with a file, dir or git entry", e.Type)
 	default:
 		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "%s is not a mount type", e.Type)
 	}
@@ -88,7 +86,7 @@ func (m *Mounter) PlanMount(ctx context.Context, req materializer.MountRequest) 
 	}
 	f := newFetcher(ctx, m, st, req.Path, objs)
 	plan.Open, plan.Close = f.open, f.close
-	mt := &mounted{path: req.Path, readOnly: ro, st: st, objects: make(map[string]*objectRef, len(objs))}
+	mt := &mounted{path: req.Path, readOnly: ro, entry: e, st: st, objects: make(map[string]*objectRef, len(objs))}
 	for _, o := range objs {
 		mt.objects[o.rel] = o
 	}
@@ -108,39 +106,37 @@ func (m *Mounter) list(ctx context.Context, mountPath string, st *bucketStore) (
 	dirSet := map[string]bool{}
 	var total int64
 	skipped := 0
-	p := s3.NewListObjectsV2Paginator(st.client, &s3.ListObjectsV2Input{Bucket: &st.bucket, Prefix: aws.String(st.prefix), MaxKeys: aws.Int32(m.cfg.PageSize)})
-	for p.HasMorePages() {
-		page, err := p.NextPage(ctx)
-		if err != nil {
-			return nil, nil, st.classify(ctx, "list", st.prefix, err)
+	err := st.be.list(ctx, st.prefix, m.cfg.PageSize, func(key, version string, size int64) error {
+		rel := strings.TrimPrefix(key, st.prefix)
+		if rel == "" {
+			return nil
 		}
-		for _, o := range page.Contents {
-			key := aws.ToString(o.Key)
-			rel := strings.TrimPrefix(key, st.prefix)
-			if rel == "" {
-				continue
+		if strings.HasSuffix(rel, "/") { // a directory marker
+			if d := strings.TrimSuffix(rel, "/"); manifest.ValidateEntryPath(d) == nil {
+				dirSet[d] = true
 			}
-			if strings.HasSuffix(rel, "/") { // a directory marker
-				if d := strings.TrimSuffix(rel, "/"); manifest.ValidateEntryPath(d) == nil {
-					dirSet[d] = true
-				}
-				continue
-			}
-			if err := manifest.ValidateEntryPath(rel); err != nil {
-				skipped++
-				m.log.Warn("mount: object left out: its key is not a usable path", zap.String("mount", mountPath), zap.String("key", key), zap.Error(err))
-				continue
-			}
-			size := aws.ToInt64(o.Size)
-			total += size
-			if len(objs) >= m.cfg.MaxObjects {
-				return nil, nil, errkind.Errorf(errkind.ErrResourceExhausted, "mount %s (%s) holds more than %d objects (the limit, mount.Config.MaxObjects); nothing was written", mountPath, st.desc, m.cfg.MaxObjects)
-			}
-			if total > m.cfg.MaxBytes {
-				return nil, nil, errkind.Errorf(errkind.ErrResourceExhausted, "mount %s (%s) holds more than %d bytes (the limit, mount.Config.MaxBytes); nothing was written", mountPath, st.desc, m.cfg.MaxBytes)
-			}
-			objs = append(objs, &objectRef{rel: rel, key: key, etag: aws.ToString(o.ETag), size: size})
+			return nil
 		}
+		if err := manifest.ValidateEntryPath(rel); err != nil {
+			skipped++
+			m.log.Warn("mount: object left out: its key is not a usable path", zap.String("mount", mountPath), zap.String("key", key), zap.Error(err))
+			return nil
+		}
+		total += size
+		if len(objs) >= m.cfg.MaxObjects {
+			return errkind.Errorf(errkind.ErrResourceExhausted, "mount %s (%s) holds more than %d objects (the limit, mount.Config.MaxObjects); nothing was written", mountPath, st.desc, m.cfg.MaxObjects)
+		}
+		if total > m.cfg.MaxBytes {
+			return errkind.Errorf(errkind.ErrResourceExhausted, "mount %s (%s) holds more than %d bytes (the limit, mount.Config.MaxBytes); nothing was written", mountPath, st.desc, m.cfg.MaxBytes)
+		}
+		objs = append(objs, &objectRef{rel: rel, key: key, etag: version, size: size})
+		return nil
+	})
+	if errors.Is(err, errkind.ErrResourceExhausted) {
+		return nil, nil, err
+	}
+	if err != nil {
+		return nil, nil, st.classify(ctx, "list", st.prefix, err)
 	}
 	for _, o := range objs {
 		for d := path.Dir(o.rel); d != "."; d = path.Dir(d) {
@@ -192,7 +188,7 @@ func (m *Mounter) applied(ctx context.Context, c *agentclient.Client, session st
 		if o == nil {
 			// Left from an earlier start in a kept workspace: the storage
 			// no longer has it, and Sync must not take it for a new file.
-			if err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: path.Join(mt.path, rel)}); err != nil {
+			if _, err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: path.Join(mt.path, rel)}); err != nil {
 				return fmt.Errorf("remove %s, no longer in the storage: %w", path.Join(mt.path, rel), err)
 			}
 			continue
@@ -201,6 +197,7 @@ func (m *Mounter) applied(ctx context.Context, c *agentclient.Client, session st
 	}
 	mt.ready = true
 	m.setState(session, mt)
+	m.saveBaseline(ctx, session, mt)
 	return nil
 }
 
@@ -293,26 +290,22 @@ func (f *fetcher) startThrough(j int) {
 	}
 }
 
-// get opens an object as listed: If-Match its ETag, so that an object
-// replaced since the listing is a conflict rather than bytes of another
-// size.
+// get opens an object as listed, at the version listed, so that an
+// object replaced since the listing is a conflict rather than bytes of
+// another size.
 func (st *bucketStore) get(ctx context.Context, o *objectRef) (io.ReadCloser, error) {
-	in := &s3.GetObjectInput{Bucket: &st.bucket, Key: aws.String(o.key)}
-	if o.etag != "" {
-		in.IfMatch = aws.String(o.etag)
-	}
-	out, err := st.client.GetObject(ctx, in)
+	body, n, err := st.be.get(ctx, o.key, o.etag)
 	if err != nil {
-		if s3errs.IsPreconditionFailed(err) {
+		if errors.Is(err, errChanged) {
 			return nil, errkind.MarkRetryable(errkind.Errorf(errkind.ErrConflict, "object %s changed while it was being mounted; start again", o.key))
 		}
 		return nil, st.classify(ctx, "read", o.key, err)
 	}
-	if n := aws.ToInt64(out.ContentLength); out.ContentLength != nil && n != o.size {
-		out.Body.Close()
+	if n >= 0 && n != o.size {
+		body.Close()
 		return nil, errkind.MarkRetryable(errkind.Errorf(errkind.ErrConflict, "object %s changed while it was being mounted (%d -> %d bytes); start again", o.key, o.size, n))
 	}
-	return out.Body, nil
+	return body, nil
 }
 
 // getAll reads a small object whole.

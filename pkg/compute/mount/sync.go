@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -16,14 +15,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/service/s3"
-	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -47,6 +42,13 @@ type SyncStats struct {
 func (m *Mounter) PreStop(ctx context.Context, s *compute.Session) error {
 	defer m.Forget(s.ID())
 	_, err := m.Sync(ctx, s)
+	if m.cfg.Baselines != nil {
+		// The sandbox goes away with this Close: a later Resume makes a
+		// replacement, whose mounts are downloaded afresh.
+		if derr := m.cfg.Baselines.DeleteBaselines(ctx, s.ID()); derr != nil {
+			m.log.Warn("mount: could not delete the saved baselines", zap.String("session", s.ID()), zap.Error(derr))
+		}
+	}
 	return err
 }
 
@@ -61,7 +63,8 @@ var _ compute.PreStopHook = (*Mounter)(nil).PreStop
 // (the remote copy wins until the conflict is resolved). The rest is
 // still synced. Read-only mounts are skipped. A writable mount that this
 // Mounter did not materialize (a session reattached by another harness
-// process) is refused with ErrFailedPrecondition.
+// process) is synced from the baseline in Config.Baselines, or refused
+// with ErrFailedPrecondition when there is none.
 func (m *Mounter) Sync(ctx context.Context, s *compute.Session) (SyncStats, error) {
 	var stats SyncStats
 	man := s.Manifest()
@@ -74,15 +77,24 @@ func (m *Mounter) Sync(ctx context.Context, s *compute.Session) (SyncStats, erro
 		if e == nil || e.Mount == nil || e.Mount.IsReadOnly() {
 			continue
 		}
-		if e.Type != manifest.TypeS3Mount && e.Type != manifest.TypeR2Mount {
+		switch e.Type {
+		case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount:
+		default:
 			continue
 		}
 		mt := m.state(s.ID(), p)
+		if mt == nil {
+			var err error
+			if mt, err = m.loadBaseline(ctx, s.ID(), p, e); err != nil {
+				errs = append(errs, fmt.Errorf("mount %s: load the saved baseline: %w", p, err))
+				continue
+			}
+		}
 		if mt == nil || !mt.ready {
-			errs = append(errs, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: this Mounter did not materialize session %s (it never started here, or it was reattached from another harness process), so its changes cannot be told from remote ones; nothing was uploaded", p, s.ID()))
+			errs = append(errs, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: this Mounter did not materialize session %s (it never started here, or it was reattached from another harness process with no shared mount.Config.Baselines), so its changes cannot be told from remote ones; nothing was uploaded", p, s.ID()))
 			continue
 		}
-		if err := m.syncMount(ctx, s.Agent(), mt, &stats); err != nil {
+		if err := m.syncMount(ctx, s.ID(), s.Agent(), mt, &stats); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -109,7 +121,7 @@ type change struct {
 }
 
 // syncMount syncs one writable mount.
-func (m *Mounter) syncMount(ctx context.Context, c *agentclient.Client, mt *mounted, stats *SyncStats) error {
+func (m *Mounter) syncMount(ctx context.Context, session string, c *agentclient.Client, mt *mounted, stats *SyncStats) error {
 	mt.mu.Lock()
 	defer mt.mu.Unlock()
 	start := time.Now()
@@ -177,6 +189,9 @@ func (m *Mounter) syncMount(ctx context.Context, c *agentclient.Client, mt *moun
 		}()
 	}
 	wg.Wait()
+	if len(work) > 0 {
+		m.saveBaseline(ctx, session, mt)
+	}
 	if err := ctx.Err(); err != nil {
 		errs = append(errs, fmt.Errorf("mount %s: sync: %w", mt.path, errkind.ClassifyFS(err)))
 	}
@@ -193,14 +208,18 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 	if w.delete {
 		cur, err := st.head(ctx, w.o.key)
 		switch {
-		case s3errs.IsNotFound(err):
+		case errors.Is(err, errGone):
 			return "deleted", nil, nil // gone already
 		case err != nil:
 			return "", nil, err
 		case cur != w.o.etag:
 			return "conflict", nil, nil
 		}
-		if _, err := st.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &st.bucket, Key: aws.String(w.o.key)}); err != nil && !s3errs.IsNotFound(err) {
+		err = st.be.remove(ctx, w.o.key, w.o.etag)
+		switch {
+		case errors.Is(err, errChanged):
+			return "conflict", nil, nil
+		case err != nil && !errors.Is(err, errGone):
 			return "", nil, st.classify(ctx, "delete", w.o.key, err)
 		}
 		return "deleted", nil, nil
@@ -218,52 +237,41 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 		return "unchanged", &o, nil
 	}
 	key := st.prefix + w.rel
-	// HEAD first: a server that ignores conditional headers still cannot
+	// Look first: a server that ignores conditional writes still cannot
 	// make us overwrite a remote change (a narrow race remains there; the
-	// conditional PUT closes it where supported).
+	// conditional write closes it where supported).
 	cur, err := st.head(ctx, key)
 	switch {
-	case err != nil && !s3errs.IsNotFound(err):
+	case err != nil && !errors.Is(err, errGone):
 		return "", nil, err
 	case w.o == nil && err == nil, w.o != nil && (err != nil || cur != w.o.etag):
 		return "conflict", nil, nil
 	}
-	raw, _ := hex.DecodeString(sum)
-	in := &s3.PutObjectInput{Bucket: &st.bucket, Key: aws.String(key), Body: body, ContentLength: aws.Int64(fi.GetSize()),
-		ChecksumAlgorithm: types.ChecksumAlgorithmSha256, ChecksumSHA256: aws.String(base64.StdEncoding.EncodeToString(raw))}
+	ifVersion := ""
 	if w.o != nil {
-		in.IfMatch = aws.String(w.o.etag)
-	} else {
-		in.IfNoneMatch = aws.String("*")
+		ifVersion = w.o.etag
 	}
-	out, err := st.client.PutObject(ctx, in)
-	if err != nil && s3errs.IsNotImplemented(err) {
-		// No conditional writes here: the HEAD above was the check.
-		in.IfMatch, in.IfNoneMatch = nil, nil
-		if _, serr := body.Seek(0, io.SeekStart); serr != nil {
-			return "", nil, fmt.Errorf("mount %s: upload %s: %w", mt.path, wp, serr)
-		}
-		out, err = st.client.PutObject(ctx, in)
-	}
+	version, err := st.be.put(ctx, key, body, fi.GetSize(), sum, ifVersion)
 	if err != nil {
-		if s3errs.IsPreconditionFailed(err) {
+		if errors.Is(err, errChanged) {
 			return "conflict", nil, nil
 		}
 		return "", nil, st.classify(ctx, "upload", key, err)
 	}
-	return "uploaded", &objectRef{rel: w.rel, key: key, etag: aws.ToString(out.ETag), size: fi.GetSize(), sha: sum, mtime: mtime}, nil
+	return "uploaded", &objectRef{rel: w.rel, key: key, etag: version, size: fi.GetSize(), sha: sum, mtime: mtime}, nil
 }
 
-// head returns an object's ETag.
+// head returns an object's version; errGone (unclassified) when there is
+// none.
 func (st *bucketStore) head(ctx context.Context, key string) (string, error) {
-	out, err := st.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &st.bucket, Key: aws.String(key)})
+	v, err := st.be.head(ctx, key)
 	if err != nil {
-		if s3errs.IsNotFound(err) {
+		if errors.Is(err, errGone) {
 			return "", err
 		}
 		return "", st.classify(ctx, "look up", key, err)
 	}
-	return aws.ToString(out.ETag), nil
+	return v, nil
 }
 
 // spoolMemBytes is the largest file spooled in memory; larger ones go to a

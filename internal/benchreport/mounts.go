@@ -1,0 +1,300 @@
+package main
+
+// The mount figure: a bucket prefix of N objects mounted into a fresh local
+// sandbox (the harness lists and reads the bucket and streams the bytes
+// through the daemon's Materialize), timed from Create to the first exec
+// that can read them, beside a plain download of the same objects by the
+// same process to a local directory with the same concurrency: the AWS SDK
+// for the S3 server (Versity Gateway), plain JSON API media GETs for the
+// GCS server (fake-gcs-server). Both servers run on loopback.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"go.uber.org/zap"
+
+	"github.com/bulkhead-dev/bulkhead/internal/testservers/gcsserver"
+	"github.com/bulkhead-dev/bulkhead/internal/testservers/s3server"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// benchMounts measures an s3_mount and a gcs_mount of objects objects /
+// total bytes (see the file comment).
+func benchMounts(ctx context.Context, agentd string, objects int, total int64) ([]row, error) {
+	tmp, err := os.MkdirTemp("", "bench-mounts-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(tmp)
+	if err := os.Chmod(tmp, 0o711); err != nil { // sandbox accounts pass through to their workspaces
+		return nil, err
+	}
+	per := int(total / int64(objects))
+	keys := make([]string, objects)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("bench/d%02d/f%05d.bin", i%20, i)
+	}
+	body := func(i int) []byte {
+		b := make([]byte, per)
+		rng := rand.New(rand.NewPCG(uint64(i), 7))
+		for j := range b {
+			b[j] = byte(rng.UintN(256))
+		}
+		return b
+	}
+	what := fmt.Sprintf("%d objects / %s", objects, mib(int64(per)*int64(objects)))
+	var rows []row
+
+	// S3: Versity Gateway.
+	fmt.Fprintln(os.Stderr, "  s3 mount ...")
+	s3srv, err := s3server.Run(ctx, filepath.Join(tmp, "s3"), io.Discard)
+	if err != nil {
+		rows = append(rows, row{"s3_mount of " + what, "skipped: " + err.Error(), "", "", ""})
+	} else {
+		r, err := benchS3Mount(ctx, s3srv, agentd, tmp, keys, body, what)
+		s3srv.Stop()
+		if err != nil {
+			return nil, fmt.Errorf("s3 mount: %w", err)
+		}
+		rows = append(rows, r...)
+	}
+
+	// GCS: fake-gcs-server over a directory on disk.
+	fmt.Fprintln(os.Stderr, "  gcs mount ...")
+	gsrv, err := gcsserver.Run(ctx, filepath.Join(tmp, "gcs"), io.Discard)
+	if err != nil {
+		rows = append(rows, row{"gcs_mount of " + what, "skipped: " + err.Error(), "", "", ""})
+	} else {
+		r, err := benchGCSMount(ctx, gsrv, agentd, tmp, keys, body, what)
+		gsrv.Stop()
+		if err != nil {
+			return nil, fmt.Errorf("gcs mount: %w", err)
+		}
+		rows = append(rows, r...)
+	}
+	return rows, nil
+}
+
+// parallel runs f(i) for i in [0, n) on conc goroutines; the first error
+// wins.
+func parallel(n, conc int, f func(i int) error) error {
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+		next = make(chan int)
+	)
+	for range conc {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := f(i); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// timeMount creates a local sandbox whose manifest mounts entry at
+// "data", starts it and runs a first exec that counts the mounted files:
+// the time from Create to that exec's answer.
+func timeMount(ctx context.Context, agentd, tmp string, m *mount.Mounter, entry *manifest.Entry, want int) (time.Duration, error) {
+	entries := map[string]*manifest.Entry{"data": entry}
+	if entry == nil { // an empty sandbox: what the mount adds to
+		entries = map[string]*manifest.Entry{"data": {Type: manifest.TypeDir}}
+	}
+	dir, err := os.MkdirTemp(tmp, "state-")
+	if err != nil {
+		return 0, err
+	}
+	if err := os.Chmod(dir, 0o711); err != nil {
+		return 0, err
+	}
+	c, err := local.NewClient(local.Config{StateDir: dir, AgentdPath: agentd, Isolation: local.IsolationNone},
+		compute.ClientOptions{Log: zap.NewNop(), Materializer: materializer.Options{Mounts: m}})
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	s, err := c.Create(ctx, compute.CreateOptions{Manifest: &manifest.Manifest{Entries: entries}})
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		_ = s.Close(context.WithoutCancel(ctx))
+		_ = c.Delete(context.WithoutCancel(ctx), s)
+	}()
+	if err := s.Start(ctx); err != nil {
+		return 0, err
+	}
+	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "find data -type f | wc -l"}}, nil)
+	if err != nil {
+		return 0, err
+	}
+	took := time.Since(start)
+	if got := string(bytes.TrimSpace(res.Stdout)); got != fmt.Sprint(want) {
+		return 0, fmt.Errorf("the first exec saw %s files in the mount, want %d", got, want)
+	}
+	return took, nil
+}
+
+// mountRows words a mount's figure beside its baseline.
+func mountRows(kind, what string, mounted, empty, baseline time.Duration, baselineHow string) []row {
+	return []row{{
+		figure:   fmt.Sprintf("%s of %s: create to first exec (loopback server)", kind, what),
+		value:    fmt.Sprintf("%s (an empty sandbox: %s)", ms(mounted), ms(empty)),
+		baseline: fmt.Sprintf("%s (%s)", ms(baseline), baselineHow),
+		ratio:    fmt.Sprintf("%.2fx", float64(mounted)/float64(baseline)),
+		target:   "near the download",
+	}}
+}
+
+func benchS3Mount(ctx context.Context, srv *s3server.Server, agentd, tmp string, keys []string, body func(int) []byte, what string) ([]row, error) {
+	bucket, err := srv.CreateBucket(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cl := srv.Client()
+	if err := parallel(len(keys), 16, func(i int) error {
+		_, err := cl.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: aws.String(keys[i]), Body: bytes.NewReader(body(i))})
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("fill the bucket: %w", err)
+	}
+	// Baseline: the same objects downloaded with the SDK to a local
+	// directory, as many at once as the Mounter's default.
+	dst := filepath.Join(tmp, "s3-download")
+	start := time.Now()
+	if err := parallel(len(keys), mount.DefaultConcurrency, func(i int) error {
+		out, err := cl.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: aws.String(keys[i])})
+		if err != nil {
+			return err
+		}
+		defer out.Body.Close()
+		return writeLocal(filepath.Join(dst, keys[i]), out.Body)
+	}); err != nil {
+		return nil, fmt.Errorf("download: %w", err)
+	}
+	download := time.Since(start)
+	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: mapSecrets(map[string]string{"ID": srv.AccessKey, "SECRET": srv.SecretKey})})
+	if err != nil {
+		return nil, err
+	}
+	ro := true
+	entry := &manifest.Entry{Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint, Region: srv.Region,
+		ReadOnly: &ro, Credentials: map[string]manifest.SecretRef{"access_key_id": manifest.Secret("ID"), "secret_access_key": manifest.Secret("SECRET")}}}
+	mounted, err := timeMount(ctx, agentd, tmp, m, entry, len(keys))
+	if err != nil {
+		return nil, err
+	}
+	empty, err := timeMount(ctx, agentd, tmp, m, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	return mountRows("s3_mount (Versity Gateway)", what, mounted, empty, download, fmt.Sprintf("AWS SDK download to a local dir, %d at once", mount.DefaultConcurrency)), nil
+}
+
+func benchGCSMount(ctx context.Context, srv *gcsserver.Server, agentd, tmp string, keys []string, body func(int) []byte, what string) ([]row, error) {
+	bucket, err := srv.CreateBucket(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if err := parallel(len(keys), 16, func(i int) error {
+		_, err := srv.Put(ctx, bucket, keys[i], body(i))
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("fill the bucket: %w", err)
+	}
+	dst := filepath.Join(tmp, "gcs-download")
+	start := time.Now()
+	if err := parallel(len(keys), mount.DefaultConcurrency, func(i int) error {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.Endpoint+"/storage/v1/b/"+url.PathEscape(bucket)+"/o/"+url.PathEscape(keys[i])+"?alt=media", nil)
+		if err != nil {
+			return err
+		}
+		req.Header.Set("Authorization", "Bearer bench")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			return fmt.Errorf("get %s: HTTP %d", keys[i], resp.StatusCode)
+		}
+		return writeLocal(filepath.Join(dst, keys[i]), resp.Body)
+	}); err != nil {
+		return nil, fmt.Errorf("download: %w", err)
+	}
+	download := time.Since(start)
+	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: mapSecrets(map[string]string{"TOKEN": "bench"})})
+	if err != nil {
+		return nil, err
+	}
+	ro := true
+	entry := &manifest.Entry{Type: manifest.TypeGCSMount, Mount: &manifest.Mount{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint,
+		ReadOnly: &ro, Credentials: map[string]manifest.SecretRef{"access_token": manifest.Secret("TOKEN")}}}
+	mounted, err := timeMount(ctx, agentd, tmp, m, entry, len(keys))
+	if err != nil {
+		return nil, err
+	}
+	empty, err := timeMount(ctx, agentd, tmp, m, nil, 0)
+	if err != nil {
+		return nil, err
+	}
+	return mountRows("gcs_mount (fake-gcs-server)", what, mounted, empty, download, fmt.Sprintf("JSON API media GETs to a local dir, %d at once", mount.DefaultConcurrency)), nil
+}
+
+// mapSecrets resolves secret names from a map.
+func mapSecrets(vals map[string]string) manifest.SecretResolver {
+	return manifest.SecretResolverFunc(func(_ context.Context, name string) (string, error) {
+		v, ok := vals[name]
+		if !ok {
+			return "", fmt.Errorf("no secret %s", name)
+		}
+		return v, nil
+	})
+}
+
+// writeLocal writes r to path, making its directory.
+func writeLocal(path string, r io.Reader) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

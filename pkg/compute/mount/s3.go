@@ -1,0 +1,203 @@
+package mount
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/hex"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/aws/aws-sdk-go-v2/service/s3"
+	"github.com/aws/aws-sdk-go-v2/service/s3/types"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+)
+
+// s3Backend is an S3 (or S3-compatible: R2, MinIO, Versity) bucket
+// through aws-sdk-go-v2. Versions are ETags.
+type s3Backend struct {
+	client *s3.Client
+	bucket string
+}
+
+var _ backend = (*s3Backend)(nil)
+
+// s3Store builds the store of an s3_mount or r2_mount entry. The endpoint
+// is the manifest's, or for R2 the account's
+// (https://ACCOUNT.r2.cloudflarestorage.com).
+//
+// This repeats the client construction of snapshot.NewS3 (static or
+// provided credentials, standard retryer without a retry budget, path-style
+// addressing for S3-compatible endpoints) in a few lines rather than
+// reaching into that package.
+func (m *Mounter) s3Store(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) error {
+	mt := e.Mount
+	region, endpoint := mt.Region, mt.Endpoint
+	scheme := "s3"
+	if e.Type == manifest.TypeR2Mount {
+		scheme, region = "r2", m.cfg.R2Region
+		if region == "" {
+			region = "auto"
+		}
+		if endpoint == "" {
+			endpoint = "https://" + mt.Account + ".r2.cloudflarestorage.com"
+		}
+	}
+	if region == "" {
+		region = defaultRegion
+	}
+	st.describe(scheme, mt.Endpoint)
+	creds, err := m.s3Credentials(ctx, p, e, st)
+	if err != nil {
+		return err
+	}
+	retryer := retry.NewStandard(func(o *retry.StandardOptions) {
+		o.MaxAttempts = m.cfg.MaxAttempts
+		o.MaxBackoff = 5 * time.Second
+		o.RateLimiter = ratelimit.None
+	})
+	opts := s3.Options{
+		Region:                     region,
+		Credentials:                aws.NewCredentialsCache(creds),
+		UsePathStyle:               endpoint != "",
+		Retryer:                    retryer,
+		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
+		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
+	}
+	if endpoint != "" {
+		opts.BaseEndpoint = aws.String(endpoint)
+	}
+	if m.cfg.HTTPClient != nil {
+		opts.HTTPClient = m.cfg.HTTPClient
+	}
+	st.be = &s3Backend{client: s3.New(opts), bucket: mt.Bucket}
+	return nil
+}
+
+// s3Credentials returns the provider signing a mount's requests and
+// records the values to redact.
+func (m *Mounter) s3Credentials(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) (aws.CredentialsProvider, error) {
+	if len(e.Mount.Credentials) == 0 {
+		if m.cfg.DefaultCredentials == nil {
+			return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default mount credentials (mount.Config.DefaultCredentials)", p)
+		}
+		return m.cfg.DefaultCredentials, nil
+	}
+	vals, err := m.resolveCredentials(ctx, p, e, st)
+	if err != nil {
+		return nil, err
+	}
+	id, secret := vals["access_key_id"], vals["secret_access_key"]
+	if id == "" || secret == "" {
+		return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credentials need both access_key_id and secret_access_key", p)
+	}
+	return credentials.NewStaticCredentialsProvider(id, secret, vals["session_token"]), nil
+}
+
+func (b *s3Backend) list(ctx context.Context, prefix string, pageSize int32, fn func(key, version string, size int64) error) error {
+	p := s3.NewListObjectsV2Paginator(b.client, &s3.ListObjectsV2Input{Bucket: &b.bucket, Prefix: aws.String(prefix), MaxKeys: aws.Int32(pageSize)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return err
+		}
+		for _, o := range page.Contents {
+			if err := fn(aws.ToString(o.Key), aws.ToString(o.ETag), aws.ToInt64(o.Size)); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// get is If-Match the ETag, so that an object replaced since the listing
+// is a conflict rather than bytes of another size.
+func (b *s3Backend) get(ctx context.Context, key, version string) (io.ReadCloser, int64, error) {
+	in := &s3.GetObjectInput{Bucket: &b.bucket, Key: aws.String(key)}
+	if version != "" {
+		in.IfMatch = aws.String(version)
+	}
+	out, err := b.client.GetObject(ctx, in)
+	if err != nil {
+		if s3errs.IsPreconditionFailed(err) || s3errs.IsNotFound(err) {
+			return nil, 0, fmt.Errorf("%w: %w", errChanged, err)
+		}
+		return nil, 0, err
+	}
+	size := int64(-1)
+	if out.ContentLength != nil {
+		size = *out.ContentLength
+	}
+	return out.Body, size, nil
+}
+
+func (b *s3Backend) head(ctx context.Context, key string) (string, error) {
+	out, err := b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.bucket, Key: aws.String(key)})
+	if err != nil {
+		if s3errs.IsNotFound(err) {
+			return "", fmt.Errorf("%w: %w", errGone, err)
+		}
+		return "", err
+	}
+	return aws.ToString(out.ETag), nil
+}
+
+// put is If-Match the ETag (If-None-Match for a new key); a server that
+// does not implement conditional writes gets a plain PUT, the caller's
+// HEAD having been the check.
+func (b *s3Backend) put(ctx context.Context, key string, body io.ReadSeeker, size int64, sum string, ifVersion string) (string, error) {
+	raw, _ := hex.DecodeString(sum)
+	in := &s3.PutObjectInput{Bucket: &b.bucket, Key: aws.String(key), Body: body, ContentLength: aws.Int64(size),
+		ChecksumAlgorithm: types.ChecksumAlgorithmSha256, ChecksumSHA256: aws.String(base64.StdEncoding.EncodeToString(raw))}
+	if ifVersion != "" {
+		in.IfMatch = aws.String(ifVersion)
+	} else {
+		in.IfNoneMatch = aws.String("*")
+	}
+	out, err := b.client.PutObject(ctx, in)
+	if err != nil && s3errs.IsNotImplemented(err) {
+		in.IfMatch, in.IfNoneMatch = nil, nil
+		if _, serr := body.Seek(0, io.SeekStart); serr != nil {
+			return "", serr
+		}
+		out, err = b.client.PutObject(ctx, in)
+	}
+	if err != nil {
+		if s3errs.IsPreconditionFailed(err) {
+			return "", fmt.Errorf("%w: %w", errChanged, err)
+		}
+		return "", err
+	}
+	return aws.ToString(out.ETag), nil
+}
+
+// remove deletes unconditionally: S3 has no conditional delete that the
+// S3-compatible servers share, so the caller's HEAD is the check (a narrow
+// race remains).
+func (b *s3Backend) remove(ctx context.Context, key, _ string) error {
+	if _, err := b.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &b.bucket, Key: aws.String(key)}); err != nil {
+		if s3errs.IsNotFound(err) {
+			return fmt.Errorf("%w: %w", errGone, err)
+		}
+		return err
+	}
+	return nil
+}
+
+func (b *s3Backend) errCode(err error) (string, int) { return s3errs.Code(err) }
+
+// trimSlash is the key prefix of a mount: "" or ending in "/".
+func trimSlash(prefix string) string {
+	if pre := strings.Trim(prefix, "/"); pre != "" {
+		return pre + "/"
+	}
+	return ""
+}
