@@ -21,14 +21,15 @@ import (
 
 func main() {
 	socket := flag.String("socket", "", "unix socket to serve on")
+	tcp := flag.String("tcp", "", "also serve on this TCP address (host:port)")
 	flag.Parse()
-	if err := run(*socket); err != nil {
+	if err := run(*socket, *tcp); err != nil {
 		fmt.Fprintln(os.Stderr, "grpcfloor:", err)
 		os.Exit(1)
 	}
 }
 
-func run(socket string) error {
+func run(socket, tcp string) error {
 	if socket == "" {
 		return fmt.Errorf("-socket is required")
 	}
@@ -39,6 +40,13 @@ func run(socket string) error {
 	s := grpc.NewServer()
 	healthpb.RegisterHealthServer(s, health.NewServer())
 	reflection.Register(s)
+	if tcp != "" {
+		tl, err := net.Listen("tcp", tcp)
+		if err != nil {
+			return err
+		}
+		go func() { _ = s.Serve(tl) }()
+	}
 	go func() {
 		sig := make(chan os.Signal, 1)
 		signal.Notify(sig, syscall.SIGTERM, os.Interrupt)

@@ -63,7 +63,11 @@
 // Output written after that is read and discarded so that background jobs
 // are not killed by a broken pipe; the exit report is final.
 //
-// The leader's exit is noticed through its pidfd, waited for (as os/exec
-// does) by the goroutine that then reports the exit; the Reaper's SIGCHLD
-// relay remains for ReapAll mode (orphans) and for kernels without pidfds.
+// The leader's exit is noticed through its pidfd, polled by the runtime
+// poller for the goroutine that then reports the exit (the exit watcher).
+// The watcher reads the outputs' last bytes and end of file itself, so a
+// process whose output closes when it exits is reported without waiting
+// for the pumps to be scheduled; the pumps finish whatever it leaves. The
+// Reaper's SIGCHLD relay remains for ReapAll mode (orphans) and for
+// kernels without pidfds.
 package process

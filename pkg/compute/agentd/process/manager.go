@@ -109,6 +109,14 @@ func (m *Manager) Get(id string) (Info, error) {
 	return p.info(), nil
 }
 
+// Running returns the number of processes started and not yet reported
+// exited (what MaxProcesses bounds).
+func (m *Manager) Running() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.running
+}
+
 // List describes every known process, running or exited, oldest first.
 func (m *Manager) List() []Info {
 	m.mu.Lock()
@@ -167,6 +175,7 @@ func (m *Manager) watch(p *proc) {
 	case <-m.abandon:
 		return
 	}
+	p.drainAtExit()
 	p.awaitDrain(m.cfg.DrainGrace)
 	// Free the slot before anyone can see the exit, so that a client that
 	// saw it can start the next process at once.

@@ -5,6 +5,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -34,9 +35,12 @@ type proc struct {
 	startedAt time.Time
 	pid       int // also the process group id (and session id with a TTY)
 	master    *os.File
-	pidfd     *os.File      // the leader's pidfd (blocking, not on the poller); nil when unsupported
+	pidfd     *os.File      // the leader's pidfd (non-blocking, on the poller); nil when unsupported
 	outputs   []*os.File    // read ends of the output pipes, or the PTY master
+	streams   []Stream      // what each of outputs carries
 	drained   chan struct{} // closed when every output reached end of file
+	eofSeen   []atomic.Bool // by output: its end of file was seen (markEOF)
+	eofLeft   atomic.Int32  // outputs whose end of file was not seen yet
 	// leaderReaped is closed when the group leader's status was collected.
 	leaderReaped chan struct{}
 	exited       chan struct{} // closed once exit is set and the Manager's bookkeeping done
@@ -409,6 +413,61 @@ func (p *proc) readOnce(fd int, s Stream) (int, error) {
 	return n, nil
 }
 
+// markEOF records that output i reached its end (or its pump stopped),
+// once per output; the last one closes drained. The pump and the exit
+// watcher (drainAtExit) may both see it.
+func (p *proc) markEOF(i int) {
+	if p.eofSeen[i].CompareAndSwap(false, true) && p.eofLeft.Add(-1) == 0 {
+		close(p.drained)
+	}
+}
+
+// drainAtExitReads bounds the reads drainAtExit makes per output, so that
+// a background job that keeps printing cannot hold the exit watcher.
+const drainAtExitReads = 4
+
+// drainAtExit is the exit watcher reading the outputs' remaining bytes and
+// end of file itself once the leader was reaped, instead of waiting for the
+// pumps to be woken by the poller and to report it: for a process whose
+// output is closed at its exit (the usual case), the exit is reported
+// without another goroutine hand-off. It reads the way the pumps do
+// (readOnce, under landMu, never past a follower's room) and leaves to them
+// whatever it does not finish: output still open (a background job), no
+// room, or more than drainAtExitReads reads.
+func (p *proc) drainAtExit() {
+	for i, f := range p.outputs {
+		if p.eofSeen[i].Load() {
+			continue
+		}
+		rc, err := f.SyscallConn()
+		if err != nil {
+			continue
+		}
+		eof := false
+		// Control holds a reference: the pump closing f meanwhile does
+		// not release the descriptor under the read.
+		if rc.Control(func(fd uintptr) {
+			for range drainAtExitReads {
+				n, err := p.readOnce(int(fd), p.streams[i])
+				switch {
+				case err == unix.EINTR:
+					continue
+				case err == unix.EAGAIN, err == errNoRoom:
+					return
+				case err != nil, n == 0:
+					eof = true // as the pump: EIO is a PTY whose slave side is closed
+					return
+				}
+			}
+		}) != nil {
+			continue // closed: its pump has stopped and reported it
+		}
+		if eof {
+			p.markEOF(i)
+		}
+	}
+}
+
 // leaderDone records the group leader's wait status. It runs on the reaper
 // goroutine and must not block.
 func (p *proc) leaderDone(ws unix.WaitStatus) {
@@ -494,20 +553,42 @@ func (p *proc) exitStatus() *ExitStatus {
 }
 
 // awaitExit blocks until the group leader has exited (it is a zombie or
-// was reaped) or its pidfd is closed. Like os/exec's Wait it blocks a
-// thread in waitid(P_PIDFD, WNOWAIT): the pidfd is notified at the same
-// time SIGCHLD is sent, and a blocked waitid wakes with one system call
-// where the runtime poller or the os/signal relay take several and more
-// goroutine hand-offs. After Shutdown gave up waiting it may stay blocked
-// until the process dies.
+// was reaped) or its pidfd is closed. The pidfd is non-blocking on the
+// runtime poller: the watcher parks without holding a thread, and the
+// leader's exit (the pidfd turning readable) comes back from the same
+// epoll_wait as its outputs' hang-up, which drainAtExit then reads. Where
+// the pidfd cannot be polled it blocks a thread in waitid instead (as
+// os/exec's Wait does); after Shutdown gave up waiting that thread may
+// stay blocked until the process dies.
 func (p *proc) awaitExit() {
 	rc, err := p.pidfd.SyscallConn()
 	if err != nil {
 		return
 	}
-	// Control holds a reference: a concurrent Close does not release the
-	// descriptor (and its number) before waitid returns.
+	err = rc.Read(func(fd uintptr) bool {
+		for {
+			// WNOHANG: a leader still running leaves info zeroed.
+			var info unix.Siginfo
+			err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOWAIT|unix.WNOHANG, nil)
+			switch {
+			case err == unix.EINTR:
+				continue
+			case err == unix.EAGAIN:
+				return false
+			case err != nil:
+				return true // not ours to wait for after all: let collect see
+			}
+			return info.Signo != 0
+		}
+	})
+	if err == nil || errors.Is(err, os.ErrClosed) {
+		return
+	}
+	// Not pollable here. Control holds a reference: a concurrent Close
+	// does not release the descriptor (and its number) before waitid
+	// returns.
 	_ = rc.Control(func(fd uintptr) {
+		_ = unix.SetNonblock(int(fd), false)
 		for {
 			var info unix.Siginfo
 			if err := unix.Waitid(unix.P_PIDFD, int(fd), &info, unix.WEXITED|unix.WNOWAIT, nil); err != unix.EINTR {

@@ -316,7 +316,12 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 		}
 		p.pid = pid
 		if pidfd >= 0 {
-			p.pidfd = os.NewFile(uintptr(pidfd), "pidfd")
+			// Non-blocking, so that NewFile puts it on the poller.
+			if err := unix.SetNonblock(pidfd, true); err != nil {
+				unix.Close(pidfd)
+			} else {
+				p.pidfd = os.NewFile(uintptr(pidfd), "pidfd")
+			}
 		}
 		return pid, p.pidfd != nil, nil
 	}, func(ws unix.WaitStatus) {
@@ -327,21 +332,17 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 		return nil, execError(err, pl)
 	}
 	p.pid = pid
-	p.master, p.stdin, p.outputs = ch.master, ch.stdin, ch.outputs
+	p.master, p.stdin, p.outputs, p.streams = ch.master, ch.stdin, ch.outputs, ch.streams
+	p.eofSeen = make([]atomic.Bool, len(ch.outputs))
+	p.eofLeft.Store(int32(len(ch.outputs)))
 	if o.HoldOutput { // before any pump runs: nothing can be dropped before it
 		p.reserved = &follower{progress: time.Now()}
 		p.followers = append(p.followers, p.reserved)
 	}
 
 	m.workers.Add(len(ch.outputs))
-	var left, open atomic.Int32
-	left.Store(int32(len(ch.outputs)))
+	var open atomic.Int32
 	open.Store(int32(len(ch.outputs)))
-	eof := func() {
-		if left.Add(-1) == 0 {
-			close(p.drained)
-		}
-	}
 	done := func() { // after eof and closing the output
 		if open.Add(-1) == 0 {
 			m.mu.Lock()
@@ -354,7 +355,7 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	m.pumping[p] = struct{}{}
 	m.mu.Unlock()
 	for i, f := range ch.outputs {
-		go p.pump(f, ch.streams[i], eof, done)
+		go p.pump(f, ch.streams[i], func() { p.markEOF(i) }, done)
 	}
 	if o.Timeout > 0 {
 		p.mu.Lock()
