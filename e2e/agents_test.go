@@ -185,10 +185,11 @@ func TestAgentAsToolSharedSession(t *testing.T) {
 			if strings.Join(names, ",") != "report.md" {
 				t.Errorf("output/ holds %v, want only report.md", names)
 			}
-			info, err := agent.Stat(ctx, "output/report.md", "")
+			st, err := agent.Stat(ctx, &agentdv1.StatRequest{Path: "output/report.md"})
 			if err != nil {
 				t.Fatal(err)
 			}
+			info := st.GetInfo()
 			ex, err := agent.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "stat -c %u output/report.md"}}, nil)
 			if err != nil {
 				t.Fatal(err)

@@ -104,10 +104,11 @@ func TestDataRoomAnalyst(t *testing.T) {
 			if _, err := sess.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "dataroom/q3.csv"}, &b); err != nil || b.String() != "quarter,revenue\nQ3,1200\n" {
 				t.Errorf("data room changed: %q %v", b.String(), err)
 			}
-			fi, err := sess.Agent().Stat(ctx, "output/report.md", "")
+			st, err := sess.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "output/report.md"})
 			if err != nil {
 				t.Fatal(err)
 			}
+			fi := st.GetInfo()
 			if fi.GetOwner() != "analyst" {
 				t.Errorf("report owned by %q, want analyst", fi.GetOwner())
 			}

@@ -18,6 +18,7 @@ import (
 	mobyclient "github.com/moby/moby/client"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/faultnet"
@@ -382,7 +383,7 @@ func TestFaultConnectionCut(t *testing.T) {
 				read := func(s *compute.Session, want string) {
 					t.Helper()
 					for {
-						r, err := s.Agent().ReadOutput(ctx, pid, cursor, 2*time.Second, 0)
+						r, err := s.Agent().ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: pid, Cursor: cursor, YieldTime: durationpb.New(2 * time.Second)})
 						if err != nil {
 							t.Fatalf("read from %d: %v", cursor, err)
 						}

@@ -101,7 +101,7 @@ func TestImage(t *testing.T) {
 	if err := sess.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	info, err := sess.Agent().Info(ctx)
+	info, err := sess.Agent().Info(ctx, &agentdv1.InfoRequest{})
 	if err != nil || info.GetVersion() != version {
 		t.Fatalf("the sandbox's daemon: %v, version %q, want %q", err, info.GetVersion(), version)
 	}

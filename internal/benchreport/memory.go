@@ -67,7 +67,7 @@ func benchMemoryBurst(ctx context.Context, bc burstConfig) ([]row, error) {
 	}
 	// Idle: one call made (a client is connected, as in the idle row),
 	// then a moment for start-up's garbage to settle.
-	if _, err := c.Stat(ctx, ".", ""); err != nil {
+	if _, err := c.Stat(ctx, &agentdv1.StatRequest{Path: "."}); err != nil {
 		return nil, err
 	}
 	time.Sleep(time.Second)
@@ -91,7 +91,7 @@ func benchMemoryBurst(ctx context.Context, bc burstConfig) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	if _, err := c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(*agentdv1.AttachResponse) error { return nil }); err != nil {
+	if _, err := c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(*agentdv1.AttachResponse) error { return nil }); err != nil {
 		return nil, fmt.Errorf("burst stream: %w", err)
 	}
 	phase("stream")
@@ -110,7 +110,7 @@ func benchMemoryBurst(ctx context.Context, bc burstConfig) ([]row, error) {
 		return nil, fmt.Errorf("burst read: %w", err)
 	}
 	phase("read")
-	if err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "burst.bin"}); err != nil {
+	if _, err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "burst.bin"}); err != nil {
 		return nil, err
 	}
 	fmt.Fprintln(os.Stderr, "memory burst: execs ...")

@@ -189,9 +189,9 @@ func localBase(p string) string {
 // remoteTarget returns where a source named base lands for DST dst: inside
 // dst when it is a directory (or ends with /), else dst itself.
 func remoteTarget(ctx context.Context, agent *agentclient.Client, dst, base string, isDir bool) (string, error) {
-	info, err := agent.Stat(ctx, dst, "")
+	st, err := agent.Stat(ctx, &agentdv1.StatRequest{Path: dst})
 	switch {
-	case err == nil && info.GetType() == agentdv1.FileType_FILE_TYPE_DIRECTORY:
+	case err == nil && st.GetInfo().GetType() == agentdv1.FileType_FILE_TYPE_DIRECTORY:
 		dst = path.Join(dst, base)
 	case err == nil:
 		if isDir {
@@ -207,8 +207,8 @@ func remoteTarget(ctx context.Context, agent *agentclient.Client, dst, base stri
 		return "", fmt.Errorf("cp: %w", err)
 	}
 	if isDir {
-		switch info, err := agent.Stat(ctx, dst, ""); {
-		case err == nil && info.GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY:
+		switch st, err := agent.Stat(ctx, &agentdv1.StatRequest{Path: dst}); {
+		case err == nil && st.GetInfo().GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY:
 			return "", usageErr(compute.ErrNotDirectory, "cp: %s exists in the sandbox and is not a directory", dst)
 		case err != nil && !errors.Is(err, compute.ErrNotFound):
 			return "", fmt.Errorf("cp: %w", err)
@@ -244,10 +244,11 @@ func copyOut(cmd *cobra.Command, g *globals, src cpPath, local string) error {
 	defer r.release()
 	r.noteRebuilt(stderr)
 	agent := r.sess.Agent()
-	info, err := agent.Stat(ctx, src.path, "")
+	st, err := agent.Stat(ctx, &agentdv1.StatRequest{Path: src.path})
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
+	info := st.GetInfo()
 	name := path.Base(path.Clean(src.path))
 	if name == "." || name == "/" {
 		name = src.id
@@ -325,7 +326,7 @@ var errCopyStopped = errors.New("the copy stopped")
 // cut down to the subtree, extracted by archive.Restore with the daemon's
 // safety rules. On failure a directory it created is removed again.
 func copyDirOut(ctx context.Context, agent *agentclient.Client, remote, target string, prog *progress, stderr io.Writer) (err error) {
-	sys, err := agent.Info(ctx)
+	sys, err := agent.Info(ctx, &agentdv1.InfoRequest{})
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}

@@ -215,7 +215,7 @@ func runShell(ctx context.Context, agent *agentclient.Client, pid string, in io.
 				return
 			case <-winch:
 				sz := termSize(sizeOf)
-				_ = agent.Resize(ctx, pid, sz.GetRows(), sz.GetCols()) // a lost resize only misdraws
+				_, _ = agent.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: pid, Size: &agentdv1.TerminalSize{Rows: sz.GetRows(), Cols: sz.GetCols()}}) // a lost resize only misdraws
 			}
 		}
 	}()
@@ -229,7 +229,7 @@ func runShell(ctx context.Context, agent *agentclient.Client, pid string, in io.
 	}
 	done := make(chan result, 1)
 	go func() {
-		exit, err := agent.Follow(ctx, pid, 0, func(msg *agentdv1.AttachResponse) error {
+		exit, err := agent.Follow(ctx, &agentdv1.AttachRequest{ProcessId: pid}, func(msg *agentdv1.AttachResponse) error {
 			return writeOutput(out, stderr, msg.GetChunks(), msg.GetDroppedBytes())
 		})
 		done <- result{exit, err}
@@ -257,14 +257,14 @@ func forwardInput(ctx context.Context, agent *agentclient.Client, pid string, in
 	for {
 		n, rerr := in.Read(buf)
 		if n > 0 {
-			next, err := agent.WriteStdin(ctx, pid, offset, buf[:n])
+			resp, err := agent.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: pid, Offset: offset, Data: buf[:n]})
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
 				return fmt.Errorf("forward input: %w", err)
 			}
-			offset = next
+			offset = resp.GetNextOffset()
 		}
 		if errors.Is(rerr, io.EOF) {
 			return nil
@@ -278,11 +278,11 @@ func forwardInput(ctx context.Context, agent *agentclient.Client, pid string, in
 // exited reports whether the process is known to have exited (input
 // fails once it has, while its last output may still be on its way).
 func exited(ctx context.Context, agent *agentclient.Client, pid string) bool {
-	procs, err := agent.List(ctx)
+	procs, err := agent.List(ctx, &agentdv1.ListRequest{})
 	if err != nil {
 		return false
 	}
-	for _, p := range procs {
+	for _, p := range procs.GetProcesses() {
 		if p.GetProcessId() == pid {
 			return p.GetState() == agentdv1.ProcessState_PROCESS_STATE_EXITED
 		}
@@ -294,7 +294,7 @@ func exited(ctx context.Context, agent *agentclient.Client, pid string) bool {
 func hangUp(ctx context.Context, agent *agentclient.Client, pid string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_ = agent.Signal(ctx, pid, "HUP")
+	_, _ = agent.Signal(ctx, &agentdv1.SignalRequest{ProcessId: pid, Signal: "HUP"})
 }
 
 // termSize returns the size of the terminal behind v, or 24x80.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
@@ -75,7 +76,7 @@ type tour struct {
 func (t *tour) printf(format string, args ...any) { fmt.Fprintf(t.out, format, args...) }
 
 func (t *tour) info(ctx context.Context) error {
-	info, err := t.c.Info(ctx)
+	info, err := t.c.Info(ctx, &agentdv1.InfoRequest{})
 	if err != nil {
 		return err
 	}
@@ -105,12 +106,12 @@ func (t *tour) stream(ctx context.Context) error {
 	}
 	id := st.GetProcess().GetProcessId()
 	// Read part of it, then "reconnect" from the cursor we got.
-	first, err := t.c.ReadOutput(ctx, id, 0, 250*time.Millisecond, 0)
+	first, err := t.c.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(250 * time.Millisecond)})
 	if err != nil {
 		return err
 	}
 	t.printf("first read (%d bytes, cursor %d):\n%s", first.GetNextCursor(), first.GetNextCursor(), joinChunks(first.GetChunks()))
-	exit, err := t.c.Follow(ctx, id, first.GetNextCursor(), func(m *agentdv1.AttachResponse) error {
+	exit, err := t.c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: id, Cursor: first.GetNextCursor()}, func(m *agentdv1.AttachResponse) error {
 		t.printf("%s", joinChunks(m.GetChunks()))
 		return nil
 	})
@@ -132,13 +133,15 @@ func (t *tour) pty(ctx context.Context) error {
 	id := st.GetProcess().GetProcessId()
 	var offset int64
 	for _, line := range []string{"stty size\n", "echo $((6 * 7))\n", "sleep 30\n", "\x03", "exit\n"} {
-		if offset, err = t.c.WriteStdin(ctx, id, offset, []byte(line)); err != nil {
+		w, err := t.c.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Offset: offset, Data: []byte(line)})
+		if err != nil {
 			return err
 		}
+		offset = w.GetNextOffset()
 		time.Sleep(150 * time.Millisecond)
 	}
 	var screen bytes.Buffer
-	exit, err := t.c.Follow(ctx, id, 0, func(m *agentdv1.AttachResponse) error {
+	exit, err := t.c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: id}, func(m *agentdv1.AttachResponse) error {
 		screen.WriteString(joinChunks(m.GetChunks()))
 		return nil
 	})
@@ -184,7 +187,7 @@ func (t *tour) patch(ctx context.Context) error {
 		return fmt.Errorf("a patch with wrong context should be rejected, got %v", err)
 	}
 	t.printf("rejected as expected: %v\n", err)
-	if _, serr := t.c.Stat(ctx, "notes.md", ""); !errors.Is(serr, errkind.ErrNotFound) {
+	if _, serr := t.c.Stat(ctx, &agentdv1.StatRequest{Path: "notes.md"}); !errors.Is(serr, errkind.ErrNotFound) {
 		return fmt.Errorf("the rejected patch must not have created notes.md (stat: %v)", serr)
 	}
 	t.printf("notes.md was not created: nothing of the rejected patch was applied\n")
@@ -216,14 +219,14 @@ func (t *tour) kill(ctx context.Context) error {
 		return err
 	}
 	id := st.GetProcess().GetProcessId()
-	if err := t.c.Signal(ctx, id, "KILL"); err != nil {
+	if _, err := t.c.Signal(ctx, &agentdv1.SignalRequest{ProcessId: id, Signal: "KILL"}); err != nil {
 		return err
 	}
-	exit, err := t.c.Wait(ctx, id)
+	waited, err := t.c.Wait(ctx, &agentdv1.WaitRequest{ProcessId: id})
 	if err != nil {
 		return err
 	}
-	t.printf("killed the group of %q: %s\n", "sleep 1000 & sleep 1000", exit.GetSignal())
+	t.printf("killed the group of %q: %s\n", "sleep 1000 & sleep 1000", waited.GetExit().GetSignal())
 	return nil
 }
 

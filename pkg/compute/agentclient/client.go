@@ -2,6 +2,43 @@
 // every provider. It authenticates every call with the sandbox's token and
 // turns gRPC statuses back into compute errors, so callers test failures
 // with errors.Is(err, errkind.ErrNotFound) and errkind.Retryable(err).
+//
+// # The shape of the API
+//
+// Every method of Client that maps to one RPC has the same shape, so a
+// library user learns it once and a field added to the wire contract never
+// changes a Go signature:
+//
+//   - A unary call takes ctx and the RPC's request message, and returns the
+//     RPC's response message:
+//
+//     Stat(ctx, *agentdv1.StatRequest) (*agentdv1.StatResponse, error)
+//
+//     This holds for calls whose request is empty today (Info, List) and
+//     for calls whose response is empty today (Remove, Signal, ...).
+//
+//   - A streaming call takes ctx, the message that opens the stream (the
+//     request of a server stream; the header of a client stream, which on
+//     the wire is the first message of the request's oneof), and then the
+//     other end of the stream: an io.Writer that receives a download, an
+//     io.Reader that supplies an upload, or a callback that sees each
+//     message. A client stream returns the RPC's response message; a
+//     server stream returns what it ends with (the file's info, the
+//     archive's stats, the exit status); Forward returns the tunnel as a
+//     net.Conn.
+//
+//     ReadFile(ctx, *agentdv1.ReadFileRequest, io.Writer) (*agentdv1.FileInfo, error)
+//     WriteFile(ctx, *agentdv1.WriteFileHeader, io.Reader) (*agentdv1.WriteFileResponse, error)
+//     Follow(ctx, *agentdv1.AttachRequest, func(*agentdv1.AttachResponse) error) (*agentdv1.ExitStatus, error)
+//     Forward(ctx, *agentdv1.ForwardStart) (net.Conn, error)
+//
+// Requests are never modified, except that Start and Exec fill in an empty
+// request_id (see NewRequestID). Helpers that are not one RPC of the
+// daemon's own services keep plain parameters: Health (the standard gRPC
+// health check, one attempt), WaitReady, ListenLocal and Close.
+//
+// The connection itself is not exposed: everything a caller needs from it
+// (health, the daemon's services) is a method here.
 package agentclient
 
 import (
@@ -19,6 +56,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
@@ -110,16 +148,29 @@ func New(conn *grpc.ClientConn) *Client {
 	}
 }
 
-// Conn returns the underlying connection (for health checks and reflection).
-func (c *Client) Conn() *grpc.ClientConn { return c.conn }
-
 // Close closes the connection. Processes in the sandbox keep running.
 func (c *Client) Close() error { return c.conn.Close() }
 
 // Info describes the daemon.
-func (c *Client) Info(ctx context.Context) (*agentdv1.InfoResponse, error) {
-	resp, err := c.system.Info(ctx, &agentdv1.InfoRequest{})
+func (c *Client) Info(ctx context.Context, req *agentdv1.InfoRequest) (*agentdv1.InfoResponse, error) {
+	resp, err := c.system.Info(ctx, req)
 	return resp, wrap(err)
+}
+
+// Health asks the daemon's standard gRPC health service once. It returns
+// nil when the daemon reports SERVING, an errkind.ErrUnavailable error
+// naming the status it reported otherwise, and a compute error when the
+// check itself failed. Health needs no token (the daemon answers it before
+// authentication); WaitReady polls it.
+func (c *Client) Health(ctx context.Context) error {
+	resp, err := healthpb.NewHealthClient(c.conn).Check(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		return wrap(err)
+	}
+	if st := resp.GetStatus(); st != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("%w: health is %s", errkind.ErrUnavailable, st)
+	}
+	return nil
 }
 
 // BearerMetadata returns the metadata pair a raw gRPC client (grpcurl, a

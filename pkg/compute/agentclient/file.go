@@ -149,9 +149,9 @@ func uploadError[T any](closeAndRecv func() (T, error), err error, op, path stri
 }
 
 // Stat describes a path without following a final symlink.
-func (c *Client) Stat(ctx context.Context, path, user string) (*agentdv1.FileInfo, error) {
-	resp, err := c.file.Stat(ctx, &agentdv1.StatRequest{Path: path, User: user})
-	return resp.GetInfo(), wrap(err)
+func (c *Client) Stat(ctx context.Context, req *agentdv1.StatRequest) (*agentdv1.StatResponse, error) {
+	resp, err := c.file.Stat(ctx, req)
+	return resp, wrap(err)
 }
 
 // ListDir returns one page of a directory listing.
@@ -161,21 +161,21 @@ func (c *Client) ListDir(ctx context.Context, req *agentdv1.ListDirRequest) (*ag
 }
 
 // MakeDir creates a directory.
-func (c *Client) MakeDir(ctx context.Context, req *agentdv1.MakeDirRequest) (*agentdv1.FileInfo, error) {
+func (c *Client) MakeDir(ctx context.Context, req *agentdv1.MakeDirRequest) (*agentdv1.MakeDirResponse, error) {
 	resp, err := c.file.MakeDir(ctx, req)
-	return resp.GetInfo(), wrap(err)
+	return resp, wrap(err)
 }
 
 // Remove removes a path (recursively only when asked).
-func (c *Client) Remove(ctx context.Context, req *agentdv1.RemoveRequest) error {
-	_, err := c.file.Remove(ctx, req)
-	return wrap(err)
+func (c *Client) Remove(ctx context.Context, req *agentdv1.RemoveRequest) (*agentdv1.RemoveResponse, error) {
+	resp, err := c.file.Remove(ctx, req)
+	return resp, wrap(err)
 }
 
 // Rename moves a path.
-func (c *Client) Rename(ctx context.Context, req *agentdv1.RenameRequest) error {
-	_, err := c.file.Rename(ctx, req)
-	return wrap(err)
+func (c *Client) Rename(ctx context.Context, req *agentdv1.RenameRequest) (*agentdv1.RenameResponse, error) {
+	resp, err := c.file.Rename(ctx, req)
+	return resp, wrap(err)
 }
 
 // ApplyPatch applies a patch all-or-nothing. On rejection the error matches

@@ -21,6 +21,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func testCtx(t *testing.T) context.Context {
@@ -67,7 +68,7 @@ func TestForwardEchoWithHalfClose(t *testing.T) {
 	ctx := testCtx(t)
 	d := agentdtest.Start(t, nil)
 	port := serveTCP(t, echo)
-	conn, err := d.Client.Forward(ctx, port)
+	conn, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestForwardServerClosesFirst(t *testing.T) {
 	ctx := testCtx(t)
 	d := agentdtest.Start(t, nil)
 	port := serveTCP(t, func(c *net.TCPConn) { _, _ = c.Write([]byte("hello, then goodbye")) })
-	conn, err := d.Client.Forward(ctx, port)
+	conn, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func TestForwardClientCloseReachesTheServer(t *testing.T) {
 		_, err := io.Copy(io.Discard, c)
 		ended <- err
 	})
-	conn, err := d.Client.Forward(ctx, port)
+	conn, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,17 +143,17 @@ func TestForwardErrors(t *testing.T) {
 	}
 	closed := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	_, err = d.Client.Forward(ctx, closed)
+	_, err = d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(closed)})
 	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
 		t.Errorf("forward to a closed port: %v; want ErrUnavailable, retryable", err)
 	}
 	t.Log(err)
 	for _, port := range []int{0, -1, 70000} {
-		if _, err := d.Client.Forward(ctx, port); !errors.Is(err, errkind.ErrInvalidArgument) {
+		if _, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)}); !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Errorf("forward to port %d: %v", port, err)
 		}
 	}
-	info, err := d.Client.Info(ctx)
+	info, err := d.Client.Info(ctx, &agentdv1.InfoRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +166,7 @@ func TestForwardReadDeadline(t *testing.T) {
 	ctx := testCtx(t)
 	d := agentdtest.Start(t, nil)
 	port := serveTCP(t, echo)
-	conn, err := d.Client.Forward(ctx, port)
+	conn, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,7 +239,7 @@ func TestListenLocalHTTP(t *testing.T) {
 	}
 	// A forward directly through http.Transport's dialer works too.
 	direct := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return d.Client.Forward(ctx, port)
+		return d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
 	}}}
 	defer direct.CloseIdleConnections()
 	resp, err := direct.Get("http://sandbox/direct")

@@ -4,10 +4,9 @@ import (
 	"context"
 	"errors"
 	"io"
-	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -28,9 +27,10 @@ func (c *Client) Start(ctx context.Context, req *agentdv1.StartRequest) (*agentd
 	return resp, err
 }
 
-// ReadOutput reads output from cursor, waiting up to yield for some.
-func (c *Client) ReadOutput(ctx context.Context, processID string, cursor int64, yield time.Duration, maxBytes int32) (*agentdv1.ReadOutputResponse, error) {
-	req := &agentdv1.ReadOutputRequest{ProcessId: processID, Cursor: cursor, YieldTime: durationpb.New(yield), MaxBytes: maxBytes}
+// ReadOutput reads output from the request's cursor, waiting up to its
+// yield time for some. It is retried across a dropped connection (a read
+// from a cursor is safe to repeat).
+func (c *Client) ReadOutput(ctx context.Context, req *agentdv1.ReadOutputRequest) (*agentdv1.ReadOutputResponse, error) {
 	var resp *agentdv1.ReadOutputResponse
 	err := retry(ctx, func() error {
 		var err error
@@ -40,7 +40,8 @@ func (c *Client) ReadOutput(ctx context.Context, processID string, cursor int64,
 	return resp, err
 }
 
-// Follow streams a process's output from cursor to fn until the process
+// Follow attaches to a process (the Attach RPC) and streams its output from
+// the request's cursor to fn until the process
 // exits, and returns its exit status. When the connection drops it
 // re-attaches from the last cursor it delivered, so no output is lost or
 // repeated (output the daemon's buffer already dropped is reported through
@@ -48,14 +49,15 @@ func (c *Client) ReadOutput(ctx context.Context, processID string, cursor int64,
 //
 // The chunks' data is valid only until fn returns: it is the buffer the
 // message was received into, which is then reused. Copy what you keep.
-func (c *Client) Follow(ctx context.Context, processID string, cursor int64, fn func(*agentdv1.AttachResponse) error) (*agentdv1.ExitStatus, error) {
+func (c *Client) Follow(ctx context.Context, req *agentdv1.AttachRequest, fn func(*agentdv1.AttachResponse) error) (*agentdv1.ExitStatus, error) {
+	processID, cursor := req.GetProcessId(), req.GetCursor()
 	var exit *agentdv1.ExitStatus
 	err := retry(ctx, func() error {
 		fc := &followCodec{}
 		defer fc.release()
 		ctx, cancel := context.WithCancel(ctx)
 		defer cancel() // releases the stream when it ends before its trailers
-		stream, err := c.process.Attach(ctx, &agentdv1.AttachRequest{ProcessId: processID, Cursor: cursor}, grpc.ForceCodecV2(fc))
+		stream, err := c.process.Attach(ctx, attachFrom(req, cursor), grpc.ForceCodecV2(fc))
 		if err != nil {
 			return wrap(err)
 		}
@@ -82,61 +84,53 @@ func (c *Client) Follow(ctx context.Context, processID string, cursor int64, fn 
 	return exit, err
 }
 
-// WriteStdin writes data at the given stdin offset and returns the next
-// offset. Retrying with the same offset never applies bytes twice.
-func (c *Client) WriteStdin(ctx context.Context, processID string, offset int64, data []byte) (int64, error) {
-	req := &agentdv1.WriteStdinRequest{ProcessId: processID, Offset: offset, Data: data}
-	var next int64
+// WriteStdin writes the request's data at its stdin offset; the response
+// has the next offset. Retrying with the same offset never applies bytes
+// twice, so the call is retried across a dropped connection.
+func (c *Client) WriteStdin(ctx context.Context, req *agentdv1.WriteStdinRequest) (*agentdv1.WriteStdinResponse, error) {
+	var resp *agentdv1.WriteStdinResponse
 	err := retry(ctx, func() error {
-		resp, err := c.process.WriteStdin(ctx, req)
-		if err != nil {
-			return wrap(err)
-		}
-		next = resp.GetNextOffset()
-		return nil
+		var err error
+		resp, err = c.process.WriteStdin(ctx, req)
+		return wrap(err)
 	})
-	return next, err
+	return resp, err
 }
 
 // CloseStdin closes the process's stdin.
-func (c *Client) CloseStdin(ctx context.Context, processID string) error {
-	_, err := c.process.CloseStdin(ctx, &agentdv1.CloseStdinRequest{ProcessId: processID})
-	return wrap(err)
+func (c *Client) CloseStdin(ctx context.Context, req *agentdv1.CloseStdinRequest) (*agentdv1.CloseStdinResponse, error) {
+	resp, err := c.process.CloseStdin(ctx, req)
+	return resp, wrap(err)
 }
 
 // Resize sets a TTY process's terminal size.
-func (c *Client) Resize(ctx context.Context, processID string, rows, cols uint32) error {
-	_, err := c.process.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: processID, Size: &agentdv1.TerminalSize{Rows: rows, Cols: cols}})
-	return wrap(err)
+func (c *Client) Resize(ctx context.Context, req *agentdv1.ResizeRequest) (*agentdv1.ResizeResponse, error) {
+	resp, err := c.process.Resize(ctx, req)
+	return resp, wrap(err)
 }
 
 // Signal sends a signal by name (TERM, KILL, INT, ...) to the process group.
-func (c *Client) Signal(ctx context.Context, processID, signal string) error {
-	_, err := c.process.Signal(ctx, &agentdv1.SignalRequest{ProcessId: processID, Signal: signal})
-	return wrap(err)
+func (c *Client) Signal(ctx context.Context, req *agentdv1.SignalRequest) (*agentdv1.SignalResponse, error) {
+	resp, err := c.process.Signal(ctx, req)
+	return resp, wrap(err)
 }
 
-// Wait blocks until the process exits.
-func (c *Client) Wait(ctx context.Context, processID string) (*agentdv1.ExitStatus, error) {
-	var exit *agentdv1.ExitStatus
+// Wait blocks until the process exits. It is retried across a dropped
+// connection.
+func (c *Client) Wait(ctx context.Context, req *agentdv1.WaitRequest) (*agentdv1.WaitResponse, error) {
+	var resp *agentdv1.WaitResponse
 	err := retry(ctx, func() error {
-		resp, err := c.process.Wait(ctx, &agentdv1.WaitRequest{ProcessId: processID})
-		if err != nil {
-			return wrap(err)
-		}
-		exit = resp.GetExit()
-		return nil
+		var err error
+		resp, err = c.process.Wait(ctx, req)
+		return wrap(err)
 	})
-	return exit, err
+	return resp, err
 }
 
 // List returns the daemon's processes.
-func (c *Client) List(ctx context.Context) ([]*agentdv1.ProcessInfo, error) {
-	resp, err := c.process.List(ctx, &agentdv1.ListRequest{})
-	if err != nil {
-		return nil, wrap(err)
-	}
-	return resp.GetProcesses(), nil
+func (c *Client) List(ctx context.Context, req *agentdv1.ListRequest) (*agentdv1.ListResponse, error) {
+	resp, err := c.process.List(ctx, req)
+	return resp, wrap(err)
 }
 
 // ExecResult is what a completed Exec produced.
@@ -203,6 +197,17 @@ func (c *Client) Exec(ctx context.Context, req *agentdv1.ExecRequest, fn func(*a
 			return res, nil
 		}
 	}
+}
+
+// attachFrom is req re-aimed at cursor (a re-attach resumes where the last
+// one stopped); req itself is not modified.
+func attachFrom(req *agentdv1.AttachRequest, cursor int64) *agentdv1.AttachRequest {
+	if cursor == req.GetCursor() {
+		return req
+	}
+	again := proto.Clone(req).(*agentdv1.AttachRequest)
+	again.Cursor = cursor
+	return again
 }
 
 // notRetryable hides the retryable mark of an inner error (the sentinel stays

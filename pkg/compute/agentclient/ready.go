@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -60,15 +58,14 @@ func WaitReady(ctx context.Context, c *Client, opts ReadyOptions) (*agentdv1.Inf
 	if poll <= 0 {
 		poll = DefaultReadyPoll
 	}
-	health := healthpb.NewHealthClient(c.conn)
 	why := "" // the last check's answer that the wait's end did not cut short
 	for {
-		answer, err := checkServing(ctx, health)
+		answer, err := checkServing(ctx, c)
 		if why == "" || ctx.Err() == nil {
 			why = answer
 		}
 		if err == nil {
-			info, err := c.Info(ctx)
+			info, err := c.Info(ctx, &agentdv1.InfoRequest{})
 			if err != nil {
 				return nil, fmt.Errorf("the sandbox daemon serves but refused an authenticated call: %w", err)
 			}
@@ -97,16 +94,11 @@ func WaitReady(ctx context.Context, c *Client, opts ReadyOptions) (*agentdv1.Inf
 // checkServing asks the health service once. When the daemon does not
 // serve, it returns why in words (never gRPC's text, which names host
 // socket paths) and a non-nil error.
-func checkServing(ctx context.Context, health healthpb.HealthClient) (string, error) {
+func checkServing(ctx context.Context, c *Client) (string, error) {
 	actx, cancel := context.WithTimeout(ctx, readyAttempt)
 	defer cancel()
-	resp, err := health.Check(actx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		err = wrap(err)
+	if err := c.Health(actx); err != nil {
 		return err.Error(), err
-	}
-	if st := resp.GetStatus(); st != healthpb.HealthCheckResponse_SERVING {
-		return "health is " + st.String(), fmt.Errorf("%w: health is %s", errkind.ErrUnavailable, st)
 	}
 	return "", nil
 }

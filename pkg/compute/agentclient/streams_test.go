@@ -38,7 +38,7 @@ func TestStreamsEndedEarlyAreReleased(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			_, err = c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(*agentdv1.AttachResponse) error { return nil })
+			_, err = c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(*agentdv1.AttachResponse) error { return nil })
 			return err
 		},
 		"Follow stopped by its callback": func() error {
@@ -46,9 +46,9 @@ func TestStreamsEndedEarlyAreReleased(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			defer c.Signal(ctx, st.GetProcess().GetProcessId(), "KILL")
+			defer c.Signal(ctx, &agentdv1.SignalRequest{ProcessId: st.GetProcess().GetProcessId(), Signal: "KILL"})
 			stop := errors.New("enough")
-			_, err = c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+			_, err = c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
 				if len(m.GetChunks()) > 0 {
 					return stop
 				}

@@ -40,7 +40,7 @@ func TestTracerProviderSpans(t *testing.T) {
 	defer c.Close()
 
 	ctx, parent := tp.Tracer("test").Start(ctx, "parent")
-	if _, err := c.Info(ctx); err != nil {
+	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	const secret = "TOPSECRET-file-line"
@@ -108,7 +108,7 @@ func TestNoTracerProviderNoSpans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Info(ctx); err != nil {
+	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	parent.End()
@@ -157,7 +157,7 @@ func TestNoContextPropagatedToTheDaemon(t *testing.T) {
 	}
 	defer c.Close()
 	ctx, parent := tp.Tracer("test").Start(testCtx(t), "parent")
-	if _, err := c.Info(ctx); err != nil {
+	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
 		t.Fatal(err)
 	}
 	parent.End()

@@ -39,7 +39,7 @@ func (c *Client) Archive(ctx context.Context, req *agentdv1.ArchiveRequest, w io
 // Restore replaces the workspace's contents with the archive read from r.
 // On any failure (a malicious member, a limit, a dropped connection) the
 // workspace is left exactly as it was.
-func (c *Client) Restore(ctx context.Context, header *agentdv1.RestoreHeader, r io.Reader) (*agentdv1.ArchiveStats, error) {
+func (c *Client) Restore(ctx context.Context, header *agentdv1.RestoreHeader, r io.Reader) (*agentdv1.RestoreResponse, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := c.workspace.Restore(ctx)
@@ -60,16 +60,13 @@ func (c *Client) Restore(ctx context.Context, header *agentdv1.RestoreHeader, r 
 	if err != nil {
 		return nil, wrap(err)
 	}
-	return resp.GetStats(), nil
+	return resp, nil
 }
 
 // Fingerprint returns the workspace's fingerprint.
-func (c *Client) Fingerprint(ctx context.Context, req *agentdv1.FingerprintRequest) (string, error) {
+func (c *Client) Fingerprint(ctx context.Context, req *agentdv1.FingerprintRequest) (*agentdv1.FingerprintResponse, error) {
 	resp, err := c.workspace.Fingerprint(ctx, req)
-	if err != nil {
-		return "", wrap(err)
-	}
-	return resp.GetFingerprint(), nil
+	return resp, wrap(err)
 }
 
 // Materialize applies a plan: the plan first, then the tar stream read from

@@ -229,14 +229,14 @@ func testResumeAfterDelete(t *testing.T, env Env) {
 	if got := readFile(t, ctx, s2, "repo/notes.txt"); got != "learned\n" {
 		t.Fatalf("notes.txt after restore = %q", got)
 	}
-	if _, err := s2.Agent().Stat(ctx, "repo/task.md", ""); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "repo/task.md"}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("deleted task.md came back: %v", err)
 	}
 	// Ephemeral entries are made again, empty; their old content is gone.
-	if _, err := s2.Agent().Stat(ctx, "scratch", ""); err != nil {
+	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "scratch"}); err != nil {
 		t.Fatalf("ephemeral dir not recreated: %v", err)
 	}
-	if _, err := s2.Agent().Stat(ctx, "scratch/junk", ""); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "scratch/junk"}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("ephemeral content was persisted: %v", err)
 	}
 }
@@ -257,7 +257,7 @@ func resumeAfterForget(t *testing.T, ctx context.Context, env Env, c *compute.Cl
 	if got := readFile(t, ctx, s2, "repo/notes.txt"); got != "learned\n" {
 		t.Fatalf("notes.txt after reattach = %q", got)
 	}
-	if _, err := s2.Agent().Stat(ctx, "repo/task.md", ""); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "repo/task.md"}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("deleted task.md came back: %v", err)
 	}
 	if got := readFile(t, ctx, s2, "scratch/junk"); got != "junk\n" {

@@ -196,14 +196,14 @@ func TestLaunchExecFilesAndUsers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ac.Signal(testCtx(t), start.GetProcess().GetProcessId(), "SIGKILL"); err != nil {
+	if _, err := ac.Signal(testCtx(t), &agentdv1.SignalRequest{ProcessId: start.GetProcess().GetProcessId(), Signal: "SIGKILL"}); err != nil {
 		t.Fatal(err)
 	}
-	exit, err := ac.Wait(testCtx(t), start.GetProcess().GetProcessId())
+	waited, err := ac.Wait(testCtx(t), &agentdv1.WaitRequest{ProcessId: start.GetProcess().GetProcessId()})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exit.GetSignal() != "SIGKILL" {
+	if exit := waited.GetExit(); exit.GetSignal() != "SIGKILL" {
 		t.Fatalf("sleep as nobody after SIGKILL: %+v", exit)
 	}
 	if err := sb.Close(); err != nil {
@@ -267,7 +267,7 @@ func TestTokenNeverExposed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	if _, err := bad.Info(testCtx(t)); !errors.Is(err, compute.ErrUnauthenticated) {
+	if _, err := bad.Info(testCtx(t), &agentdv1.InfoRequest{}); !errors.Is(err, compute.ErrUnauthenticated) {
 		t.Fatalf("Info with a wrong token: %v", err)
 	}
 }

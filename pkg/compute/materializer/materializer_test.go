@@ -386,8 +386,8 @@ func TestRoundTripThroughArchive(t *testing.T) {
 	must(t, err)
 	fb, err := dst.Client.Fingerprint(ctx, &agentdv1.FingerprintRequest{})
 	must(t, err)
-	if fa != fb {
-		t.Errorf("fingerprints differ: %s vs %s", fa, fb)
+	if fa.GetFingerprint() != fb.GetFingerprint() {
+		t.Errorf("fingerprints differ: %s vs %s", fa.GetFingerprint(), fb.GetFingerprint())
 	}
 }
 

@@ -145,7 +145,7 @@ func TestConnectErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer sb.Close()
-		if _, err := sb.Agent().Info(testCtx(t)); err != nil {
+		if _, err := sb.Agent().Info(testCtx(t), &agentdv1.InfoRequest{}); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -237,12 +237,12 @@ func TestNeverCreatesOrDeletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Release()
-	procs, err := s2.Agent().List(ctx)
+	procs, err := s2.Agent().List(ctx, &agentdv1.ListRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var running bool
-	for _, p := range procs {
+	for _, p := range procs.GetProcesses() {
 		running = running || (p.GetProcessId() == started.GetProcess().GetProcessId() && p.GetExit() == nil)
 	}
 	if !running {

@@ -86,7 +86,8 @@ func (t *viewImageTool) Call(ctx context.Context, call tool.Context, input strin
 		target = path.Join(call.Workdir, target)
 	}
 
-	info, err := call.Agent.Stat(ctx, target, call.RunAs)
+	st, err := call.Agent.Stat(ctx, &agentdv1.StatRequest{Path: target, User: call.RunAs})
+	info := st.GetInfo()
 	if err != nil {
 		return t.readFailure(call, shown, err)
 	}

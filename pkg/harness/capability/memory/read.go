@@ -47,7 +47,8 @@ func (m *Memory) OnRunStart(ctx context.Context, info capability.RunInfo) (strin
 // were left out between them. A missing file (or directory) reads as "".
 func (m *Memory) readSummary(ctx context.Context, a *agentclient.Client, runAs string) (text string, omitted int64, err error) {
 	p := m.summaryPath()
-	fi, err := a.Stat(ctx, p, runAs)
+	st, err := a.Stat(ctx, &agentdv1.StatRequest{Path: p, User: runAs})
+	fi := st.GetInfo()
 	if errors.Is(err, compute.ErrNotFound) {
 		return "", 0, nil
 	}
@@ -89,7 +90,8 @@ func (m *Memory) detailPaths(ctx context.Context, a *agentclient.Client, runAs s
 	var out []string
 	for _, name := range []string{RegistryFile, RolloutSummariesDir} {
 		p := path.Join(m.dir, name)
-		fi, err := a.Stat(ctx, p, runAs)
+		st, err := a.Stat(ctx, &agentdv1.StatRequest{Path: p, User: runAs})
+		fi := st.GetInfo()
 		if errors.Is(err, compute.ErrNotFound) {
 			continue
 		}

@@ -14,6 +14,8 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
@@ -597,11 +599,11 @@ func (h *harness) daemonState(session int) *agentdv1.ProcessInfo {
 
 func (h *harness) info(pid string) *agentdv1.ProcessInfo {
 	h.t.Helper()
-	infos, err := h.d.Client.List(context.Background())
+	infos, err := h.d.Client.List(context.Background(), &agentdv1.ListRequest{})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	for _, in := range infos {
+	for _, in := range infos.GetProcesses() {
 		if in.GetProcessId() == pid {
 			return in
 		}
@@ -614,11 +616,11 @@ func (h *harness) wait(pid string) *agentdv1.ExitStatus {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	exit, err := h.d.Client.Wait(ctx, pid)
+	waited, err := h.d.Client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: pid})
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	return exit
+	return waited.GetExit()
 }
 
 func TestTableLimit(t *testing.T) {
@@ -766,7 +768,7 @@ func TestOutputBetweenCallsIsKept(t *testing.T) {
 	pid := h.s.procs[1001].pid
 	h.s.mu.Unlock()
 	for {
-		r, err := h.d.Client.ReadOutput(context.Background(), pid, 0, time.Second, 0)
+		r, err := h.d.Client.ReadOutput(context.Background(), &agentdv1.ReadOutputRequest{ProcessId: pid, YieldTime: durationpb.New(time.Second)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -803,7 +805,7 @@ func TestDroppedOutputIsReported(t *testing.T) {
 	pid := h.s.procs[1001].pid
 	h.s.mu.Unlock()
 	for {
-		r, err := h.d.Client.ReadOutput(context.Background(), pid, 20000, time.Second, 0)
+		r, err := h.d.Client.ReadOutput(context.Background(), &agentdv1.ReadOutputRequest{ProcessId: pid, Cursor: 20000, YieldTime: durationpb.New(time.Second)})
 		if err == nil && r.GetNextCursor() >= 20001 {
 			break
 		}

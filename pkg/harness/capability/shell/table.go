@@ -103,13 +103,13 @@ func (s *Shell) reserve(ctx context.Context, call tool.Context, tty bool) (*proc
 
 // exitedSet returns the daemon IDs of processes that have exited.
 func (s *Shell) exitedSet(ctx context.Context, agent *agentclient.Client, log *zap.Logger) map[string]bool {
-	infos, err := agent.List(ctx)
+	list, err := agent.List(ctx, &agentdv1.ListRequest{})
 	if err != nil {
 		log.Warn("list sandbox processes", zap.Error(err))
 		return nil
 	}
 	out := make(map[string]bool)
-	for _, in := range infos {
+	for _, in := range list.GetProcesses() {
 		if in.GetState() == agentdv1.ProcessState_PROCESS_STATE_EXITED {
 			out[in.GetProcessId()] = true
 		}

@@ -11,6 +11,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
@@ -195,19 +197,19 @@ func (s *Shell) write(ctx context.Context, p *proc, data []byte) error {
 	if p.stdinUnknown {
 		// A failed write may have been partly applied: ask where stdin is
 		// (an empty write at offset 0 returns the daemon's offset).
-		next, err := p.agent.WriteStdin(ctx, p.pid, 0, nil)
+		resp, err := p.agent.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: p.pid})
 		if err != nil {
 			if errors.Is(err, errkind.ErrFailedPrecondition) {
 				return nil
 			}
 			return err
 		}
-		p.stdin, p.stdinUnknown = next, false
+		p.stdin, p.stdinUnknown = resp.GetNextOffset(), false
 	}
-	next, err := p.agent.WriteStdin(ctx, p.pid, p.stdin, data)
+	resp, err := p.agent.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: p.pid, Offset: p.stdin, Data: data})
 	switch {
 	case err == nil:
-		p.stdin = next
+		p.stdin = resp.GetNextOffset()
 		return nil
 	case errors.Is(err, errkind.ErrFailedPrecondition):
 		p.stdinUnknown = true
@@ -226,7 +228,7 @@ func (s *Shell) collect(ctx context.Context, call tool.Context, p *proc, deadlin
 	var exit *agentdv1.ExitStatus
 	for {
 		wait := max(time.Until(deadline), 0)
-		resp, err := p.agent.ReadOutput(ctx, p.pid, p.cursor, wait, 0)
+		resp, err := p.agent.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: p.pid, Cursor: p.cursor, YieldTime: durationpb.New(wait)})
 		if err != nil {
 			if errors.Is(err, errkind.ErrNotFound) {
 				s.remove(p)

@@ -125,7 +125,7 @@ func (t *loadSkillTool) Call(ctx context.Context, call tool.Context, input strin
 
 // staged reports whether the file at p exists in the workspace.
 func staged(ctx context.Context, call tool.Context, p string) (bool, error) {
-	_, err := call.Agent.Stat(ctx, p, call.RunAs)
+	_, err := call.Agent.Stat(ctx, &agentdv1.StatRequest{Path: p, User: call.RunAs})
 	switch {
 	case err == nil:
 		return true, nil
