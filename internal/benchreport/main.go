@@ -48,6 +48,22 @@ type config struct {
 	snapshotFiles int
 	snapshotBytes int64
 	onlySnapshots bool
+	// Mount figure (mounts.go); zero objects skip it.
+	mountObjects int
+	mountBytes   int64
+	onlyMounts   bool
+	// Isolation figures (isolation.go).
+	isolationExecs int
+	onlyIsolation  bool
+	// Kubernetes figures (kubernetes.go); zero rounds skip them.
+	kubeRounds    int
+	kubeSandboxes int
+	onlyKube      bool
+	// Service figures (serve.go); zero runs skip them.
+	serveRuns int
+	onlyServe bool
+	// Exec over a unix socket and TCP beside grpcfloor (execpath.go).
+	onlyExec bool
 	// Memory after a burst (memory.go).
 	burstExecs int
 	onlyMemory bool
@@ -72,10 +88,21 @@ func main() {
 	flag.IntVar(&cfg.snapshotFiles, "snapshot-files", 5000, "files in the workspace snapshotted to the S3 store (0: skip)")
 	flag.Int64Var(&cfg.snapshotBytes, "snapshot-bytes", 100<<20, "bytes in the workspace snapshotted to the S3 store")
 	flag.BoolVar(&cfg.onlySnapshots, "only-snapshots", false, "measure only the S3 snapshot store figure")
+	flag.IntVar(&cfg.mountObjects, "mount-objects", 1000, "objects in the bucket prefix mounted from the S3 and GCS servers (0: skip)")
+	flag.Int64Var(&cfg.mountBytes, "mount-bytes", 100<<20, "bytes in the mounted bucket prefix")
+	flag.BoolVar(&cfg.onlyMounts, "only-mounts", false, "measure only the mount figure")
+	flag.IntVar(&cfg.isolationExecs, "isolation-execs", 200, "Execs of /bin/true per isolation (0: skip the isolation figures)")
+	flag.BoolVar(&cfg.onlyIsolation, "only-isolation", false, "measure only the isolation figures (plain, bubblewrap, gVisor, Docker)")
+	flag.IntVar(&cfg.kubeRounds, "kube-rounds", 5, "kubernetes: rounds of warm claim / cold Pod / docker create to first exec (0: skip the kubernetes figures)")
+	flag.IntVar(&cfg.kubeSandboxes, "kube-sandboxes", 200, "kubernetes: sandboxes created, used and deleted through the API server (0: skip)")
+	flag.BoolVar(&cfg.onlyKube, "only-kubernetes", false, "measure only the kubernetes figures")
+	flag.BoolVar(&cfg.onlyExec, "only-exec", false, "measure only the exec path over a unix socket and TCP (with grpcfloor)")
 	flag.IntVar(&cfg.burstExecs, "burst-execs", 1000, "Execs in the burst before the after-burst RSS reading")
 	flag.BoolVar(&cfg.onlyMemory, "only-memory", false, "measure only the daemon's RSS after a burst (and its peak during it)")
 	flag.StringVar(&cfg.memoryArgs, "memory-daemon-args", "", "extra flags for the burst's daemon, space-separated (--reclaim-idle=0: without reclaiming)")
 	flag.StringVar(&cfg.memoryEnv, "memory-env", "", "extra environment for the burst's daemon, space-separated, whose log then goes to stderr (diagnostics: GODEBUG=gctrace=1,scavtrace=1 GOMEMLIMIT=32MiB)")
+	flag.IntVar(&cfg.serveRuns, "serve-runs", 100, "harness serve: concurrent runs followed over SSE (0: skip)")
+	flag.BoolVar(&cfg.onlyServe, "only-serve", false, "measure only the harness serve figures")
 	scaling := flag.String("scaling", "1,10,50,100", "concurrent sandbox counts of the scaling series (empty: skip)")
 	flag.Parse()
 	for _, f := range strings.Split(*scaling, ",") {
@@ -111,6 +138,41 @@ func run(ctx context.Context, cfg config) error {
 	add := func(r ...row) { rows = append(rows, r...) }
 	if cfg.onlySnapshots {
 		r, err := benchSnapshotStore(ctx, c, sb.Workspace, cfg.snapshotFiles, cfg.snapshotBytes)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	if cfg.onlyExec {
+		r, err := benchExecPath(ctx, cfg.binDir, cfg.execN)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	if cfg.onlyMounts {
+		r, err := benchMounts(ctx, agentd, cfg.mountObjects, cfg.mountBytes)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	if cfg.onlyIsolation {
+		r, err := benchIsolation(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	if cfg.onlyServe {
+		r, err := benchServe(ctx, agentd, cfg.serveRuns)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	if cfg.onlyKube {
+		r, err := benchKubernetes(ctx, cfg.kubeRounds, cfg.kubeSandboxes)
 		if err != nil {
 			return err
 		}
@@ -153,6 +215,11 @@ func run(ctx context.Context, cfg config) error {
 	fmt.Fprintln(os.Stderr, "exec round trips ...")
 	r, err := benchExec(ctx, c, cfg.execN, fl)
 	if err != nil {
+		return err
+	}
+	add(r...)
+	fmt.Fprintln(os.Stderr, "exec over a unix socket and TCP ...")
+	if r, err = benchExecPath(ctx, cfg.binDir, cfg.execN); err != nil {
 		return err
 	}
 	add(r...)
@@ -199,16 +266,48 @@ func run(ctx context.Context, cfg config) error {
 		}
 		add(r...)
 	}
+	if cfg.mountObjects > 0 {
+		fmt.Fprintln(os.Stderr, "mounts ...")
+		r, err = benchMounts(ctx, agentd, cfg.mountObjects, cfg.mountBytes)
+		if err != nil {
+			return err
+		}
+		add(r...)
+	}
 	r, err = benchSandboxes(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	add(r...)
+	if cfg.isolationExecs > 0 {
+		fmt.Fprintln(os.Stderr, "isolation ...")
+		r, err = benchIsolation(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		add(r...)
+	}
+	if cfg.kubeRounds > 0 {
+		fmt.Fprintln(os.Stderr, "kubernetes ...")
+		r, err = benchKubernetes(ctx, cfg.kubeRounds, cfg.kubeSandboxes)
+		if err != nil {
+			return err
+		}
+		add(r...)
+	}
 	r, err = benchHarness(ctx, cfg, agentd)
 	if err != nil {
 		return err
 	}
 	add(r...)
+	if cfg.serveRuns > 0 {
+		fmt.Fprintln(os.Stderr, "harness serve ...")
+		r, err = benchServe(ctx, agentd, cfg.serveRuns)
+		if err != nil {
+			return err
+		}
+		add(r...)
+	}
 	return report(cfg, rows)
 }
 
@@ -262,7 +361,7 @@ func benchExec(ctx context.Context, c *agentclient.Client, n int, fl *floor) ([]
 		// in the daemon, right after a process ran (as cold as the Exec
 		// found the daemon).
 		start = time.Now()
-		if _, err := c.Stat(ctx, ".", ""); err != nil {
+		if _, err := c.Stat(ctx, &agentdv1.StatRequest{Path: "."}); err != nil {
 			return nil, err
 		}
 		u := time.Since(start)
@@ -333,7 +432,7 @@ func benchStream(ctx context.Context, c *agentclient.Client, size int64) ([]row,
 		return nil, err
 	}
 	var got, dropped int64
-	if _, err := c.Follow(ctx, st.GetProcess().GetProcessId(), 0, func(m *agentdv1.AttachResponse) error {
+	if _, err := c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
 		for _, ch := range m.GetChunks() {
 			got += int64(len(ch.GetData()))
 		}
@@ -453,7 +552,7 @@ func benchFiles(ctx context.Context, c *agentclient.Client, workspace string, si
 			return nil, err
 		}
 		reads, cpReads = append(reads, ours), append(cpReads, base)
-		if err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "big.bin"}); err != nil {
+		if _, err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "big.bin"}); err != nil {
 			return nil, err
 		}
 	}
@@ -617,7 +716,7 @@ func benchArchive(ctx context.Context, c *agentclient.Client, workspace string, 
 	}
 	var freshOurs, freshTar, overOurs, overTar []time.Duration
 	for round := 0; round < 4; round++ {
-		if err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "tree", Recursive: true}); err != nil {
+		if _, err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "tree", Recursive: true}); err != nil {
 			return nil, err
 		}
 		extract := filepath.Join(out, fmt.Sprintf("extract%d", round))
@@ -637,7 +736,7 @@ func benchArchive(ctx context.Context, c *agentclient.Client, workspace string, 
 			return nil, err
 		}
 	}
-	_ = c.Remove(ctx, &agentdv1.RemoveRequest{Path: "tree", Recursive: true})
+	_, _ = c.Remove(ctx, &agentdv1.RemoveRequest{Path: "tree", Recursive: true})
 	fo, _ := percentiles(freshOurs)
 	ft, _ := percentiles(freshTar)
 	oo, _ := percentiles(overOurs)

@@ -87,6 +87,7 @@ type globals struct {
 	// sandboxes carrying all of them are listed or found.
 	labels []string
 	remote remoteFlags
+	kube   kubeFlags
 	// tracer is set by setupTracing for the command's run.
 	tracer trace.TracerProvider
 	// announce makes the local provider say on stderr which isolation its
@@ -101,6 +102,9 @@ type globals struct {
 	allowDomains []string
 	// storeFlags choose the snapshot store (see snapshots).
 	storeFlags storeFlags
+	// observer, when set, is the Observer of the compute clients client
+	// makes (harness serve sets it to its metrics).
+	observer compute.Observer
 }
 
 // allowDomainUsage documents --allow-domain.
@@ -201,10 +205,10 @@ func newRoot(s Streams) *cobra.Command {
 		SilenceErrors: true,
 	}
 	pf := root.PersistentFlags()
-	pf.StringVar(&g.provider, "provider", "local", "sandbox provider: local, docker or remote")
+	pf.StringVar(&g.provider, "provider", "local", "sandbox provider: local, docker, remote or kubernetes")
 	pf.StringVar(&g.stateDir, "state-dir", "", "where sandboxes, session states and snapshots are kept (default: user cache dir/bulkhead; /var/lib/bulkhead for root)")
 	pf.StringVar(&g.agentd, "agentd", "", "sandbox-agentd binary for local sandboxes (default: next to harness, then PATH)")
-	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: auto (the strongest available; refuses to run plain processes for a run that carries credentials), bubblewrap, or none (plain processes, explicitly)")
+	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: auto (the strongest available; refuses to run plain processes for a run that carries credentials), bubblewrap, gvisor (runsc on PATH), or none (plain processes, explicitly)")
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
 	pf.StringArrayVar(&g.labels, "label", nil, "docker sandboxes: KEY=VALUE label put on every container and volume made; only sandboxes with every --label are listed (repeatable)")
@@ -215,9 +219,10 @@ func newRoot(s Streams) *cobra.Command {
 	pf.StringVar(&g.remote.cert, "tls-cert", "", "remote sandboxes: client certificate for mTLS (PEM)")
 	pf.StringVar(&g.remote.key, "tls-key", "", "remote sandboxes: client key for mTLS (PEM)")
 	g.storeFlags.add(pf)
-	pf.Int64Var(&g.mountMaxBytes, "mount-max-bytes", 0, "most bytes one s3_mount/r2_mount entry may bring in (default 10 GiB); a larger bucket prefix is refused before anything is written")
+	g.kube.add(pf)
+	pf.Int64Var(&g.mountMaxBytes, "mount-max-bytes", 0, "most bytes one s3_mount/r2_mount/gcs_mount entry may bring in (default 10 GiB); a larger bucket prefix is refused before anything is written")
 	pf.StringVar(&g.trace, "trace", "none", "export OpenTelemetry traces: none, otlp (OTEL_EXPORTER_OTLP_* honoured) or stdout (to stderr)")
-	root.AddCommand(newRunCmd(g), newDemoCmd(g), newSandboxCmd(g), &cobra.Command{
+	root.AddCommand(newRunCmd(g), newServeCmd(g), newDemoCmd(g), newSandboxCmd(g), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Run: func(cmd *cobra.Command, _ []string) {
@@ -307,17 +312,17 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 		}
 		mat.HostGrants = append(mat.HostGrants, abs)
 	}
-	// Mount entries (s3_mount, r2_mount): the harness reads the buckets
-	// with credentials the manifest names and this process's environment
-	// holds, streams the objects in, and uploads writable mounts back when
-	// a session stops.
+	// Mount entries (s3_mount, r2_mount, gcs_mount): the harness reads the
+	// buckets with credentials the manifest names and this process's
+	// environment holds, streams the objects in, and uploads writable
+	// mounts back when a session stops.
 	mounter, err := mount.New(mount.Config{Secrets: mount.EnvSecrets(), MaxBytes: g.mountMaxBytes, Log: log})
 	if err != nil {
 		return nil, nil, usageErr(compute.ErrInvalidArgument, "--mount-max-bytes: %v", err)
 	}
 	mat.Mounts = mounter
 	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log, TracerProvider: g.tracer,
-		PreStopHooks: []compute.PreStopHook{mounter.PreStop}}
+		PreStopHooks: []compute.PreStopHook{mounter.PreStop}, Observer: g.observer}
 	switch g.provider {
 	case "local":
 		dir, err := g.dir("local")
@@ -365,8 +370,14 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 			return nil, nil, err
 		}
 		return compute.NewClient(p, opts), func() {}, nil
+	case "kubernetes":
+		p, err := g.kubernetesProvider(log)
+		if err != nil {
+			return nil, nil, err
+		}
+		return compute.NewClient(p, opts), func() { _ = p.Close() }, nil
 	}
-	return nil, nil, fmt.Errorf("unknown provider %q (local, docker or remote)", g.provider)
+	return nil, nil, fmt.Errorf("unknown provider %q (local, docker, remote or kubernetes)", g.provider)
 }
 
 func newDemoCmd(g *globals) *cobra.Command {
