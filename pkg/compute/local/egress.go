@@ -98,7 +98,8 @@ func (p *Provider) resumeEgress(dir string) error {
 
 // egressForGVisor gives the proxy's socket to the gVisor sandbox account
 // recorded in dir, if any: that account's daemon is the one that connects.
-// The account is drawn (gvisorAccount) before the proxy starts.
+// Only earlier versions ran the daemon as such an account; Launch drops
+// the record (gvisorForgetAccount) before it starts the proxy.
 func (p *Provider) egressForGVisor(dir, socket string) error {
 	if uid, ok := gvisorOwner(dir); ok {
 		if err := os.Lchown(socket, uid, uid); err != nil {

@@ -8,13 +8,11 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
 // gVisor isolation: the daemon runs as the init of a gVisor sandbox
@@ -34,17 +32,15 @@ import (
 // --ignore-cgroups: the sandbox stays in the cgroup the provider starts
 // it in (see cgroup.go), where one exists.
 
-// Accounts: gVisor does not implement setfsuid and setfsgid (they fail
-// with ENOSYS, gvisor.dev/issue/260), which sandbox-agentd uses to act as
-// a run_as user on files, so a gVisor sandbox cannot switch accounts.
-// Instead, a root harness runs the daemon itself, and so everything it
-// runs, as an unprivileged account of the sandbox's own (a uid drawn as
-// DefaultRunAs draws one, kept in the private directory so that a
-// replacement sandbox keeps it), with no capabilities; its directories
-// are chowned to it on the host. A manifest that names run_as root gets a
-// root daemon (inside gVisor, with the daemon's usual capabilities), and
-// one that names another account is refused. A non-root harness runs
-// runsc rootless: root inside maps to the harness's own uid.
+// Accounts: the daemon runs as root inside gVisor, with the capabilities
+// a bubblewrap sandbox's daemon keeps (daemonCapabilities), and, as under
+// bubblewrap, acts as the manifest's run_as account (the provider's
+// default account when the manifest names none: DefaultRunAs) for files
+// and processes. gVisor's root is the sentry's, not the host's: the
+// sandbox gets no host privilege from it. gVisor lacks setfsuid and
+// setfsgid (gvisor.dev/issue/260); sandbox-agentd notices and switches a
+// thread's effective ids instead (see workspace.credSwitch). A non-root
+// harness runs runsc rootless: root inside maps to the harness's own uid.
 
 // gvisorDir is where, in a sandbox's private directory, runsc keeps its
 // bundle, its state and the sandbox's /etc view; the sandbox never sees it.
@@ -56,7 +52,7 @@ type gvisorPaths struct {
 	bundle  string // config.json
 	rootfs  string // an empty directory: the OCI root, with / bound over it
 	etcView string // the sandbox's /etc: symbolic links (see gvisorEtc)
-	uid     string // the sandbox account's uid (a root harness's)
+	uid     string // the daemon's account, recorded by earlier versions (see gvisorOwner)
 }
 
 func gvisorPathsOf(dir string) gvisorPaths {
@@ -104,50 +100,21 @@ func (p *Provider) gvisorArgv(dir string) []string {
 	return append(argv, "run", "--bundle", g.bundle, "--pass-fd", "3:3", gvisorContainerID(dir))
 }
 
-// gvisorAccount is who the daemon of the sandbox in dir runs as inside
-// gVisor (see Accounts above): root (with daemonCapabilities) for a
-// non-root harness or a manifest whose run_as is root, else the sandbox's
-// own unprivileged account, made on first use and recorded in dir.
-func gvisorAccount(dir string, m *manifest.Manifest) (uid uint32, root bool, err error) {
-	runAs := ""
-	if m != nil {
-		runAs = m.RunAs
+// gvisorForgetAccount drops the record of an unprivileged daemon account
+// that earlier versions ran a gVisor sandbox's daemon as (see
+// gvisorOwner): the sandbox in dir is about to be launched with a root
+// daemon, which acts as the manifest's accounts itself.
+func gvisorForgetAccount(dir string) error {
+	if err := os.Remove(gvisorPathsOf(dir).uid); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("gvisor: drop the old sandbox account record: %w", err)
 	}
-	g := gvisorPathsOf(dir)
-	if os.Geteuid() != 0 || runAs == "root" {
-		if err := os.Remove(g.uid); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return 0, false, fmt.Errorf("gvisor: sandbox account: %w", err)
-		}
-		return 0, true, nil
-	}
-	if runAs != "" {
-		return 0, false, fmt.Errorf("%w: gVisor sandboxes cannot run as account %q: gVisor lacks setfsuid/setfsgid (gvisor.dev/issue/260), "+
-			"which sandbox-agentd uses to act as a user; leave run_as unset (the sandbox's own unprivileged account) or use bubblewrap isolation",
-			compute.ErrFailedPrecondition, runAs)
-	}
-	if data, err := os.ReadFile(g.uid); err == nil {
-		n, err := strconv.ParseUint(strings.TrimSpace(string(data)), 10, 32)
-		if err != nil || n < minSandboxUID || n >= maxSandboxUID {
-			return 0, false, fmt.Errorf("gvisor: bad sandbox account record %s", g.uid)
-		}
-		return uint32(n), false, nil
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return 0, false, fmt.Errorf("gvisor: sandbox account: %w", err)
-	}
-	if uid, err = randomUID(); err != nil {
-		return 0, false, err
-	}
-	if err := os.MkdirAll(filepath.Dir(g.uid), 0o700); err != nil {
-		return 0, false, fmt.Errorf("gvisor: %w", err)
-	}
-	if err := writeFileAtomic(g.uid, []byte(strconv.FormatUint(uint64(uid), 10)), 0o600); err != nil {
-		return 0, false, fmt.Errorf("gvisor: %w", err)
-	}
-	return uid, false, nil
+	return nil
 }
 
-// gvisorOwner returns the uid of the sandbox account recorded in dir, and
-// whether there is one.
+// gvisorOwner returns the uid of the unprivileged account recorded in dir
+// by earlier versions, which ran the daemon itself as it, and whether
+// there is one: such a daemon, still running, is the one that connects to
+// the egress proxy's socket.
 func gvisorOwner(dir string) (int, bool) {
 	data, err := os.ReadFile(gvisorPathsOf(dir).uid)
 	if err != nil {
@@ -160,30 +127,11 @@ func gvisorOwner(dir string) (int, bool) {
 	return int(n), true
 }
 
-// chownTree gives every file below root (not following symbolic links)
-// to uid:uid.
-func chownTree(root string, uid int) error {
-	return filepath.WalkDir(root, func(path string, _ fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		return os.Lchown(path, uid, uid)
-	})
-}
-
 // gvisorPrepare writes the OCI bundle that runs daemonArgv in the sandbox
-// in dir as uid (or root: see gvisorAccount), with a fresh /etc view,
-// gives the sandbox's directories to its account, and drops the state a dead runsc left (the caller made sure no
-// daemon of dir runs).
-func (p *Provider) gvisorPrepare(dir string, uid uint32, root bool, daemonArgv []string) error {
+// in dir, with a fresh /etc view, and drops the state a dead runsc left
+// (the caller made sure no daemon of dir runs).
+func (p *Provider) gvisorPrepare(dir string, daemonArgv []string) error {
 	g := gvisorPathsOf(dir)
-	if !root {
-		for _, d := range []string{filepath.Join(dir, "workspace"), filepath.Join(dir, runDir), filepath.Join(dir, "etc"), filepath.Join(dir, homeDir)} {
-			if err := chownTree(d, int(uid)); err != nil {
-				return fmt.Errorf("gvisor: give the sandbox account its files: %w", err)
-			}
-		}
-	}
 	unmountNullNetNS(g.root)
 	if err := os.RemoveAll(g.root); err != nil {
 		return fmt.Errorf("gvisor: drop stale runsc state: %w", err)
@@ -196,7 +144,7 @@ func (p *Provider) gvisorPrepare(dir string, uid uint32, root bool, daemonArgv [
 	if err := gvisorEtc(g.etcView, dir); err != nil {
 		return err
 	}
-	spec := p.gvisorSpec(dir, daemonArgv, uid, root)
+	spec := p.gvisorSpec(dir, daemonArgv)
 	data, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
 		return fmt.Errorf("gvisor: OCI spec: %w", err)
@@ -309,9 +257,9 @@ type ociNamespace struct {
 }
 
 // gvisorSpec is the sandbox in dir as an OCI spec running daemonArgv as
-// uid, with no capabilities, or, with root, as root of the sandbox (inside
-// gVisor) with the capabilities the daemon needs and no more.
-func (p *Provider) gvisorSpec(dir string, daemonArgv []string, uid uint32, root bool) ociSpec {
+// root of the sandbox (inside gVisor) with the capabilities the daemon
+// needs and no more.
+func (p *Provider) gvisorSpec(dir string, daemonArgv []string) ociSpec {
 	g := gvisorPathsOf(dir)
 	bind := func(src, dst string, rw bool) ociMount {
 		mode := "ro"
@@ -359,22 +307,18 @@ func (p *Provider) gvisorSpec(dir string, daemonArgv []string, uid uint32, root 
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &nofile); err == nil {
 		rlimits = append(rlimits, ociRlimit{Type: "RLIMIT_NOFILE", Hard: nofile.Max, Soft: nofile.Max})
 	}
-	caps := []string{}
-	if root {
-		caps = append(caps, daemonCapabilities...)
-		uid = 0
-	}
+	caps := slices.Clone(daemonCapabilities)
 	return ociSpec{
 		Version: "1.0.2",
 		Process: ociProcess{
-			User:         ociUser{UID: uid, GID: uid},
+			User:         ociUser{UID: 0, GID: 0},
 			Args:         daemonArgv,
 			Env:          []string{"PATH=" + os.Getenv("PATH")}, // as the plain and bubblewrap daemons get
 			Cwd:          "/",
 			Capabilities: ociCapabilities{Bounding: caps, Effective: caps, Permitted: caps},
 			Rlimits:      rlimits,
 			// No set-uid escalation inside; the daemon changes users by
-			// its own capabilities.
+			// its own capabilities, and its children keep none.
 			NoNewPrivileges: true,
 		},
 		Root:     ociRoot{Path: g.rootfs, Readonly: true},

@@ -77,15 +77,14 @@ func TestGVisorSpec(t *testing.T) {
 	}
 	dir := filepath.Join(state, "sess-1")
 	argv := []string{"/opt/bin/sandbox-agentd", "--listen", "unix://" + filepath.Join(dir, runDir, socketName)}
-	if root := p.gvisorSpec(dir, argv, 0, true); !slices.Equal(root.Process.Capabilities.Bounding, daemonCapabilities) || root.Process.User.UID != 0 {
-		t.Errorf("a root daemon: %+v, want capabilities %v", root.Process, daemonCapabilities)
+	spec := p.gvisorSpec(dir, argv)
+	if !slices.Equal(spec.Process.Args, argv) || spec.Process.User.UID != 0 || !spec.Process.NoNewPrivileges {
+		t.Errorf("process %+v, want the daemon as root inside, without set-uid escalation", spec.Process)
 	}
-	spec := p.gvisorSpec(dir, argv, minSandboxUID+7, false)
-	if !slices.Equal(spec.Process.Args, argv) || spec.Process.User.UID != minSandboxUID+7 || !spec.Process.NoNewPrivileges {
-		t.Errorf("process %+v", spec.Process)
-	}
-	if len(spec.Process.Capabilities.Bounding)+len(spec.Process.Capabilities.Effective)+len(spec.Process.Capabilities.Permitted) != 0 {
-		t.Errorf("the account's daemon has capabilities: %+v", spec.Process.Capabilities)
+	for _, set := range [][]string{spec.Process.Capabilities.Bounding, spec.Process.Capabilities.Effective, spec.Process.Capabilities.Permitted} {
+		if !slices.Equal(set, daemonCapabilities) {
+			t.Errorf("capabilities %+v, want %v in each set", spec.Process.Capabilities, daemonCapabilities)
+		}
 	}
 	if !spec.Root.Readonly {
 		t.Error("root is writable")
@@ -163,13 +162,14 @@ func gvisorEnv(t *testing.T, bin string) (computetest.Env, string) {
 }
 
 // TestGVisorSandbox runs sandboxes with gVisor isolation (runsc built
-// from the module proxy): the provider conformance suite's lifecycle
-// (computetest.Run passes under gVisor but for RunAs, which gVisor
-// sandboxes refuse: see gvisorAccount), the account the sandbox runs as,
-// and what the sandbox can reach.
+// from the module proxy): the provider conformance suite, a lifecycle with
+// a second harness, run_as accounts (which the daemon, root inside gVisor,
+// switches to by effective ids: gVisor lacks setfsuid), and what the
+// sandbox can reach.
 func TestGVisorSandbox(t *testing.T) {
 	bin := runsc.Require(t)
 	env, stateDir := gvisorEnv(t, bin)
+	t.Run("Conformance", func(t *testing.T) { computetest.Run(t, env) })
 	t.Run("Lifecycle", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
@@ -197,7 +197,7 @@ func TestGVisorSandbox(t *testing.T) {
 			t.Fatalf("exec: %q %q", res.Stdout, res.Stderr)
 		}
 		if uid, _ := strconv.Atoi(lines[3]); os.Geteuid() == 0 && uid < minSandboxUID {
-			t.Errorf("a root harness's gVisor sandbox runs as uid %d, want its own account (>= %d)", uid, minSandboxUID)
+			t.Errorf("a root harness's gVisor sandbox runs commands as uid %d, want its own account (>= %d)", uid, minSandboxUID)
 		}
 		// A second harness reattaches to the running sandbox.
 		st, err := s.State()
@@ -224,14 +224,81 @@ func TestGVisorSandbox(t *testing.T) {
 			t.Errorf("a mount of the sandbox is left:\n%s", mounts)
 		}
 	})
-	t.Run("RunAsRefused", func(t *testing.T) {
-		testenv.Require(t, testenv.Root)
+	t.Run("RunAs", func(t *testing.T) {
+		testenv.Require(t, testenv.Root) // creating accounts needs a root harness
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		c := env.NewClient(t, nil)
-		_, err := c.Create(ctx, compute.CreateOptions{Manifest: &manifest.Manifest{RunAs: "analyst", Users: []manifest.User{{Name: "analyst"}}}})
-		if !errors.Is(err, compute.ErrFailedPrecondition) {
-			t.Fatalf("a run_as account under gVisor: %v, want a failed precondition", err)
+		s, err := c.Create(ctx, compute.CreateOptions{Manifest: &manifest.Manifest{RunAs: "analyst", Users: []manifest.User{{Name: "analyst"}}}})
+		if err != nil {
+			t.Fatalf("a run_as account under gVisor: %v", err)
+		}
+		t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
+		if err := s.Start(ctx); err != nil {
+			t.Fatal(err)
+		}
+		// A file the daemon writes (for the run_as account, as no user is
+		// named) and one a process writes.
+		if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "written.txt"}, strings.NewReader("w\n")); err != nil {
+			t.Fatal(err)
+		}
+		dir := filepath.Join(stateDir, s.ID())
+		script := strings.Join([]string{
+			"id -un", "id -u",
+			"grep '^CapEff:' /proc/self/status | tr -d '\\t'",
+			"grep '^Uid:' /proc/1/status | tr '\\t' ' '",
+			"echo made > made.txt && echo made-ok",
+			"cat /proc/1/environ >/dev/null 2>&1 && echo read-daemon-environ",
+			"ls /proc/1/fd >/dev/null 2>&1 && echo listed-daemon-fds",
+			"cat " + filepath.Join(dir, tokenFile) + " >/dev/null 2>&1 && echo read-token",
+			"cat /proc/1/cmdline >/dev/null && echo cmdline-ok",
+		}, "; ")
+		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: script}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := string(res.Stdout)
+		t.Logf("as the run_as account:\n%s%s", out, res.Stderr)
+		lines := strings.Split(out, "\n")
+		if len(lines) < 6 || lines[0] != "analyst" || lines[1] == "0" || lines[2] != "CapEff:0000000000000000" ||
+			lines[3] != "Uid: 0 0 0 0" || lines[4] != "made-ok" {
+			t.Fatalf("want analyst without capabilities beside a root daemon (pid 1) and a writable workspace, got %q (stderr %q)", out, res.Stderr)
+		}
+		for _, leak := range []string{"read-daemon-environ", "listed-daemon-fds", "read-token"} {
+			if strings.Contains(out, leak) {
+				t.Errorf("the run_as account could: %s", leak)
+			}
+		}
+		if !strings.Contains(out, "cmdline-ok") {
+			t.Errorf("the probes of the daemon did not run: %q", out)
+		}
+		uid, err := strconv.ParseUint(lines[1], 10, 32)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Writes as analyst and as root, interleaved: the daemon's threads
+		// go back to root after each of analyst's (a thread left as
+		// analyst would give root's file to analyst, or fail it).
+		owners := map[string]uint32{"written.txt": uint32(uid), "made.txt": uint32(uid)}
+		for i := range 20 {
+			user, owner := "analyst", uint32(uid)
+			if i%2 == 1 {
+				user, owner = "root", 0
+			}
+			name := fmt.Sprintf("%s-%d.txt", user, i)
+			if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: name, User: user}, strings.NewReader(name)); err != nil {
+				t.Fatalf("write %s as %s: %v", name, user, err)
+			}
+			owners[name] = owner
+		}
+		for name, want := range owners {
+			fi, err := os.Stat(filepath.Join(dir, "workspace", name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st := fi.Sys().(*syscall.Stat_t); st.Uid != want {
+				t.Errorf("%s is owned by uid %d on the host, want %d", name, st.Uid, want)
+			}
 		}
 	})
 	t.Run("Confined", func(t *testing.T) {
@@ -243,6 +310,9 @@ func TestGVisorSandbox(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
+		if err := s.Start(ctx); err != nil { // gives the workspace to the sandbox's account
+			t.Fatal(err)
+		}
 		outside := filepath.Join(t.TempDir(), "host-file")
 		docker := "/run/docker.sock"
 		script := strings.Join([]string{

@@ -272,9 +272,7 @@ func MakeNonDumpable() error {
 // make accounts; otherwise it returns nil and work runs as the harness's
 // user (inside bubblewrap's user namespace, or plainly with IsolationNone).
 func (p *Provider) DefaultRunAs() *manifest.User {
-	if os.Geteuid() != 0 || p.runsc != "" {
-		// Under gVisor the daemon itself runs as the sandbox's own
-		// account (gvisorAccount).
+	if os.Geteuid() != 0 {
 		return nil
 	}
 	uid, err := randomUID()
@@ -423,11 +421,9 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			return nil, fmt.Errorf("create sandbox directory: %w", err)
 		}
 	}
-	var gvisorUID uint32
-	var gvisorRoot bool
 	if p.runsc != "" {
-		// Before the egress proxy, whose socket is given to the account.
-		if gvisorUID, gvisorRoot, err = gvisorAccount(dir, spec.Manifest); err != nil {
+		// Before the egress proxy (see egressForGVisor).
+		if err = gvisorForgetAccount(dir); err != nil {
 			if !kept {
 				_ = removeTree(dir)
 			}
@@ -464,7 +460,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		}
 		opts.Wrap = func(argv []string) []string { return p.bubblewrap(dir, argv, seccompFD) }
 	} else if p.runsc != "" {
-		opts.Prepare = func(argv []string) error { return p.gvisorPrepare(dir, gvisorUID, gvisorRoot, argv) }
+		opts.Prepare = func(argv []string) error { return p.gvisorPrepare(dir, argv) }
 		opts.Wrap = func([]string) []string { return p.gvisorArgv(dir) }
 	} else if m := spec.Manifest; m != nil && m.RunAs != "" && m.RunAs != "root" {
 		if blocked := unsearchableAncestor(ws); blocked != "" {

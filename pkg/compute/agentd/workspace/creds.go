@@ -16,10 +16,12 @@ import (
 // u == nil, or u equal to the daemon's own uid and gid, runs fn directly on
 // the calling goroutine. Otherwise the daemon must be root (else
 // errkind.ErrPermissionDenied) and fn runs on the calling goroutine locked
-// to its OS thread, whose supplementary groups, fsgid and fsuid are
-// switched to u's with raw system calls (which, unlike syscall.Setgroups
-// and friends, touch only the calling thread) and afterwards set back to
-// what they were, capabilities included (see switchedRun). The thread is
+// to its OS thread, whose supplementary groups, fsgid and fsuid (or, where
+// the kernel lacks setfsuid as gVisor does, effective gid and uid: see
+// credSwitch) are switched to u's with raw system calls (which, unlike
+// syscall.Setgroups and friends, touch only the calling thread) and
+// afterwards set back to what they were, capabilities included (see
+// switchedRun). The thread is
 // unlocked only once its identity has been read back and found restored,
 // so no other goroutine ever runs with u's credentials; if it cannot be
 // restored, the thread stays locked and the runtime ends it when the
@@ -56,9 +58,9 @@ func (w *Workspace) runAs(ctx context.Context, u *userdb.User, fn func() error) 
 	}
 	runtime.LockOSThread()
 	if isMainThread() {
-		return runBesideMainThread(u, fn)
+		return runBesideMainThread(w.credSwitch, u, fn)
 	}
-	return switchedRun(u, fn)
+	return switchedRun(w.credSwitch, u, fn)
 }
 
 // isSelf reports whether acting as u is acting as the daemon itself (u nil,
@@ -71,21 +73,21 @@ func (w *Workspace) isSelf(u *userdb.User) bool {
 // locked to its thread (not the main thread). It unlocks the thread once
 // its identity is restored, and leaves it locked otherwise (the runtime
 // then ends it with the goroutine).
-func switchedRun(u *userdb.User, fn func() error) (err error) {
+func switchedRun(how credSwitch, u *userdb.User, fn func() error) (err error) {
 	saved, err := getThreadCreds()
 	if err != nil {
 		runtime.UnlockOSThread() // nothing was changed
 		return fmt.Errorf("%w: read the thread's credentials: %w", errkind.ErrInternal, err)
 	}
 	defer func() {
-		if rerr := restoreThreadCreds(saved); rerr != nil {
+		if rerr := restoreThreadCreds(how, saved); rerr != nil {
 			err = errors.Join(err, fmt.Errorf("%w: restore the thread's credentials after acting as user %q: %w",
 				errkind.ErrInternal, u.Name, rerr))
 			return // still locked: this thread ends with its goroutine
 		}
 		runtime.UnlockOSThread()
 	}()
-	if err := setThreadFSCreds(u.UID, u.GID, u.Groups); err != nil {
+	if err := setThreadCreds(how, u.UID, u.GID, u.Groups); err != nil {
 		return fmt.Errorf("%w: switch to user %q: %w", errkind.ErrInternal, u.Name, err)
 	}
 	return fn()
@@ -98,7 +100,7 @@ func switchedRun(u *userdb.User, fn func() error) (err error) {
 // locked, the main thread cannot pick up the other goroutine, which
 // therefore runs on some other thread. A panic in fn becomes an error
 // here: it cannot cross goroutines.
-func runBesideMainThread(u *userdb.User, fn func() error) error {
+func runBesideMainThread(how credSwitch, u *userdb.User, fn func() error) error {
 	defer runtime.UnlockOSThread()
 	done := make(chan error, 1)
 	go func() {
@@ -108,7 +110,7 @@ func runBesideMainThread(u *userdb.User, fn func() error) error {
 			}
 		}()
 		runtime.LockOSThread()
-		done <- switchedRun(u, fn)
+		done <- switchedRun(how, u, fn)
 	}()
 	return <-done
 }

@@ -2,15 +2,19 @@ package workspace
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // lockedThread runs fn on a goroutine locked to a thread that is not the
@@ -65,10 +69,13 @@ func sameCreds(a, b threadCreds) bool {
 // TestRunAsRestoresTheThread checks runAs switches the calling thread in
 // place and leaves it exactly as it found it: after a user operation, a
 // failed one, and a panic inside fn.
-func TestRunAsRestoresTheThread(t *testing.T) {
+func TestRunAsRestoresTheThread(t *testing.T) { forEachCredSwitch(t, testRunAsRestoresTheThread) }
+
+func testRunAsRestoresTheThread(t *testing.T, how credSwitch) {
 	requireRoot(t)
 	ctx := context.Background()
 	e := newEnv(t)
+	e.w.credSwitch = how
 	alice := e.user(t, "alice")
 	must(t, os.Chmod(e.root, 0o777))
 	e.put(t, "root-only.txt", "x", 0o600)
@@ -103,6 +110,12 @@ func TestRunAsRestoresTheThread(t *testing.T) {
 	if during.caps[0].Effective&(1<<unix.CAP_DAC_OVERRIDE) != 0 {
 		t.Fatal("CAP_DAC_OVERRIDE stayed effective as alice")
 	}
+	if how == switchEffectiveIDs && (during.euid != alice.UID || during.egid != alice.GID || during.caps[0].Effective|during.caps[1].Effective != 0) {
+		t.Fatalf("switching effective ids, the thread had %+v, want alice's effective ids and no effective capability", during)
+	}
+	if how == switchFSIDs && (during.euid != before.euid || during.egid != before.egid) {
+		t.Fatalf("switching fs ids changed the effective ids: %+v", during)
+	}
 	if !sameCreds(before, after) {
 		t.Fatalf("thread not restored: before %+v, after %+v", before, after)
 	}
@@ -113,10 +126,13 @@ func TestRunAsRestoresTheThread(t *testing.T) {
 
 // TestRunAsNested checks a runAs inside another returns to the outer
 // user, not to root.
-func TestRunAsNested(t *testing.T) {
+func TestRunAsNested(t *testing.T) { forEachCredSwitch(t, testRunAsNested) }
+
+func testRunAsNested(t *testing.T, how credSwitch) {
 	requireRoot(t)
 	ctx := context.Background()
 	e := newEnv(t)
+	e.w.credSwitch = how
 	alice, nobody := e.user(t, "alice"), e.user(t, "nobody")
 	must(t, os.Chmod(e.root, 0o777))
 	before, after := lockedThread(t, func() {
@@ -149,9 +165,14 @@ func TestRunAsNested(t *testing.T) {
 // not raise a capability the thread had dropped from its effective set
 // (the kernel raises every permitted file capability on that transition).
 func TestRunAsKeepsDroppedCapabilities(t *testing.T) {
+	forEachCredSwitch(t, testRunAsKeepsDroppedCapabilities)
+}
+
+func testRunAsKeepsDroppedCapabilities(t *testing.T, how credSwitch) {
 	requireRoot(t)
 	ctx := context.Background()
 	e := newEnv(t)
+	e.w.credSwitch = how
 	nobody := e.user(t, "nobody")
 	if c, err := getThreadCreds(); err != nil || c.caps[0].Permitted&(1<<unix.CAP_DAC_OVERRIDE) == 0 {
 		testenv.Skip(t, fmt.Sprintf("CAP_DAC_OVERRIDE is not permitted here (%v)", err))
@@ -203,5 +224,83 @@ func TestRunAsReusesThreads(t *testing.T) {
 	}
 	if len(tids) > 50 {
 		t.Fatalf("500 user operations ran on %d threads", len(tids))
+	}
+}
+
+// forEachCredSwitch runs test with each way runAs can switch a thread:
+// fsuid and fsgid, and effective ids (what gVisor, which lacks setfsuid,
+// gets; the host's kernel supports both, so both are tested here).
+func forEachCredSwitch(t *testing.T, test func(t *testing.T, how credSwitch)) {
+	t.Run("FSIDs", func(t *testing.T) {
+		if probeCredSwitch() != switchFSIDs {
+			testenv.Skip(t, "this kernel lacks setfsuid (gVisor?)")
+		}
+		test(t, switchFSIDs)
+	})
+	t.Run("EffectiveIDs", func(t *testing.T) { test(t, switchEffectiveIDs) })
+}
+
+// TestRunAsPoisonsAThreadItCannotRestore checks that a thread whose
+// identity runAs cannot put back is never unlocked: it ends with its
+// goroutine rather than run other goroutines as the user.
+func TestRunAsPoisonsAThreadItCannotRestore(t *testing.T) {
+	forEachCredSwitch(t, testRunAsPoisonsAThreadItCannotRestore)
+}
+
+func testRunAsPoisonsAThreadItCannotRestore(t *testing.T, how credSwitch) {
+	requireRoot(t)
+	e := newEnv(t)
+	alice := e.user(t, "alice")
+	type result struct {
+		tid int
+		err error
+	}
+	run := func(fn func() error) result {
+		done := make(chan result, 1)
+		go func() {
+			runtime.LockOSThread() // as runAs does; switchedRun unlocks once restored
+			if !isMainThread() {
+				done <- result{unix.Gettid(), switchedRun(how, alice, fn)}
+				return
+			}
+			// The main thread is never switched: hold it (so that the
+			// inner goroutine runs elsewhere) and release it after.
+			defer runtime.UnlockOSThread()
+			inner := make(chan struct{})
+			go func() {
+				defer close(inner)
+				runtime.LockOSThread()
+				done <- result{unix.Gettid(), switchedRun(how, alice, fn)}
+			}()
+			<-inner
+		}()
+		return <-done
+	}
+	gone := func(tid int) bool {
+		for range 500 {
+			if _, err := os.Stat(fmt.Sprintf("/proc/self/task/%d", tid)); os.IsNotExist(err) {
+				return true
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		return false
+	}
+	// Losing CAP_SETGID from the permitted set as alice: setting root's
+	// groups back then fails.
+	r := run(func() error {
+		var c [2]unix.CapUserData
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		if err := unix.Capget(&hdr, &c[0]); err != nil {
+			return err
+		}
+		c[0].Permitted &^= 1 << unix.CAP_SETGID
+		c[0].Effective &^= 1 << unix.CAP_SETGID
+		return unix.Capset(&hdr, &c[0])
+	})
+	if !errors.Is(r.err, errkind.ErrInternal) || !strings.Contains(r.err.Error(), "restore") {
+		t.Fatalf("restoring a thread that lost CAP_SETGID: %v, want an internal error about the restore", r.err)
+	}
+	if !gone(r.tid) {
+		t.Fatalf("thread %d, which could not be restored, outlived its goroutine", r.tid)
 	}
 }

@@ -31,10 +31,13 @@ func ownerOf(t testing.TB, p string) (uint32, uint32) {
 
 // TestRunAsOwnership checks files, directories and commits made as a user
 // belong to that user, and the daemon's own files stay root's.
-func TestRunAsOwnership(t *testing.T) {
+func TestRunAsOwnership(t *testing.T) { forEachCredSwitch(t, testRunAsOwnership) }
+
+func testRunAsOwnership(t *testing.T, how credSwitch) {
 	requireRoot(t)
 	ctx := context.Background()
 	e := newEnv(t)
+	e.w.credSwitch = how
 	nobody := e.user(t, "nobody")
 	must(t, os.Chmod(e.root, 0o777))
 
@@ -74,10 +77,13 @@ func TestRunAsOwnership(t *testing.T) {
 // TestRunAsPermissions checks the user's permissions are enforced: a
 // read-only root file stays unwritable (even though the directory is
 // writable and writes use rename), and a 0700 root directory is closed.
-func TestRunAsPermissions(t *testing.T) {
+func TestRunAsPermissions(t *testing.T) { forEachCredSwitch(t, testRunAsPermissions) }
+
+func testRunAsPermissions(t *testing.T, how credSwitch) {
 	requireRoot(t)
 	ctx := context.Background()
 	e := newEnv(t)
+	e.w.credSwitch = how
 	nobody := e.user(t, "nobody")
 	must(t, os.Chmod(e.root, 0o777))
 	e.put(t, "ro.txt", "original", 0o444)
@@ -118,10 +124,13 @@ func TestRunAsPermissions(t *testing.T) {
 }
 
 // TestRunAsGroups checks supplementary groups from userdb apply.
-func TestRunAsGroups(t *testing.T) {
+func TestRunAsGroups(t *testing.T) { forEachCredSwitch(t, testRunAsGroups) }
+
+func testRunAsGroups(t *testing.T, how credSwitch) {
 	requireRoot(t)
 	ctx := context.Background()
 	e := newEnv(t)
+	e.w.credSwitch = how
 	alice, nobody := e.user(t, "alice"), e.user(t, "nobody")
 	must(t, os.Mkdir(e.path("team"), 0o770))
 	must(t, os.Chown(e.path("team"), 0, 2000))
@@ -136,10 +145,13 @@ func TestRunAsGroups(t *testing.T) {
 // TestRunAsThreadsStayClean runs many user operations concurrently with
 // daemon ones and checks no thread of the process keeps a user's
 // credentials and the daemon's writes stay root's.
-func TestRunAsThreadsStayClean(t *testing.T) {
+func TestRunAsThreadsStayClean(t *testing.T) { forEachCredSwitch(t, testRunAsThreadsStayClean) }
+
+func testRunAsThreadsStayClean(t *testing.T, how credSwitch) {
 	requireRoot(t)
 	ctx := context.Background()
 	e := newEnv(t)
+	e.w.credSwitch = how
 	nobody := e.user(t, "nobody")
 	must(t, os.Chmod(e.root, 0o777))
 	var wg sync.WaitGroup

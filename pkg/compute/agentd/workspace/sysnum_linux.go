@@ -10,4 +10,8 @@ const (
 	sysSetfsuid  = unix.SYS_SETFSUID
 	sysSetfsgid  = unix.SYS_SETFSGID
 	sysGetgroups = unix.SYS_GETGROUPS
+	sysSetresuid = unix.SYS_SETRESUID
+	sysSetresgid = unix.SYS_SETRESGID
+	sysGetresuid = unix.SYS_GETRESUID
+	sysGetresgid = unix.SYS_GETRESGID
 )

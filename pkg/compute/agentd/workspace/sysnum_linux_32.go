@@ -10,4 +10,8 @@ const (
 	sysSetfsuid  = unix.SYS_SETFSUID32
 	sysSetfsgid  = unix.SYS_SETFSGID32
 	sysGetgroups = unix.SYS_GETGROUPS32
+	sysSetresuid = unix.SYS_SETRESUID32
+	sysSetresgid = unix.SYS_SETRESGID32
+	sysGetresuid = unix.SYS_GETRESUID32
+	sysGetresgid = unix.SYS_GETRESGID32
 )

@@ -51,6 +51,8 @@ type Workspace struct {
 	maxWrite int64
 	euid     uint32
 	egid     uint32
+	// credSwitch is how runAs acts as a user: probed once, in New.
+	credSwitch credSwitch
 
 	ws     *mount                 // the workspace root; immutable
 	mounts atomic.Pointer[mounts] // ws plus the current grants
@@ -96,13 +98,14 @@ func New(cfg Config) (*Workspace, error) {
 		return nil, fmt.Errorf("open workspace root: %w", err)
 	}
 	w := &Workspace{
-		log:      log.Named("workspace"),
-		users:    cfg.Users,
-		maxRead:  cfg.MaxReadBytes,
-		maxWrite: cfg.MaxWriteBytes,
-		euid:     uint32(os.Geteuid()),
-		egid:     uint32(os.Getegid()),
-		ws:       ws,
+		log:        log.Named("workspace"),
+		users:      cfg.Users,
+		maxRead:    cfg.MaxReadBytes,
+		maxWrite:   cfg.MaxWriteBytes,
+		euid:       uint32(os.Geteuid()),
+		egid:       uint32(os.Getegid()),
+		ws:         ws,
+		credSwitch: probeCredSwitch(),
 	}
 	w.mounts.Store(&mounts{list: []*mount{ws}})
 	return w, nil
