@@ -72,14 +72,15 @@ func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }
 
 // globals are the flags every command shares.
 type globals struct {
-	streams   Streams
-	provider  string
-	stateDir  string
-	agentd    string
-	isolation string
-	image     string
-	verbose   bool
-	trace     string
+	streams       Streams
+	provider      string
+	stateDir      string
+	agentd        string
+	isolation     string
+	image         string
+	dockerRuntime string // --docker-runtime
+	verbose       bool
+	trace         string
 	// hostGrants are host directories absolute local_file/local_dir
 	// sources may be read from (materializer.Options.HostGrants).
 	hostGrants []string
@@ -210,6 +211,7 @@ func newRoot(s Streams) *cobra.Command {
 	pf.StringVar(&g.agentd, "agentd", "", "sandbox-agentd binary for local sandboxes (default: next to harness, then PATH)")
 	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: auto (the strongest available; refuses to run plain processes for a run that carries credentials), bubblewrap, gvisor (runsc on PATH), or none (plain processes, explicitly)")
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
+	pf.StringVar(&g.dockerRuntime, "docker-runtime", "", "docker sandboxes: the engine's OCI runtime to use, e.g. runsc for gVisor (registered in the engine's daemon.json)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
 	pf.StringArrayVar(&g.labels, "label", nil, "docker sandboxes: KEY=VALUE label put on every container and volume made; only sandboxes with every --label are listed (repeatable)")
 	pf.StringArrayVar(&g.hostGrants, "host-grant", nil, "host directory that absolute local_file/local_dir sources of a manifest may be read from (repeatable; relative sources come from the manifest's directory)")
@@ -352,7 +354,7 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 		if err != nil {
 			return nil, nil, err
 		}
-		p, err := docker.New(docker.Config{StateDir: dir, Image: g.image, Labels: labels, Egress: eg}, log)
+		p, err := docker.New(docker.Config{StateDir: dir, Image: g.image, Labels: labels, Egress: eg, Runtime: g.dockerRuntime}, log)
 		if err != nil {
 			return nil, nil, err
 		}

@@ -138,6 +138,11 @@ type Config struct {
 	// DockerHost overrides DOCKER_HOST (the client otherwise reads the
 	// usual DOCKER_* environment).
 	DockerHost string
+	// Runtime is the OCI runtime the engine runs sandboxes with, by the
+	// name the engine registered it under (its daemon.json "runtimes"),
+	// e.g. "runsc" for gVisor; empty: the engine's default. Launch refuses
+	// a runtime the engine does not list, with ErrFailedPrecondition.
+	Runtime string
 	// Egress, when set, lets sandboxes reach the network only through a
 	// harness-side proxy enforcing Egress.Policy (see egress.go and
 	// package egress). It needs Network "none" (the default).

@@ -15,6 +15,7 @@ import (
 	"github.com/moby/moby/client"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -655,5 +656,39 @@ func TestConfigDefaultsAndChecks(t *testing.T) {
 	}
 	if _, err := c.settings("nope"); !errors.Is(err, compute.ErrInvalidArgument) {
 		t.Errorf("bad options type: %v", err)
+	}
+}
+
+// TestRuntime: a runtime the engine does not list is refused before
+// anything is made, naming what the engine has; one it lists (runsc, when
+// the engine has gVisor registered) runs the sandbox under it.
+func TestRuntime(t *testing.T) {
+	t.Parallel()
+	p := newProvider(t, func(c *Config) { c.Runtime = "bulkhead-no-such-runtime" })
+	_, err := p.Launch(testCtx(t), compute.LaunchSpec{SessionID: sessionID(t)})
+	if !errors.Is(err, compute.ErrFailedPrecondition) || !strings.Contains(err.Error(), `"bulkhead-no-such-runtime"`) || !strings.Contains(err.Error(), "runc") {
+		t.Fatalf("Launch with an unknown runtime: %v", err)
+	}
+	if infos, _ := p.List(testCtx(t)); len(infos) != 0 {
+		t.Fatalf("a refused Launch left containers: %+v", infos)
+	}
+	if _, err := p.API().VolumeInspect(testCtx(t), VolumeName(sessionID(t)), client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
+		t.Fatalf("a refused Launch left a volume: %v", err)
+	}
+
+	info, err := p.API().Info(testCtx(t), client.InfoOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := info.Info.Runtimes["runsc"]; !ok {
+		// Registering a runtime needs the engine's configuration changed
+		// and the engine restarted, which no test may do to the machine's
+		// engine.
+		testenv.Optional(t, "the Docker engine has no runsc runtime registered (daemon.json \"runtimes\"); register gVisor's runsc and restart the engine to run this part")
+	}
+	g := newProvider(t, func(c *Config) { c.Runtime = "runsc" })
+	sb := launch(t, g, compute.LaunchSpec{})
+	if rt := inspect(t, g, sb).HostConfig.Runtime; rt != "runsc" {
+		t.Fatalf("container runtime %q, want runsc", rt)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"path"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -77,6 +78,28 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 	return &Provider{cfg: cfg, log: log, docker: dc, egress: egress.NewServers(eg, log)}, nil
 }
 
+// checkRuntime refuses a Config.Runtime the engine does not list, naming
+// the ones it has, before anything is created.
+func (p *Provider) checkRuntime(ctx context.Context) error {
+	if p.cfg.Runtime == "" {
+		return nil
+	}
+	info, err := p.docker.Info(ctx, client.InfoOptions{})
+	if err != nil {
+		return p.apiErr("info", err)
+	}
+	if _, ok := info.Info.Runtimes[p.cfg.Runtime]; ok {
+		return nil
+	}
+	have := make([]string, 0, len(info.Info.Runtimes))
+	for name := range info.Info.Runtimes {
+		have = append(have, name)
+	}
+	slices.Sort(have)
+	return fmt.Errorf("docker: %w: the engine has no runtime %q (it has %s): register it in the engine's daemon.json \"runtimes\" and restart the engine",
+		compute.ErrFailedPrecondition, p.cfg.Runtime, strings.Join(have, ", "))
+}
+
 // Name is "docker".
 func (p *Provider) Name() string { return ProviderName }
 
@@ -115,6 +138,9 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			return nil, fmt.Errorf("docker: %w: image %s is not there: build it with `make image`", compute.ErrFailedPrecondition, set.image)
 		}
 		return nil, p.apiErr("inspect image "+set.image, err)
+	}
+	if err := p.checkRuntime(ctx); err != nil {
+		return nil, err
 	}
 	root := manifest.DefaultRoot
 	if spec.Manifest != nil {
@@ -299,6 +325,7 @@ func (p *Provider) containerConfig(set sandboxSettings, root string, dir private
 		CapAdd:        p.cfg.Capabilities,
 		SecurityOpt:   []string{"no-new-privileges:true"},
 		RestartPolicy: container.RestartPolicy{Name: container.RestartPolicyDisabled},
+		Runtime:       p.cfg.Runtime,
 	}
 	if set.memory > 0 {
 		hcfg.Resources.MemorySwap = set.memory // no swap on top

@@ -250,7 +250,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		return fail(p.apiErr("create", "pods", pod.Name, err))
 	}
 	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "secrets", secretName(key)) })
-	token, err := p.createToken(ctx, created, key, objLabels)
+	token, err := p.createToken(ctx, created, key, objLabels, false)
 	if err != nil {
 		return fail(err)
 	}
@@ -268,13 +268,14 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	return sb, nil
 }
 
-// createToken makes a fresh token and its Secret, owned by pod.
-func (p *Provider) createToken(ctx context.Context, pod *corev1.Pod, key string, objLabels map[string]string) (string, error) {
+// createToken makes a fresh token and its Secret, owned by pod (mutable
+// for a warm pool Pod, see secretFor).
+func (p *Provider) createToken(ctx context.Context, pod *corev1.Pod, key string, objLabels map[string]string, mutable bool) (string, error) {
 	token, err := randomHex(32)
 	if err != nil {
 		return "", err
 	}
-	sec := p.secretFor(pod, key, token, objLabels)
+	sec := p.secretFor(pod, key, token, objLabels, mutable)
 	if _, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 		return "", p.apiErr("create", "secrets", sec.Name, err)
 	}
@@ -692,11 +693,18 @@ func (p *Provider) waitGone(ctx context.Context, ns string, pod *corev1.Pod) err
 	}
 }
 
+// forbiddenGrace is how long a cleanup retries a Forbidden answer: an API
+// server that has just restarted answers before its RBAC cache has
+// synced, and refuses for a moment what the Role allows.
+const forbiddenGrace = 15 * time.Second
+
 // deleteRetrying deletes an object of a failed launch, retrying while the
-// API server is unreachable (it may be restarting) until ctx ends.
+// API server is unreachable (it may be restarting) until ctx ends, and
+// retrying Forbidden for forbiddenGrace.
 func (p *Provider) deleteRetrying(ctx context.Context, resource, name string) {
 	bg := metav1.DeletePropagationBackground
 	opts := metav1.DeleteOptions{PropagationPolicy: &bg}
+	var forbiddenSince time.Time
 	for delay := 100 * time.Millisecond; ; delay = min(delay*2, 2*time.Second) {
 		var err error
 		switch resource {
@@ -712,7 +720,14 @@ func (p *Provider) deleteRetrying(ctx context.Context, resource, name string) {
 		if err == nil || apierrors.IsNotFound(err) {
 			return
 		}
-		if !transient(err) {
+		retry := transient(err)
+		if apierrors.IsForbidden(err) {
+			if forbiddenSince.IsZero() {
+				forbiddenSince = time.Now()
+			}
+			retry = time.Since(forbiddenSince) < forbiddenGrace
+		}
+		if !retry {
 			p.log.Warn("cleanup after a failed launch", zap.String("resource", resource), zap.String("name", name), zap.Error(err))
 			return
 		}
