@@ -47,6 +47,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -88,6 +89,7 @@ type Options struct {
 // Client is a connection to one sandbox-agentd.
 type Client struct {
 	conn      *grpc.ClientConn
+	creds     *bearer // Dial's token credentials; nil for New or no token
 	system    agentdv1.SystemServiceClient
 	process   agentdv1.ProcessServiceClient
 	file      agentdv1.FileServiceClient
@@ -123,8 +125,10 @@ func Dial(opts Options) (*Client, error) {
 	} else {
 		dial = append(dial, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	}
+	var creds *bearer
 	if opts.Token != "" {
-		dial = append(dial, grpc.WithPerRPCCredentials(bearer{token: opts.Token}))
+		creds = newBearer(opts.Token)
+		dial = append(dial, grpc.WithPerRPCCredentials(creds))
 	}
 	if opts.TracerProvider != nil {
 		dial = append(dial, grpc.WithStatsHandler(tracingHandler(opts.TracerProvider)))
@@ -134,7 +138,9 @@ func Dial(opts Options) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agentclient: %s: %w", opts.Address, err)
 	}
-	return New(conn), nil
+	c := New(conn)
+	c.creds = creds
+	return c, nil
 }
 
 // New wraps an existing connection (whose credentials the caller set up).
@@ -157,6 +163,28 @@ func (c *Client) Info(ctx context.Context, req *agentdv1.InfoRequest) (*agentdv1
 	return resp, wrap(err)
 }
 
+// RotateToken replaces the daemon's bearer token with req.NewToken (see
+// SystemService.RotateToken: at least 32 visible ASCII characters of
+// random data). The call carries the current token. When it succeeds and
+// the client was made by Dial with a token, every later call on this
+// client carries the new token; calls already sent (and streams already
+// open) keep the old one, so rotate while no other call is starting. A
+// client made by New carries whatever credentials its connection has: the
+// caller switches them. On failure the client keeps the old token; a
+// failure without a reply (the connection dropped) leaves open whether the
+// daemon rotated: retry by calling Info with each token. Errors never
+// quote a token.
+func (c *Client) RotateToken(ctx context.Context, req *agentdv1.RotateTokenRequest) (*agentdv1.RotateTokenResponse, error) {
+	resp, err := c.system.RotateToken(ctx, req)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	if c.creds != nil {
+		c.creds.set(req.GetNewToken())
+	}
+	return resp, nil
+}
+
 // Health asks the daemon's standard gRPC health service once. It returns
 // nil when the daemon reports SERVING, an errkind.ErrUnavailable error
 // naming the status it reported otherwise, and a compute error when the
@@ -177,19 +205,31 @@ func (c *Client) Health(ctx context.Context) error {
 // test) must send: "authorization", "Bearer <token>".
 func BearerMetadata(token string) (key, value string) { return "authorization", "Bearer " + token }
 
-// bearer attaches the token to every call.
+// bearer attaches the token to every call. RotateToken swaps it; each call
+// reads it once, atomically, when gRPC asks for its metadata.
 type bearer struct {
-	token string
+	header atomic.Pointer[string] // "Bearer <token>"
 }
 
-func (b bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	k, v := BearerMetadata(b.token)
-	return map[string]string{k: v}, nil
+func newBearer(token string) *bearer {
+	b := &bearer{}
+	b.set(token)
+	return b
+}
+
+func (b *bearer) set(token string) {
+	_, v := BearerMetadata(token)
+	b.header.Store(&v)
+}
+
+func (b *bearer) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	k, _ := BearerMetadata("")
+	return map[string]string{k: *b.header.Load()}, nil
 }
 
 // RequireTransportSecurity is false: unix sockets and loopback TCP carry the
 // token without TLS; remote sandboxes should use TLS.
-func (b bearer) RequireTransportSecurity() bool { return false }
+func (b *bearer) RequireTransportSecurity() bool { return false }
 
 // tracingHandler is otelgrpc's client handler over tp, with an empty
 // propagator (the sandbox is untrusted and has no tracing: it gets neither

@@ -52,7 +52,7 @@
 //	pods/portforward:           create get      (ConnectPortForward)
 //	pods/exec:                  create get      (ConnectExec)
 //	pods/log:                   get             (start-up failures; optional)
-//	secrets:                    get create delete
+//	secrets:                    get create delete patch (patch: warm pool claims)
 //	networkpolicies (networking.k8s.io): get create delete patch (unless NetworkPolicy is disabled)
 //	persistentvolumeclaims:     get create delete watch (volume-backed workspaces only)
 //
@@ -242,12 +242,16 @@ type CreateOptions struct {
 // twice. Claimed Pods are replaced in the background (StartPools).
 //
 // Tokens: each pool Pod gets its own random token in its own Secret at
-// creation, exactly like a cold sandbox: no token is shared between Pods,
-// and none is in the image or the Pod spec. The claimer reads the claimed
-// Pod's Secret, which only holders of `get secrets` in the namespace can
-// (the harness role). The session's manifest, files and environment arrive
-// after the claim over the daemon's API (Materialize), never baked into the
-// warm Pod. A session the template cannot serve (another workspace root or
+// creation, like a cold sandbox: no token is shared between Pods, and none
+// is in the image or the Pod spec. The claimer reads the claimed Pod's
+// Secret (only holders of `get secrets` in the namespace can: the harness
+// role), then makes a fresh token for the session, hands it to the daemon
+// with SystemService.RotateToken (authenticated with the pool token, which
+// the daemon refuses from then on) and patches it into the Secret, where a
+// later Reattach finds it. Pool Secrets are therefore not immutable, and
+// the Role needs `patch secrets`. The session's token, manifest, files and
+// environment all arrive after the claim over the daemon's API, never
+// baked into the warm Pod. A session the template cannot serve (another workspace root or
 // run_as user) is created cold.
 type Pool struct {
 	// Name is the pool's name (a label value).
@@ -472,7 +476,7 @@ func (c Config) settings(opts any) (settings, error) {
 func (c Config) RequiredRules() []rbacv1.PolicyRule {
 	rules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "delete", "patch", "update"}},
-		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "delete"}},
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "delete", "patch"}},
 	}
 	switch c.Connect {
 	case ConnectPortForward, "":

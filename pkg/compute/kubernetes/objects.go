@@ -178,9 +178,11 @@ func ownedBy(pod *corev1.Pod) []metav1.OwnerReference {
 	return []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, BlockOwnerDeletion: &t}}
 }
 
-// secretFor is the token Secret, owned by the Pod.
-func (p *Provider) secretFor(pod *corev1.Pod, key, token string, labels map[string]string) *corev1.Secret {
-	imm := true
+// secretFor is the token Secret, owned by the Pod. A cold sandbox's is
+// immutable; a warm pool Pod's stays mutable, because the claimer replaces
+// its token with the session's (rotateClaimed).
+func (p *Provider) secretFor(pod *corev1.Pod, key, token string, labels map[string]string, mutable bool) *corev1.Secret {
+	imm := !mutable
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: secretName(key), Namespace: p.cfg.Namespace, Labels: labels, OwnerReferences: ownedBy(pod)},
 		Type:       corev1.SecretTypeOpaque,

@@ -2,6 +2,7 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sort"
@@ -13,9 +14,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // errNoWarmPod says a claim found nothing to claim (Launch then creates
@@ -183,7 +186,7 @@ func (p *Provider) createPoolPod(ctx context.Context, pool Pool) error {
 		return fail(p.apiErr("create", "pods", pod.Name, err))
 	}
 	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "secrets", secretName(key)) })
-	if _, err := p.createToken(ctx, created, key, objLabels); err != nil {
+	if _, err := p.createToken(ctx, created, key, objLabels, true); err != nil {
 		return fail(err)
 	}
 	if boolOr(p.cfg.NetworkPolicy, true) {
@@ -268,6 +271,33 @@ func (p *Provider) DrainPool(ctx context.Context, name string) error {
 	return errors.Join(errs...)
 }
 
+// rotateClaimed gives a claimed warm Pod's daemon a fresh token of the
+// session's (over SystemService.RotateToken, authenticated with the pool
+// token) and then stores it in the sandbox's Secret, where Reattach from
+// any harness process finds it. From the rotation on, the token the Pod
+// was created with is refused. The daemon is rotated first so that the
+// Secret never holds a token the daemon does not accept; a failure of
+// either step makes the claim delete the Pod, as for a Pod that does not
+// answer.
+func (p *Provider) rotateClaimed(ctx context.Context, sb *sandbox, key string) error {
+	token, err := randomHex(32)
+	if err != nil {
+		return err
+	}
+	if _, err := sb.client.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: token}); err != nil {
+		return fmt.Errorf("kubernetes: pod %s: giving the daemon the session's token: %w", sb.state.Pod, err)
+	}
+	patch, err := json.Marshal(map[string]any{"data": map[string][]byte{tokenKey: []byte(token)}})
+	if err != nil {
+		return fmt.Errorf("kubernetes: token patch: %w", err)
+	}
+	name := secretName(key)
+	if _, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return p.apiErr("patch", "secrets", name, err)
+	}
+	return nil
+}
+
 // claim takes a ready Pod of the pool for the session: an optimistic
 // update of its labels at the resourceVersion it was listed at. A
 // conflict means another harness claimed (or changed) it first; the next
@@ -295,8 +325,9 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 		if !podReady(cand) {
 			continue
 		}
-		// The token is read while the claim is written (one round trip
-		// less on the claim's path); it is used only if the claim wins.
+		// The pool token is read while the claim is written (one round
+		// trip less on the claim's path); it is used only if the claim
+		// wins, and only to rotate it away (rotateClaimed).
 		type tokenRead struct {
 			token string
 			err   error
@@ -339,6 +370,11 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 		var sb *sandbox
 		if err == nil {
 			sb, err = p.connect(ctx, st, got, tr.token, false)
+		}
+		if err == nil {
+			if err = p.rotateClaimed(ctx, sb, st.Key); err != nil {
+				_ = sb.Close()
+			}
 		}
 		if err != nil {
 			p.log.Warn("a claimed warm pod does not answer; deleting it", zap.String("pod", got.Name), zap.Error(err))

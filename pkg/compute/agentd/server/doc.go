@@ -6,4 +6,13 @@
 // (--metrics-listen, off by default) it also times every call by method and
 // code and counts bytes streamed and refused tokens (package metrics),
 // served as Prometheus text on an unauthenticated listener of its own.
+//
+// SystemService.RotateToken replaces the token at run time (a warm pool
+// hands each claimed sandbox a fresh one, so the token the sandbox was
+// started with is useless afterwards). It is authenticated with the current
+// token; from its return on, every new call must carry the new one.
+// Streams authenticated before the rotation (an Attach, an Exec, a port
+// forward) are not cut and keep running to their end. Only a SHA-256
+// digest of the token is held; neither tokens nor their digests are
+// logged or quoted in errors.
 package server

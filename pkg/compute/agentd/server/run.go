@@ -128,7 +128,7 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	agentdv1.RegisterSystemServiceServer(gs, &systemService{d: d})
+	agentdv1.RegisterSystemServiceServer(gs, &systemService{d: d, auth: auth})
 	agentdv1.RegisterProcessServiceServer(gs, &processService{d: d, m: ms})
 	agentdv1.RegisterFileServiceServer(gs, &fileService{d: d, m: ms})
 	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d, m: ms})

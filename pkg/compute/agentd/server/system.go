@@ -2,7 +2,11 @@ package server
 
 import (
 	"context"
+	"errors"
 	"os"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -14,7 +18,25 @@ import (
 // systemService adapts the daemon's description to SystemService.
 type systemService struct {
 	agentdv1.UnimplementedSystemServiceServer
-	d *agentd.Daemon
+	d    *agentd.Daemon
+	auth *tokenAuth
+}
+
+// RotateToken replaces the bearer token (see tokenAuth.rotate). Neither the
+// log nor the returned status ever carries a token.
+func (s *systemService) RotateToken(ctx context.Context, req *agentdv1.RotateTokenRequest) (*agentdv1.RotateTokenResponse, error) {
+	if s.auth == nil || s.auth.none {
+		return nil, status.Error(codes.FailedPrecondition, "the daemon runs without authentication (--insecure-no-auth); there is no token to rotate")
+	}
+	err := s.auth.rotate(bearerToken(ctx), req.GetNewToken())
+	switch {
+	case err == nil:
+		return &agentdv1.RotateTokenResponse{}, nil
+	case errors.Is(err, errRotationRaced):
+		return nil, status.Error(codes.Aborted, err.Error())
+	default:
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
 }
 
 func (s *systemService) Info(context.Context, *agentdv1.InfoRequest) (*agentdv1.InfoResponse, error) {

@@ -22,6 +22,90 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// RotateTokenRequest carries the daemon's next bearer token.
+type RotateTokenRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The new token: 32 to 4096 visible ASCII characters (no spaces) with
+	// enough entropy, e.g. 32 random bytes in hex or base64.
+	NewToken      string `protobuf:"bytes,1,opt,name=new_token,json=newToken,proto3" json:"new_token,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateTokenRequest) Reset() {
+	*x = RotateTokenRequest{}
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateTokenRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateTokenRequest) ProtoMessage() {}
+
+func (x *RotateTokenRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateTokenRequest.ProtoReflect.Descriptor instead.
+func (*RotateTokenRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *RotateTokenRequest) GetNewToken() string {
+	if x != nil {
+		return x.NewToken
+	}
+	return ""
+}
+
+// RotateTokenResponse has no fields.
+type RotateTokenResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RotateTokenResponse) Reset() {
+	*x = RotateTokenResponse{}
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RotateTokenResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RotateTokenResponse) ProtoMessage() {}
+
+func (x *RotateTokenResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RotateTokenResponse.ProtoReflect.Descriptor instead.
+func (*RotateTokenResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{1}
+}
+
 // InfoRequest has no fields.
 type InfoRequest struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -31,7 +115,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[0]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -43,7 +127,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[0]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -56,7 +140,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{0}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{2}
 }
 
 // InfoResponse describes a running daemon.
@@ -93,7 +177,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[1]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -105,7 +189,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[1]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -118,7 +202,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{1}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *InfoResponse) GetVersion() string {
@@ -231,7 +315,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[2]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -243,7 +327,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[2]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -256,7 +340,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{2}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{4}
 }
 
 func (x *Limits) GetMaxProcesses() int32 {
@@ -305,7 +389,7 @@ type PathGrant struct {
 
 func (x *PathGrant) Reset() {
 	*x = PathGrant{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[3]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -317,7 +401,7 @@ func (x *PathGrant) String() string {
 func (*PathGrant) ProtoMessage() {}
 
 func (x *PathGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[3]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -330,7 +414,7 @@ func (x *PathGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathGrant.ProtoReflect.Descriptor instead.
 func (*PathGrant) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{3}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *PathGrant) GetPath() string {
@@ -351,7 +435,10 @@ var File_bulkhead_agentd_v1_system_proto protoreflect.FileDescriptor
 
 const file_bulkhead_agentd_v1_system_proto_rawDesc = "" +
 	"\n" +
-	"\x1fbulkhead/agentd/v1/system.proto\x12\x12bulkhead.agentd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\r\n" +
+	"\x1fbulkhead/agentd/v1/system.proto\x12\x12bulkhead.agentd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"1\n" +
+	"\x12RotateTokenRequest\x12\x1b\n" +
+	"\tnew_token\x18\x01 \x01(\tR\bnewToken\"\x15\n" +
+	"\x13RotateTokenResponse\"\r\n" +
 	"\vInfoRequest\"\xc6\x03\n" +
 	"\fInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
@@ -377,9 +464,10 @@ const file_bulkhead_agentd_v1_system_proto_rawDesc = "" +
 	"\x0fmax_patch_bytes\x18\x05 \x01(\x03R\rmaxPatchBytes\"<\n" +
 	"\tPathGrant\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
-	"\tread_only\x18\x02 \x01(\bR\breadOnly2Z\n" +
+	"\tread_only\x18\x02 \x01(\bR\breadOnly2\xba\x01\n" +
 	"\rSystemService\x12I\n" +
-	"\x04Info\x12\x1f.bulkhead.agentd.v1.InfoRequest\x1a .bulkhead.agentd.v1.InfoResponseBDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
+	"\x04Info\x12\x1f.bulkhead.agentd.v1.InfoRequest\x1a .bulkhead.agentd.v1.InfoResponse\x12^\n" +
+	"\vRotateToken\x12&.bulkhead.agentd.v1.RotateTokenRequest\x1a'.bulkhead.agentd.v1.RotateTokenResponseBDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
 
 var (
 	file_bulkhead_agentd_v1_system_proto_rawDescOnce sync.Once
@@ -393,22 +481,26 @@ func file_bulkhead_agentd_v1_system_proto_rawDescGZIP() []byte {
 	return file_bulkhead_agentd_v1_system_proto_rawDescData
 }
 
-var file_bulkhead_agentd_v1_system_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
+var file_bulkhead_agentd_v1_system_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
 var file_bulkhead_agentd_v1_system_proto_goTypes = []any{
-	(*InfoRequest)(nil),           // 0: bulkhead.agentd.v1.InfoRequest
-	(*InfoResponse)(nil),          // 1: bulkhead.agentd.v1.InfoResponse
-	(*Limits)(nil),                // 2: bulkhead.agentd.v1.Limits
-	(*PathGrant)(nil),             // 3: bulkhead.agentd.v1.PathGrant
-	(*timestamppb.Timestamp)(nil), // 4: google.protobuf.Timestamp
+	(*RotateTokenRequest)(nil),    // 0: bulkhead.agentd.v1.RotateTokenRequest
+	(*RotateTokenResponse)(nil),   // 1: bulkhead.agentd.v1.RotateTokenResponse
+	(*InfoRequest)(nil),           // 2: bulkhead.agentd.v1.InfoRequest
+	(*InfoResponse)(nil),          // 3: bulkhead.agentd.v1.InfoResponse
+	(*Limits)(nil),                // 4: bulkhead.agentd.v1.Limits
+	(*PathGrant)(nil),             // 5: bulkhead.agentd.v1.PathGrant
+	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
 }
 var file_bulkhead_agentd_v1_system_proto_depIdxs = []int32{
-	2, // 0: bulkhead.agentd.v1.InfoResponse.limits:type_name -> bulkhead.agentd.v1.Limits
-	3, // 1: bulkhead.agentd.v1.InfoResponse.grants:type_name -> bulkhead.agentd.v1.PathGrant
-	4, // 2: bulkhead.agentd.v1.InfoResponse.started_at:type_name -> google.protobuf.Timestamp
-	0, // 3: bulkhead.agentd.v1.SystemService.Info:input_type -> bulkhead.agentd.v1.InfoRequest
-	1, // 4: bulkhead.agentd.v1.SystemService.Info:output_type -> bulkhead.agentd.v1.InfoResponse
-	4, // [4:5] is the sub-list for method output_type
-	3, // [3:4] is the sub-list for method input_type
+	4, // 0: bulkhead.agentd.v1.InfoResponse.limits:type_name -> bulkhead.agentd.v1.Limits
+	5, // 1: bulkhead.agentd.v1.InfoResponse.grants:type_name -> bulkhead.agentd.v1.PathGrant
+	6, // 2: bulkhead.agentd.v1.InfoResponse.started_at:type_name -> google.protobuf.Timestamp
+	2, // 3: bulkhead.agentd.v1.SystemService.Info:input_type -> bulkhead.agentd.v1.InfoRequest
+	0, // 4: bulkhead.agentd.v1.SystemService.RotateToken:input_type -> bulkhead.agentd.v1.RotateTokenRequest
+	3, // 5: bulkhead.agentd.v1.SystemService.Info:output_type -> bulkhead.agentd.v1.InfoResponse
+	1, // 6: bulkhead.agentd.v1.SystemService.RotateToken:output_type -> bulkhead.agentd.v1.RotateTokenResponse
+	5, // [5:7] is the sub-list for method output_type
+	3, // [3:5] is the sub-list for method input_type
 	3, // [3:3] is the sub-list for extension type_name
 	3, // [3:3] is the sub-list for extension extendee
 	0, // [0:3] is the sub-list for field type_name
@@ -425,7 +517,7 @@ func file_bulkhead_agentd_v1_system_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_agentd_v1_system_proto_rawDesc), len(file_bulkhead_agentd_v1_system_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   4,
+			NumMessages:   6,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,7 +19,8 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SystemService_Info_FullMethodName = "/bulkhead.agentd.v1.SystemService/Info"
+	SystemService_Info_FullMethodName        = "/bulkhead.agentd.v1.SystemService/Info"
+	SystemService_RotateToken_FullMethodName = "/bulkhead.agentd.v1.SystemService/RotateToken"
 )
 
 // SystemServiceClient is the client API for SystemService service.
@@ -31,6 +32,14 @@ const (
 type SystemServiceClient interface {
 	// Info returns the daemon's version, workspace, features and limits.
 	Info(ctx context.Context, in *InfoRequest, opts ...grpc.CallOption) (*InfoResponse, error)
+	// RotateToken replaces the daemon's bearer token. The call is
+	// authenticated with the current token like any other; once it returns,
+	// new calls must carry new_token and the old token is refused. Streams
+	// that were authenticated before the rotation keep running. A daemon
+	// started without authentication answers FAILED_PRECONDITION; a token
+	// that is too short, too predictable, not printable ASCII or equal to
+	// the current one is INVALID_ARGUMENT (the message never quotes it).
+	RotateToken(ctx context.Context, in *RotateTokenRequest, opts ...grpc.CallOption) (*RotateTokenResponse, error)
 }
 
 type systemServiceClient struct {
@@ -51,6 +60,16 @@ func (c *systemServiceClient) Info(ctx context.Context, in *InfoRequest, opts ..
 	return out, nil
 }
 
+func (c *systemServiceClient) RotateToken(ctx context.Context, in *RotateTokenRequest, opts ...grpc.CallOption) (*RotateTokenResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(RotateTokenResponse)
+	err := c.cc.Invoke(ctx, SystemService_RotateToken_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SystemServiceServer is the server API for SystemService service.
 // All implementations must embed UnimplementedSystemServiceServer
 // for forward compatibility.
@@ -60,6 +79,14 @@ func (c *systemServiceClient) Info(ctx context.Context, in *InfoRequest, opts ..
 type SystemServiceServer interface {
 	// Info returns the daemon's version, workspace, features and limits.
 	Info(context.Context, *InfoRequest) (*InfoResponse, error)
+	// RotateToken replaces the daemon's bearer token. The call is
+	// authenticated with the current token like any other; once it returns,
+	// new calls must carry new_token and the old token is refused. Streams
+	// that were authenticated before the rotation keep running. A daemon
+	// started without authentication answers FAILED_PRECONDITION; a token
+	// that is too short, too predictable, not printable ASCII or equal to
+	// the current one is INVALID_ARGUMENT (the message never quotes it).
+	RotateToken(context.Context, *RotateTokenRequest) (*RotateTokenResponse, error)
 	mustEmbedUnimplementedSystemServiceServer()
 }
 
@@ -72,6 +99,9 @@ type UnimplementedSystemServiceServer struct{}
 
 func (UnimplementedSystemServiceServer) Info(context.Context, *InfoRequest) (*InfoResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method Info not implemented")
+}
+func (UnimplementedSystemServiceServer) RotateToken(context.Context, *RotateTokenRequest) (*RotateTokenResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method RotateToken not implemented")
 }
 func (UnimplementedSystemServiceServer) mustEmbedUnimplementedSystemServiceServer() {}
 func (UnimplementedSystemServiceServer) testEmbeddedByValue()                       {}
@@ -112,6 +142,24 @@ func _SystemService_Info_Handler(srv interface{}, ctx context.Context, dec func(
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SystemService_RotateToken_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(RotateTokenRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SystemServiceServer).RotateToken(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SystemService_RotateToken_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SystemServiceServer).RotateToken(ctx, req.(*RotateTokenRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SystemService_ServiceDesc is the grpc.ServiceDesc for SystemService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -122,6 +170,10 @@ var SystemService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Info",
 			Handler:    _SystemService_Info_Handler,
+		},
+		{
+			MethodName: "RotateToken",
+			Handler:    _SystemService_RotateToken_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
