@@ -402,7 +402,8 @@ func entryFields(t EntryType) []string {
 	case t == TypeGitRepo:
 		f = append(f, "host", "repo", "ref", "subpath", "token")
 	case t.IsMount():
-		for _, name := range []string{"bucket", "account", "container", "prefix", "region", "endpoint", "read_only", "credentials"} {
+		for _, name := range []string{"bucket", "account", "container", "prefix", "region", "endpoint",
+			"file_system_id", "subpath", "mount_target_ip", "access_point", "extra_options", "read_only", "credentials"} {
 			if mountFieldUse(t, name) > 0 {
 				f = append(f, name)
 			}
@@ -512,7 +513,19 @@ func (d *decoder) entry(n *node, path string) *Entry {
 		case "ref":
 			e.Git.Ref, _ = d.str(v, fp)
 		case "subpath":
-			e.Git.Subpath, _ = d.str(v, fp)
+			if e.Mount != nil {
+				e.Mount.Subpath, _ = d.str(v, fp)
+			} else {
+				e.Git.Subpath, _ = d.str(v, fp)
+			}
+		case "file_system_id":
+			e.Mount.FileSystemID, _ = d.str(v, fp)
+		case "mount_target_ip":
+			e.Mount.MountTargetIP, _ = d.str(v, fp)
+		case "access_point":
+			e.Mount.AccessPoint, _ = d.str(v, fp)
+		case "extra_options":
+			e.Mount.ExtraOptions = d.strList(v, fp)
 		case "token":
 			if ref, ok := d.secretRef(v, fp); ok {
 				e.Git.Token = &ref

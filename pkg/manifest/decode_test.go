@@ -87,11 +87,11 @@ users: [{name: a, uid: -1}]
 		{"missing type", `
 entries:
   a: {content: x}
-`, []string{`entries["a"].type: required (one of: file, dir, local_file, local_dir, git_repo, s3_mount, gcs_mount, r2_mount, azure_blob_mount) (line 3)`}},
+`, []string{`entries["a"].type: required (one of: file, dir, local_file, local_dir, git_repo, s3_mount, gcs_mount, r2_mount, azure_blob_mount, s3_files_mount) (line 3)`}},
 		{"unknown type", `
 entries:
   a: {type: symlink}
-`, []string{`entries["a"].type: unknown entry type "symlink" (known: file, dir, local_file, local_dir, git_repo, s3_mount, gcs_mount, r2_mount, azure_blob_mount) (line 3)`}},
+`, []string{`entries["a"].type: unknown entry type "symlink" (known: file, dir, local_file, local_dir, git_repo, s3_mount, gcs_mount, r2_mount, azure_blob_mount, s3_files_mount) (line 3)`}},
 		{"entry is not a mapping", `
 entries:
   a: file

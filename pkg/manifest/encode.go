@@ -260,10 +260,15 @@ func (e *Entry) wire() *omap {
 		for _, f := range [...]struct{ k, v string }{
 			{"bucket", mt.Bucket}, {"account", mt.Account}, {"container", mt.Container},
 			{"prefix", mt.Prefix}, {"region", mt.Region}, {"endpoint", mt.Endpoint},
+			{"file_system_id", mt.FileSystemID}, {"subpath", mt.Subpath},
+			{"mount_target_ip", mt.MountTargetIP}, {"access_point", mt.AccessPoint},
 		} {
 			if f.v != "" {
 				o.add(f.k, f.v)
 			}
+		}
+		if mt.ExtraOptions != nil {
+			o.add("extra_options", mt.ExtraOptions)
 		}
 		if mt.ReadOnly != nil {
 			o.add("read_only", *mt.ReadOnly)

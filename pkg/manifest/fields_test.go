@@ -50,6 +50,8 @@ func fieldObjects() []fieldObject {
 		"host": "h.example", "repo": "o/r", "ref": "main", "subpath": "p", "token": "{secret: T}",
 		"bucket": "b", "account": "a", "container": "c", "prefix": "p/", "region": "r", "endpoint": "https://e.example",
 		"read_only": "false", "credentials": "{k: {secret: C}}",
+		"file_system_id": "fs-0123456789abcdef0", "mount_target_ip": "10.0.1.25", "access_point": "fsap-0123456789abcdef0",
+		"extra_options": "[nconnect=4]",
 	}
 	for _, t := range EntryTypes() {
 		objs = append(objs, fieldObject{

@@ -55,6 +55,11 @@ entries:
 			`entries["m"].credentials["access_key_id"]: secret "id" is not allowed in an untrusted manifest (line 3)`,
 			`entries["m"].credentials["secret_access_key"]: secret "key" is not allowed in an untrusted manifest (line 3)`,
 		}, UntrustedOptions{AllowMounts: true, AllowedSecrets: []string{"id", "key"}}},
+		{"s3 files mount", `
+entries:
+  shared: {type: s3_files_mount, file_system_id: fs-0123456789abcdef0, region: us-east-1}
+`, []string{`entries["shared"]: s3_files_mount entries are not allowed in an untrusted manifest (line 3)`},
+			UntrustedOptions{AllowMounts: true}},
 		{"other root", `
 root: /etc
 entries: {passwd: {type: file, content: "x"}}

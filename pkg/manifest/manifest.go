@@ -75,12 +75,16 @@ const (
 	TypeR2Mount EntryType = "r2_mount"
 	// TypeAzureBlobMount mounts an Azure Blob Storage container.
 	TypeAzureBlobMount EntryType = "azure_blob_mount"
+	// TypeS3FilesMount mounts an Amazon S3 Files file system: an NFS file
+	// system (fs-...) reached through a mount target in a VPC, not a
+	// bucket. It is described and checked here; no provider serves it yet.
+	TypeS3FilesMount EntryType = "s3_files_mount"
 )
 
 // EntryTypes returns every entry type, in a fixed order.
 func EntryTypes() []EntryType {
 	return []EntryType{TypeFile, TypeDir, TypeLocalFile, TypeLocalDir, TypeGitRepo,
-		TypeS3Mount, TypeGCSMount, TypeR2Mount, TypeAzureBlobMount}
+		TypeS3Mount, TypeGCSMount, TypeR2Mount, TypeAzureBlobMount, TypeS3FilesMount}
 }
 
 // Known reports whether t is one of the entry types above.
@@ -98,7 +102,7 @@ func (t EntryType) IsDir() bool {
 // IsMount reports whether t is a remote storage mount.
 func (t EntryType) IsMount() bool {
 	switch t {
-	case TypeS3Mount, TypeGCSMount, TypeR2Mount, TypeAzureBlobMount:
+	case TypeS3Mount, TypeGCSMount, TypeR2Mount, TypeAzureBlobMount, TypeS3FilesMount:
 		return true
 	}
 	return false
@@ -210,6 +214,12 @@ func (g *GitRepo) CloneURL() string {
 //	gcs_mount         bucket (required), prefix, region, endpoint
 //	r2_mount          bucket and account (required), prefix, endpoint
 //	azure_blob_mount  account and container (required), prefix, endpoint
+//	s3_files_mount    file_system_id and region (required), subpath,
+//	                  mount_target_ip, access_point, extra_options
+//
+// All of them take read_only; all but s3_files_mount take credentials (an
+// S3 Files file system is reached with the mounting host's own IAM
+// identity, so it names none).
 //
 // Credentials are secret references only, keyed by a provider-specific name
 // (see CredentialKeys). Mounting is done by providers; this package only
@@ -221,6 +231,21 @@ type Mount struct {
 	Prefix    string
 	Region    string
 	Endpoint  string
+	// FileSystemID names an S3 Files file system: "fs-" and lowercase hex.
+	FileSystemID string
+	// Subpath of an S3 Files mount is the directory of the file system
+	// that is mounted: absolute inside the file system ("/a/b"), clean;
+	// empty means its root.
+	Subpath string
+	// MountTargetIP, when set, is the IP address of the S3 Files mount
+	// target to use instead of resolving one for the region.
+	MountTargetIP string
+	// AccessPoint, when set, is an S3 Files access point ("fsap-" and
+	// lowercase hex) the mount goes through.
+	AccessPoint string
+	// ExtraOptions are further NFS mount options of an S3 Files mount,
+	// each "name" or "name=value" (no commas or spaces).
+	ExtraOptions []string
 	// ReadOnly mounts reject writes. nil means true: a mount is read-only
 	// unless it says otherwise.
 	ReadOnly    *bool
@@ -363,6 +388,7 @@ func (e *Entry) Clone() *Entry {
 			mt.ReadOnly = &ro
 		}
 		mt.Credentials = maps.Clone(mt.Credentials)
+		mt.ExtraOptions = slices.Clone(mt.ExtraOptions)
 		out.Mount = &mt
 	}
 	return &out

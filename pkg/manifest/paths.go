@@ -3,6 +3,7 @@ package manifest
 import (
 	"errors"
 	"fmt"
+	"net/netip"
 	"net/url"
 	"path"
 	"strings"
@@ -349,6 +350,71 @@ func checkToken(s string, max int) error {
 	}
 	if !utf8.ValidString(s) || hasControl(s) || strings.ContainsAny(s, "/\\ \t") {
 		return errors.New("must not contain '/', '\\', spaces or control characters")
+	}
+	return nil
+}
+
+// checkAWSID checks an AWS resource id of the documented shape: prefix
+// ("fs-" for a file system, "fsap-" for an access point) and 8 to 40
+// lowercase hexadecimal digits.
+func checkAWSID(s, prefix string) error {
+	hex, ok := strings.CutPrefix(s, prefix)
+	if !ok || len(hex) < 8 || len(hex) > 40 || strings.Trim(hex, "0123456789abcdef") != "" {
+		return fmt.Errorf("must be %q followed by 8 to 40 lowercase hexadecimal digits, such as %s0123456789abcdef0", prefix, prefix)
+	}
+	return nil
+}
+
+// checkFileSystemPath checks a directory inside a network file system (the
+// subpath of an s3_files_mount): absolute inside that file system, as in
+// the NFS source "fs-...:/path", and clean ("/" is its root).
+func checkFileSystemPath(p string) error {
+	if err := checkPathText(p); err != nil {
+		return err
+	}
+	if p[0] != '/' {
+		return errors.New(`must be absolute inside the file system, such as "/" or "/data/in"`)
+	}
+	if c := path.Clean(p); c != p {
+		return fmt.Errorf("must be a clean path (%q)", c)
+	}
+	if p == "/" {
+		return nil
+	}
+	return checkComponents(p[1:])
+}
+
+// checkMountTargetIP checks the address of a mount target: a plain IPv4 or
+// IPv6 address (no zone, no port) that can be a host's.
+func checkMountTargetIP(s string) error {
+	a, err := netip.ParseAddr(s)
+	switch {
+	case err != nil:
+		return errors.New("must be an IPv4 or IPv6 address, without a port")
+	case a.Zone() != "":
+		return errors.New("must not carry an IPv6 zone")
+	case a.IsUnspecified() || a.IsMulticast():
+		return errors.New("must be the address of a host (not unspecified or multicast)")
+	}
+	return nil
+}
+
+// checkMountOption checks one extra mount option: "name" or "name=value",
+// the name of letters, digits and '_' or '-', the value of letters, digits
+// and "_-.:/+" (no ',' that would add another option, no spaces).
+func checkMountOption(o string) error {
+	name, value, hasValue := strings.Cut(o, "=")
+	isName := func(r rune) bool {
+		return r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '_' || r == '-'
+	}
+	isValue := func(r rune) bool { return isName(r) || strings.ContainsRune(".:/+", r) }
+	switch {
+	case len(o) > 256:
+		return errors.New("longer than 256 bytes")
+	case name == "" || name[0] == '-' || strings.IndexFunc(name, func(r rune) bool { return !isName(r) }) >= 0:
+		return errors.New(`must be "name" or "name=value", the name made of letters, digits, '_' and '-'`)
+	case hasValue && (value == "" || strings.IndexFunc(value, func(r rune) bool { return !isValue(r) }) >= 0):
+		return errors.New(`the value must be non-empty and made of letters, digits and "_-.:/+" (no ',' or spaces)`)
 	}
 	return nil
 }

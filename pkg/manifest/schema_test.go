@@ -88,7 +88,11 @@ func TestJSONSchemaMatchesDecoder(t *testing.T) {
 		}
 		fields := append(slices.Clone(base), propNames(t, then, string(typ))...)
 		sameSet(t, string(typ), slices.Compact(slices.Sorted(slices.Values(fields))), entryFields(typ))
-		if typ.IsMount() {
+		if typ.IsMount() && len(CredentialKeys(typ)) == 0 {
+			if _, ok := obj(t, then["properties"], "then")["credentials"]; ok {
+				t.Errorf("schema: %s takes no credentials", typ)
+			}
+		} else if typ.IsMount() {
 			creds := obj(t, obj(t, then["properties"], "then")["credentials"], "credentials")
 			sameSet(t, string(typ)+".credentials", propNames(t, creds, "credentials"), CredentialKeys(typ))
 		}

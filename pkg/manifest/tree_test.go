@@ -60,6 +60,14 @@ func TestRenderTreeExact(t *testing.T) {
 				"└── a/          # /workspace/a\n" +
 				"    └── b/      # /workspace/a/b\n" +
 				"        └── c/  # /workspace/a/b/c\n"},
+		{"s3 files mount is a directory", &Manifest{Entries: map[string]*Entry{
+			"data/shared": {Type: TypeS3FilesMount, Description: "team results", Mount: &Mount{FileSystemID: "fs-0123456789abcdef0", Region: "us-east-1"}},
+			"notes.txt":   {Type: TypeFile},
+		}}, TreeOptions{},
+			"/workspace\n" +
+				"├── data/        # /workspace/data\n" +
+				"│   └── shared/  # /workspace/data/shared — team results\n" +
+				"└── notes.txt    # /workspace/notes.txt\n"},
 		{"empty manifest", &Manifest{}, TreeOptions{}, "/workspace\n"},
 	}
 	for _, tc := range cases {

@@ -324,6 +324,15 @@ func validateGit(p *problems, fp string, g *GitRepo) {
 // mountFieldUse says, per mount type, whether a field is required (2),
 // optional (1) or not used (0).
 func mountFieldUse(t EntryType, field string) int {
+	if t == TypeS3FilesMount {
+		switch field {
+		case "file_system_id", "region":
+			return 2
+		case "subpath", "mount_target_ip", "access_point", "extra_options", "read_only":
+			return 1
+		}
+		return 0
+	}
 	switch field {
 	case "bucket":
 		if t == TypeAzureBlobMount {
@@ -379,13 +388,41 @@ func validateMount(p *problems, fp string, t EntryType, mt *Mount) {
 			}
 		}
 	}
-	if err := checkSubPath(mt.Prefix); err != nil {
-		p.invalid(fieldPath(fp, "prefix"), err.Error())
+	// The other fields: each is checked when set, and reported as not used
+	// when set on a type that does not take it.
+	others := []struct {
+		name  string
+		set   bool
+		check func() error
+	}{
+		{"prefix", mt.Prefix != "", func() error { return checkSubPath(mt.Prefix) }},
+		{"endpoint", mt.Endpoint != "", func() error { return checkEndpoint(mt.Endpoint) }},
+		{"file_system_id", mt.FileSystemID != "", func() error { return checkAWSID(mt.FileSystemID, "fs-") }},
+		{"subpath", mt.Subpath != "", func() error { return checkFileSystemPath(mt.Subpath) }},
+		{"mount_target_ip", mt.MountTargetIP != "", func() error { return checkMountTargetIP(mt.MountTargetIP) }},
+		{"access_point", mt.AccessPoint != "", func() error { return checkAWSID(mt.AccessPoint, "fsap-") }},
+		{"extra_options", mt.ExtraOptions != nil, nil},
+		{"read_only", mt.ReadOnly != nil, nil},
+		{"credentials", len(mt.Credentials) > 0, nil},
 	}
-	if mt.Endpoint != "" {
-		if err := checkEndpoint(mt.Endpoint); err != nil {
-			p.invalid(fieldPath(fp, "endpoint"), err.Error())
+	for _, f := range others {
+		use := mountFieldUse(t, f.name)
+		switch {
+		case !f.set && use == 2:
+			p.invalid(fieldPath(fp, f.name), "required")
+		case f.set && use == 0:
+			p.invalid(fieldPath(fp, f.name), fmt.Sprintf("not used by %s entries", t))
+		case f.set && f.check != nil:
+			if err := f.check(); err != nil {
+				p.invalid(fieldPath(fp, f.name), err.Error())
+			}
 		}
+	}
+	if mountFieldUse(t, "extra_options") > 0 {
+		validateMountOptions(p, fieldPath(fp, "extra_options"), mt.ExtraOptions)
+	}
+	if mountFieldUse(t, "credentials") == 0 {
+		return
 	}
 	allowed := CredentialKeys(t)
 	for _, k := range sortedKeys(mt.Credentials) {
@@ -397,6 +434,31 @@ func validateMount(p *problems, fp string, t EntryType, mt *Mount) {
 		if err := checkSecretName(mt.Credentials[k].Name); err != nil {
 			p.invalid(fieldPath(cp, "secret"), err.Error())
 		}
+	}
+}
+
+// maxMountOptions bounds extra_options.
+const maxMountOptions = 32
+
+// validateMountOptions checks the extra NFS options of an S3 Files mount:
+// each "name" or "name=value" of a small character set (no ',' that would
+// smuggle in another option, no spaces), each name once.
+func validateMountOptions(p *problems, fp string, opts []string) {
+	if len(opts) > maxMountOptions {
+		p.invalid(fp, fmt.Sprintf("%d options; at most %d", len(opts), maxMountOptions))
+		return
+	}
+	seen := map[string]bool{}
+	for i, o := range opts {
+		if err := checkMountOption(o); err != nil {
+			p.invalid(indexPath(fp, i), err.Error())
+			continue
+		}
+		name, _, _ := strings.Cut(o, "=")
+		if seen[name] {
+			p.invalid(indexPath(fp, i), fmt.Sprintf("option %q is given twice", name))
+		}
+		seen[name] = true
 	}
 }
 

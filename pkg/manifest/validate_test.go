@@ -45,7 +45,9 @@ func validManifest() *Manifest {
 			"data/gcs":   {Type: TypeGCSMount, Mount: &Mount{Bucket: "g"}},
 			"data/r2":    {Type: TypeR2Mount, Mount: &Mount{Bucket: "r", Account: "acct"}},
 			"data/az":    {Type: TypeAzureBlobMount, Mount: &Mount{Account: "acct", Container: "c", ReadOnly: new(false)}},
-			"scratch":    {Type: TypeDir, Ephemeral: true, Description: "temporary"},
+			"data/efs": {Type: TypeS3FilesMount, Description: "shared results", Mount: &Mount{FileSystemID: "fs-0123456789abcdef0", Region: "us-east-1",
+				Subpath: "/runs/in", MountTargetIP: "10.0.1.25", AccessPoint: "fsap-0123456789abcdef0", ExtraOptions: []string{"nconnect=4", "noresvport"}}},
+			"scratch": {Type: TypeDir, Ephemeral: true, Description: "temporary"},
 		},
 	}
 }
@@ -184,6 +186,37 @@ func TestValidateRules(t *testing.T) {
 		{"prefix escape", func(m *Manifest) { m.Entries["data/s3"].Mount.Prefix = "../other" }, []string{`entries["data/s3"].prefix: path has a ".." component`}},
 		{"unknown credential", func(m *Manifest) { m.Entries["data/s3"].Mount.Credentials["account_key"] = Secret("x") }, []string{`entries["data/s3"].credentials["account_key"]: unknown credential for s3_mount`}},
 		{"credential name", func(m *Manifest) { m.Entries["data/s3"].Mount.Credentials["session_token"] = Secret("") }, []string{`entries["data/s3"].credentials["session_token"].secret: empty secret name`}},
+		// s3_files_mount.
+		{"s3 files without fields", func(m *Manifest) { m.Entries["data/efs"].Mount = nil }, []string{`entries["data/efs"].region: required`, `entries["data/efs"].file_system_id: required`}},
+		{"s3 files id shape", func(m *Manifest) { m.Entries["data/efs"].Mount.FileSystemID = "my-fs" }, []string{`entries["data/efs"].file_system_id: must be "fs-" followed by 8 to 40 lowercase hexadecimal digits`}},
+		{"s3 files id upper hex", func(m *Manifest) { m.Entries["data/efs"].Mount.FileSystemID = "fs-0123456789ABCDEF0" }, []string{`entries["data/efs"].file_system_id: must be "fs-"`}},
+		{"s3 files id short", func(m *Manifest) { m.Entries["data/efs"].Mount.FileSystemID = "fs-0123" }, []string{`entries["data/efs"].file_system_id: must be "fs-"`}},
+		{"s3 files access point shape", func(m *Manifest) { m.Entries["data/efs"].Mount.AccessPoint = "fs-0123456789abcdef0" }, []string{`entries["data/efs"].access_point: must be "fsap-"`}},
+		{"s3 files region", func(m *Manifest) { m.Entries["data/efs"].Mount.Region = "us east" }, []string{`entries["data/efs"].region: must not contain`}},
+		{"s3 files ip", func(m *Manifest) { m.Entries["data/efs"].Mount.MountTargetIP = "10.0.1" }, []string{`entries["data/efs"].mount_target_ip: must be an IPv4 or IPv6 address`}},
+		{"s3 files ip with port", func(m *Manifest) { m.Entries["data/efs"].Mount.MountTargetIP = "10.0.1.25:2049" }, []string{`entries["data/efs"].mount_target_ip: must be an IPv4 or IPv6 address`}},
+		{"s3 files ip zone", func(m *Manifest) { m.Entries["data/efs"].Mount.MountTargetIP = "fe80::1%eth0" }, []string{`entries["data/efs"].mount_target_ip: must not carry an IPv6 zone`}},
+		{"s3 files ip unspecified", func(m *Manifest) { m.Entries["data/efs"].Mount.MountTargetIP = "0.0.0.0" }, []string{`entries["data/efs"].mount_target_ip: must be the address of a host`}},
+		{"s3 files subpath relative", func(m *Manifest) { m.Entries["data/efs"].Mount.Subpath = "runs/in" }, []string{`entries["data/efs"].subpath: must be absolute inside the file system`}},
+		{"s3 files subpath unclean", func(m *Manifest) { m.Entries["data/efs"].Mount.Subpath = "/runs/../etc" }, []string{`entries["data/efs"].subpath: must be a clean path ("/etc")`}},
+		{"s3 files subpath trailing slash", func(m *Manifest) { m.Entries["data/efs"].Mount.Subpath = "/runs/" }, []string{`entries["data/efs"].subpath: must be a clean path ("/runs")`}},
+		{"s3 files subpath control", func(m *Manifest) { m.Entries["data/efs"].Mount.Subpath = "/runs\n" }, []string{`entries["data/efs"].subpath: path contains a control character`}},
+		{"s3 files option comma", func(m *Manifest) { m.Entries["data/efs"].Mount.ExtraOptions = []string{"port=2049,exec"} }, []string{`entries["data/efs"].extra_options[0]: the value must be`}},
+		{"s3 files option comma in name", func(m *Manifest) { m.Entries["data/efs"].Mount.ExtraOptions = []string{"ok", "a,b"} }, []string{`entries["data/efs"].extra_options[1]: must be "name" or "name=value"`}},
+		{"s3 files option space", func(m *Manifest) { m.Entries["data/efs"].Mount.ExtraOptions = []string{"port=20 49"} }, []string{`entries["data/efs"].extra_options[0]: the value must be`}},
+		{"s3 files option empty value", func(m *Manifest) { m.Entries["data/efs"].Mount.ExtraOptions = []string{"port="} }, []string{`entries["data/efs"].extra_options[0]: the value must be`}},
+		{"s3 files option twice", func(m *Manifest) { m.Entries["data/efs"].Mount.ExtraOptions = []string{"nconnect=4", "nconnect=8"} }, []string{`entries["data/efs"].extra_options[1]: option "nconnect" is given twice`}},
+		{"s3 files too many options", func(m *Manifest) {
+			m.Entries["data/efs"].Mount.ExtraOptions = make([]string, 33)
+		}, []string{`entries["data/efs"].extra_options: 33 options; at most 32`}},
+		{"bucket on s3 files", func(m *Manifest) { m.Entries["data/efs"].Mount.Bucket = "b" }, []string{`entries["data/efs"].bucket: not used by s3_files_mount entries`}},
+		{"credentials on s3 files", func(m *Manifest) {
+			m.Entries["data/efs"].Mount.Credentials = map[string]SecretRef{"access_key_id": Secret("x")}
+		}, []string{`entries["data/efs"].credentials: not used by s3_files_mount entries`}},
+		{"endpoint on s3 files", func(m *Manifest) { m.Entries["data/efs"].Mount.Endpoint = "https://x.example" }, []string{`entries["data/efs"].endpoint: not used by s3_files_mount entries`}},
+		{"file system id on s3", func(m *Manifest) { m.Entries["data/s3"].Mount.FileSystemID = "fs-0123456789abcdef0" }, []string{`entries["data/s3"].file_system_id: not used by s3_mount entries`}},
+		{"extra options on gcs", func(m *Manifest) { m.Entries["data/gcs"].Mount.ExtraOptions = []string{"ro"} }, []string{`entries["data/gcs"].extra_options: not used by gcs_mount entries`}},
+		{"permissions on s3 files", func(m *Manifest) { m.Entries["data/efs"].Permissions = perms("0755") }, []string{`entries["data/efs"].permissions: mount entries take no permissions`}},
 
 		// Users and groups.
 		{"bad user name", func(m *Manifest) { m.Users[1].Name = "-rf" }, []string{`users[1].name: name must not start with "-"`}},

@@ -31,6 +31,7 @@ func TestWalkOrder(t *testing.T) {
 	want := []string{
 		"cfg.json:local_file",
 		"data/az:azure_blob_mount",
+		"data/efs:s3_files_mount",
 		"data/gcs:gcs_mount",
 		"data/r2:r2_mount",
 		"data/s3:s3_mount",
@@ -69,11 +70,11 @@ func TestEphemeralAndMountPaths(t *testing.T) {
 	m.Entries["scratch"].Children = map[string]*Entry{"tmp": {Type: TypeDir, Ephemeral: true}}
 	m.Entries["repo"].Children["cache"] = &Entry{Type: TypeDir, Ephemeral: true}
 	m.Entries["repo"].Children["cache/inner"] = &Entry{Type: TypeFile, Ephemeral: true}
-	want := []string{"data/az", "data/gcs", "data/r2", "data/s3", "repo/cache", "scratch"}
+	want := []string{"data/az", "data/efs", "data/gcs", "data/r2", "data/s3", "repo/cache", "scratch"}
 	if got := m.EphemeralPaths(); !reflect.DeepEqual(got, want) {
 		t.Errorf("EphemeralPaths = %q, want %q", got, want)
 	}
-	if got := m.MountPaths(); !reflect.DeepEqual(got, []string{"data/az", "data/gcs", "data/r2", "data/s3"}) {
+	if got := m.MountPaths(); !reflect.DeepEqual(got, []string{"data/az", "data/efs", "data/gcs", "data/r2", "data/s3"}) {
 		t.Errorf("MountPaths = %q", got)
 	}
 	if e := m.Lookup("repo/cache/inner"); e == nil || e.Type != TypeFile {
@@ -97,6 +98,7 @@ func TestCloneIsDeep(t *testing.T) {
 	c.Entries["vendor/lib"].Git.Token.Name = "changed"
 	c.Entries["data/s3"].Mount.Credentials["session_token"] = Secret("x")
 	*c.Entries["data/az"].Mount.ReadOnly = true
+	c.Entries["data/efs"].Mount.ExtraOptions[0] = "changed"
 	c.Users[0].Groups[0] = "changed"
 	*c.Users[0].UID = 1
 	*c.Groups[0].GID = 1

@@ -401,6 +401,7 @@ func TestMountEntriesRefused(t *testing.T) {
 		manifest.TypeGCSMount:       {Bucket: "b"},
 		manifest.TypeR2Mount:        {Bucket: "b", Account: "a"},
 		manifest.TypeAzureBlobMount: {Account: "a", Container: "c"},
+		manifest.TypeS3FilesMount:   {FileSystemID: "fs-0123456789abcdef0", Region: "us-east-1"},
 	}
 	for typ, mt := range mounts {
 		t.Run(string(typ), func(t *testing.T) {
@@ -420,8 +421,22 @@ func TestMountEntriesRefused(t *testing.T) {
 			}
 		})
 	}
-	d := agentdtest.Start(t, nil)
+	// s3_files_mount is refused even with a Mounter configured, which is
+	// never asked (no strategy serves an NFS file system).
 	m := &manifest.Manifest{Entries: map[string]*manifest.Entry{
+		"task.md": {Type: manifest.TypeFile, Content: []byte("t")},
+		"data":    {Type: manifest.TypeS3FilesMount, Mount: mounts[manifest.TypeS3FilesMount]},
+	}}
+	fm := &fakeMounter{}
+	_, err := materializer.Prepare(ctxT(t), m, materializer.Options{Mounts: fm})
+	if !errors.Is(err, errkind.ErrUnimplemented) || !strings.Contains(err.Error(), "entry data: ") || !strings.Contains(err.Error(), "s3_files_mount mounts are not supported") || !strings.Contains(err.Error(), "NFS file system") {
+		t.Fatalf("s3_files_mount with a Mounter: %v", err)
+	}
+	if fm.req.Entry != nil {
+		t.Errorf("the Mounter was asked to plan an s3_files_mount")
+	}
+	d := agentdtest.Start(t, nil)
+	m = &manifest.Manifest{Entries: map[string]*manifest.Entry{
 		"task.md": {Type: manifest.TypeFile, Content: []byte("t")},
 		"data":    {Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: "b"}},
 	}}

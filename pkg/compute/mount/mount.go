@@ -12,6 +12,10 @@
 // JSON API client (gcs.go) with OAuth bearer tokens, tested against
 // fake-gcs-server. azure_blob_mount is refused with ErrUnimplemented: see
 // azure.go for the parts written and unit-tested without a server.
+// s3_files_mount is refused with ErrUnimplemented too, for a reason that
+// no server would change: an S3 Files file system is reached over NFS from
+// inside the sandbox, which its network and capabilities do not allow, and
+// this copy strategy reads buckets (materializer.RefuseFileSystemMount).
 //
 // Wiring:
 //
