@@ -69,6 +69,10 @@ type config struct {
 	onlyMemory bool
 	memoryEnv  string
 	memoryArgs string
+	// Soak (soak.go); a zero duration skips it.
+	soak          time.Duration
+	soakSandboxes int
+	onlySoak      bool
 }
 
 func main() {
@@ -103,6 +107,9 @@ func main() {
 	flag.StringVar(&cfg.memoryEnv, "memory-env", "", "extra environment for the burst's daemon, space-separated, whose log then goes to stderr (diagnostics: GODEBUG=gctrace=1,scavtrace=1 GOMEMLIMIT=32MiB)")
 	flag.IntVar(&cfg.serveRuns, "serve-runs", 100, "harness serve: concurrent runs followed over SSE (0: skip)")
 	flag.BoolVar(&cfg.onlyServe, "only-serve", false, "measure only the harness serve figures")
+	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "soak: how long the sandboxes run their load (0: skip)")
+	flag.IntVar(&cfg.soakSandboxes, "soak-sandboxes", 100, "soak: local sandboxes, each running an Exec a second and a 1 MiB WriteFile every 10 s")
+	flag.BoolVar(&cfg.onlySoak, "only-soak", false, "measure only the soak")
 	scaling := flag.String("scaling", "1,10,50,100", "concurrent sandbox counts of the scaling series (empty: skip)")
 	flag.Parse()
 	for _, f := range strings.Split(*scaling, ",") {
@@ -165,7 +172,14 @@ func run(ctx context.Context, cfg config) error {
 		return report(cfg, r)
 	}
 	if cfg.onlyServe {
-		r, err := benchServe(ctx, agentd, cfg.serveRuns)
+		r, err := benchServe(ctx, cfg.binDir, cfg.serveRuns)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	if cfg.onlySoak {
+		r, err := benchSoak(ctx, soakConfig{agentd: agentd, sandboxes: cfg.soakSandboxes, duration: cfg.soak})
 		if err != nil {
 			return err
 		}
@@ -279,6 +293,14 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	add(r...)
+	if cfg.soak > 0 && cfg.soakSandboxes > 0 {
+		fmt.Fprintln(os.Stderr, "soak ...")
+		r, err = benchSoak(ctx, soakConfig{agentd: agentd, sandboxes: cfg.soakSandboxes, duration: cfg.soak})
+		if err != nil {
+			return err
+		}
+		add(r...)
+	}
 	if cfg.isolationExecs > 0 {
 		fmt.Fprintln(os.Stderr, "isolation ...")
 		r, err = benchIsolation(ctx, cfg)
@@ -302,7 +324,7 @@ func run(ctx context.Context, cfg config) error {
 	add(r...)
 	if cfg.serveRuns > 0 {
 		fmt.Fprintln(os.Stderr, "harness serve ...")
-		r, err = benchServe(ctx, agentd, cfg.serveRuns)
+		r, err = benchServe(ctx, cfg.binDir, cfg.serveRuns)
 		if err != nil {
 			return err
 		}

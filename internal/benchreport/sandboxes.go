@@ -316,56 +316,102 @@ func benchMany(ctx context.Context, k sandboxKind, n int, memory func(ctx contex
 // sandbox-agentd processes: those of this binary whose socket is in a
 // session's private directory.
 func localDaemonsMemory(agentd string) func(context.Context, []*compute.Session) (string, error) {
-	if abs, err := filepath.Abs(agentd); err == nil {
-		agentd = abs // the provider starts the daemon by its absolute path
-	}
 	return func(_ context.Context, sessions []*compute.Session) (string, error) {
-		var dirs [][]byte
-		for _, s := range sessions {
-			st, err := s.State()
-			if err != nil {
-				return "", err
-			}
-			var ps struct {
-				Dir string `json:"dir"`
-			}
-			if err := json.Unmarshal(st.ProviderState, &ps); err != nil || ps.Dir == "" {
-				return "", fmt.Errorf("local provider state %s: %v", st.ProviderState, err)
-			}
-			dirs = append(dirs, []byte(ps.Dir+"/"))
-		}
-		ents, err := os.ReadDir("/proc")
+		m, err := daemonsMemory(agentd, sessions)
 		if err != nil {
 			return "", err
 		}
-		var count int
-		var rssKiB, pssKiB int64
-		for _, e := range ents {
-			if _, err := strconv.Atoi(e.Name()); err != nil {
-				continue
-			}
-			cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
-			if err != nil {
-				continue
-			}
-			argv0, _, _ := bytes.Cut(cmdline, []byte{0})
-			if string(argv0) != agentd || !slices.ContainsFunc(dirs, func(d []byte) bool { return bytes.Contains(cmdline, d) }) {
-				continue
-			}
-			rollup, err := os.ReadFile(filepath.Join("/proc", e.Name(), "smaps_rollup"))
-			if err != nil {
-				continue
-			}
-			count++
-			rssKiB += smapsField(rollup, "Rss")
-			pssKiB += smapsField(rollup, "Pss")
-		}
-		if count != len(sessions) {
-			return "", fmt.Errorf("found %d daemons for %d sandboxes", count, len(sessions))
-		}
 		return fmt.Sprintf("%.1f MiB PSS, %.1f MiB RSS (%.2f MiB PSS, %.2f MiB RSS each)",
-			float64(pssKiB)/1024, float64(rssKiB)/1024, float64(pssKiB)/1024/float64(count), float64(rssKiB)/1024/float64(count)), nil
+			float64(m.pssKiB)/1024, float64(m.rssKiB)/1024, float64(m.pssKiB)/1024/float64(m.count), float64(m.rssKiB)/1024/float64(m.count)), nil
 	}
+}
+
+// daemonMem is the summed memory of a set of daemons, in KiB.
+type daemonMem struct {
+	count          int
+	rssKiB, pssKiB int64
+}
+
+// daemonsMemory reads the memory of the sessions' local daemons (see
+// localDaemonsMemory); it fails unless it finds one daemon per session.
+func daemonsMemory(agentd string, sessions []*compute.Session) (daemonMem, error) {
+	var dirs [][]byte
+	for _, s := range sessions {
+		st, err := s.State()
+		if err != nil {
+			return daemonMem{}, err
+		}
+		var ps struct {
+			Dir string `json:"dir"`
+		}
+		if err := json.Unmarshal(st.ProviderState, &ps); err != nil || ps.Dir == "" {
+			return daemonMem{}, fmt.Errorf("local provider state %s: %v", st.ProviderState, err)
+		}
+		dirs = append(dirs, []byte(ps.Dir+"/"))
+	}
+	var m daemonMem
+	err := eachDaemon(agentd, func(cmdline []byte) bool {
+		return slices.ContainsFunc(dirs, func(d []byte) bool { return bytes.Contains(cmdline, d) })
+	}, func(pid string) {
+		rollup, err := os.ReadFile(filepath.Join("/proc", pid, "smaps_rollup"))
+		if err != nil {
+			return
+		}
+		m.count++
+		m.rssKiB += smapsField(rollup, "Rss")
+		m.pssKiB += smapsField(rollup, "Pss")
+	})
+	if err != nil {
+		return m, err
+	}
+	if m.count != len(sessions) {
+		return m, fmt.Errorf("found %d daemons for %d sandboxes", m.count, len(sessions))
+	}
+	return m, nil
+}
+
+// eachDaemon calls f with the pid of every running process of the agentd
+// binary whose command line match accepts, leaving out a daemon's child
+// caught between fork and exec (which still shows the daemon's command
+// line).
+func eachDaemon(agentd string, match func(cmdline []byte) bool, f func(pid string)) error {
+	if abs, err := filepath.Abs(agentd); err == nil {
+		agentd = abs // the provider starts the daemon by its absolute path
+	}
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return err
+	}
+	parents := map[string]string{} // matching pid -> its parent's pid
+	for _, e := range ents {
+		if _, err := strconv.Atoi(e.Name()); err != nil {
+			continue
+		}
+		cmdline, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		argv0, _, _ := bytes.Cut(cmdline, []byte{0})
+		if string(argv0) != agentd || !match(cmdline) {
+			continue
+		}
+		stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...: comm may hold spaces, so after the last ')'.
+		if i := bytes.LastIndexByte(stat, ')'); i >= 0 {
+			if fs := strings.Fields(string(stat[i+1:])); len(fs) > 1 {
+				parents[e.Name()] = fs[1]
+			}
+		}
+	}
+	for pid, ppid := range parents {
+		if _, forked := parents[ppid]; !forked {
+			f(pid)
+		}
+	}
+	return nil
 }
 
 func smapsField(rollup []byte, key string) int64 {

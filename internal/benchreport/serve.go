@@ -2,64 +2,29 @@ package main
 
 // Service figures (`harness serve`): 100 concurrent runs against the
 // scripted Responses server, each followed by an SSE client: how long a
-// tool result takes from the runner to the client, the process's memory,
-// and what the embedded run store (bbolt) costs per run.
+// tool result takes from the runner to the client, the service process's
+// own memory (it runs as a subprocess), and what the embedded run store
+// (bbolt) costs per run on disk.
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
-	"go.uber.org/zap"
-
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/service"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store/bolt"
 )
-
-// timedStore measures the time spent in a store's calls.
-type timedStore struct {
-	store.Store
-	mu    sync.Mutex
-	spent time.Duration
-	calls int
-}
-
-func (t *timedStore) time(start time.Time) {
-	t.mu.Lock()
-	t.spent += time.Since(start)
-	t.calls++
-	t.mu.Unlock()
-}
-
-func (t *timedStore) CreateRun(ctx context.Context, r *store.Run) error {
-	defer t.time(time.Now())
-	return t.Store.CreateRun(ctx, r)
-}
-
-func (t *timedStore) UpdateRun(ctx context.Context, r *store.Run) error {
-	defer t.time(time.Now())
-	return t.Store.UpdateRun(ctx, r)
-}
-
-func (t *timedStore) AppendEvents(ctx context.Context, id string, evs []store.Event) error {
-	defer t.time(time.Now())
-	return t.Store.AppendEvents(ctx, id, evs)
-}
 
 const benchToken = "bench-token-0123456789"
 
@@ -99,8 +64,10 @@ func (m *modelClock) since(id string, at time.Time) (time.Duration, bool) {
 	return at.Sub(t), ok
 }
 
-// benchServe runs n concurrent runs through a service on loopback.
-func benchServe(ctx context.Context, agentd string, n int) ([]row, error) {
+// benchServe runs n concurrent runs through `harness serve` (the binary in
+// binDir, a process of its own, whose memory is then the service's alone)
+// on loopback, against the scripted Responses server in this process.
+func benchServe(ctx context.Context, binDir string, n int) ([]row, error) {
 	dir, err := os.MkdirTemp("", "bench-serve-")
 	if err != nil {
 		return nil, err
@@ -122,62 +89,37 @@ func benchServe(ctx context.Context, agentd string, n int) ([]row, error) {
 		}
 		return replay.Turn{Items: []replay.Item{replay.Message("done")}}
 	})
-	mdl, err := model.NewOpenAI(model.Config{Model: "scripted", APIKey: "bench", BaseURL: script.URL(), Retry: model.RetryPolicy{MaxAttempts: 1}})
-	if err != nil {
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte(benchToken+" bench\n"), 0o600); err != nil {
 		return nil, err
 	}
-	prov, err := local.New(local.Config{StateDir: filepath.Join(dir, "sandboxes"), AgentdPath: agentd, Isolation: local.IsolationNone}, zap.NewNop())
-	if err != nil {
-		return nil, err
-	}
-	defer prov.Close()
-	client := compute.NewClient(prov, compute.ClientOptions{Log: zap.NewNop()})
 	dbPath := filepath.Join(dir, "runs.db")
-	db, err := bolt.Open(dbPath)
+	svc, err := startServe(ctx, binDir, dir, tokens, "bolt:"+dbPath, script.URL())
 	if err != nil {
 		return nil, err
 	}
-	defer db.Close()
-	st := &timedStore{Store: db}
-	tokens, err := auth.ParseTokens([]byte(benchToken+" bench\n"), "tokens")
+	defer svc.stop()
+	// Its idle figure: a moment for start-up's garbage to settle.
+	time.Sleep(time.Second)
+	before, err := readProcMem(svc.pid())
 	if err != nil {
 		return nil, err
 	}
-	before, err := readRSS(os.Getpid())
-	if err != nil {
-		return nil, err
-	}
-	svc, err := service.New(ctx, service.Config{Store: st, Compute: client, Model: mdl, DefaultModel: "scripted", Auth: tokens, Log: zap.NewNop()})
-	if err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	sctx, stop := context.WithCancel(ctx)
-	served := make(chan error, 1)
-	go func() { served <- service.Serve(sctx, ln, svc.Handler(), time.Second) }()
-	defer func() {
-		_ = svc.Shutdown(context.Background())
-		stop()
-		<-served
-	}()
-	url := "http://" + ln.Addr().String()
+	url := "http://" + svc.addr
 	hc := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
 
 	var (
 		mu        sync.Mutex
 		latencies []time.Duration
 		arrivals  []arrival
-		peak      rss
+		peak      procMem
 		firstErr  error
 	)
 	sample := func() {
-		if r, err := readRSS(os.Getpid()); err == nil {
+		if m, err := readProcMem(svc.pid()); err == nil {
 			mu.Lock()
-			if r.total > peak.total {
-				peak = r
+			if m.rssKiB > peak.rssKiB {
+				peak = m
 			}
 			mu.Unlock()
 		}
@@ -215,6 +157,14 @@ loop:
 	if firstErr != nil {
 		return nil, firstErr
 	}
+	after, err := readProcMem(svc.pid())
+	if err != nil {
+		return nil, err
+	}
+	hwm, err := readPeakRSS(svc.pid())
+	if err != nil {
+		return nil, err
+	}
 	if len(latencies) == 0 {
 		return nil, fmt.Errorf("no tool results were streamed")
 	}
@@ -235,9 +185,6 @@ loop:
 		return nil, fmt.Errorf("the scripted model saw no tool output")
 	}
 	r50, r99 := percentiles(fromRunner)
-	st.mu.Lock()
-	spent, calls := st.spent, st.calls
-	st.mu.Unlock()
 	label := fmt.Sprintf("harness serve, %d concurrent runs (scripted model, exec_command in local sandboxes, one SSE client each)", n)
 	return []row{
 		{label + ": tool result to SSE client, from the event's time (the service got it from the runner), p50", us(p50), "", "", ""},
@@ -245,11 +192,11 @@ loop:
 		{label + ": tool result to SSE client, from the model receiving the output (the runner had the result), p50", us(r50), "", "", ""},
 		{label + ": tool result to SSE client, from the model receiving the output (the runner had the result), p99", us(r99), "", "", ""},
 		{label + ": wall time for all runs", fmt.Sprintf("%.2f s", wall.Seconds()), "", "", ""},
-		{label + ": process RSS growth at peak (service, clients and scripted model in one process)",
-			mib((peak.total - before.total) * 1024), "", "", "bounded"},
+		{label + ": service process (`harness serve`) memory before the runs", before.String(), "", "", ""},
+		{label + ": service process memory at its peak RSS (sampled every 50 ms; VmHWM " + fmt.Sprintf("%.1f MiB", float64(hwm)/1024) + ")", peak.String(),
+			"", fmt.Sprintf("%+.1f MiB RSS over before", float64(peak.rssKiB-before.rssKiB)/1024), "bounded"},
+		{label + ": service process memory after the runs", after.String(), "", fmt.Sprintf("%+.1f MiB RSS over before", float64(after.rssKiB-before.rssKiB)/1024), ""},
 		{label + ": bbolt store: bytes on disk per run", fmt.Sprintf("%.1f KiB", float64(fi.Size())/float64(n)/1024), "", "", ""},
-		{label + ": bbolt store: time in store calls per run (fsync, group commit, incl. waiting for the writer)",
-			fmt.Sprintf("%.1f ms (%d calls)", float64(spent.Microseconds())/1000/float64(n), calls/n), "", "", ""},
 	}, nil
 }
 
@@ -316,4 +263,129 @@ func serveOneRun(ctx context.Context, hc *http.Client, url string) ([]time.Durat
 		}
 	}
 	return out, arr, sc.Err()
+}
+
+// procMem is a process's resident memory in KiB: RSS and PSS from
+// smaps_rollup, RSS split into anonymous and file pages from status.
+type procMem struct{ rssKiB, pssKiB, anonKiB, fileKiB int64 }
+
+func (m procMem) String() string {
+	return fmt.Sprintf("%.1f MiB RSS (%.1f anonymous + %.1f file), %.1f MiB PSS",
+		float64(m.rssKiB)/1024, float64(m.anonKiB)/1024, float64(m.fileKiB)/1024, float64(m.pssKiB)/1024)
+}
+
+func readProcMem(pid int) (procMem, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/smaps_rollup", pid))
+	if err != nil {
+		return procMem{}, err
+	}
+	r, err := readRSS(pid)
+	if err != nil {
+		return procMem{}, err
+	}
+	return procMem{rssKiB: smapsField(b, "Rss"), pssKiB: smapsField(b, "Pss"), anonKiB: r.anon, fileKiB: r.file}, nil
+}
+
+// serveProc is a `harness serve` subprocess.
+type serveProc struct {
+	cmd    *exec.Cmd
+	addr   string // host:port it serves on
+	agentd string
+	dir    string // its state directory's parent: every sandbox of it is under it
+	exited chan struct{}
+	mu     sync.Mutex
+	tail   []string // the last lines of its stderr
+}
+
+func (p *serveProc) pid() int { return p.cmd.Process.Pid }
+
+func (p *serveProc) stderrTail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.tail, "\n")
+}
+
+// startServe starts `harness serve` from binDir with its state under dir,
+// local sandboxes without isolation (plain processes, as the other figures'
+// sandboxes), the tokens file, the run store, and the model at modelURL,
+// and waits until it listens.
+func startServe(ctx context.Context, binDir, dir, tokens, storeSpec, modelURL string) (*serveProc, error) {
+	harness, err := filepath.Abs(filepath.Join(binDir, "harness"))
+	if err != nil {
+		return nil, err
+	}
+	agentd, err := filepath.Abs(filepath.Join(binDir, local.AgentdBinary))
+	if err != nil {
+		return nil, err
+	}
+	if _, err := os.Stat(harness); err != nil {
+		return nil, fmt.Errorf("harness serve: %w (build it with `make build`)", err)
+	}
+	cmd := exec.Command(harness, "--provider", "local", "--isolation", "none", "--agentd", agentd, "--state-dir", filepath.Join(dir, "state"),
+		"serve", "--listen", "127.0.0.1:0", "--tokens-file", tokens, "--store", storeSpec, "--model", "scripted",
+		"--sandbox-retention", "0", "--drain-timeout", "10s")
+	cmd.Env = append(os.Environ(), "OPENAI_API_KEY=bench", "OPENAI_BASE_URL="+modelURL)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("harness serve: %w", err)
+	}
+	p := &serveProc{cmd: cmd, agentd: agentd, dir: dir, exited: make(chan struct{})}
+	ready := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.tail = append(p.tail, line)
+			if len(p.tail) > 20 {
+				p.tail = p.tail[1:]
+			}
+			p.mu.Unlock()
+			if rest, ok := strings.CutPrefix(line, "harness: serving on http://"); ok {
+				addr, _, _ := strings.Cut(rest, " ")
+				select {
+				case ready <- addr:
+				default:
+				}
+			}
+		}
+		_ = cmd.Wait()
+		close(p.exited)
+	}()
+	select {
+	case p.addr = <-ready:
+		return p, nil
+	case <-p.exited:
+		p.stop()
+		return nil, fmt.Errorf("harness serve exited before serving: %s", p.stderrTail())
+	case <-time.After(30 * time.Second):
+		p.stop()
+		return nil, fmt.Errorf("harness serve did not serve within 30 s: %s", p.stderrTail())
+	case <-ctx.Done():
+		p.stop()
+		return nil, ctx.Err()
+	}
+}
+
+// stop ends the service (SIGTERM, then SIGKILL after a minute) and kills
+// any sandbox daemon of it still running.
+func (p *serveProc) stop() {
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.exited:
+	case <-time.After(time.Minute):
+		_ = p.cmd.Process.Kill()
+		<-p.exited
+	}
+	mark := []byte(p.dir + "/")
+	_ = eachDaemon(p.agentd, func(cmdline []byte) bool { return bytes.Contains(cmdline, mark) }, func(pid string) {
+		var n int
+		if _, err := fmt.Sscan(pid, &n); err == nil {
+			fmt.Fprintf(os.Stderr, "harness serve: killing its leftover sandbox daemon %d\n", n)
+			_ = syscall.Kill(n, syscall.SIGKILL)
+		}
+	})
 }
