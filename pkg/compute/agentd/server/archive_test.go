@@ -32,6 +32,16 @@ func writeTree(t *testing.T, root string, files map[string]string) {
 // treeOf maps every path below root to a description of it.
 func treeOf(t *testing.T, root string) map[string]string {
 	t.Helper()
+	out, err := readTree(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// readTree describes every path below root (mode, symlink target, file
+// content).
+func readTree(root string) (map[string]string, error) {
 	out := map[string]string{}
 	err := filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
 		if err != nil {
@@ -54,10 +64,7 @@ func treeOf(t *testing.T, root string) map[string]string {
 		out[rel] = desc
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return out
+	return out, err
 }
 
 func sameTree(t *testing.T, want, got map[string]string) {
@@ -182,16 +189,21 @@ func TestRestoreInterruptedChangesNothing(t *testing.T) {
 	eventuallySameTree(t, before, td.workspace)
 }
 
-// eventuallySameTree waits until the tree at root equals want.
+// eventuallySameTree waits until the tree at root equals want. The
+// daemon may be rolling back meanwhile, so a path that vanishes under the
+// walk (its staging directory being removed) only means: look again.
 func eventuallySameTree(t *testing.T, want map[string]string, root string) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		got := treeOf(t, root)
-		if maps.Equal(want, got) {
+		got, err := readTree(root)
+		if err == nil && maps.Equal(want, got) {
 			return
 		}
 		if time.Now().After(deadline) {
+			if err != nil {
+				t.Fatal(err)
+			}
 			sameTree(t, want, got)
 		}
 		time.Sleep(10 * time.Millisecond)
