@@ -1,12 +1,15 @@
 package local
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
@@ -105,5 +108,32 @@ func TestPlainRootNeedsASearchableStateDir(t *testing.T) {
 	_, err := New(Config{StateDir: filepath.Join(top, "state"), AgentdPath: "/bin/true", Isolation: IsolationNone}, zap.NewNop())
 	if !errors.Is(err, compute.ErrFailedPrecondition) {
 		t.Fatalf("state dir below a 0700 directory: %v", err)
+	}
+}
+
+// TestBubblewrapStartRetriedThenReported: a bubblewrap sandbox whose
+// process exits before it serves is started again, at most
+// bwrapStartAttempts times, each time with the seccomp filter rewound; a
+// failure that repeats is reported (ErrUnavailable, ErrExitedAtStart) and
+// leaves nothing behind.
+func TestBubblewrapStartRetriedThenReported(t *testing.T) {
+	testenv.Require(t, testenv.Bubblewrap)
+	core, logs := observer.New(zap.WarnLevel)
+	state := testenv.SearchableTempDir(t)
+	p, err := New(Config{StateDir: state, AgentdPath: agentdBin, Isolation: IsolationBubblewrap, Args: []string{"--no-such-flag"}}, zap.New(core))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	_, err = p.Launch(ctx, compute.LaunchSpec{SessionID: "retried"})
+	if !errors.Is(err, ErrExitedAtStart) || !errors.Is(err, compute.ErrUnavailable) {
+		t.Fatalf("a daemon that cannot start: %v", err)
+	}
+	if n := logs.FilterMessageSnippet("starting it again").Len(); n != bwrapStartAttempts-1 {
+		t.Errorf("%d restarts, want %d", n, bwrapStartAttempts-1)
+	}
+	if ents, _ := os.ReadDir(state); len(ents) != 0 {
+		t.Errorf("a failed launch left %v", ents)
 	}
 }

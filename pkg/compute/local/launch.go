@@ -236,6 +236,10 @@ func startInCgroup(path string, newCmd func(cgroup *os.File) *exec.Cmd) (*exec.C
 // named (nil when it runs in it or none was asked for).
 func (s *Sandbox) CgroupErr() error { return s.cgroupErr }
 
+// ErrExitedAtStart: the daemon (or the sandbox wrapping it) exited before
+// it served.
+var ErrExitedAtStart = errors.New("sandbox-agentd exited during start-up")
+
 // waitReady waits until the daemon serves and accepts the token
 // (agentclient.WaitReady), giving up as soon as the process exits.
 func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
@@ -243,7 +247,7 @@ func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
 		Alive: func(context.Context) error {
 			select {
 			case <-s.exited:
-				return fmt.Errorf("%w: sandbox-agentd exited during start-up: %s", errkind.ErrUnavailable, s.cmd.ProcessState)
+				return fmt.Errorf("%w: %w: %s", errkind.ErrUnavailable, ErrExitedAtStart, s.cmd.ProcessState)
 			default:
 				return nil
 			}

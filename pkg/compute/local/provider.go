@@ -475,6 +475,27 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		opts.Cgroup = cg
 	}
 	sb, err := Start(ctx, opts, p.log)
+	for attempt := 2; err != nil && p.bwrap != "" && errors.Is(err, ErrExitedAtStart) && attempt <= bwrapStartAttempts && ctx.Err() == nil; attempt++ {
+		// bwrap builds the sandbox's mount tree from the host's live one;
+		// a CI run saw one start fail with nothing wrong in the sandbox
+		// (the same launch passed at once after). A deterministic failure
+		// (a bad flag) fails every attempt and is reported as before.
+		p.log.Warn("the bubblewrap sandbox exited during start-up; starting it again", zap.String("dir", dir), zap.Int("attempt", attempt), zap.Error(err))
+		if opts.Cgroup != "" {
+			if rerr := p.removeCgroup(ctx, dir); rerr != nil {
+				break
+			}
+			if cg, cerr := makeCgroup(dir); cerr == nil {
+				opts.Cgroup = cg
+			} else {
+				opts.Cgroup = ""
+			}
+		}
+		if err = rewind(opts.ExtraFiles); err != nil {
+			break
+		}
+		sb, err = Start(ctx, opts, p.log)
+	}
 	if err != nil {
 		if rerr := p.removeCgroup(ctx, dir); rerr != nil {
 			p.log.Warn("a sandbox that failed to start left its cgroup", zap.String("dir", dir), zap.Error(rerr))
@@ -832,6 +853,21 @@ func alivePID(pid int) bool {
 	i := bytes.LastIndexByte(stat, ')')
 	return !(i > 0 && i+2 < len(stat) && stat[i+2] == 'Z')
 }
+
+// rewind puts files the last start read (the seccomp filter's memfd,
+// which bwrap reads to its end) back at their start.
+func rewind(files []*os.File) error {
+	for _, f := range files {
+		if _, err := f.Seek(0, io.SeekStart); err != nil {
+			return fmt.Errorf("restart the sandbox: rewind %s: %w", f.Name(), err)
+		}
+	}
+	return nil
+}
+
+// bwrapStartAttempts bounds the starts of a bubblewrap sandbox whose
+// process exits before its daemon serves.
+const bwrapStartAttempts = 3
 
 // bubblewrap wraps the daemon's argv: the host file system read-only, the
 // workspace, the socket directory and the private etc writable, fresh
