@@ -23,7 +23,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -31,6 +30,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testservers/gotool"
 )
 
 // Version is the fake-gcs-server release the tests run.
@@ -61,72 +61,14 @@ type Server struct {
 	hc   *http.Client
 }
 
-// Binary returns the path of the fake-gcs-server binary, building it first
-// if needed: into DIR/bulkhead/testservers/fake-gcs-server-VERSION under the
-// user cache directory (BULKHEAD_TESTSERVERS_DIR overrides DIR).
-func Binary(ctx context.Context) (string, error) {
-	base := os.Getenv("BULKHEAD_TESTSERVERS_DIR")
-	if base == "" {
-		c, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("fake-gcs-server: user cache dir: %w", err)
-		}
-		base = filepath.Join(c, "bulkhead", "testservers")
-	}
-	dir := filepath.Join(base, "fake-gcs-server-"+Version+"-"+runtime.GOOS+"-"+runtime.GOARCH)
-	bin := filepath.Join(dir, "fake-gcs-server")
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	if err := os.MkdirAll(base, 0o755); err != nil {
-		return "", fmt.Errorf("fake-gcs-server: %w", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(base, "fake-gcs-server-"+Version+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return "", fmt.Errorf("fake-gcs-server: lock: %w", err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", fmt.Errorf("fake-gcs-server: lock: %w", err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing the file unlocks too
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil // another process built it while we waited
-	}
-	tmp, err := os.MkdirTemp(base, ".build-")
-	if err != nil {
-		return "", fmt.Errorf("fake-gcs-server: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("fake-gcs-server: building it needs the go command on PATH: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "install", pkg+"@"+Version)
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GOBIN="+filepath.Join(tmp, "bin"), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	start := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("fake-gcs-server: go install %s@%s (after %s): %w\n%s", pkg, Version, time.Since(start).Round(time.Second), err, tail(out))
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("fake-gcs-server: %w", err)
-	}
-	if err := os.Rename(filepath.Join(tmp, "bin", "fake-gcs-server"), bin); err != nil {
-		return "", fmt.Errorf("fake-gcs-server: %w", err)
-	}
-	return bin, nil
-}
+// program is fake-gcs-server as gotool builds it.
+var program = gotool.Program{Name: "fake-gcs-server", Package: pkg, Version: Version, Timeout: buildTimeout}
 
-func tail(b []byte) string {
-	s := strings.TrimSpace(string(b))
-	if len(s) > 2000 {
-		s = "..." + s[len(s)-2000:]
-	}
-	return s
-}
+// Binary returns the path of the fake-gcs-server binary, building it first
+// if needed (gotool: once per machine, under the user cache directory).
+func Binary(ctx context.Context) (string, error) { return program.Install(ctx) }
+
+func tail(b []byte) string { return gotool.Tail(b) }
 
 // Start builds (once) and starts a server on a free loopback port; it
 // stops when the test ends. Without the binary the test is skipped

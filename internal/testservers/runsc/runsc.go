@@ -13,14 +13,12 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
-	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testservers/gotool"
 )
 
 // Version is the gvisor.dev/gvisor pseudo-version (its `go` branch) the
@@ -34,91 +32,23 @@ const pkg = "gvisor.dev/gvisor/runsc"
 // minute of two cores' time).
 const buildTimeout = 20 * time.Minute
 
-// paths returns the test servers' directory (DIR/bulkhead/testservers
-// under the user cache directory; BULKHEAD_TESTSERVERS_DIR overrides it)
-// and where runsc is kept in it.
-func paths() (base, bin string, err error) {
-	base = os.Getenv("BULKHEAD_TESTSERVERS_DIR")
-	if base == "" {
-		c, err := os.UserCacheDir()
-		if err != nil {
-			return "", "", fmt.Errorf("runsc: user cache dir: %w", err)
-		}
-		base = filepath.Join(c, "bulkhead", "testservers")
-	}
-	return base, filepath.Join(base, "runsc-"+Version+"-"+runtime.GOOS+"-"+runtime.GOARCH, "runsc"), nil
-}
+// program is runsc as gotool builds it (static: runsc re-executes itself
+// inside an empty chroot, where no dynamic loader is).
+var program = gotool.Program{Name: "runsc", Package: pkg, Version: Version, Timeout: buildTimeout}
 
 // Cached returns the runsc binary Binary built, if it is there.
-func Cached() (string, bool) {
-	_, bin, err := paths()
-	if err != nil {
-		return "", false
-	}
-	if fi, err := os.Stat(bin); err != nil || !fi.Mode().IsRegular() {
-		return "", false
-	}
-	return bin, true
-}
+func Cached() (string, bool) { return program.Cached() }
 
 // Binary returns the path of the runsc binary, building it first if
-// needed: into DIR/bulkhead/testservers/runsc-VERSION-OS-ARCH under the
-// user cache directory (BULKHEAD_TESTSERVERS_DIR overrides DIR).
+// needed (gotool: once per machine, under the user cache directory).
 func Binary(ctx context.Context) (string, error) {
 	if runtime.GOOS != "linux" {
 		return "", fmt.Errorf("runsc: gVisor runs on Linux only, not %s", runtime.GOOS)
 	}
-	base, bin, err := paths()
-	if err != nil {
-		return "", err
-	}
-	dir := filepath.Dir(bin)
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	if err := os.MkdirAll(base, 0o755); err != nil {
-		return "", fmt.Errorf("runsc: %w", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(base, "runsc-"+Version+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return "", fmt.Errorf("runsc: lock: %w", err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", fmt.Errorf("runsc: lock: %w", err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing the file unlocks too
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil // another process built it while we waited
-	}
-	tmp, err := os.MkdirTemp(base, ".build-runsc-")
-	if err != nil {
-		return "", fmt.Errorf("runsc: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("runsc: building it needs the go command on PATH: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "install", pkg+"@"+Version)
-	cmd.Dir = tmp
-	// Static (CGO_ENABLED=0): runsc re-executes itself inside an empty
-	// chroot, where no dynamic loader is.
-	cmd.Env = append(os.Environ(), "GOBIN="+filepath.Join(tmp, "bin"), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	start := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("runsc: go install %s@%s (after %s): %w\n%s", pkg, Version, time.Since(start).Round(time.Second), err, tail(out))
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("runsc: %w", err)
-	}
-	if err := os.Rename(filepath.Join(tmp, "bin", "runsc"), bin); err != nil {
-		return "", fmt.Errorf("runsc: %w", err)
-	}
-	return bin, nil
+	return program.Install(ctx)
 }
+
+func tail(b []byte) string { return gotool.Tail(b) }
 
 // Check runs a trivial command in a gVisor sandbox (`runsc do`, no
 // network) and says why gVisor cannot run here when it cannot: a machine
@@ -155,12 +85,4 @@ func Require(t testing.TB) string {
 	}
 	testenv.Require(t, testenv.Condition(err == nil, fmt.Sprint("no usable gVisor runsc: ", err)))
 	return bin
-}
-
-func tail(b []byte) string {
-	s := strings.TrimSpace(string(b))
-	if len(s) > 2000 {
-		s = "..." + s[len(s)-2000:]
-	}
-	return s
 }

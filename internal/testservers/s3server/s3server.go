@@ -19,8 +19,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
-	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -30,6 +28,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testservers/gotool"
 )
 
 // Version is the versitygw release the tests run.
@@ -59,72 +58,14 @@ type Server struct {
 	logw io.Writer
 }
 
-// Binary returns the path of the versitygw binary, building it first if
-// needed: into DIR/bulkhead/testservers/versitygw-VERSION under the user
-// cache directory (BULKHEAD_TESTSERVERS_DIR overrides DIR).
-func Binary(ctx context.Context) (string, error) {
-	base := os.Getenv("BULKHEAD_TESTSERVERS_DIR")
-	if base == "" {
-		c, err := os.UserCacheDir()
-		if err != nil {
-			return "", fmt.Errorf("versitygw: user cache dir: %w", err)
-		}
-		base = filepath.Join(c, "bulkhead", "testservers")
-	}
-	dir := filepath.Join(base, "versitygw-"+Version+"-"+runtime.GOOS+"-"+runtime.GOARCH)
-	bin := filepath.Join(dir, "versitygw")
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	if err := os.MkdirAll(base, 0o755); err != nil {
-		return "", fmt.Errorf("versitygw: %w", err)
-	}
-	lock, err := os.OpenFile(filepath.Join(base, "versitygw-"+Version+".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return "", fmt.Errorf("versitygw: lock: %w", err)
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", fmt.Errorf("versitygw: lock: %w", err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN) //nolint:errcheck // closing the file unlocks too
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil // another process built it while we waited
-	}
-	tmp, err := os.MkdirTemp(base, ".build-")
-	if err != nil {
-		return "", fmt.Errorf("versitygw: %w", err)
-	}
-	defer os.RemoveAll(tmp)
-	goBin, err := exec.LookPath("go")
-	if err != nil {
-		return "", fmt.Errorf("versitygw: building it needs the go command on PATH: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "install", pkg+"@"+Version)
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GOBIN="+filepath.Join(tmp, "bin"), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
-	start := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("versitygw: go install %s@%s (after %s): %w\n%s", pkg, Version, time.Since(start).Round(time.Second), err, tail(out))
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("versitygw: %w", err)
-	}
-	if err := os.Rename(filepath.Join(tmp, "bin", "versitygw"), bin); err != nil {
-		return "", fmt.Errorf("versitygw: %w", err)
-	}
-	return bin, nil
-}
+// program is Versity Gateway as gotool builds it.
+var program = gotool.Program{Name: "versitygw", Package: pkg, Version: Version, Timeout: buildTimeout}
 
-func tail(b []byte) string {
-	s := strings.TrimSpace(string(b))
-	if len(s) > 2000 {
-		s = "..." + s[len(s)-2000:]
-	}
-	return s
-}
+// Binary returns the path of the versitygw binary, building it first if
+// needed (gotool: once per machine, under the user cache directory).
+func Binary(ctx context.Context) (string, error) { return program.Install(ctx) }
+
+func tail(b []byte) string { return gotool.Tail(b) }
 
 // Start builds (once) and starts a server on a free loopback port over a
 // fresh directory; it stops when the test ends. Without the binary the
