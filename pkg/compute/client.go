@@ -393,6 +393,11 @@ func (c *Client) Reap(ctx context.Context) ([]SandboxInfo, error) {
 		c.log.Info("expired sandbox reaped", zap.String("session", info.SessionID), zap.String("id", info.ID))
 		reaped = append(reaped, info)
 	}
+	if o, ok := c.p.(OrphanReaper); ok {
+		if err := o.ReapOrphans(ctx, now); err != nil {
+			errs = append(errs, fmt.Errorf("reap orphans: %w", err))
+		}
+	}
 	return reaped, errors.Join(errs...)
 }
 

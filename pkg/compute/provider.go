@@ -83,6 +83,14 @@ type Lifetime struct {
 	IdleTimeout time.Duration `json:"idle_timeout,omitempty"`
 }
 
+// OrphanReaper is implemented by providers whose failed launches can
+// leave objects of their own that List does not show (kubernetes: a
+// NetworkPolicy without its Pod). Client.Reap calls it after removing the
+// expired sandboxes.
+type OrphanReaper interface {
+	ReapOrphans(ctx context.Context, now time.Time) error
+}
+
 // Expired reports whether a sandbox with this lifetime, last active at
 // lastActive, has outlived its TTL or idle timeout at now.
 func (l Lifetime) Expired(now, lastActive time.Time) bool {

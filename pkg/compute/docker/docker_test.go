@@ -534,7 +534,7 @@ func TestListExpiredAndReap(t *testing.T) {
 	}
 
 	_ = old.Close()
-	reaped, err := p.Reap(testCtx(t), time.Now())
+	reaped, err := compute.NewClient(p, compute.ClientOptions{}).Reap(testCtx(t))
 	if err != nil {
 		t.Fatal(err)
 	}

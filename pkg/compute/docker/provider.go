@@ -609,27 +609,6 @@ func (p *Provider) List(ctx context.Context) ([]compute.SandboxInfo, error) {
 	return out, nil
 }
 
-// Reap destroys the listed sandboxes that expired at now and returns them.
-func (p *Provider) Reap(ctx context.Context, now time.Time) ([]compute.SandboxInfo, error) {
-	all, err := p.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var reaped []compute.SandboxInfo
-	var errs []error
-	for _, info := range all {
-		if !info.Expired(now) {
-			continue
-		}
-		if err := p.Destroy(ctx, info.State); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		reaped = append(reaped, info)
-	}
-	return reaped, errors.Join(errs...)
-}
-
 // apiErr wraps a Docker API error with what was being done; an unreachable
 // daemon is marked ErrUnavailable.
 func (p *Provider) apiErr(what string, err error) error {

@@ -781,34 +781,14 @@ func (p *Provider) List(ctx context.Context) ([]compute.SandboxInfo, error) {
 	return out, nil
 }
 
-// Reap destroys the listed sandboxes that expired at now and returns them.
-// It also removes NetworkPolicies a crashed launch left without a Pod.
-func (p *Provider) Reap(ctx context.Context, now time.Time) ([]compute.SandboxInfo, error) {
-	all, err := p.List(ctx)
-	if err != nil {
-		return nil, err
-	}
-	var reaped []compute.SandboxInfo
-	var errs []error
-	for _, info := range all {
-		if !info.Expired(now) {
-			continue
-		}
-		if err := p.Destroy(ctx, info.State); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		reaped = append(reaped, info)
-	}
-	errs = append(errs, p.reapOrphans(ctx, now))
-	return reaped, errors.Join(errs...)
-}
-
 // orphanAge is how old an object without its Pod must be before Reap
 // deletes it (a launch in progress creates the NetworkPolicy first).
 const orphanAge = 5 * time.Minute
 
-func (p *Provider) reapOrphans(ctx context.Context, now time.Time) error {
+// ReapOrphans deletes the NetworkPolicies of this provider's sandboxes
+// whose Pod is gone (a crashed launch's), once they are orphanAge old
+// (compute.OrphanReaper: Client.Reap calls it).
+func (p *Provider) ReapOrphans(ctx context.Context, now time.Time) error {
 	if !boolOr(p.cfg.NetworkPolicy, true) {
 		return nil
 	}

@@ -215,6 +215,14 @@ func sandboxPod(key, session string, ann map[string]string, extra map[string]str
 	}
 }
 
+// orphanPolicy is a sandbox NetworkPolicy without its Pod (no owner).
+func orphanPolicy(key, owner string, created time.Time) *networkingv1.NetworkPolicy {
+	return &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{
+		Name: policyName(key), Namespace: "ns", CreationTimestamp: metav1.NewTime(created),
+		Labels: map[string]string{LabelSandbox: "1", LabelKey: key, "owner": owner},
+	}}
+}
+
 func TestListReapAndDestroy(t *testing.T) {
 	now := time.Now()
 	old := now.Add(-2 * time.Hour).UTC().Format(time.RFC3339Nano)
@@ -227,6 +235,12 @@ func TestListReapAndDestroy(t *testing.T) {
 		sandboxPod("eeeeeeeeeeeeeeee", "someone-else", map[string]string{AnnotationCreatedAt: old, AnnotationTTL: "1h"}, map[string]string{"owner": "you"}),
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: secretName("aaaaaaaaaaaaaaaa"), Namespace: "ns"}},
 		&networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Name: policyName("aaaaaaaaaaaaaaaa"), Namespace: "ns"}},
+		// Policies a crashed launch left without their Pod: the provider's
+		// old one goes; a young one (a launch in progress) and another
+		// owner's stay.
+		orphanPolicy("ffffffffffffffff", "me", now.Add(-time.Hour)),
+		orphanPolicy("1111111111111111", "me", now.Add(-time.Minute)),
+		orphanPolicy("2222222222222222", "you", now.Add(-time.Hour)),
 	}
 	p, cs := fakeProvider(t, Config{Labels: map[string]string{"owner": "me"}}, objs...)
 	ctx := context.Background()
@@ -241,7 +255,7 @@ func TestListReapAndDestroy(t *testing.T) {
 	if strings.Join(sessions, ",") != "expired,live,idle" {
 		t.Fatalf("listed %v (want the owner's sandboxes, no unclaimed pool pod)", sessions)
 	}
-	reaped, err := p.Reap(ctx, now)
+	reaped, err := compute.NewClient(p, compute.ClientOptions{Now: func() time.Time { return now }}).Reap(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -257,6 +271,12 @@ func TestListReapAndDestroy(t *testing.T) {
 	}
 	if _, err := cs.NetworkingV1().NetworkPolicies("ns").Get(ctx, policyName("aaaaaaaaaaaaaaaa"), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the reaped sandbox's policy: %v", err)
+	}
+	for key, want := range map[string]bool{"ffffffffffffffff": false, "1111111111111111": true, "2222222222222222": true} {
+		_, err := cs.NetworkingV1().NetworkPolicies("ns").Get(ctx, policyName(key), metav1.GetOptions{})
+		if got := err == nil; got != want {
+			t.Errorf("orphan policy %s kept = %v (%v), want %v", key, got, err, want)
+		}
 	}
 	// Destroy is idempotent.
 	for range 2 {
