@@ -1,21 +1,9 @@
 package cli
 
 import (
-	"context"
-	"encoding/json"
-	"io"
-	"net/http"
-	"os"
-	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
-	"time"
-
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
 // sample returns the value of the sample of the metric name whose labels
@@ -59,96 +47,8 @@ func sample(t *testing.T, exposition, name string, labels ...string) float64 {
 // sandbox create latency of the local provider (the compute client's
 // observer).
 func TestServeMetricsAcrossApproval(t *testing.T) {
-	testenv.Require(t, testenv.Linux)
-	bin := agentdtest.Binaries(t).Agentd
-	state := testenv.SearchableTempDir(t)
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("tok-metrics-0123456789 acme\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	script := replay.NewServer()
-	defer script.Close()
-	script.SetFallback(func(req *replay.Request) replay.Turn {
-		if len(req.InputOfType("function_call_output")) == 0 {
-			return replay.Turn{Items: []replay.Item{replay.FunctionCall("c1", "exec_command", `{"cmd": "echo approved"}`)}}
-		}
-		return replay.Turn{Items: []replay.Item{replay.Message("Done.")}}
-	})
-	t.Setenv("OPENAI_API_KEY", "sk-test-metrics")
-	t.Setenv("OPENAI_BASE_URL", script.URL())
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	sctx, stop := context.WithCancel(ctx)
-	var errb syncBuffer
-	done := make(chan int, 1)
-	go func() {
-		done <- Execute(sctx, []string{"--state-dir", state, "--agentd", bin, "--isolation", "none", "serve",
-			"--listen", "127.0.0.1:0", "--tokens-file", tokens, "--model", "scripted", "--sandbox-retention", "0"},
-			Streams{In: strings.NewReader(""), Out: io.Discard, Err: &errb})
-	}()
-	addr := regexp.MustCompile(`serving on (http://\S+)`)
-	var url string
-	for url == "" {
-		if m := addr.FindStringSubmatch(errb.String()); m != nil {
-			url = m[1]
-			break
-		}
-		select {
-		case code := <-done:
-			t.Fatalf("serve exited %d: %s", code, errb.String())
-		case <-ctx.Done():
-			t.Fatalf("serve did not start: %s", errb.String())
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	post := func(method, body string) map[string]any {
-		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/bulkhead.harness.v1.RunService/"+method, strings.NewReader(body))
-		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Authorization", "Bearer tok-metrics-0123456789")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		b, _ := io.ReadAll(resp.Body)
-		if err := json.Unmarshal(b, &out); err != nil || resp.StatusCode != http.StatusOK {
-			t.Fatalf("%s: %d %s", method, resp.StatusCode, b)
-		}
-		return out
-	}
-	waitFor := func(id, status string) {
-		t.Helper()
-		for {
-			run := post("GetRun", `{"runId": "`+id+`"}`)["run"].(map[string]any)
-			if run["status"] == status {
-				return
-			}
-			if run["status"] == "RUN_STATUS_FAILED" {
-				t.Fatalf("run failed: %v", run["error"])
-			}
-			select {
-			case <-ctx.Done():
-				t.Fatalf("run never reached %s: %v", status, run)
-			case <-time.After(20 * time.Millisecond):
-			}
-		}
-	}
-	scrape := func() string {
-		t.Helper()
-		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("/metrics: %d %s", resp.StatusCode, b)
-		}
-		return string(b)
-	}
+	s := startServe(t, "echo approved", "Done.", "sk-test-metrics")
+	post, waitFor, scrape := s.post, s.waitFor, s.scrape
 	checkRuns := func(when, text string, want map[string]float64) {
 		t.Helper()
 		for st, n := range want {
@@ -186,8 +86,5 @@ func TestServeMetricsAcrossApproval(t *testing.T) {
 	if got := sample(t, text, create, "provider", "local", "operation", "create", "outcome", "ok"); got != 1 {
 		t.Errorf("succeeded: %s{provider=local,operation=create,outcome=ok} = %v, want 1", create, got)
 	}
-	stop()
-	if code := <-done; code != 0 {
-		t.Fatalf("serve exit %d: %s", code, errb.String())
-	}
+	s.shutdown()
 }
