@@ -78,6 +78,7 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve Prometheus metrics at /metrics on this address (127.0.0.1:9464, tcp://host:port or unix:///path.sock); unauthenticated: bind it to a private address (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long to drain on SIGTERM")
 	fs.DurationVar(&cfg.ReclaimIdle, "reclaim-idle", cfg.ReclaimIdle, "give memory back to the system once a burst of calls has been over this long (0: never)")
+	fs.Int64Var(&cfg.ReclaimGrowth, "reclaim-growth-bytes", cfg.ReclaimGrowth, "under steady load, also give memory back once the runtime's memory grew this much since the last time (at most every 10 s, never during a transfer; 0: only when idle)")
 	d := &cfg.Daemon
 	fs.StringVar(&d.WorkspaceRoot, "workspace", d.WorkspaceRoot, "workspace root directory")
 	fs.Var(&grants, "grant", "extra path outside the workspace: /abs/path or /abs/path:ro (repeatable)")

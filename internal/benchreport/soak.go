@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -35,6 +36,19 @@ const (
 	soakSample     = 5 * time.Second  // memory sampling period
 	soakMaxErrors  = 10               // errors kept (and printed) in full
 )
+
+// soakMarks are the times into the load at which the daemons' memory is
+// reported (the first sample at or after each); a mark past the soak's
+// duration is left out, and the end is always reported. Memory that rises
+// from one mark to the next is memory the daemons are not giving back
+// under steady load.
+var soakMarks = []time.Duration{30 * time.Second, time.Minute, 2 * time.Minute, 3 * time.Minute, 5 * time.Minute, 10 * time.Minute}
+
+// soakSampleAt is one memory reading, taken at into the load.
+type soakSampleAt struct {
+	at time.Duration
+	m  daemonMem
+}
 
 // soakConfig is one soak.
 type soakConfig struct {
@@ -130,10 +144,13 @@ func benchSoak(ctx context.Context, sc soakConfig) (rows []row, err error) {
 		memMu    sync.Mutex
 		peak     soakMem // peaks of each figure, taken separately
 		samples  int
+		timeline []soakSampleAt // every reading, in order
 		memErr   error
 		sampling = make(chan struct{})
 	)
+	var start time.Time // when the load started; set before the first sample
 	sample := func() {
+		at := time.Since(start)
 		m, err := daemonsMemory(sc.agentd, sessions)
 		self, serr := readRSS(os.Getpid())
 		memMu.Lock()
@@ -145,6 +162,9 @@ func benchSoak(ctx context.Context, sc soakConfig) (rows []row, err error) {
 			return
 		}
 		samples++
+		timeline = append(timeline, soakSampleAt{at, m})
+		fmt.Fprintf(os.Stderr, "soak: %5s  daemons %.1f MiB PSS, %.1f MiB RSS (%.2f / %.2f MiB each)\n", at.Round(time.Second),
+			float64(m.pssKiB)/1024, float64(m.rssKiB)/1024, float64(m.pssKiB)/1024/float64(max(m.count, 1)), float64(m.rssKiB)/1024/float64(max(m.count, 1)))
 		peak.daemons.count = m.count
 		peak.daemons.rssKiB = max(peak.daemons.rssKiB, m.rssKiB)
 		peak.daemons.pssKiB = max(peak.daemons.pssKiB, m.pssKiB)
@@ -154,6 +174,7 @@ func benchSoak(ctx context.Context, sc soakConfig) (rows []row, err error) {
 	}
 	lctx, stopLoad := context.WithTimeout(ctx, sc.duration)
 	defer stopLoad()
+	start = time.Now()
 	go func() {
 		defer close(sampling)
 		t := time.NewTicker(soakSample)
@@ -167,7 +188,6 @@ func benchSoak(ctx context.Context, sc soakConfig) (rows []row, err error) {
 			}
 		}
 	}()
-	start := time.Now()
 	sem := make(chan struct{}, soakInFlight)
 	var wg sync.WaitGroup
 	for i, s := range sessions {
@@ -235,7 +255,15 @@ func benchSoak(ctx context.Context, sc soakConfig) (rows []row, err error) {
 	if stats.errors > 0 {
 		errFig = fmt.Sprintf("%d: %s", stats.errors, strings.ReplaceAll(strings.Join(stats.firstErrors, "; "), "|", "/"))
 	}
+	var over []string // PSS each at the marks, then at the end
+	for _, mark := range soakMarks {
+		if i := slices.IndexFunc(timeline, func(s soakSampleAt) bool { return s.at >= mark }); i >= 0 && mark < sc.duration {
+			over = append(over, fmt.Sprintf("%s %.2f", fmtMark(mark), float64(timeline[i].m.pssKiB)/1024/float64(max(timeline[i].m.count, 1))))
+		}
+	}
+	over = append(over, fmt.Sprintf("end %.2f MiB", float64(end.pssKiB)/1024/float64(max(end.count, 1))))
 	rows = append(rows,
+		row{label + ": daemons' PSS each over time", strings.Join(over, ", "), "", "", "flat"},
 		row{label + ": daemons' total memory at the end", memFig(end), "", "", ""},
 		row{label + ": daemons' total memory at its peak", memFig(peak.daemons), fmt.Sprintf("sampled every %s (%d samples; PSS and RSS peaks taken separately)", soakSample, samples), "", ""},
 		row{label + ": harness (this) process RSS at the end / sampled peak / VmHWM", fmt.Sprintf("%.1f / %.1f / %.1f MiB", float64(self.total)/1024, float64(peak.self.total)/1024, float64(selfPeak)/1024), "", "", ""},
@@ -243,6 +271,14 @@ func benchSoak(ctx context.Context, sc soakConfig) (rows []row, err error) {
 		row{label + ": errors", errFig, "", "", "0"},
 	)
 	return rows, nil
+}
+
+// fmtMark prints a soak mark as 30 s or 2 min.
+func fmtMark(d time.Duration) string {
+	if d%time.Minute == 0 {
+		return fmt.Sprintf("%d min", d/time.Minute)
+	}
+	return fmt.Sprintf("%d s", d/time.Second)
 }
 
 // soakCreate creates and starts the sandboxes, 4 at a time, filling

@@ -37,8 +37,14 @@ type Config struct {
 	MetricsListen string
 	// ReclaimIdle is how long a burst of calls must have been over before
 	// the daemon gives the memory it used back to the system (once per
-	// burst); 0 disables it.
+	// burst); 0 disables it, and reclaiming under load with it.
 	ReclaimIdle time.Duration
+	// ReclaimGrowth is how many bytes the memory the Go runtime holds may
+	// grow since the last reclaim before the daemon reclaims while calls
+	// keep coming (under steady load it is never idle for ReclaimIdle); at
+	// most once per 10 s and only when no transfer is in flight. 0
+	// disables it.
+	ReclaimGrowth int64
 	// Daemon holds the workspace, process and limit settings.
 	Daemon agentd.Config
 }
@@ -51,7 +57,7 @@ const maxTokenBytes = 4096
 
 // DefaultConfig returns a Config with every default filled in.
 func DefaultConfig() Config {
-	return Config{TokenFD: -1, ShutdownTimeout: 10 * time.Second, ReclaimIdle: DefaultReclaimIdle, Daemon: agentd.DefaultConfig()}
+	return Config{TokenFD: -1, ShutdownTimeout: 10 * time.Second, ReclaimIdle: DefaultReclaimIdle, ReclaimGrowth: DefaultReclaimGrowth, Daemon: agentd.DefaultConfig()}
 }
 
 // Validate checks the configuration without touching the token source.
@@ -89,6 +95,9 @@ func (c *Config) Validate() error {
 	}
 	if c.ReclaimIdle < 0 {
 		return fmt.Errorf("--reclaim-idle %s: must not be negative", c.ReclaimIdle)
+	}
+	if c.ReclaimGrowth < 0 {
+		return fmt.Errorf("--reclaim-growth-bytes %d: must not be negative", c.ReclaimGrowth)
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("--tls-cert and --tls-key go together")

@@ -37,6 +37,8 @@ func TestConfigValidate(t *testing.T) {
 		{"client CA without TLS", func(c *Config) { c.ClientCAFile = "ca" }, "needs --tls-cert"},
 		{"no reclaiming", func(c *Config) { c.ReclaimIdle = 0 }, ""},
 		{"negative reclaim idle", func(c *Config) { c.ReclaimIdle = -time.Second }, "--reclaim-idle"},
+		{"no reclaiming under load", func(c *Config) { c.ReclaimGrowth = 0 }, ""},
+		{"negative reclaim growth", func(c *Config) { c.ReclaimGrowth = -1 }, "--reclaim-growth-bytes"},
 		{"relative workspace", func(c *Config) { c.Daemon.WorkspaceRoot = "ws" }, "absolute"},
 		{"workspace is /", func(c *Config) { c.Daemon.WorkspaceRoot = "/" }, "must not be /"},
 	}

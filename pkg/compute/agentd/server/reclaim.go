@@ -17,6 +17,25 @@ import (
 // is over, before it gives memory back (Config.ReclaimIdle).
 const DefaultReclaimIdle = 2 * time.Second
 
+// DefaultReclaimGrowth is how far the memory the runtime holds may grow
+// since the last reclaim before the daemon reclaims under steady load
+// (Config.ReclaimGrowth).
+const DefaultReclaimGrowth = 2 << 20
+
+// reclaimEvery is the least time between two reclaims under load: a
+// reclaim is a full collection plus returning every free page, a few
+// milliseconds of CPU at the daemon's heap sizes and page faults to touch
+// the pages again, which once per 10 s costs a busy daemon nothing
+// measurable.
+const reclaimEvery = 10 * time.Second
+
+// reclaimLull is the quiet a reclaim under load waits for: no call that
+// holds reclaiming off in flight, and no call or stream message for this
+// long. A daemon doing one quick Exec a second is quiet most of the time;
+// one streaming a large output moves messages continuously, so it is
+// never reclaimed under (the idle reclaim follows once it is over).
+const reclaimLull = 100 * time.Millisecond
+
 // reclaimer gives the memory of a burst of work back to the system once
 // the burst is over. The Go runtime keeps what a large transfer used (heap
 // kept for reuse, pooled buffers, a heap goal sized for the burst, all
@@ -30,10 +49,26 @@ const DefaultReclaimIdle = 2 * time.Second
 // reflection are no activity at all: a probe must not make the daemon
 // reclaim periodically. Reclaiming happens once per burst, never while a
 // call is in flight, and nothing runs while the daemon idles.
+//
+// A daemon under steady load (an Exec a second, a file written every few
+// seconds) is never idle that long, and its memory creeps up: garbage
+// between collections, pooled buffers, a heap goal sized for the largest
+// moment, returned only slowly. So while a burst goes on, the reclaimer
+// also reclaims when the memory the runtime holds (heapRetained) has grown
+// by more than growth since the last reclaim, at most once per every, and
+// only in a lull: no call that holds reclaiming off (a transfer) in flight
+// and no activity for lull. Growth is checked each time the burst is seen
+// to go on (every idle), so a daemon under load wakes no more often than
+// before. growth 0 turns this off.
 type reclaimer struct {
 	idle    time.Duration
 	reclaim func() // what reclaiming does (tests replace it)
 	log     *zap.Logger
+
+	growth   uint64        // reclaim under load past this growth; 0: never
+	every    time.Duration // least time between reclaims under load
+	lull     time.Duration // quiet a reclaim under load waits for
+	retained func() uint64 // what growth is measured on (tests replace it)
 
 	busy   atomic.Int64  // calls in flight that hold reclaiming off
 	events atomic.Uint64 // bumped by every call's start and end and every stream message
@@ -43,7 +78,8 @@ type reclaimer struct {
 // newReclaimer returns a reclaimer that calls reclaim once each burst has
 // been over for idle; its interceptors record activity, and run waits.
 func newReclaimer(idle time.Duration, reclaim func(), log *zap.Logger) *reclaimer {
-	return &reclaimer{idle: idle, reclaim: reclaim, log: log, wake: make(chan struct{}, 1)}
+	return &reclaimer{idle: idle, reclaim: reclaim, log: log, growth: DefaultReclaimGrowth, every: reclaimEvery,
+		lull: reclaimLull, retained: heapRetained, wake: make(chan struct{}, 1)}
 }
 
 // freeMemory is what reclaiming does in the daemon: the buffer pool lets
@@ -85,12 +121,23 @@ func (r *reclaimer) active() {
 	}
 }
 
-// run reclaims after each burst until ctx is done.
+// run reclaims after each burst, and under load when memory grew, until
+// ctx is done.
 func (r *reclaimer) run(ctx context.Context) {
 	timer := time.NewTimer(r.idle)
 	timer.Stop()
 	defer timer.Stop()
-	var last uint64 // events as of the last reclaim
+	var last uint64          // events as of the last reclaim
+	lastAt := time.Now()     // when the last reclaim ran (start-up counts as one)
+	baseline := r.retained() // retained memory after the last reclaim
+	doReclaim := func(why string) {
+		before := r.retained()
+		start := time.Now()
+		r.reclaim()
+		baseline, lastAt = r.retained(), time.Now()
+		r.log.Debug("reclaimed memory", zap.String("after", why), zap.Uint64("retained_before", before),
+			zap.Uint64("retained_after", baseline), zap.Duration("took", lastAt.Sub(start)))
+	}
 	for {
 		select {
 		case <-ctx.Done():
@@ -102,14 +149,21 @@ func (r *reclaimer) run(ctx context.Context) {
 		// signals, so it is seen here or wakes the loop again.
 		for {
 			seen := r.events.Load()
-			timer.Reset(r.idle)
-			select {
-			case <-ctx.Done():
+			if !r.sleep(ctx, timer, r.idle) {
 				return
-			case <-timer.C:
 			}
 			if r.busy.Load() == 0 && r.events.Load() == seen {
 				break
+			}
+			// The burst goes on: reclaim under load if memory grew.
+			if r.growth == 0 || time.Since(lastAt) < r.every || r.retained() < baseline+r.growth {
+				continue
+			}
+			if ok, err := r.inLull(ctx, timer); err != nil {
+				return
+			} else if ok {
+				last = r.events.Load()
+				doReclaim("growth under load")
 			}
 		}
 		select { // this burst's own wake-up, if it came after the one above
@@ -121,12 +175,35 @@ func (r *reclaimer) run(ctx context.Context) {
 			continue // no call since the last reclaim
 		}
 		last = seen
-		before := heapRetained()
-		start := time.Now()
-		r.reclaim()
-		r.log.Debug("reclaimed memory after a burst", zap.Uint64("retained_before", before),
-			zap.Uint64("retained_after", heapRetained()), zap.Duration("took", time.Since(start)))
+		doReclaim("a burst")
 	}
+}
+
+// sleep waits d on timer; false when ctx ended first.
+func (r *reclaimer) sleep(ctx context.Context, timer *time.Timer, d time.Duration) bool {
+	timer.Reset(d)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-timer.C:
+		return true
+	}
+}
+
+// inLull reports whether, over the next lull, no call held reclaiming off
+// and nothing was active: the moment to reclaim under load without
+// pausing a transfer. Within the lull's bounds, a call may start as the
+// reclaim runs; that costs it the reclaim's few milliseconds, once per
+// every at most.
+func (r *reclaimer) inLull(ctx context.Context, timer *time.Timer) (bool, error) {
+	seen := r.events.Load()
+	if r.busy.Load() != 0 {
+		return false, nil
+	}
+	if !r.sleep(ctx, timer, r.lull) {
+		return false, ctx.Err()
+	}
+	return r.busy.Load() == 0 && r.events.Load() == seen, nil
 }
 
 // heapRetained is the memory the Go runtime holds from the system, not

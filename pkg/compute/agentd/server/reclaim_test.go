@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,6 +24,17 @@ import (
 const (
 	testReclaimIdle = 50 * time.Millisecond
 	quietStretch    = 10 * testReclaimIdle
+)
+
+// The tests of reclaiming under load use a longer idle time, so that a
+// stall of the test process is not taken for the end of the load (the
+// reclaim after a burst would then spoil their counts): the steady load is
+// a quick call every loadPeriod, the lull awaited is loadLull, and the
+// quiet stretches are three idle times.
+const (
+	testLoadIdle    = 400 * time.Millisecond
+	loadPeriod      = 20 * time.Millisecond
+	loadLull        = 10 * time.Millisecond
 	reclaimDeadline = 30 * time.Second
 )
 
@@ -31,6 +43,7 @@ const (
 type countingReclaim struct {
 	t     *testing.T
 	r     *reclaimer
+	quiet time.Duration // expectReclaims' quiet stretch
 	count atomic.Int64
 }
 
@@ -56,18 +69,57 @@ func (c *countingReclaim) waitReclaims(n int64) {
 // expectReclaims checks that exactly n reclaims ran, after a quiet stretch.
 func (c *countingReclaim) expectReclaims(n int64, during string) {
 	c.t.Helper()
-	time.Sleep(quietStretch)
+	time.Sleep(c.quiet)
 	if got := c.count.Load(); got != n {
 		c.t.Fatalf("%s: %d reclaims; want %d", during, got, n)
 	}
 }
 
 // startTestReclaimer runs a reclaimer with a counting reclaim until the
-// test ends, and checks that its goroutine ends with its context.
+// test ends, and checks that its goroutine ends with its context. It
+// reclaims only after bursts: reclaiming under load, which depends on the
+// test process's own memory, is off (see startLoadReclaimer).
 func startTestReclaimer(t *testing.T, r *reclaimer) *countingReclaim {
 	t.Helper()
-	c := &countingReclaim{t: t, r: r}
-	r.reclaim, r.idle = c.reclaim, testReclaimIdle
+	r.growth = 0
+	return runTestReclaimer(t, r, testReclaimIdle, quietStretch)
+}
+
+// fakeRetained is retained memory as the tests set it, growing by step at
+// every reading.
+type fakeRetained struct {
+	n     atomic.Uint64
+	step  uint64
+	reads atomic.Int64
+}
+
+func (f *fakeRetained) retained() uint64 {
+	f.reads.Add(1)
+	return f.n.Add(f.step)
+}
+
+// startLoadReclaimer runs a reclaimer that also reclaims under load, once
+// f grew by growth, at most every every, after a lull of loadLull.
+func startLoadReclaimer(t *testing.T, r *reclaimer, f *fakeRetained, growth uint64, every time.Duration) *countingReclaim {
+	t.Helper()
+	r.growth, r.every, r.lull, r.retained = growth, every, loadLull, f.retained
+	c := runTestReclaimer(t, r, testLoadIdle, 3*testLoadIdle)
+	// The reclaimer took its baseline: what the test changes from here on
+	// is growth.
+	deadline := time.Now().Add(reclaimDeadline)
+	for f.reads.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the reclaimer did not read its baseline")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return c
+}
+
+func runTestReclaimer(t *testing.T, r *reclaimer, idle, quiet time.Duration) *countingReclaim {
+	t.Helper()
+	c := &countingReclaim{t: t, r: r, quiet: quiet}
+	r.reclaim, r.idle = c.reclaim, idle
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -119,6 +171,87 @@ func TestReclaimerOncePerBurstNeverDuringOne(t *testing.T) {
 	}
 	c.waitReclaims(4)
 	c.expectReclaims(4, "idle after a burst of calls")
+}
+
+// steadyLoad is a daemon that is never idle for testLoadIdle: a quick call
+// every loadPeriod (a stream following a process, so that a reclaim
+// running as the next one starts is no error), until stop.
+func steadyLoad(t *testing.T, r *reclaimer) (stop func()) {
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(loadPeriod)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			end := r.begin(false)
+			r.active()
+			end()
+		}
+	}()
+	var once sync.Once
+	stop = func() { once.Do(func() { close(done); <-stopped }) }
+	t.Cleanup(stop)
+	return stop
+}
+
+// TestReclaimerUnderSteadyLoad checks that a daemon that is never idle
+// still reclaims once its memory grew past the bound, again only after it
+// grew again since, and not at all while it did not grow.
+func TestReclaimerUnderSteadyLoad(t *testing.T) {
+	r := newReclaimer(testLoadIdle, nil, zap.NewNop())
+	f := &fakeRetained{}
+	f.n.Store(10 << 20)
+	c := startLoadReclaimer(t, r, f, 1<<20, testLoadIdle)
+	stop := steadyLoad(t, r)
+
+	f.n.Add(1<<20 - 1)
+	c.expectReclaims(0, "steady load, growth below the bound")
+	f.n.Add(1)
+	c.waitReclaims(1)
+	// The fake does not shrink on reclaiming: the memory is live, the new
+	// baseline, and no reason to reclaim again.
+	c.expectReclaims(1, "steady load, no growth since the last reclaim")
+	f.n.Add(1 << 20)
+	c.waitReclaims(2)
+
+	// Once the load stops, the burst is over: the reclaim after it.
+	stop()
+	c.waitReclaims(3)
+}
+
+// TestReclaimerUnderLoadIsRateLimited checks that however fast memory
+// grows, reclaims under load are at least every apart.
+func TestReclaimerUnderLoadIsRateLimited(t *testing.T) {
+	const every = 2 * testLoadIdle
+	r := newReclaimer(testLoadIdle, nil, zap.NewNop())
+	start := time.Now()
+	c := startLoadReclaimer(t, r, &fakeRetained{step: 1 << 20}, 1, every)
+	steadyLoad(t, r)
+	c.waitReclaims(3)
+	got, elapsed := c.count.Load(), time.Since(start)
+	if most := int64(elapsed / every); got > most {
+		t.Fatalf("%d reclaims under load in %s; want at most one per %s", got, elapsed, every)
+	}
+}
+
+// TestReclaimerUnderLoadNeverDuringATransfer checks that a call that holds
+// reclaiming off (a transfer) holds off reclaiming under load too, however
+// much memory grew, and that the reclaim comes once it is over.
+func TestReclaimerUnderLoadNeverDuringATransfer(t *testing.T) {
+	r := newReclaimer(testLoadIdle, nil, zap.NewNop())
+	f := &fakeRetained{}
+	c := startLoadReclaimer(t, r, f, 1<<20, testLoadIdle)
+	end := r.begin(true)
+	steadyLoad(t, r)
+	f.n.Store(64 << 20)
+	c.expectReclaims(0, "under load with a transfer in flight") // countingReclaim also fails a reclaim with it in flight
+	end()
+	c.waitReclaims(1) // under load, the transfer over
 }
 
 func TestReclaimerThroughServer(t *testing.T) {
@@ -208,8 +341,8 @@ func TestFreeMemoryEmptiesThePool(t *testing.T) {
 // (and with its context), and that idle 0 starts none.
 func TestStartReclaimerStops(t *testing.T) {
 	srv := &Server{reclaim: newReclaimer(DefaultReclaimIdle, func() { t.Error("reclaimed") }, zap.NewNop())}
-	srv.startReclaimer(context.Background(), 0)()
-	stop := srv.startReclaimer(context.Background(), time.Hour)
+	srv.startReclaimer(context.Background(), 0, DefaultReclaimGrowth)()
+	stop := srv.startReclaimer(context.Background(), time.Hour, 123)
 	srv.reclaim.begin(true)() // a burst, whose reclaim is an hour away
 	stopped := make(chan struct{})
 	go func() { stop(); close(stopped) }()
@@ -218,8 +351,11 @@ func TestStartReclaimerStops(t *testing.T) {
 	case <-time.After(reclaimDeadline):
 		t.Fatal("stop did not end the reclaimer")
 	}
+	if srv.reclaim.growth != 123 {
+		t.Fatalf("growth %d after startReclaimer(..., 123)", srv.reclaim.growth)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	stop = srv.startReclaimer(ctx, time.Hour)
+	stop = srv.startReclaimer(ctx, time.Hour, 0)
 	cancel()
 	stop() // returns once the goroutine ended with ctx
 	stop() // and again

@@ -167,13 +167,16 @@ func (s *Server) Shutdown(ctx context.Context) {
 }
 
 // startReclaimer gives memory back once each burst of calls has been over
-// for idle (see reclaimer), until ctx is done or the returned stop is
-// called, which waits for it to end. idle <= 0 disables it.
-func (s *Server) startReclaimer(ctx context.Context, idle time.Duration) (stop func()) {
+// for idle, and during one when the runtime's memory grew by growth bytes
+// (see reclaimer), until ctx is done or the returned stop is called, which
+// waits for it to end. idle <= 0 disables it; growth <= 0 disables
+// reclaiming during a burst.
+func (s *Server) startReclaimer(ctx context.Context, idle time.Duration, growth int64) (stop func()) {
 	if idle <= 0 {
 		return func() {}
 	}
 	s.reclaim.idle = idle
+	s.reclaim.growth = uint64(max(growth, 0))
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -235,7 +238,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		go func(l net.Listener) { serveErr <- srv.GRPC.Serve(l) }(l)
 	}
 	log.Info("sandbox-agentd ready", zap.String("workspace", cfg.Daemon.WorkspaceRoot), zap.Bool("tls", creds != nil), zap.Bool("auth", !cfg.InsecureNoAuth))
-	stopReclaim := srv.startReclaimer(ctx, cfg.ReclaimIdle)
+	stopReclaim := srv.startReclaimer(ctx, cfg.ReclaimIdle, cfg.ReclaimGrowth)
 
 	var runErr error
 	select {
