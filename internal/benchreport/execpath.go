@@ -68,33 +68,15 @@ func startExecPath(ctx context.Context, binDir string) (_ *execPath, err error) 
 			e.close()
 		}
 	}()
-	var tok [16]byte
-	rand.Read(tok[:])
-	e.token = hex.EncodeToString(tok[:])
-	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte(e.token), 0o600); err != nil {
-		return nil, err
-	}
-	ws := filepath.Join(dir, "ws")
-	if err := os.Mkdir(ws, 0o755); err != nil {
-		return nil, err
-	}
-	dport, err := freeLoopbackPort()
-	if err != nil {
+	var daddr map[string]string
+	if e.daemon, e.token, daddr, err = startDaemonBoth(binDir, dir); err != nil {
 		return nil, err
 	}
 	fport, err := freeLoopbackPort()
 	if err != nil {
 		return nil, err
 	}
-	daddr := map[string]string{"unix": "unix://" + filepath.Join(dir, "d.sock"), "tcp": "127.0.0.1:" + strconv.Itoa(dport)}
 	faddr := map[string]string{"unix": "unix://" + filepath.Join(dir, "f.sock"), "tcp": "127.0.0.1:" + strconv.Itoa(fport)}
-	e.daemon = exec.Command(filepath.Join(binDir, "sandbox-agentd"), "--listen", daddr["unix"], "--listen", "tcp://"+daddr["tcp"],
-		"--token-file", tokenFile, "--workspace", ws)
-	// Its log is discarded, as the local provider's is by default.
-	if err := e.daemon.Start(); err != nil {
-		return nil, fmt.Errorf("start sandbox-agentd: %w", err)
-	}
 	e.floor = exec.Command(floorBin, "-socket", filepath.Join(dir, "f.sock"), "-tcp", faddr["tcp"])
 	e.floor.Stderr = os.Stderr
 	if err := e.floor.Start(); err != nil {
@@ -129,6 +111,35 @@ func startExecPath(ctx context.Context, binDir string) (_ *execPath, err error) 
 		}
 	}
 	return e, nil
+}
+
+// startDaemonBoth starts sandbox-agentd from binDir with a workspace in
+// dir/ws, serving on a unix socket (dir/d.sock) and on TCP loopback, and
+// returns its token and its address by transport (gRPC targets).
+func startDaemonBoth(binDir, dir string) (_ *exec.Cmd, token string, addrs map[string]string, err error) {
+	var tok [16]byte
+	rand.Read(tok[:])
+	token = hex.EncodeToString(tok[:])
+	tokenFile := filepath.Join(dir, "token")
+	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
+		return nil, "", nil, err
+	}
+	ws := filepath.Join(dir, "ws")
+	if err := os.Mkdir(ws, 0o755); err != nil {
+		return nil, "", nil, err
+	}
+	dport, err := freeLoopbackPort()
+	if err != nil {
+		return nil, "", nil, err
+	}
+	addrs = map[string]string{"unix": "unix://" + filepath.Join(dir, "d.sock"), "tcp": "127.0.0.1:" + strconv.Itoa(dport)}
+	cmd := exec.Command(filepath.Join(binDir, "sandbox-agentd"), "--listen", addrs["unix"], "--listen", "tcp://"+addrs["tcp"],
+		"--token-file", tokenFile, "--workspace", ws)
+	// Its log is discarded, as the local provider's is by default.
+	if err := cmd.Start(); err != nil {
+		return nil, "", nil, fmt.Errorf("start sandbox-agentd: %w", err)
+	}
+	return cmd, token, addrs, nil
 }
 
 // exec runs /bin/true through the daemon over transport t and times the
@@ -200,7 +211,16 @@ func benchExecPath(ctx context.Context, binDir string, n int) ([]row, error) {
 	execs := map[string][]time.Duration{}
 	floors := map[string][]time.Duration{}
 	var direct []time.Duration
+	var dcpu0, fcpu0 time.Duration
 	for i := 0; i < n+20; i++ { // first 20 are warm-up
+		if i == 20 {
+			if dcpu0, err = processCPU(e.daemon.Process.Pid); err == nil {
+				fcpu0, err = processCPU(e.floor.Process.Pid)
+			}
+			if err != nil {
+				return nil, err
+			}
+		}
 		for _, t := range execTransports {
 			d, err := e.exec(ctx, t)
 			if err != nil {
@@ -222,6 +242,16 @@ func benchExecPath(ctx context.Context, binDir string, n int) ([]row, error) {
 			}
 		}
 	}
+	dcpu, err := processCPU(e.daemon.Process.Pid)
+	if err != nil {
+		return nil, err
+	}
+	fcpu, err := processCPU(e.floor.Process.Pid)
+	if err != nil {
+		return nil, err
+	}
+	calls := time.Duration(n * len(execTransports))
+	dPer, fPer := (dcpu-dcpu0)/calls, (fcpu-fcpu0)/calls
 	o50, _ := percentiles(direct)
 	threads, err := e.threadsWhileRunning(ctx, threadsProcesses)
 	if err != nil {
@@ -237,6 +267,11 @@ func benchExecPath(ctx context.Context, binDir string, n int) ([]row, error) {
 			row{"  the daemon's own share over " + name + ": Exec - os/exec - grpcfloor round trip, p50s", us(d50 - o50 - f50),
 				us(f50) + " (grpcfloor health check over " + name + ")", "", "<= 40 µs"})
 	}
+	// CPU time is what the load of other processes does not inflate: the
+	// daemon's own share measured as the processor time it spends per
+	// Exec, beside the floor's per round trip.
+	rows = append(rows, row{"  sandbox-agentd CPU time per Exec (all its threads, both transports; the process's own exec not included)", us(dPer),
+		us(fPer) + " (grpcfloor CPU per health check)", fmt.Sprintf("%.2fx", float64(dPer)/float64(fPer)), ""})
 	rows = append(rows, row{fmt.Sprintf("sandbox-agentd OS threads while %d processes run (idle: %d)", threadsProcesses, threads[0]),
 		strconv.Itoa(threads[1]), "", "", "no thread per process"})
 	return rows, nil
@@ -270,6 +305,34 @@ func (e *execPath) threadsWhileRunning(ctx context.Context, n int) (_ [2]int, er
 	time.Sleep(500 * time.Millisecond) // let the runtime settle
 	out[1], err = threadCount(e.daemon.Process.Pid)
 	return out, err
+}
+
+// processCPU is the processor time pid's threads have used so far (the
+// sum of /proc/pid/task/*/schedstat, in nanoseconds: finer than the clock
+// ticks of /proc/pid/stat). A thread that exited meanwhile takes its time
+// with it; the Go runtime keeps its threads.
+func processCPU(pid int) (time.Duration, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return 0, err
+	}
+	var total time.Duration
+	for _, t := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/schedstat", pid, t.Name()))
+		if err != nil {
+			continue // exited meanwhile
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			continue
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("/proc/%d/task/%s/schedstat: %w", pid, t.Name(), err)
+		}
+		total += time.Duration(ns)
+	}
+	return total, nil
 }
 
 // threadCount reads the Threads line of /proc/pid/status.

@@ -73,6 +73,9 @@ type config struct {
 	soak          time.Duration
 	soakSandboxes int
 	onlySoak      bool
+	// ReadFile and WriteFile beside a socket copy (transfer.go).
+	onlyTransfer  bool
+	transferBytes int64
 }
 
 func main() {
@@ -110,6 +113,8 @@ func main() {
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "soak: how long the sandboxes run their load (0: skip)")
 	flag.IntVar(&cfg.soakSandboxes, "soak-sandboxes", 100, "soak: local sandboxes, each running an Exec a second and a 1 MiB WriteFile every 10 s")
 	flag.BoolVar(&cfg.onlySoak, "only-soak", false, "measure only the soak")
+	flag.BoolVar(&cfg.onlyTransfer, "only-transfer", false, "measure only ReadFile and WriteFile over a unix socket and TCP beside a plain socket copy")
+	flag.Int64Var(&cfg.transferBytes, "transfer-bytes", 256<<20, "size of the file downloaded and uploaded by -only-transfer")
 	scaling := flag.String("scaling", "1,10,50,100", "concurrent sandbox counts of the scaling series (empty: skip)")
 	flag.Parse()
 	for _, f := range strings.Split(*scaling, ",") {
@@ -134,6 +139,13 @@ type row struct {
 }
 
 func run(ctx context.Context, cfg config) error {
+	if cfg.onlyTransfer {
+		r, err := benchTransfer(ctx, cfg.binDir, cfg.transferBytes)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
 	agentd := filepath.Join(cfg.binDir, local.AgentdBinary)
 	sb, err := local.Start(ctx, local.Options{AgentdPath: agentd}, zap.NewNop())
 	if err != nil {
@@ -234,6 +246,11 @@ func run(ctx context.Context, cfg config) error {
 	add(r...)
 	fmt.Fprintln(os.Stderr, "exec over a unix socket and TCP ...")
 	if r, err = benchExecPath(ctx, cfg.binDir, cfg.execN); err != nil {
+		return err
+	}
+	add(r...)
+	fmt.Fprintln(os.Stderr, "ReadFile and WriteFile over a unix socket and TCP beside a socket copy ...")
+	if r, err = benchTransfer(ctx, cfg.binDir, cfg.transferBytes); err != nil {
 		return err
 	}
 	add(r...)

@@ -26,6 +26,7 @@ package wirecodec
 
 import (
 	"fmt"
+	"io"
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -115,19 +116,55 @@ func MarshalBytesOnly(pool *bufpool.Pool, num protowire.Number, data []byte) mem
 // nothing from pool, for any other message (including malformed ones),
 // which the caller then decodes with Unmarshal.
 func DecodeBytesOnly(pool *bufpool.Pool, data mem.BufferSlice, num protowire.Number) []byte {
+	skip, ok := BytesOnlyHead(data, num)
+	if !ok {
+		return nil
+	}
+	b := pool.Get(data.Len() - skip)
+	copySkip(*b, data, skip)
+	return *b
+}
+
+// BytesOnlyHead reports whether data is a message that is nothing but one
+// non-empty bytes field num and, if so, the length of the field's tag and
+// length (skip): the field's bytes are data less its first skip bytes,
+// wherever data's buffers split them. It copies nothing, so a caller can
+// keep data's buffers (Ref) and use them in place (see WriteSkip).
+func BytesOnlyHead(data mem.BufferSlice, num protowire.Number) (skip int, ok bool) {
 	var head [headMax]byte
 	h := head[:copyPrefix(head[:], data)]
 	n, typ, tagLen := protowire.ConsumeTag(h)
 	if tagLen < 0 || n != num || typ != protowire.BytesType {
-		return nil
+		return 0, false
 	}
 	size, k := protowire.ConsumeVarint(h[tagLen:])
 	if k < 0 || size == 0 || uint64(data.Len()-tagLen-k) != size {
-		return nil
+		return 0, false
 	}
-	b := pool.Get(int(size))
-	copySkip(*b, data, tagLen+k)
-	return *b
+	return tagLen + k, true
+}
+
+// WriteSkip writes data, less its first skip bytes, to w, one Write per
+// buffer of data (no copy), and returns the bytes written.
+func WriteSkip(w io.Writer, data mem.BufferSlice, skip int) (int64, error) {
+	var total int64
+	for _, b := range data {
+		d := b.ReadOnlyData()
+		if skip >= len(d) {
+			skip -= len(d)
+			continue
+		}
+		n, err := w.Write(d[skip:])
+		total += int64(n)
+		if err != nil {
+			return total, err
+		}
+		if n != len(d)-skip {
+			return total, io.ErrShortWrite
+		}
+		skip = 0
+	}
+	return total, nil
 }
 
 // copyPrefix copies the first bytes of data into dst.

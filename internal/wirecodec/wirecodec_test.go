@@ -2,7 +2,9 @@ package wirecodec
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"sort"
 	"strings"
 	"testing"
@@ -182,4 +184,64 @@ func aliases(whole, part []byte) bool {
 		}
 	}
 	return false
+}
+
+// BytesOnlyHead finds the field's bytes in the frames as DecodeBytesOnly
+// copies them, and WriteSkip writes exactly those bytes, whatever the
+// frames' sizes.
+func TestBytesOnlyHeadAndWriteSkip(t *testing.T) {
+	for _, size := range []int{1, 127, 128, 16 << 10, 300000} {
+		data := make([]byte, size)
+		for i := range data {
+			data[i] = byte(i * 7)
+		}
+		wire, err := proto.Marshal(&agentdv1.ReadFileResponse{Data: data})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, frame := range []int{1, 3, 16 << 10, 1 << 30} {
+			frames := split(wire, frame)
+			skip, ok := BytesOnlyHead(frames, ReadFileResponseData)
+			if !ok || skip != len(wire)-size {
+				t.Fatalf("size %d, frames of %d: skip %d, %v; want %d", size, frame, skip, ok, len(wire)-size)
+			}
+			var out bytes.Buffer
+			n, err := WriteSkip(&out, frames, skip)
+			if err != nil || n != int64(size) || !bytes.Equal(out.Bytes(), data) {
+				t.Fatalf("size %d, frames of %d: wrote %d bytes (%v), equal %v", size, frame, n, err, bytes.Equal(out.Bytes(), data))
+			}
+		}
+	}
+	if _, ok := BytesOnlyHead(split([]byte{0x12, 0x00}, 1), ReadFileResponseData); ok {
+		t.Error("an empty data field was accepted")
+	}
+}
+
+// errWriter fails after accepting limit bytes.
+type errWriter struct{ limit int }
+
+func (w *errWriter) Write(p []byte) (int, error) {
+	if len(p) > w.limit {
+		n := w.limit
+		w.limit = 0
+		return n, errors.New("destination full")
+	}
+	w.limit -= len(p)
+	return len(p), nil
+}
+
+// shortWriter accepts one byte less than it is given, without an error.
+type shortWriter struct{}
+
+func (shortWriter) Write(p []byte) (int, error) { return len(p) - 1, nil }
+
+func TestWriteSkipReportsFailures(t *testing.T) {
+	frames := split(bytes.Repeat([]byte{1}, 100), 10)
+	n, err := WriteSkip(&errWriter{limit: 25}, frames, 2)
+	if err == nil || n != 25 {
+		t.Errorf("failing destination: wrote %d, %v; want 25 and its error", n, err)
+	}
+	if _, err := WriteSkip(shortWriter{}, frames, 0); !errors.Is(err, io.ErrShortWrite) {
+		t.Errorf("short write: %v, want io.ErrShortWrite", err)
+	}
 }

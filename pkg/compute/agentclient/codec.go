@@ -81,6 +81,39 @@ func (c *followCodec) release() {
 	}
 }
 
+// readFileCodec is codec for the stream of one ReadFile: a data message is
+// not decoded at all. Its received frames are kept (held, the field's
+// bytes starting skip bytes in) and ReadFile writes them to its
+// destination in place, then releases them: the data is not copied out of
+// the frames it arrived in. Messages are decoded by the goroutine calling
+// Recv, so the frames held need no lock.
+type readFileCodec struct {
+	codec
+	held mem.BufferSlice
+	skip int
+}
+
+func (c *readFileCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	c.release()
+	if r, ok := v.(*agentdv1.ReadFileResponse); ok {
+		if skip, ok := wirecodec.BytesOnlyHead(data, wirecodec.ReadFileResponseData); ok {
+			proto.Reset(r)
+			data.Ref() // gRPC frees data when Unmarshal returns
+			c.held, c.skip = data, skip
+			return nil
+		}
+	}
+	return c.codec.Unmarshal(data, v)
+}
+
+// release gives back the frames of the last data message decoded.
+func (c *readFileCodec) release() {
+	if c.held != nil {
+		c.held.Free()
+		c.held = nil
+	}
+}
+
 // handOffCodec is codec for the stream of one WriteFile, whose data chunks
 // are pooled buffers that the caller hands over (uploadHandOff): a data
 // message is marshaled as its few header bytes followed by the chunk

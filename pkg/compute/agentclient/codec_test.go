@@ -8,6 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/bulkhead-dev/bulkhead/internal/wirecodec"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -160,5 +161,64 @@ func BenchmarkFollowCodec(b *testing.B) {
 			b.Fatal(err)
 		}
 		fc.release()
+	}
+}
+
+// countingPool is a mem.BufferPool that counts the buffers given back.
+type countingPool struct{ put int }
+
+func (p *countingPool) Get(n int) *[]byte { b := make([]byte, n); return &b }
+func (p *countingPool) Put(*[]byte)       { p.put++ }
+
+// readFileCodec keeps a data message's frames past Unmarshal (gRPC frees
+// its own reference when Unmarshal returns) until release, and leaves the
+// data in them; a message with the info is decoded as proto would.
+func TestReadFileCodecKeepsFrames(t *testing.T) {
+	data := bytes.Repeat([]byte{4, 5, 6}, 20000)
+	wire, err := proto.Marshal(&agentdv1.ReadFileResponse{Data: data})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := &countingPool{}
+	var frames mem.BufferSlice
+	for b := wire; len(b) > 0; {
+		k := min(16<<10, len(b))
+		buf := pool.Get(k)
+		copy(*buf, b[:k])
+		frames = append(frames, mem.NewBuffer(buf, pool))
+		b = b[k:]
+	}
+	c := &readFileCodec{}
+	got := &agentdv1.ReadFileResponse{Data: []byte("stale")}
+	if err := c.Unmarshal(frames, got); err != nil {
+		t.Fatal(err)
+	}
+	frames.Free() // as gRPC does after Unmarshal
+	if pool.put != 0 {
+		t.Fatalf("%d frames went back to the pool while held", pool.put)
+	}
+	if len(got.GetData()) != 0 || got.GetInfo() != nil || c.held == nil {
+		t.Fatalf("data message decoded into the message (%d bytes) or not held", len(got.GetData()))
+	}
+	var out bytes.Buffer
+	if _, err := wirecodec.WriteSkip(&out, c.held, c.skip); err != nil || !bytes.Equal(out.Bytes(), data) {
+		t.Fatalf("held frames give %d bytes (%v), want the data", out.Len(), err)
+	}
+	c.release()
+	if pool.put != len(frames) {
+		t.Fatalf("release gave back %d of %d frames", pool.put, len(frames))
+	}
+
+	want := &agentdv1.ReadFileResponse{Info: &agentdv1.FileInfo{Path: "p", Size: 3}, Data: []byte{7, 8, 9}}
+	wire, err = proto.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got = &agentdv1.ReadFileResponse{}
+	if err := c.Unmarshal(split(wire, 5), got); err != nil {
+		t.Fatal(err)
+	}
+	if c.held != nil || !proto.Equal(got, want) {
+		t.Fatalf("info message: held %v, decoded %v", c.held != nil, got)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 
+	"github.com/bulkhead-dev/bulkhead/internal/wirecodec"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -21,7 +22,9 @@ const fileChunkBytes = 256 << 10
 func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w io.Writer) (*agentdv1.FileInfo, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // releases the stream when the destination fails
-	stream, err := c.file.ReadFile(ctx, req, bulk)
+	rc := &readFileCodec{}
+	defer rc.release()
+	stream, err := c.file.ReadFile(ctx, req, grpc.ForceCodecV2(rc))
 	if err != nil {
 		return nil, wrap(err)
 	}
@@ -37,11 +40,17 @@ func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w 
 		if msg.GetInfo() != nil {
 			info = msg.GetInfo()
 		}
-		if data := msg.GetData(); len(data) > 0 {
-			if _, err := w.Write(data); err != nil {
-				return info, fmt.Errorf("read %s: write to destination: %w", req.GetPath(), err)
-			}
-			pool.PutBytes(data) // the message goes no further (Write keeps no reference)
+		// A data-only message was left in its frames (readFileCodec),
+		// written out from there; a message with the info (the first) was
+		// decoded, its data with it.
+		if rc.held != nil {
+			_, err = wirecodec.WriteSkip(w, rc.held, rc.skip)
+			rc.release() // Write keeps no reference
+		} else if data := msg.GetData(); len(data) > 0 {
+			_, err = w.Write(data)
+		}
+		if err != nil {
+			return info, fmt.Errorf("read %s: write to destination: %w", req.GetPath(), err)
 		}
 	}
 }

@@ -36,6 +36,9 @@ type plan struct {
 	dir  string
 	user string
 	cred *syscall.Credential
+	// checkLater: dir and path were not checked before the start (see
+	// plan); startError checks them if it fails.
+	checkLater bool
 }
 
 // Start starts a process and returns as soon as it runs; the process is not
@@ -241,20 +244,6 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 			}
 		}
 	}
-	// A failure about the working directory is a PathError on it: the path
-	// tells callers that the directory, not the program, is at fault.
-	fi, err := os.Stat(pl.dir)
-	switch {
-	case errors.Is(err, fs.ErrNotExist):
-		return nil, workdirError(pl.dir, errkind.Errorf(errkind.ErrNotFound, "the working directory does not exist"))
-	case errors.Is(err, unix.ENOTDIR):
-		return nil, workdirError(pl.dir, errkind.Errorf(errkind.ErrNotDirectory, "a parent of the working directory is not a directory"))
-	case err != nil:
-		return nil, workdirError(pl.dir, errkind.Errorf(errkind.ErrPermissionDenied, "the working directory cannot be entered: %v", err))
-	case !fi.IsDir():
-		return nil, workdirError(pl.dir, errkind.Errorf(errkind.ErrNotDirectory, "the working directory is not a directory"))
-	}
-
 	if len(o.Argv) > 0 {
 		pl.argv = slices.Clone(o.Argv)
 	} else {
@@ -268,10 +257,59 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 		}
 		pl.argv = []string{shell, flag, o.Command}
 	}
+	if strings.Contains(pl.argv[0], "/") {
+		// A program named by its path is what execve receives as it is:
+		// the checks that explain a failure (checkDir, checkExecutable)
+		// run only if the start fails (see launch), which saves their
+		// system calls on every start that succeeds. execve and the
+		// child's chdir refuse whatever those checks refuse.
+		pl.path, pl.checkLater = pl.argv[0], true
+		return pl, nil
+	}
+	// A bare name is searched in PATH, which needs the directory checked
+	// first (as a failure about it must win).
+	if err := checkDir(pl.dir); err != nil {
+		return nil, err
+	}
+	var err error
 	if pl.path, err = lookPath(pl.argv[0], envValue(pl.env, "PATH"), pl.dir); err != nil {
 		return nil, err
 	}
 	return pl, nil
+}
+
+// checkDir reports why dir cannot be a process's working directory, if it
+// cannot. A failure about the working directory is a PathError on it: the
+// path tells callers that the directory, not the program, is at fault.
+func checkDir(dir string) error {
+	fi, err := os.Stat(dir)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		return workdirError(dir, errkind.Errorf(errkind.ErrNotFound, "the working directory does not exist"))
+	case errors.Is(err, unix.ENOTDIR):
+		return workdirError(dir, errkind.Errorf(errkind.ErrNotDirectory, "a parent of the working directory is not a directory"))
+	case err != nil:
+		return workdirError(dir, errkind.Errorf(errkind.ErrPermissionDenied, "the working directory cannot be entered: %v", err))
+	case !fi.IsDir():
+		return workdirError(dir, errkind.Errorf(errkind.ErrNotDirectory, "the working directory is not a directory"))
+	}
+	return nil
+}
+
+// startError explains a failed fork/exec of pl: for a plan whose checks
+// were left for later (plan.checkLater), the first check that fails, as
+// plan would have reported it before starting; otherwise, or when every
+// check passes, the errno itself (execError).
+func startError(err error, pl *plan) error {
+	if pl.checkLater {
+		if cerr := checkDir(pl.dir); cerr != nil {
+			return cerr
+		}
+		if _, cerr := lookPath(pl.argv[0], "", pl.dir); cerr != nil {
+			return cerr
+		}
+	}
+	return execError(err, pl)
 }
 
 // launch creates the process's descriptors, forks it through the reaper
@@ -316,8 +354,10 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 		}
 		p.pid = pid
 		if pidfd >= 0 {
-			// Non-blocking, so that NewFile puts it on the poller.
-			if err := unix.SetNonblock(pidfd, true); err != nil {
+			// Non-blocking, so that NewFile puts it on the poller. A
+			// pidfd has no other status flag to keep, so one F_SETFL
+			// does it (no F_GETFL first).
+			if _, err := unix.FcntlInt(uintptr(pidfd), unix.F_SETFL, unix.O_NONBLOCK); err != nil {
 				unix.Close(pidfd)
 			} else {
 				p.pidfd = os.NewFile(uintptr(pidfd), "pidfd")
@@ -329,7 +369,7 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	})
 	if err != nil {
 		ch.closeParentEnds()
-		return nil, execError(err, pl)
+		return nil, startError(err, pl)
 	}
 	p.pid = pid
 	p.master, p.stdin, p.outputs, p.streams = ch.master, ch.stdin, ch.outputs, ch.streams
