@@ -22,14 +22,11 @@ import (
 // sandbox, its connections out fail, closed.
 
 // EgressRelayAddr is where, inside a container with egress control, the
-// daemon relays connections to the harness's proxy.
-const EgressRelayAddr = "127.0.0.1:3128"
-
-// Files of egress control.
-const (
-	egressSocketName = "egress.sock" // in the run directory
-	egressPolicyFile = "egress.json" // in the private directory (not mounted)
-)
+// daemon relays connections to the harness's proxy (egress.RelayAddr;
+// the proxy's socket, egress.SocketName, is in the run directory, and the
+// recorded policy, egress.PolicyFile, in the private directory, which is
+// not mounted).
+const EgressRelayAddr = egress.RelayAddr
 
 // checkEgress refuses an egress configuration the network mode defeats.
 func checkEgress(eg *egress.Options, network string) error {
@@ -52,21 +49,21 @@ const egressSocketMode = 0o666
 // startEgress records the configured policy in dir, serves it on the run
 // directory's socket and returns the daemon's flags for the relay.
 func (p *Provider) startEgress(dir privateDir) ([]string, error) {
-	if err := egress.WritePolicyFile(filepath.Join(string(dir), egressPolicyFile), p.cfg.Egress.Policy); err != nil {
+	if err := egress.WritePolicyFile(filepath.Join(string(dir), egress.PolicyFile), p.cfg.Egress.Policy); err != nil {
 		return nil, err
 	}
-	if err := p.egress.Start(string(dir), filepath.Join(dir.runDir(), egressSocketName), p.cfg.Egress.Policy, egressSocketMode); err != nil {
+	if err := p.egress.Start(string(dir), filepath.Join(dir.runDir(), egress.SocketName), p.cfg.Egress.Policy, egressSocketMode); err != nil {
 		return nil, err
 	}
-	return []string{"--egress-relay", EgressRelayAddr + "=unix://" + containerRunDir + "/" + egressSocketName}, nil
+	return egress.RelayArgs(containerRunDir + "/" + egress.SocketName), nil
 }
 
 // resumeEgress serves the policy recorded in dir, if any and not served
 // already. It fails closed: on error the sandbox has no way out.
 func (p *Provider) resumeEgress(dir privateDir, log *zap.Logger) {
-	pol, ok, err := egress.ReadPolicyFile(filepath.Join(string(dir), egressPolicyFile))
+	pol, ok, err := egress.ReadPolicyFile(filepath.Join(string(dir), egress.PolicyFile))
 	if err == nil && ok && !p.egress.Serving(string(dir)) {
-		err = p.egress.Start(string(dir), filepath.Join(dir.runDir(), egressSocketName), pol, egressSocketMode)
+		err = p.egress.Start(string(dir), filepath.Join(dir.runDir(), egress.SocketName), pol, egressSocketMode)
 	}
 	if err != nil {
 		log.Warn("the sandbox's egress proxy could not be served; its network requests will fail", zap.Error(err))

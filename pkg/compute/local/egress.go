@@ -24,14 +24,10 @@ import (
 // its connections out fail, closed).
 
 // EgressRelayAddr is where, inside a sandbox with egress control, the
-// daemon relays connections to the harness's proxy.
-const EgressRelayAddr = "127.0.0.1:3128"
-
-// Files of egress control.
-const (
-	egressSocketName = "egress.sock" // in runDir: the proxy's socket
-	egressPolicyFile = "egress.json" // in the private directory: the recorded policy
-)
+// daemon relays connections to the harness's proxy (egress.RelayAddr;
+// the proxy's socket, egress.SocketName, is in runDir, and the recorded
+// policy, egress.PolicyFile, in the private directory).
+const EgressRelayAddr = egress.RelayAddr
 
 // checkEgress refuses an egress configuration the isolation cannot
 // enforce, and sets up the proxies otherwise.
@@ -66,10 +62,10 @@ func (p *Provider) egressServers() *egress.Servers {
 // startEgress records the configured policy in dir, serves it on the
 // sandbox's socket and returns the daemon's flags for the relay.
 func (p *Provider) startEgress(dir string) ([]string, error) {
-	if err := egress.WritePolicyFile(filepath.Join(dir, egressPolicyFile), p.cfg.Egress.Policy); err != nil {
+	if err := egress.WritePolicyFile(filepath.Join(dir, egress.PolicyFile), p.cfg.Egress.Policy); err != nil {
 		return nil, err
 	}
-	socket := filepath.Join(dir, runDir, egressSocketName)
+	socket := filepath.Join(dir, runDir, egress.SocketName)
 	// The daemon (root, or the harness's user in a user namespace) is the
 	// one that connects.
 	if err := p.egressServers().Start(dir, socket, p.cfg.Egress.Policy, 0o600); err != nil {
@@ -78,18 +74,18 @@ func (p *Provider) startEgress(dir string) ([]string, error) {
 	if err := p.egressForGVisor(dir, socket); err != nil {
 		return nil, err
 	}
-	return []string{"--egress-relay", EgressRelayAddr + "=unix://" + socket}, nil
+	return egress.RelayArgs(socket), nil
 }
 
 // resumeEgress serves the policy recorded in dir, if any, unless this
 // provider serves it already. A sandbox created without egress control
 // gets none.
 func (p *Provider) resumeEgress(dir string) error {
-	pol, ok, err := egress.ReadPolicyFile(filepath.Join(dir, egressPolicyFile))
+	pol, ok, err := egress.ReadPolicyFile(filepath.Join(dir, egress.PolicyFile))
 	if err != nil || !ok || p.egressServers().Serving(dir) {
 		return err
 	}
-	socket := filepath.Join(dir, runDir, egressSocketName)
+	socket := filepath.Join(dir, runDir, egress.SocketName)
 	if err := p.egressServers().Start(dir, socket, pol, 0o600); err != nil {
 		return err
 	}
@@ -112,7 +108,7 @@ func (p *Provider) egressForGVisor(dir, socket string) error {
 // forgetEgress drops the policy recorded in dir (a sandbox replaced by
 // one without egress control).
 func (p *Provider) forgetEgress(dir string) {
-	if err := os.Remove(filepath.Join(dir, egressPolicyFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	if err := os.Remove(filepath.Join(dir, egress.PolicyFile)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		p.log.Warn("cannot remove a replaced sandbox's egress policy", zap.String("dir", dir), zap.Error(err))
 	}
 }

@@ -3,8 +3,10 @@ package local
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,7 +116,8 @@ func TestPlainRootNeedsASearchableStateDir(t *testing.T) {
 // TestBubblewrapStartRetriedThenReported: a bubblewrap sandbox whose
 // process exits before it serves is started again, at most
 // bwrapStartAttempts times, each time with the seccomp filter rewound; a
-// failure that repeats is reported (ErrUnavailable, ErrExitedAtStart) and
+// failure that repeats is reported (ErrUnavailable, ErrExitedAtStart)
+// with what the sandbox printed, as is every restart's warning, and
 // leaves nothing behind.
 func TestBubblewrapStartRetriedThenReported(t *testing.T) {
 	testenv.Require(t, testenv.Bubblewrap)
@@ -130,8 +133,17 @@ func TestBubblewrapStartRetriedThenReported(t *testing.T) {
 	if !errors.Is(err, ErrExitedAtStart) || !errors.Is(err, compute.ErrUnavailable) {
 		t.Fatalf("a daemon that cannot start: %v", err)
 	}
-	if n := logs.FilterMessageSnippet("starting it again").Len(); n != bwrapStartAttempts-1 {
-		t.Errorf("%d restarts, want %d", n, bwrapStartAttempts-1)
+	if !strings.Contains(err.Error(), flagRefusal) {
+		t.Errorf("the error does not say why the daemon exited: %v", err)
+	}
+	restarts := logs.FilterMessageSnippet("starting it again").All()
+	if len(restarts) != bwrapStartAttempts-1 {
+		t.Errorf("%d restarts, want %d", len(restarts), bwrapStartAttempts-1)
+	}
+	for _, e := range restarts {
+		if why := fmt.Sprint(e.ContextMap()["error"]); !strings.Contains(why, flagRefusal) {
+			t.Errorf("a restart's warning does not say why the daemon exited: %s", why)
+		}
 	}
 	if ents, _ := os.ReadDir(state); len(ents) != 0 {
 		t.Errorf("a failed launch left %v", ents)

@@ -39,7 +39,9 @@ type Options struct {
 	Workspace string
 	// Args are extra daemon flags (limits, --default-user, --grant ...).
 	Args []string
-	// Stderr receives the daemon's log (nil: discarded).
+	// Stderr receives the daemon's log (nil: discarded once it serves).
+	// Whatever it is, the first bytes the sandbox writes while it starts
+	// are kept (startLog), so that a start-up failure says why.
 	Stderr io.Writer
 	// ReadyTimeout bounds the wait for the daemon to answer health checks.
 	ReadyTimeout time.Duration
@@ -81,6 +83,7 @@ type Sandbox struct {
 	cgroupErr error
 	ownDir    bool
 	cmd       *exec.Cmd
+	output    *startLog // its stdout and stderr (see startLog)
 	exited    chan struct{}
 	log       *zap.Logger
 }
@@ -134,6 +137,9 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	}
 	fail := func(err error) (*Sandbox, error) {
 		s.kill()
+		if s.output != nil {
+			s.output.stop() // when nothing was started
+		}
 		if ownDir {
 			_ = os.RemoveAll(dir)
 		}
@@ -151,11 +157,19 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	if err != nil {
 		return fail(fmt.Errorf("token pipe: %w", err))
 	}
+	output, outputW, err := newStartLog(opts.Stderr, token)
+	if err != nil {
+		tokenR.Close()
+		tokenW.Close()
+		return fail(err)
+	}
+	s.output = output
 	argv := append([]string{bin, "--listen", "unix://" + s.Socket, "--token-fd", "3", "--workspace", s.Workspace}, opts.Args...)
 	if opts.Prepare != nil {
 		if err := opts.Prepare(argv); err != nil {
 			tokenR.Close()
 			tokenW.Close()
+			outputW.Close()
 			return fail(err)
 		}
 	}
@@ -166,8 +180,8 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		cmd := exec.Command(argv[0], argv[1:]...)
 		cmd.ExtraFiles = append([]*os.File{tokenR}, opts.ExtraFiles...)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the daemon gets no harness secrets
-		cmd.Stdout = opts.Stderr
-		cmd.Stderr = opts.Stderr
+		cmd.Stdout = outputW
+		cmd.Stderr = outputW
 		// Its own process group: a Ctrl-C meant for the harness does not hit the
 		// sandbox, and Close can kill the whole group. No Pdeathsig: a local
 		// sandbox may outlive the harness, to be resumed by the next one.
@@ -194,16 +208,35 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		if err := cmd.Start(); err != nil {
 			tokenR.Close()
 			tokenW.Close()
+			outputW.Close()
 			return fail(fmt.Errorf("start %s: %w", bin, err))
 		}
 	}
 	tokenR.Close()
+	outputW.Close()
 	s.cmd = cmd
-	go func() { _ = cmd.Wait(); close(s.exited) }()
+	go func() {
+		_ = cmd.Wait()
+		// Before exited: what the process wrote is all read when a
+		// waiter looks (waitReady's ErrExitedAtStart).
+		s.output.stop()
+		close(s.exited)
+	}()
 	log.Debug("sandbox-agentd started", zap.Int("pid", cmd.Process.Pid), zap.String("socket", s.Socket))
 	_, werr := io.WriteString(tokenW, token)
 	tokenW.Close()
 	if werr != nil {
+		// Nobody holds the pipe's reading end any more: the sandbox most
+		// likely exited already (bwrap refusing its arguments does, at
+		// once), which is said as waitReady says it, with its output.
+		timer := time.NewTimer(opts.ReadyTimeout)
+		defer timer.Stop()
+		select {
+		case <-s.exited:
+			return fail(fmt.Errorf("sandbox-agentd start-up: %w", s.exitedErr()))
+		case <-timer.C:
+		case <-ctx.Done():
+		}
 		return fail(fmt.Errorf("send token to daemon: %w", werr))
 	}
 	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + s.Socket, Token: token, TracerProvider: compute.RPCTracing(ctx)})
@@ -213,6 +246,11 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	s.Client = client
 	if err := s.waitReady(ctx, opts.ReadyTimeout); err != nil {
 		return fail(err)
+	}
+	if opts.Stderr == nil {
+		// Serving: from now on its writes go nowhere, as to /dev/null
+		// (see startLog), however long it runs.
+		s.output.stop()
 	}
 	return s, nil
 }
@@ -247,7 +285,7 @@ func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
 		Alive: func(context.Context) error {
 			select {
 			case <-s.exited:
-				return fmt.Errorf("%w: %w: %s", errkind.ErrUnavailable, ErrExitedAtStart, s.cmd.ProcessState)
+				return s.exitedErr()
 			default:
 				return nil
 			}
@@ -256,6 +294,12 @@ func (s *Sandbox) waitReady(ctx context.Context, timeout time.Duration) error {
 		return fmt.Errorf("sandbox-agentd start-up: %w", err)
 	}
 	return nil
+}
+
+// exitedErr says that the daemon (or its wrapper) exited before it served:
+// how, and what it printed. Only once exited is closed.
+func (s *Sandbox) exitedErr() error {
+	return fmt.Errorf("%w: %w: %s%s", errkind.ErrUnavailable, ErrExitedAtStart, s.cmd.ProcessState, s.output.describe())
 }
 
 // PID is the daemon's process id.
