@@ -245,11 +245,14 @@ type CreateOptions struct {
 // creation, like a cold sandbox: no token is shared between Pods, and none
 // is in the image or the Pod spec. The claimer reads the claimed Pod's
 // Secret (only holders of `get secrets` in the namespace can: the harness
-// role), then makes a fresh token for the session, hands it to the daemon
-// with SystemService.RotateToken (authenticated with the pool token, which
-// the daemon refuses from then on) and patches it into the Secret, where a
-// later Reattach finds it. Pool Secrets are therefore not immutable, and
-// the Role needs `patch secrets`. The session's token, manifest, files and
+// role), then makes a fresh token for the session, stages it in the Secret
+// under a second key ("next", written at the Secret's resourceVersion),
+// hands it to the daemon with SystemService.RotateToken (authenticated
+// with the pool token, which the daemon refuses from then on) and finally
+// promotes it to the Secret's token, where a later Reattach finds it. A
+// harness that dies between those steps leaves a state Reattach finishes
+// from any process. Pool Secrets are therefore not immutable, and the
+// Role needs `patch secrets`. The session's token, manifest, files and
 // environment all arrive after the claim over the daemon's API, never
 // baked into the warm Pod. A session the template cannot serve (another workspace root or
 // run_as user) is created cold.

@@ -271,23 +271,95 @@ func (p *Provider) DrainPool(ctx context.Context, name string) error {
 	return errors.Join(errs...)
 }
 
-// rotateClaimed gives a claimed warm Pod's daemon a fresh token of the
-// session's (over SystemService.RotateToken, authenticated with the pool
-// token) and then stores it in the sandbox's Secret, where Reattach from
-// any harness process finds it. From the rotation on, the token the Pod
-// was created with is refused. The daemon is rotated first so that the
-// Secret never holds a token the daemon does not accept; a failure of
-// either step makes the claim delete the Pod, as for a Pod that does not
-// answer.
-func (p *Provider) rotateClaimed(ctx context.Context, sb *sandbox, key string) error {
-	token, err := randomHex(32)
-	if err != nil {
-		return err
+// Token rotation of a claimed warm Pod, crash-safe.
+//
+// A warm Pod's daemon starts with a pool token (in its Secret under
+// tokenKey). The claimer moves it to a fresh session token in three
+// steps, each of which leaves a state that any harness process can
+// recover from with Reattach (see Provider.attach):
+//
+//  1. stage: the new token goes into the Secret under nextTokenKey, at
+//     the resourceVersion the claimer read (so of two processes rotating
+//     the same sandbox, one stages and the other gets a conflict);
+//  2. rotate: SystemService.RotateToken, authenticated with the current
+//     token; from then on the daemon refuses the old one;
+//  3. promote: one patch writes the new token under tokenKey, removes
+//     nextTokenKey and marks the Secret AnnotationTokenRotated.
+//
+// A crash after 1 leaves a staged token the daemon does not know yet
+// (Reattach connects with the current token and finishes 2 and 3); after
+// 2, a daemon that refuses the token in tokenKey and accepts the staged
+// one (Reattach promotes it); before 1, a claimed pool Pod whose Secret
+// is not marked rotated (Reattach rotates it before handing it out). No
+// step leaves a Secret that holds no token the daemon accepts, and no
+// path hands out a claimed sandbox still on its pool token.
+const (
+	// nextTokenKey is the Secret key of a token being rotated in.
+	nextTokenKey = "next"
+	// AnnotationTokenRotated marks a pool sandbox's Secret whose token is
+	// its session's (the claim's rotation completed); its value is the
+	// time of the promotion.
+	AnnotationTokenRotated = labelPrefix + "token-rotated"
+)
+
+// rotateStep names the points between rotation steps (rotateHook).
+type rotateStep string
+
+const (
+	// stepClaimed: the Pod is claimed; Secret and daemon hold the pool token.
+	stepClaimed rotateStep = "claimed"
+	// stepStaged: the Secret also holds the new token under nextTokenKey.
+	stepStaged rotateStep = "staged"
+	// stepRotated: the daemon accepts only the new token; the Secret has it
+	// under nextTokenKey only.
+	stepRotated rotateStep = "rotated"
+)
+
+// rotateHook is called between the steps of a rotation, with the
+// sandbox's state. Tests put one in the context (withRotateHook) to stop
+// the process there, as a crash would; production code never sets one.
+type rotateHook func(step rotateStep, st State)
+
+type rotateHookKey struct{}
+
+// withRotateHook returns ctx carrying h for the rotations done under it.
+func withRotateHook(ctx context.Context, h rotateHook) context.Context {
+	return context.WithValue(ctx, rotateHookKey{}, h)
+}
+
+func runRotateHook(ctx context.Context, step rotateStep, st State) {
+	if h, ok := ctx.Value(rotateHookKey{}).(rotateHook); ok && h != nil {
+		h(step, st)
 	}
-	if _, err := sb.client.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: token}); err != nil {
-		return fmt.Errorf("kubernetes: pod %s: giving the daemon the session's token: %w", sb.state.Pod, err)
+}
+
+// tokenSecret is what rotation reads of a sandbox's Secret.
+type tokenSecret struct {
+	token   string // tokenKey
+	next    string // nextTokenKey, "" when no rotation is under way
+	rotated bool   // AnnotationTokenRotated is set
+	rv      string // the Secret's resourceVersion
+}
+
+func readTokenSecret(sec *corev1.Secret) tokenSecret {
+	_, rotated := sec.Annotations[AnnotationTokenRotated]
+	return tokenSecret{
+		token:   strings.TrimSpace(string(sec.Data[tokenKey])),
+		next:    strings.TrimSpace(string(sec.Data[nextTokenKey])),
+		rotated: rotated,
+		rv:      sec.ResourceVersion,
 	}
-	patch, err := json.Marshal(map[string]any{"data": map[string][]byte{tokenKey: []byte(token)}})
+}
+
+// stageToken writes token into the sandbox's Secret under nextTokenKey,
+// provided the Secret is still at resourceVersion rv (a merge patch that
+// names a resourceVersion is refused with a conflict when the object has
+// moved on).
+func (p *Provider) stageToken(ctx context.Context, key, rv, token string) error {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"resourceVersion": rv},
+		"data":     map[string][]byte{nextTokenKey: []byte(token)},
+	})
 	if err != nil {
 		return fmt.Errorf("kubernetes: token patch: %w", err)
 	}
@@ -296,6 +368,78 @@ func (p *Provider) rotateClaimed(ctx context.Context, sb *sandbox, key string) e
 		return p.apiErr("patch", "secrets", name, err)
 	}
 	return nil
+}
+
+// promoteToken makes token (which the daemon accepts) the Secret's token,
+// removes the staged one and marks the Secret rotated. It is idempotent,
+// so two processes finishing the same rotation both succeed.
+func (p *Provider) promoteToken(ctx context.Context, key, token string) error {
+	patch, err := json.Marshal(map[string]any{
+		"metadata": map[string]any{"annotations": map[string]string{AnnotationTokenRotated: time.Now().UTC().Format(time.RFC3339Nano)}},
+		"data":     map[string]any{tokenKey: []byte(token), nextTokenKey: nil},
+	})
+	if err != nil {
+		return fmt.Errorf("kubernetes: token patch: %w", err)
+	}
+	name := secretName(key)
+	if _, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Patch(ctx, name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return p.apiErr("patch", "secrets", name, err)
+	}
+	return nil
+}
+
+// rotateTo gives the daemon sb is connected to the staged token (steps 2
+// and 3). sb's client uses the new token from then on.
+func (p *Provider) rotateTo(ctx context.Context, sb *sandbox, token string) error {
+	if _, err := sb.client.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: token}); err != nil {
+		return fmt.Errorf("kubernetes: pod %s: giving the daemon the session's token: %w", sb.state.Pod, err)
+	}
+	runRotateHook(ctx, stepRotated, sb.state)
+	return p.promoteToken(ctx, sb.state.Key, token)
+}
+
+// rotate runs a whole rotation (steps 1 to 3) for a sandbox connected
+// with cur.token, cur being its Secret as last read.
+func (p *Provider) rotate(ctx context.Context, sb *sandbox, cur tokenSecret) error {
+	token, err := randomHex(32)
+	if err != nil {
+		return err
+	}
+	if err := p.stageToken(ctx, sb.state.Key, cur.rv, token); err != nil {
+		return err
+	}
+	runRotateHook(ctx, stepStaged, sb.state)
+	return p.rotateTo(ctx, sb, token)
+}
+
+// takeClaimed connects to a Pod this process has just claimed, with the
+// pool token read from its Secret (sec), and rotates the daemon to a
+// fresh session token. Staging the new token runs while the connection
+// is made, so the claim's path is no longer for it.
+func (p *Provider) takeClaimed(ctx context.Context, st State, pod *corev1.Pod, sec tokenSecret) (*sandbox, error) {
+	runRotateHook(ctx, stepClaimed, st)
+	token, err := randomHex(32)
+	if err != nil {
+		return nil, err
+	}
+	staged := make(chan error, 1)
+	go func() { staged <- p.stageToken(ctx, st.Key, sec.rv, token) }()
+	sb, err := p.connect(ctx, st, pod, sec.token, false)
+	if serr := <-staged; err == nil {
+		err = serr
+	}
+	if err != nil {
+		if sb != nil {
+			_ = sb.Close()
+		}
+		return nil, err
+	}
+	runRotateHook(ctx, stepStaged, st)
+	if err := p.rotateTo(ctx, sb, token); err != nil {
+		_ = sb.Close()
+		return nil, err
+	}
+	return sb, nil
 }
 
 // claim takes a ready Pod of the pool for the session: an optimistic
@@ -327,10 +471,10 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 		}
 		// The pool token is read while the claim is written (one round
 		// trip less on the claim's path); it is used only if the claim
-		// wins, and only to rotate it away (rotateClaimed).
+		// wins, and only to rotate it away (takeClaimed).
 		type tokenRead struct {
-			token string
-			err   error
+			sec tokenSecret
+			err error
 		}
 		tokc := make(chan tokenRead, 1)
 		go func(key string) {
@@ -339,7 +483,7 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 				tokc <- tokenRead{err: p.apiErr("get", "secrets", secretName(key), err)}
 				return
 			}
-			tokc <- tokenRead{token: strings.TrimSpace(string(sec.Data[tokenKey]))}
+			tokc <- tokenRead{sec: readTokenSecret(sec)}
 		}(cand.Labels[LabelKey])
 		upd := cand.DeepCopy()
 		for k, v := range p.ownerLabels(spec.Labels) {
@@ -369,12 +513,15 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 		err = tr.err
 		var sb *sandbox
 		if err == nil {
-			sb, err = p.connect(ctx, st, got, tr.token, false)
+			sb, err = p.takeClaimed(ctx, st, got, tr.sec)
 		}
-		if err == nil {
-			if err = p.rotateClaimed(ctx, sb, st.Key); err != nil {
-				_ = sb.Close()
-			}
+		if errors.Is(err, compute.ErrUnimplemented) {
+			// The pool's image has a daemon from before RotateToken: none
+			// of its Pods can be handed out without their pool token.
+			p.log.Error("the warm pool's daemon cannot rotate its token (its image predates SystemService.RotateToken); deleting the claimed pod and creating the sandbox cold: rebuild the pool's image",
+				zap.String("pool", name), zap.String("pod", got.Name), zap.Error(err))
+			_ = p.deleteSandbox(ctx, st, true)
+			return nil, fmt.Errorf("%w %s (its daemon cannot rotate tokens: %v)", errNoWarmPod, name, err)
 		}
 		if err != nil {
 			p.log.Warn("a claimed warm pod does not answer; deleting it", zap.String("pod", got.Name), zap.Error(err))

@@ -495,8 +495,9 @@ func (p *Provider) waitErr(ctx context.Context, name string) error {
 }
 
 // Reattach connects to the sandbox prior describes, reading its token from
-// its Secret. A Pod that is gone, being deleted, evicted or exited gives an
-// error wrapping ErrNotFound (and saying why), so the session launches a
+// its Secret (attach, which finishes a token rotation left half done). A
+// Pod that is gone, being deleted, evicted or exited gives an error
+// wrapping ErrNotFound (and saying why), so the session launches a
 // replacement and restores the snapshot.
 func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior json.RawMessage) (compute.Sandbox, error) {
 	st, err := DecodeState(prior)
@@ -517,18 +518,7 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 	if why := podDead(pod); why != "" {
 		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: the pod %s", st.Pod, compute.ErrNotFound, why)
 	}
-	sec, err := p.client.CoreV1().Secrets(st.Namespace).Get(ctx, secretName(st.Key), metav1.GetOptions{})
-	if apierrors.IsNotFound(err) {
-		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: its token Secret is gone", st.Pod, compute.ErrNotFound)
-	}
-	if err != nil {
-		return nil, p.apiErr("get", "secrets", secretName(st.Key), err)
-	}
-	token := strings.TrimSpace(string(sec.Data[tokenKey]))
-	if len(token) != 64 {
-		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: its token Secret is malformed", st.Pod, compute.ErrNotFound)
-	}
-	sb, err := p.connect(ctx, st, pod, token, true)
+	sb, err := p.attach(ctx, st, pod)
 	if err != nil {
 		return nil, err
 	}

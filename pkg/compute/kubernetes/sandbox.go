@@ -3,10 +3,13 @@ package kubernetes
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -69,4 +72,84 @@ func (s *sandbox) Shutdown(ctx context.Context) error {
 func (s *sandbox) Close() error {
 	s.closeOnce.Do(func() { s.closeErr = s.client.Close() })
 	return s.closeErr
+}
+
+// attachAttempts bounds how often attach reads the token Secret again
+// after another process changed the token under it.
+const attachAttempts = 4
+
+// attach connects to a live sandbox Pod with the token its Secret holds,
+// and finishes a token rotation that a crashed (or concurrent) claimer
+// left half done (the steps are described in pool.go):
+//
+//   - the daemon refuses the Secret's token and accepts the staged one:
+//     the staged token is promoted;
+//   - a token is staged and the daemon still accepts the current one: the
+//     daemon is rotated to the staged token, which is then promoted;
+//   - a claimed pool Pod whose Secret is not marked rotated: a whole
+//     rotation, so that no session works with a pool token.
+//
+// When the token changes meanwhile (a refused token, a lost race to stage
+// or to rotate), the Secret is read again, a bounded number of times.
+func (p *Provider) attach(ctx context.Context, st State, pod *corev1.Pod) (*sandbox, error) {
+	var lastErr error
+	lastRV := ""
+	for range attachAttempts {
+		sec, err := p.client.CoreV1().Secrets(st.Namespace).Get(ctx, secretName(st.Key), metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("kubernetes: sandbox %s: %w: its token Secret is gone", st.Pod, compute.ErrNotFound)
+		}
+		if err != nil {
+			return nil, p.apiErr("get", "secrets", secretName(st.Key), err)
+		}
+		ts := readTokenSecret(sec)
+		if len(ts.token) != 64 || (ts.next != "" && len(ts.next) != 64) {
+			return nil, fmt.Errorf("kubernetes: sandbox %s: %w: its token Secret is malformed", st.Pod, compute.ErrNotFound)
+		}
+		if lastErr != nil && ts.rv == lastRV {
+			// Nothing changed since the last refusal: it is not a race.
+			return nil, lastErr
+		}
+		lastRV = ts.rv
+		sb, err := p.connect(ctx, st, pod, ts.token, true)
+		switch {
+		case err == nil:
+			if err = p.settle(ctx, sb, pod, ts); err == nil {
+				return sb, nil
+			}
+			_ = sb.Close()
+		case errors.Is(err, compute.ErrUnauthenticated) && ts.next != "":
+			// Crashed between RotateToken and the promotion.
+			if sb, err = p.connect(ctx, st, pod, ts.next, true); err == nil {
+				p.log.Info("finishing an interrupted token rotation: the daemon has the staged token; promoting it", zap.String("pod", st.Pod))
+				if err = p.promoteToken(ctx, st.Key, ts.next); err == nil {
+					return sb, nil
+				}
+				_ = sb.Close()
+			}
+		}
+		if !errors.Is(err, compute.ErrUnauthenticated) && !errors.Is(err, compute.ErrConflict) {
+			return nil, err
+		}
+		lastErr = err
+	}
+	return nil, fmt.Errorf("kubernetes: sandbox %s: the token changed under every attempt to reattach: %w", st.Pod, lastErr)
+}
+
+// settle finishes, for a sandbox connected with ts.token, a rotation
+// that was left half done; it does nothing for a settled one.
+func (p *Provider) settle(ctx context.Context, sb *sandbox, pod *corev1.Pod, ts tokenSecret) error {
+	switch {
+	case ts.next != "":
+		// Crashed between staging and RotateToken.
+		p.log.Info("finishing an interrupted token rotation: giving the daemon the staged token", zap.String("pod", sb.state.Pod))
+		return p.rotateTo(ctx, sb, ts.next)
+	case pod.Labels[LabelPool] != "" && pod.Labels[LabelClaimed] == "true" && !ts.rotated:
+		// Crashed between the claim and staging.
+		p.log.Info("a claimed warm pod still has its pool token; rotating it", zap.String("pod", sb.state.Pod))
+		if err := p.rotate(ctx, sb, ts); err != nil {
+			return fmt.Errorf("kubernetes: sandbox %s: it still has its pool token and could not be given a session token: %w", sb.state.Pod, err)
+		}
+	}
+	return nil
 }
