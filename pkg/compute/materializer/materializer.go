@@ -102,19 +102,6 @@ type MountPlan struct {
 	Close func()
 }
 
-// RefuseFileSystemMount is the error for an s3_files_mount entry, which no
-// strategy serves: an S3 Files file system is reached over NFS, not read as
-// a bucket. The Mounter (package compute/mount) returns it too, so a direct
-// caller gets the same answer. It wraps errkind.ErrUnimplemented
-// (compute.ErrUnimplemented); callers add the entry's path.
-func RefuseFileSystemMount(t manifest.EntryType) error {
-	return errkind.Errorf(errkind.ErrUnimplemented, "%s mounts are not supported: S3 Files is an NFS file system, "+
-		"so mounting it needs a kernel NFS mount inside the sandbox with network access to the mount target, "+
-		"which the sandbox's network (none by default) and capability set deliberately do not allow, "+
-		"and the harness-side copy strategy reads buckets, not file systems; "+
-		"mount the bucket behind it with an s3_mount entry, or copy the data in with a file, dir or git entry", t)
-}
-
 // GitFetcher checks out a repository at a ref into an empty directory.
 type GitFetcher interface {
 	Fetch(ctx context.Context, repo *manifest.GitRepo, dir string) error
@@ -281,7 +268,7 @@ func (b *builder) collect(m *manifest.Manifest) error {
 	for i := range slots {
 		s := &slots[i]
 		if s.e.Type != manifest.TypeLocalDir && s.e.Type != manifest.TypeGitRepo && s.e.Type != manifest.TypeLocalFile &&
-			(!s.e.Type.IsMount() || s.e.Type == manifest.TypeS3FilesMount || b.opts.Mounts == nil) {
+			(!s.e.Type.IsMount() || b.opts.Mounts == nil) {
 			continue
 		}
 		s.x = &expansion{}
@@ -320,10 +307,6 @@ func (b *builder) collect(m *manifest.Manifest) error {
 		case s.e.Type == manifest.TypeDir:
 			b.add(&agentdv1.MaterializeEntry{Path: s.path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY,
 				Mode: mode, User: b.ownerOf(s.e), Group: s.e.Group})
-		case s.e.Type == manifest.TypeS3FilesMount:
-			// Refused whether or not a Mounter is configured: no strategy
-			// can serve it (see RefuseFileSystemMount).
-			return fmt.Errorf("entry %s: %w", s.path, RefuseFileSystemMount(s.e.Type))
 		case s.e.Type.IsMount() && s.x == nil:
 			// Without a Mounter no mount works: refusing keeps a run from
 			// starting with a workspace that silently lacks the data it
@@ -417,7 +400,7 @@ func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
 			return
 		}
 		x.entries, x.sources, x.err = walkHost(b.ctx, base, src, p, e.Type == manifest.TypeLocalDir, false, &x.cleanup)
-	case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount, manifest.TypeAzureBlobMount:
+	case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount, manifest.TypeAzureBlobMount, manifest.TypeS3FilesMount:
 		mp, err := b.opts.Mounts.PlanMount(b.ctx, MountRequest{Session: b.opts.Session, Path: p, Entry: e, Owner: b.ownerOf(e)})
 		if err != nil {
 			x.err = fmt.Errorf("entry %s: %w", p, err)
@@ -428,6 +411,7 @@ func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
 		}
 		x.entries, x.sources, x.applied = mp.Entries, map[string]source{}, mp.Applied
 		for _, we := range mp.Entries {
+			we.Volatile = true // fetched again at every start: not flushed to disk
 			if we.Path != p && !strings.HasPrefix(we.Path, p+"/") {
 				x.err = errkind.Errorf(errkind.ErrInternal, "entry %s: the mount planned %q outside its path", p, we.Path)
 				return

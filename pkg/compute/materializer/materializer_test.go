@@ -421,19 +421,21 @@ func TestMountEntriesRefused(t *testing.T) {
 			}
 		})
 	}
-	// s3_files_mount is refused even with a Mounter configured, which is
-	// never asked (no strategy serves an NFS file system).
+	// With a Mounter configured, s3_files_mount is the Mounter's to plan
+	// (package mount reads the file system's backing bucket), like the
+	// other mount types.
 	m := &manifest.Manifest{Entries: map[string]*manifest.Entry{
 		"task.md": {Type: manifest.TypeFile, Content: []byte("t")},
 		"data":    {Type: manifest.TypeS3FilesMount, Mount: mounts[manifest.TypeS3FilesMount]},
 	}}
 	fm := &fakeMounter{}
-	_, err := materializer.Prepare(ctxT(t), m, materializer.Options{Mounts: fm})
-	if !errors.Is(err, errkind.ErrUnimplemented) || !strings.Contains(err.Error(), "entry data: ") || !strings.Contains(err.Error(), "s3_files_mount mounts are not supported") || !strings.Contains(err.Error(), "NFS file system") {
+	p, err := materializer.Prepare(ctxT(t), m, materializer.Options{Mounts: fm})
+	if err != nil {
 		t.Fatalf("s3_files_mount with a Mounter: %v", err)
 	}
-	if fm.req.Entry != nil {
-		t.Errorf("the Mounter was asked to plan an s3_files_mount")
+	p.Close()
+	if fm.req.Entry == nil || fm.req.Entry.Type != manifest.TypeS3FilesMount || fm.req.Path != "data" {
+		t.Errorf("the Mounter was not asked to plan the s3_files_mount: %+v", fm.req)
 	}
 	d := agentdtest.Start(t, nil)
 	m = &manifest.Manifest{Entries: map[string]*manifest.Entry{

@@ -69,8 +69,20 @@ func TestMounterPlan(t *testing.T) {
 	if len(fm.applied) != 1 || fm.applied[0].GetPath() != "data/sub/obj.txt" || fm.applied[0].GetSha256() == "" {
 		t.Fatalf("Applied saw %v", fm.applied)
 	}
+	// The mount's entries are volatile (fetched again at every start, so
+	// the daemon need not flush them); the manifest's own are not.
+	p, err := materializer.Prepare(ctxT(t), m, materializer.Options{Mounts: &fakeMounter{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range p.Plan.GetEntries() {
+		if mounted := e.GetPath() == "data" || strings.HasPrefix(e.GetPath(), "data/"); e.GetVolatile() != mounted {
+			t.Errorf("entry %s: volatile %v", e.GetPath(), e.GetVolatile())
+		}
+	}
+	p.Close()
 	d2 := agentdtest.Start(t, nil)
-	_, err := materializer.Apply(ctxT(t), d2.Client, m, materializer.Options{Mounts: &fakeMounter{outside: true}})
+	_, err = materializer.Apply(ctxT(t), d2.Client, m, materializer.Options{Mounts: &fakeMounter{outside: true}})
 	if !errors.Is(err, errkind.ErrInternal) {
 		t.Fatalf("a plan outside the mount: %v", err)
 	}

@@ -43,6 +43,7 @@ type applier struct {
 	// rootOwner, when set, owns the workspace root and the parents the
 	// plan creates (Plan.RootUser).
 	rootOwner *owner
+	flush     func(*os.File) error // Options.Flush
 }
 
 // Apply creates the plan's accounts, then builds its entries from the tar
@@ -83,7 +84,7 @@ func Apply(ctx context.Context, root string, plan Plan, r io.Reader, acct Accoun
 		}
 	}
 	a := &applier{ctx: ctx, rt: rt, c: c, owners: make(map[*Entry]owner, len(c.entries)),
-		euid: uint32(os.Geteuid()), egid: uint32(os.Getegid())}
+		euid: uint32(os.Geteuid()), egid: uint32(os.Getegid()), flush: opts.Flush}
 	for _, e := range c.entries {
 		uid, gid, err := acct.IDs(e.User, e.Group)
 		if err != nil {
@@ -243,14 +244,23 @@ func (a *applier) build(r io.Reader) ([]File, error) {
 			}
 		}
 	}
-	// One syncfs makes everything staged durable before it becomes visible.
-	d, err := a.rt.Open(a.stage)
-	if err != nil {
-		return nil, fmt.Errorf("open staging directory: %w", errkind.ClassifyFS(err))
-	}
-	defer d.Close()
-	if err := unix.Syncfs(int(d.Fd())); err != nil {
-		return nil, fmt.Errorf("flush staged entries: %w", errkind.ClassifyFS(err))
+	// One flush (syncfs) makes everything staged durable before it becomes
+	// visible, unless every entry is re-created at each start anyway: a
+	// remote mount's objects are fetched again, so flushing them (often
+	// the larger part of a mount's time on a busy disk) buys nothing.
+	if !a.c.allVolatile() {
+		d, err := a.rt.Open(a.stage)
+		if err != nil {
+			return nil, fmt.Errorf("open staging directory: %w", errkind.ClassifyFS(err))
+		}
+		defer d.Close()
+		flush := a.flush
+		if flush == nil {
+			flush = func(d *os.File) error { return unix.Syncfs(int(d.Fd())) }
+		}
+		if err := flush(d); err != nil {
+			return nil, fmt.Errorf("flush staged entries: %w", errkind.ClassifyFS(err))
+		}
 	}
 	return files, nil
 }

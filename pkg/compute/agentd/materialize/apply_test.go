@@ -460,3 +460,58 @@ func must(t *testing.T, err error) {
 		t.Fatal(err)
 	}
 }
+
+// TestApplyFlushesUnlessAllVolatile: a plan is flushed once before its
+// entries become visible, except when every entry is volatile (re-created
+// at each start, like a remote mount's objects); a flush that fails fails
+// the plan and leaves nothing visible.
+func TestApplyFlushesUnlessAllVolatile(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		volatile []bool // per entry: mnt (dir), mnt/a.txt
+		flushes  int
+	}{
+		{"durable", []bool{false, false}, 1},
+		{"mixed", []bool{true, false}, 1},
+		{"all volatile", []bool{true, true}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			plan := Plan{Entries: []Entry{
+				{Path: "mnt", Kind: KindDir, Volatile: tc.volatile[0]},
+				{Path: "mnt/a.txt", Kind: KindFile, Size: 1, Volatile: tc.volatile[1]},
+			}}
+			flushes := 0
+			opts := Options{Flush: func(d *os.File) error {
+				flushes++
+				// The entries are staged, not yet visible.
+				if _, err := os.Stat(filepath.Join(root, "mnt", "a.txt")); !os.IsNotExist(err) {
+					t.Errorf("flush: the entry is visible before the flush (%v)", err)
+				}
+				return nil
+			}}
+			stream := tarOf(t, member{name: "mnt/a.txt", data: []byte("x")})
+			if _, err := Apply(context.Background(), root, plan, bytes.NewReader(stream), &fakeAccounts{}, opts); err != nil {
+				t.Fatal(err)
+			}
+			if flushes != tc.flushes {
+				t.Fatalf("flushed %d times, want %d", flushes, tc.flushes)
+			}
+			if b, err := os.ReadFile(filepath.Join(root, "mnt", "a.txt")); err != nil || string(b) != "x" {
+				t.Fatalf("a.txt = %q, %v", b, err)
+			}
+		})
+	}
+	t.Run("flush fails", func(t *testing.T) {
+		root := t.TempDir()
+		plan := Plan{Entries: []Entry{{Path: "a.txt", Kind: KindFile, Size: 1}}}
+		opts := Options{Flush: func(*os.File) error { return syscall.EIO }}
+		_, err := Apply(context.Background(), root, plan, bytes.NewReader(tarOf(t, member{name: "a.txt", data: []byte("x")})), &fakeAccounts{}, opts)
+		if err == nil || !strings.Contains(err.Error(), "flush staged entries") {
+			t.Fatalf("err = %v, want a flush error", err)
+		}
+		if _, err := os.Stat(filepath.Join(root, "a.txt")); !os.IsNotExist(err) {
+			t.Fatalf("a.txt is visible after a failed flush (%v)", err)
+		}
+	})
+}

@@ -14,6 +14,7 @@ package materialize
 import (
 	"context"
 	"io/fs"
+	"os"
 )
 
 // Kind is what an entry creates.
@@ -52,6 +53,10 @@ type Entry struct {
 	Size int64
 	// LinkTarget is a symlink's relative target.
 	LinkTarget string
+	// Volatile entries are re-created at every start (remote mounts,
+	// ephemeral entries): a plan of only volatile entries is not flushed
+	// to disk before it becomes visible.
+	Volatile bool
 }
 
 // Group is an account group to create when missing.
@@ -102,6 +107,10 @@ type Options struct {
 	MaxTotalBytes int64
 	// Workers write small files in parallel (default 4).
 	Workers int
+	// Flush makes the staged entries durable before they become visible
+	// (default: one syncfs of the workspace's file system). It is not
+	// called for a plan whose entries are all volatile.
+	Flush func(dir *os.File) error
 }
 
 // File reports one file written.

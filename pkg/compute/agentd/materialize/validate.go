@@ -194,3 +194,14 @@ func precheck(rt *os.Root, c *checked) error {
 	}
 	return nil
 }
+
+// allVolatile reports whether every entry of the plan is re-created at
+// each start (Entry.Volatile), so the plan need not be flushed to disk.
+func (c *checked) allVolatile() bool {
+	for _, e := range c.entries {
+		if !e.Volatile {
+			return false
+		}
+	}
+	return len(c.entries) > 0
+}

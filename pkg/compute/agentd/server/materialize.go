@@ -70,7 +70,7 @@ func materializeRequest(p *agentdv1.MaterializePlan) (agentd.MaterializeRequest,
 		if err != nil {
 			return req, &errkind.PathError{Op: "materialize", Path: e.GetPath(), Err: err}
 		}
-		me := materialize.Entry{Path: e.GetPath(), Mode: mode, User: e.GetUser(), Group: e.GetGroup(), Size: e.GetSize(), LinkTarget: e.GetLinkTarget()}
+		me := materialize.Entry{Path: e.GetPath(), Mode: mode, User: e.GetUser(), Group: e.GetGroup(), Size: e.GetSize(), LinkTarget: e.GetLinkTarget(), Volatile: e.GetVolatile()}
 		switch e.GetKind() {
 		case agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE:
 			me.Kind = materialize.KindFile

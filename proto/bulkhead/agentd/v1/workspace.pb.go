@@ -250,7 +250,12 @@ type MaterializeEntry struct {
 	// For files: the exact number of bytes the tar stream carries.
 	Size int64 `protobuf:"varint,6,opt,name=size,proto3" json:"size,omitempty"`
 	// For symlinks: the target, relative, and resolving inside the workspace.
-	LinkTarget    string `protobuf:"bytes,7,opt,name=link_target,json=linkTarget,proto3" json:"link_target,omitempty"`
+	LinkTarget string `protobuf:"bytes,7,opt,name=link_target,json=linkTarget,proto3" json:"link_target,omitempty"`
+	// The entry is re-created at every start (the objects of a remote mount)
+	// and never restored from disk, so it need not be flushed to disk
+	// before it becomes visible. A plan whose entries are all volatile skips
+	// the flush; any other entry makes the whole plan durable as before.
+	Volatile      bool `protobuf:"varint,8,opt,name=volatile,proto3" json:"volatile,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -332,6 +337,13 @@ func (x *MaterializeEntry) GetLinkTarget() string {
 		return x.LinkTarget
 	}
 	return ""
+}
+
+func (x *MaterializeEntry) GetVolatile() bool {
+	if x != nil {
+		return x.Volatile
+	}
+	return false
 }
 
 // MaterializeUser is an account to create when missing.
@@ -1779,7 +1791,7 @@ var File_bulkhead_agentd_v1_workspace_proto protoreflect.FileDescriptor
 
 const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\n" +
-	"\"bulkhead/agentd/v1/workspace.proto\x12\x12bulkhead.agentd.v1\"\xd7\x01\n" +
+	"\"bulkhead/agentd/v1/workspace.proto\x12\x12bulkhead.agentd.v1\"\xf3\x01\n" +
 	"\x10MaterializeEntry\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12<\n" +
 	"\x04kind\x18\x02 \x01(\x0e2(.bulkhead.agentd.v1.MaterializeEntryKindR\x04kind\x12\x12\n" +
@@ -1788,7 +1800,8 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\x05group\x18\x05 \x01(\tR\x05group\x12\x12\n" +
 	"\x04size\x18\x06 \x01(\x03R\x04size\x12\x1f\n" +
 	"\vlink_target\x18\a \x01(\tR\n" +
-	"linkTarget\"\x92\x01\n" +
+	"linkTarget\x12\x1a\n" +
+	"\bvolatile\x18\b \x01(\bR\bvolatile\"\x92\x01\n" +
 	"\x0fMaterializeUser\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x10\n" +
 	"\x03uid\x18\x02 \x01(\rR\x03uid\x12\x17\n" +
