@@ -76,8 +76,10 @@ const (
 	// TypeAzureBlobMount mounts an Azure Blob Storage container.
 	TypeAzureBlobMount EntryType = "azure_blob_mount"
 	// TypeS3FilesMount mounts an Amazon S3 Files file system: an NFS file
-	// system (fs-...) reached through a mount target in a VPC, not a
-	// bucket. It is described and checked here; no provider serves it yet.
+	// system (fs-...) reached through a mount target in a VPC, whose data
+	// lives in an S3 bucket. The harness-side strategy (package
+	// compute/mount) reads that bucket; the NFS-only fields serve an NFS
+	// mount.
 	TypeS3FilesMount EntryType = "s3_files_mount"
 )
 
@@ -219,7 +221,8 @@ func (g *GitRepo) CloneURL() string {
 //
 // All of them take read_only; all but s3_files_mount take credentials (an
 // S3 Files file system is reached with the mounting host's own IAM
-// identity, so it names none).
+// identity, or, read through its backing bucket, with credentials the
+// harness's configuration names; so the manifest names none).
 //
 // Credentials are secret references only, keyed by a provider-specific name
 // (see CredentialKeys). Mounting is done by providers; this package only

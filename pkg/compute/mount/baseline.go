@@ -122,7 +122,15 @@ type baselineObject struct {
 }
 
 func baselineHeader(e *manifest.Entry) baselineFile {
-	return baselineFile{Version: baselineVersion, Type: string(e.Type), Bucket: e.Mount.Bucket, Prefix: trimSlash(e.Mount.Prefix), Endpoint: e.Mount.Endpoint}
+	bf := baselineFile{Version: baselineVersion, Type: string(e.Type), Bucket: e.Mount.Bucket, Prefix: trimSlash(e.Mount.Prefix), Endpoint: e.Mount.Endpoint}
+	switch e.Type {
+	case manifest.TypeAzureBlobMount: // no bucket: an account's container
+		bf.Bucket = e.Mount.Account + "/" + e.Mount.Container
+	case manifest.TypeS3FilesMount: // a file system's directory (the bucket is the harness's configuration)
+		bf.Bucket = e.Mount.FileSystemID + "/" + e.Mount.AccessPoint
+		bf.Prefix = e.Mount.Subpath
+	}
+	return bf
 }
 
 // saveBaseline saves a writable mount's baseline, if there is a store. A

@@ -1,8 +1,8 @@
 // Package mount makes the remote-storage mount entries of a manifest
-// (s3_mount, r2_mount, gcs_mount) work on every provider without putting a
-// credential in the sandbox: the harness lists the bucket with its own
-// credentials and streams the objects into the mount path through the
-// daemon's Materialize call (a copy, not a live file system). Writable
+// (s3_mount, r2_mount, gcs_mount, azure_blob_mount, s3_files_mount) work
+// on every provider without putting a credential in the sandbox: the
+// harness lists the bucket with its own credentials and streams the
+// objects into the mount path through the daemon's Materialize call (a copy, not a live file system). Writable
 // mounts are uploaded back by Sync (on demand) and PreStop (when the
 // session closes), with every object's version (S3 ETag, GCS generation)
 // remembered at download so that a change made remotely in the meantime
@@ -10,12 +10,11 @@
 //
 // S3 and R2 go through aws-sdk-go-v2; GCS through a small hand-written
 // JSON API client (gcs.go) with OAuth bearer tokens, tested against
-// fake-gcs-server. azure_blob_mount is refused with ErrUnimplemented: see
-// azure.go for the parts written and unit-tested without a server.
-// s3_files_mount is refused with ErrUnimplemented too, for a reason that
-// no server would change: an S3 Files file system is reached over NFS from
-// inside the sandbox, which its network and capabilities do not allow, and
-// this copy strategy reads buckets (materializer.RefuseFileSystemMount).
+// fake-gcs-server; Azure Blob through the Azure SDK's azblob (azure.go),
+// tested at the unit level against an in-test server that checks its
+// Shared Key signatures. s3_files_mount reads the S3 bucket that backs
+// the S3 Files file system (s3files.go, Config.S3FileSystems), with no
+// NFS mount in the sandbox.
 //
 // Wiring:
 //
@@ -27,10 +26,11 @@
 //
 // Credentials: a mount's `credentials` name secrets (see
 // manifest.CredentialKeys: access_key_id, secret_access_key, session_token
-// for S3; access_token or service_account_key for GCS), resolved here
-// through Config.Secrets unless the manifest copy holds them resolved
-// already (manifest.ResolveSecrets); a mount naming none uses
-// Config.DefaultCredentials (S3) or Config.GCSTokens (GCS). Resolved values
+// for S3; access_token or service_account_key for GCS; account_key or
+// sas_token for Azure), resolved here through Config.Secrets unless the
+// manifest copy holds them resolved already (manifest.ResolveSecrets); a
+// mount naming none uses Config.DefaultCredentials (S3, S3 Files),
+// Config.GCSTokens (GCS) or Config.AzureCredential (Azure). Resolved values
 // live in memory only: state and snapshots carry the secret names, and
 // errors and logs are redacted.
 //
@@ -51,6 +51,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"go.uber.org/zap"
 	"golang.org/x/oauth2"
@@ -77,6 +78,16 @@ type Config struct {
 	// credentials (for example a workload identity's tokens); nil refuses
 	// such mounts.
 	GCSTokens oauth2.TokenSource
+	// AzureCredential authorizes the requests of azure_blob_mount entries
+	// that name no credentials (an Entra ID identity of the harness, for
+	// example azidentity's managed identity or workload identity); nil
+	// refuses such mounts.
+	AzureCredential azcore.TokenCredential
+	// S3FileSystems says, per S3 Files file system id (fs-...), which
+	// bucket and prefix keep its data: s3_files_mount entries are read
+	// through that bucket (see s3files.go). A file system not listed is
+	// refused.
+	S3FileSystems map[string]S3FileSystem
 	// MaxBytes bounds the total size of one mount's objects; zero means
 	// 10 GiB. A larger mount fails with ErrResourceExhausted before
 	// anything is written.
@@ -200,6 +211,10 @@ func (m *Mounter) storeFor(ctx context.Context, p string, e *manifest.Entry) (*b
 		err = m.s3Store(ctx, p, e, st)
 	case manifest.TypeGCSMount:
 		err = m.gcsStore(ctx, p, e, st)
+	case manifest.TypeAzureBlobMount:
+		err = m.azureStore(ctx, p, e, st)
+	case manifest.TypeS3FilesMount:
+		err = m.s3FilesStore(ctx, p, e, st)
 	default:
 		err = errkind.Errorf(errkind.ErrUnimplemented, "%s mounts are not supported", e.Type)
 	}

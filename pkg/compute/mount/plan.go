@@ -40,11 +40,7 @@ const (
 func (m *Mounter) PlanMount(ctx context.Context, req materializer.MountRequest) (*materializer.MountPlan, error) {
 	e := req.Entry
 	switch e.Type {
-	case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount:
-	case manifest.TypeS3FilesMount:
-		return nil, materializer.RefuseFileSystemMount(e.Type)
-	case manifest.TypeAzureBlobMount:
-		return nil, errkind.Errorf(errkind.ErrUnimplemented, "%s mounts are not supported yet (s3_mount, r2_mount and gcs_mount are): there is no Azure Blob server to test them against; copy the data in with a file, dir or git entry", e.Type)
+	case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount, manifest.TypeAzureBlobMount, manifest.TypeS3FilesMount:
 	default:
 		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "%s is not a mount type", e.Type)
 	}

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/base64"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -26,6 +28,9 @@ import (
 type s3Backend struct {
 	client *s3.Client
 	bucket string
+	// deletes is what the server does with a conditional delete
+	// (deleteCond*), learnt at the first delete: see remove.
+	deletes atomic.Int32
 }
 
 var _ backend = (*s3Backend)(nil)
@@ -179,12 +184,92 @@ func (b *s3Backend) put(ctx context.Context, key string, body io.ReadSeeker, siz
 	return aws.ToString(out.ETag), nil
 }
 
-// remove deletes unconditionally: S3 has no conditional delete that the
-// S3-compatible servers share, so the caller's HEAD is the check (a narrow
-// race remains).
-func (b *s3Backend) remove(ctx context.Context, key, _ string) error {
-	if _, err := b.client.DeleteObject(ctx, &s3.DeleteObjectInput{Bucket: &b.bucket, Key: aws.String(key)}); err != nil {
-		if s3errs.IsNotFound(err) {
+// What an S3 server does with If-Match on DeleteObject (s3Backend.deletes).
+const (
+	deleteCondUnknown int32 = iota
+	deleteCondHonoured
+	deleteCondIgnored
+)
+
+// probeETag is an ETag no object has: a DeleteObject If-Match it that
+// succeeds tells a server that ignores the condition.
+const probeETag = `"bulkhead-probe-matches-no-object"`
+
+// checksOwnDeletes marks remove as doing its own version check: Sync
+// sends no HEAD before it.
+func (b *s3Backend) checksOwnDeletes() {}
+
+// remove deletes the object at key only if its ETag is still version.
+//
+// S3 (since 2025) and Versity Gateway honour If-Match on DeleteObject,
+// which closes the race of a check followed by a delete: a replaced object
+// answers 412 and is kept. Not every S3-compatible server does, and one
+// that ignores the header deletes whatever is there. So the first delete
+// of a store learns which kind of server it talks to, safely: it HEADs the
+// object (a changed one is a conflict, as before), then sends a delete
+// If-Match an ETag no object has (probeETag). A 412 means the condition
+// is honoured: the real delete goes out If-Match the ETag, and later
+// deletes skip the HEAD. A success means the header was ignored (the
+// object is gone, which was the intent, and the HEAD was the check); a
+// NotImplemented means it is refused: later deletes keep the HEAD and
+// delete unconditionally, leaving the narrow race between the two that
+// such a server cannot close.
+func (b *s3Backend) remove(ctx context.Context, key, version string) error {
+	if version == "" {
+		return b.deleteObject(ctx, key, "")
+	}
+	switch b.deletes.Load() {
+	case deleteCondHonoured:
+		return b.deleteObject(ctx, key, version)
+	case deleteCondIgnored:
+		if err := b.checkVersion(ctx, key, version); err != nil {
+			return err
+		}
+		return b.deleteObject(ctx, key, "")
+	}
+	if err := b.checkVersion(ctx, key, version); err != nil {
+		return err
+	}
+	err := b.deleteObject(ctx, key, probeETag)
+	switch {
+	case errors.Is(err, errChanged):
+		b.deletes.Store(deleteCondHonoured)
+		return b.deleteObject(ctx, key, version)
+	case err == nil:
+		b.deletes.Store(deleteCondIgnored)
+		return nil
+	case s3errs.IsNotImplemented(err):
+		b.deletes.Store(deleteCondIgnored)
+		return b.deleteObject(ctx, key, "")
+	}
+	return err
+}
+
+// checkVersion HEADs an object: errGone if there is none, errChanged if
+// its ETag is not version.
+func (b *s3Backend) checkVersion(ctx context.Context, key, version string) error {
+	cur, err := b.head(ctx, key)
+	if err != nil {
+		return err
+	}
+	if cur != version {
+		return fmt.Errorf("%w: ETag %s, downloaded at %s", errChanged, cur, version)
+	}
+	return nil
+}
+
+// deleteObject deletes key, If-Match ifMatch when it is not "". A failed
+// condition is errChanged; a missing object, errGone.
+func (b *s3Backend) deleteObject(ctx context.Context, key, ifMatch string) error {
+	in := &s3.DeleteObjectInput{Bucket: &b.bucket, Key: aws.String(key)}
+	if ifMatch != "" {
+		in.IfMatch = aws.String(ifMatch)
+	}
+	if _, err := b.client.DeleteObject(ctx, in); err != nil {
+		switch {
+		case s3errs.IsPreconditionFailed(err):
+			return fmt.Errorf("%w: %w", errChanged, err)
+		case s3errs.IsNotFound(err):
 			return fmt.Errorf("%w: %w", errGone, err)
 		}
 		return err

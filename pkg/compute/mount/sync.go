@@ -58,7 +58,8 @@ var _ compute.PreStopHook = (*Mounter)(nil).PreStop
 // changed files are put (If-Match the ETag downloaded, or If-None-Match
 // for new keys, after a HEAD that compares the ETag for servers that
 // ignore conditional headers), deleted files are deleted when their object
-// is unchanged remotely. An object changed remotely is never overwritten:
+// is unchanged remotely (a conditional delete; a HEAD first where the
+// server may ignore the condition, see s3Backend.remove). An object changed remotely is never overwritten:
 // its path is reported in an ErrConflict error and left for the caller
 // (the remote copy wins until the conflict is resolved). The rest is
 // still synced. Read-only mounts are skipped. A writable mount that this
@@ -78,7 +79,7 @@ func (m *Mounter) Sync(ctx context.Context, s *compute.Session) (SyncStats, erro
 			continue
 		}
 		switch e.Type {
-		case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount:
+		case manifest.TypeS3Mount, manifest.TypeR2Mount, manifest.TypeGCSMount, manifest.TypeAzureBlobMount, manifest.TypeS3FilesMount:
 		default:
 			continue
 		}
@@ -206,16 +207,21 @@ func (m *Mounter) syncMount(ctx context.Context, session string, c *agentclient.
 func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounted, w change) (string, *objectRef, error) {
 	st := mt.st
 	if w.delete {
-		cur, err := st.head(ctx, w.o.key)
-		switch {
-		case errors.Is(err, errGone):
-			return "deleted", nil, nil // gone already
-		case err != nil:
-			return "", nil, err
-		case cur != w.o.etag:
-			return "conflict", nil, nil
+		// A backend whose remove checks the version itself (S3's
+		// conditional delete) needs no HEAD first; for the others the HEAD
+		// is the check for a server that would ignore the condition.
+		if _, own := st.be.(interface{ checksOwnDeletes() }); !own {
+			cur, err := st.head(ctx, w.o.key)
+			switch {
+			case errors.Is(err, errGone):
+				return "deleted", nil, nil // gone already
+			case err != nil:
+				return "", nil, err
+			case cur != w.o.etag:
+				return "conflict", nil, nil
+			}
 		}
-		err = st.be.remove(ctx, w.o.key, w.o.etag)
+		err := st.be.remove(ctx, w.o.key, w.o.etag)
 		switch {
 		case errors.Is(err, errChanged):
 			return "conflict", nil, nil
