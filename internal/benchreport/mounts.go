@@ -7,6 +7,11 @@ package main
 // same process to a local directory with the same concurrency: the AWS SDK
 // for the S3 server (Versity Gateway), plain JSON API media GETs for the
 // GCS server (fake-gcs-server). Both servers run on loopback.
+//
+// The download and the mount run mountRounds times each, interleaved
+// (download, mount, download, mount, ...), and the medians are reported
+// with every round: on a shared machine one pass of either swings by 2x
+// with what else runs, and interleaving spreads that over both sides.
 
 import (
 	"bytes"
@@ -19,6 +24,8 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -166,15 +173,53 @@ func timeMount(ctx context.Context, agentd, tmp string, m *mount.Mounter, entry 
 	return took, nil
 }
 
-// mountRows words a mount's figure beside its baseline.
-func mountRows(kind, what string, mounted, empty, baseline time.Duration, baselineHow string) []row {
+// mountRounds is how many times the download and the mount each run.
+const mountRounds = 3
+
+// interleaved runs download and mount mountRounds times each, alternately,
+// and returns their times.
+func interleaved(download, mount func() (time.Duration, error)) (downloads, mounts []time.Duration, err error) {
+	for range mountRounds {
+		d, err := download()
+		if err != nil {
+			return nil, nil, fmt.Errorf("download: %w", err)
+		}
+		m, err := mount()
+		if err != nil {
+			return nil, nil, err
+		}
+		downloads, mounts = append(downloads, d), append(mounts, m)
+	}
+	return downloads, mounts, nil
+}
+
+// mountRows words a mount's figure (medians, then every round) beside its
+// baseline.
+func mountRows(kind, what string, mounts []time.Duration, empty time.Duration, downloads []time.Duration, baselineHow string) []row {
+	mounted, baseline := medianDur(mounts), medianDur(downloads)
 	return []row{{
-		figure:   fmt.Sprintf("%s of %s: create to first exec (loopback server)", kind, what),
-		value:    fmt.Sprintf("%s (an empty sandbox: %s)", ms(mounted), ms(empty)),
-		baseline: fmt.Sprintf("%s (%s)", ms(baseline), baselineHow),
+		figure:   fmt.Sprintf("%s of %s: create to first exec (loopback server), median of %d interleaved rounds", kind, what, len(mounts)),
+		value:    fmt.Sprintf("%s (rounds: %s; an empty sandbox: %s)", ms(mounted), msList(mounts), ms(empty)),
+		baseline: fmt.Sprintf("%s (%s; rounds: %s)", ms(baseline), baselineHow, msList(downloads)),
 		ratio:    fmt.Sprintf("%.2fx", float64(mounted)/float64(baseline)),
 		target:   "near the download",
 	}}
+}
+
+// medianDur is the median of ds (the upper one of an even count).
+func medianDur(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+// msList words durations as "a, b, c ms".
+func msList(ds []time.Duration) string {
+	parts := make([]string, len(ds))
+	for i, d := range ds {
+		parts[i] = fmt.Sprint(d.Milliseconds())
+	}
+	return strings.Join(parts, ", ") + " ms"
 }
 
 func benchS3Mount(ctx context.Context, srv *s3server.Server, agentd, tmp string, keys []string, body func(int) []byte, what string) ([]row, error) {
@@ -191,19 +236,20 @@ func benchS3Mount(ctx context.Context, srv *s3server.Server, agentd, tmp string,
 	}
 	// Baseline: the same objects downloaded with the SDK to a local
 	// directory, as many at once as the Mounter's default.
-	dst := filepath.Join(tmp, "s3-download")
-	start := time.Now()
-	if err := parallel(len(keys), mount.DefaultConcurrency, func(i int) error {
-		out, err := cl.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: aws.String(keys[i])})
-		if err != nil {
-			return err
-		}
-		defer out.Body.Close()
-		return writeLocal(filepath.Join(dst, keys[i]), out.Body)
-	}); err != nil {
-		return nil, fmt.Errorf("download: %w", err)
+	download := func() (time.Duration, error) {
+		dst := filepath.Join(tmp, "s3-download")
+		defer os.RemoveAll(dst)
+		start := time.Now()
+		err := parallel(len(keys), mount.DefaultConcurrency, func(i int) error {
+			out, err := cl.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: aws.String(keys[i])})
+			if err != nil {
+				return err
+			}
+			defer out.Body.Close()
+			return writeLocal(filepath.Join(dst, keys[i]), out.Body)
+		})
+		return time.Since(start), err
 	}
-	download := time.Since(start)
 	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: mapSecrets(map[string]string{"ID": srv.AccessKey, "SECRET": srv.SecretKey})})
 	if err != nil {
 		return nil, err
@@ -211,7 +257,7 @@ func benchS3Mount(ctx context.Context, srv *s3server.Server, agentd, tmp string,
 	ro := true
 	entry := &manifest.Entry{Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint, Region: srv.Region,
 		ReadOnly: &ro, Credentials: map[string]manifest.SecretRef{"access_key_id": manifest.Secret("ID"), "secret_access_key": manifest.Secret("SECRET")}}}
-	mounted, err := timeMount(ctx, agentd, tmp, m, entry, len(keys))
+	downloads, mounts, err := interleaved(download, func() (time.Duration, error) { return timeMount(ctx, agentd, tmp, m, entry, len(keys)) })
 	if err != nil {
 		return nil, err
 	}
@@ -219,7 +265,7 @@ func benchS3Mount(ctx context.Context, srv *s3server.Server, agentd, tmp string,
 	if err != nil {
 		return nil, err
 	}
-	return mountRows("s3_mount (Versity Gateway)", what, mounted, empty, download, fmt.Sprintf("AWS SDK download to a local dir, %d at once", mount.DefaultConcurrency)), nil
+	return mountRows("s3_mount (Versity Gateway)", what, mounts, empty, downloads, fmt.Sprintf("AWS SDK download to a local dir, %d at once", mount.DefaultConcurrency)), nil
 }
 
 func benchGCSMount(ctx context.Context, srv *gcsserver.Server, agentd, tmp string, keys []string, body func(int) []byte, what string) ([]row, error) {
@@ -233,27 +279,28 @@ func benchGCSMount(ctx context.Context, srv *gcsserver.Server, agentd, tmp strin
 	}); err != nil {
 		return nil, fmt.Errorf("fill the bucket: %w", err)
 	}
-	dst := filepath.Join(tmp, "gcs-download")
-	start := time.Now()
-	if err := parallel(len(keys), mount.DefaultConcurrency, func(i int) error {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.Endpoint+"/storage/v1/b/"+url.PathEscape(bucket)+"/o/"+url.PathEscape(keys[i])+"?alt=media", nil)
-		if err != nil {
-			return err
-		}
-		req.Header.Set("Authorization", "Bearer bench")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			return fmt.Errorf("get %s: HTTP %d", keys[i], resp.StatusCode)
-		}
-		return writeLocal(filepath.Join(dst, keys[i]), resp.Body)
-	}); err != nil {
-		return nil, fmt.Errorf("download: %w", err)
+	download := func() (time.Duration, error) {
+		dst := filepath.Join(tmp, "gcs-download")
+		defer os.RemoveAll(dst)
+		start := time.Now()
+		err := parallel(len(keys), mount.DefaultConcurrency, func(i int) error {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.Endpoint+"/storage/v1/b/"+url.PathEscape(bucket)+"/o/"+url.PathEscape(keys[i])+"?alt=media", nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "Bearer bench")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				return err
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				return fmt.Errorf("get %s: HTTP %d", keys[i], resp.StatusCode)
+			}
+			return writeLocal(filepath.Join(dst, keys[i]), resp.Body)
+		})
+		return time.Since(start), err
 	}
-	download := time.Since(start)
 	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: mapSecrets(map[string]string{"TOKEN": "bench"})})
 	if err != nil {
 		return nil, err
@@ -261,7 +308,7 @@ func benchGCSMount(ctx context.Context, srv *gcsserver.Server, agentd, tmp strin
 	ro := true
 	entry := &manifest.Entry{Type: manifest.TypeGCSMount, Mount: &manifest.Mount{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint,
 		ReadOnly: &ro, Credentials: map[string]manifest.SecretRef{"access_token": manifest.Secret("TOKEN")}}}
-	mounted, err := timeMount(ctx, agentd, tmp, m, entry, len(keys))
+	downloads, mounts, err := interleaved(download, func() (time.Duration, error) { return timeMount(ctx, agentd, tmp, m, entry, len(keys)) })
 	if err != nil {
 		return nil, err
 	}
@@ -269,7 +316,7 @@ func benchGCSMount(ctx context.Context, srv *gcsserver.Server, agentd, tmp strin
 	if err != nil {
 		return nil, err
 	}
-	return mountRows("gcs_mount (fake-gcs-server)", what, mounted, empty, download, fmt.Sprintf("JSON API media GETs to a local dir, %d at once", mount.DefaultConcurrency)), nil
+	return mountRows("gcs_mount (fake-gcs-server)", what, mounts, empty, downloads, fmt.Sprintf("JSON API media GETs to a local dir, %d at once", mount.DefaultConcurrency)), nil
 }
 
 // mapSecrets resolves secret names from a map.

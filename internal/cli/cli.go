@@ -98,6 +98,12 @@ type globals struct {
 	modelKey bool
 	// mountMaxBytes bounds one mount entry's objects (0: the default).
 	mountMaxBytes int64
+	// mounter is the Mounter of the last client made (sandbox sync and rm
+	// sync writable mounts with it).
+	mounter *mount.Mounter
+	// s3FileSystems (--s3-file-system) say which bucket keeps each S3
+	// Files file system's data (see parseS3FileSystems).
+	s3FileSystems []string
 	// allowDomains is the egress allow list (--allow-domain) of the
 	// sandboxes the command creates.
 	allowDomains []string
@@ -223,6 +229,7 @@ func newRoot(s Streams) *cobra.Command {
 	g.storeFlags.add(pf)
 	g.kube.add(pf)
 	pf.Int64Var(&g.mountMaxBytes, "mount-max-bytes", 0, "most bytes one s3_mount/r2_mount/gcs_mount entry may bring in (default 10 GiB); a larger bucket prefix is refused before anything is written")
+	pf.StringArrayVar(&g.s3FileSystems, "s3-file-system", nil, s3FileSystemUsage)
 	pf.StringVar(&g.trace, "trace", "none", "export OpenTelemetry traces: none, otlp (OTEL_EXPORTER_OTLP_* honoured) or stdout (to stderr)")
 	root.AddCommand(newRunCmd(g), newServeCmd(g), newDemoCmd(g), newSandboxCmd(g), &cobra.Command{
 		Use:   "version",
@@ -318,11 +325,26 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 	// buckets with credentials the manifest names and this process's
 	// environment holds, streams the objects in, and uploads writable
 	// mounts back when a session stops.
-	mounter, err := mount.New(mount.Config{Secrets: mount.EnvSecrets(), MaxBytes: g.mountMaxBytes, Log: log})
+	// azure_blob_mount works the same way (account_key or sas_token from
+	// the environment); s3_files_mount reads the bucket that
+	// --s3-file-system names for its file system.
+	fileSystems, err := parseS3FileSystems(g.s3FileSystems)
+	if err != nil {
+		return nil, nil, err
+	}
+	// Writable mounts' baselines live in the state directory, so that
+	// `harness sandbox sync` and `rm` (another process than the one that
+	// created the sandbox) can sync them.
+	baselines, err := g.dir("mount-baselines")
+	if err != nil {
+		return nil, nil, err
+	}
+	mounter, err := mount.New(mount.Config{Secrets: mount.EnvSecrets(), MaxBytes: g.mountMaxBytes, Log: log, S3FileSystems: fileSystems, Baselines: mount.DirBaselines(baselines)})
 	if err != nil {
 		return nil, nil, usageErr(compute.ErrInvalidArgument, "--mount-max-bytes: %v", err)
 	}
 	mat.Mounts = mounter
+	g.mounter = mounter
 	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log, TracerProvider: g.tracer,
 		PreStopHooks: []compute.PreStopHook{mounter.PreStop}, Observer: g.observer}
 	switch g.provider {

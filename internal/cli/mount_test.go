@@ -2,6 +2,8 @@ package cli
 
 import (
 	"context"
+	"errors"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,7 +14,9 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testservers/azureserver"
 	"github.com/bulkhead-dev/bulkhead/internal/testservers/s3server"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 )
 
 // TestSandboxMountFromTheCLI: `harness sandbox create` with a manifest
@@ -69,5 +73,89 @@ entries:
 	}
 	if strings.Contains(string(st), srv.SecretKey) {
 		t.Fatal("the session state holds the secret key")
+	}
+}
+
+// TestSandboxAzureAndS3FilesMountsFromTheCLI: `harness sandbox create`
+// with an azure_blob_mount (account key from the harness's environment,
+// checked by the in-test Blob server's own Shared Key verifier) and an
+// s3_files_mount (its file system's bucket given by --s3-file-system)
+// brings both in, with no credential in the sandbox; an unknown file
+// system is refused with nothing made.
+func TestSandboxAzureAndS3FilesMountsFromTheCLI(t *testing.T) {
+	testenv.Require(t, testenv.Linux)
+	srv := s3server.Start(t)
+	bucket := srv.Bucket(t)
+	ctx := t.Context()
+	if _, err := srv.Client().PutObject(ctx, &s3.PutObjectInput{Bucket: aws.String(bucket), Key: aws.String("fsroot/shared/f.txt"), Body: strings.NewReader("from the file system\n")}); err != nil {
+		t.Fatal(err)
+	}
+	az := azureserver.Start(t, "bhcli", "box", false)
+	az.Put("box", "in/blob.txt", "from azure\n")
+	t.Setenv("BH_TEST_MOUNT_ID", srv.AccessKey)
+	t.Setenv("BH_TEST_MOUNT_SECRET", srv.SecretKey)
+	t.Setenv("BH_TEST_AZURE_KEY", az.KeyB64)
+	dir := t.TempDir()
+	m := filepath.Join(dir, "manifest.yaml")
+	if err := os.WriteFile(m, []byte(`version: 1
+entries:
+  blobs:
+    type: azure_blob_mount
+    account: bhcli
+    container: box
+    prefix: in
+    endpoint: `+az.Endpoint()+`
+    credentials: {account_key: {secret: BH_TEST_AZURE_KEY}}
+  fs:
+    type: s3_files_mount
+    file_system_id: fs-0123456789abcdef0
+    region: `+srv.Region+`
+    subpath: /shared
+    mount_target_ip: 10.1.2.3
+`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := testenv.SearchableTempDir(t)
+	run := newCLIRun(ctx, state, agentdtest.Binaries(t).Agentd)
+	t.Cleanup(func() { newCLIRun(context.Background(), state, agentdtest.Binaries(t).Agentd)("sandbox", "rm", "azfs") })
+	if code, _, errOut := run("sandbox", "create", "--id", "nofs", "--manifest", m); code == 0 || !strings.Contains(errOut, "fs-0123456789abcdef0") {
+		t.Fatalf("an unconfigured file system: exit %d, stderr %q", code, errOut)
+	}
+	if out := mustRun(t, run, "sandbox", "ls"); strings.Contains(out, "nofs") {
+		t.Fatalf("the refused sandbox was left behind:\n%s", out)
+	}
+	fsFlag := "fs-0123456789abcdef0=s3://" + bucket + "/fsroot?endpoint=" + url.QueryEscape(srv.Endpoint) + "&region=" + srv.Region +
+		"&access_key_id=BH_TEST_MOUNT_ID&secret_access_key=BH_TEST_MOUNT_SECRET"
+	mustRun(t, run, "--s3-file-system", fsFlag, "sandbox", "create", "--id", "azfs", "--manifest", m)
+	out := mustRun(t, run, "sandbox", "exec", "azfs", "--", "sh", "-c", "cat blobs/blob.txt fs/f.txt; env")
+	if !strings.HasPrefix(out, "from azure\nfrom the file system\n") {
+		t.Fatalf("the mounts' files:\n%s", out)
+	}
+	for _, secret := range []string{srv.SecretKey, srv.AccessKey, az.KeyB64} {
+		if strings.Contains(out, secret) {
+			t.Fatalf("a mount credential reached the sandbox:\n%s", out)
+		}
+	}
+	if verified, refused, _, _, _ := az.Stats(); verified == 0 || refused != 0 {
+		t.Fatalf("azure server: %d verified, %d refused", verified, refused)
+	}
+}
+
+// TestS3FileSystemFlag: --s3-file-system values become the Mounter's
+// file system table; malformed ones are usage errors.
+func TestS3FileSystemFlag(t *testing.T) {
+	fss, err := parseS3FileSystems([]string{"fs-0123456789abcdef0=s3://bkt/a/b/?region=eu-west-1&endpoint=http%3A%2F%2F127.0.0.1%3A9000&access_key_id=ID&secret_access_key=SK&access_point=fsap-0123456789abcdef0:/teams/a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs := fss["fs-0123456789abcdef0"]
+	if fs.Bucket != "bkt" || fs.Prefix != "a/b" || fs.Region != "eu-west-1" || fs.Endpoint != "http://127.0.0.1:9000" ||
+		fs.Credentials["access_key_id"].Name != "ID" || fs.Credentials["secret_access_key"].Name != "SK" || fs.AccessPoints["fsap-0123456789abcdef0"] != "/teams/a" {
+		t.Fatalf("parsed %+v", fs)
+	}
+	for _, bad := range []string{"bkt", "fs-1=bkt/x", "fs-1=gs://b", "fs-1=s3://b?colour=red", "fs-1=s3://b?access_point=fsap-1", "fs-1=s3://b?region="} {
+		if _, err := parseS3FileSystems([]string{bad}); !errors.Is(err, compute.ErrInvalidArgument) {
+			t.Errorf("%q: %v", bad, err)
+		}
 	}
 }

@@ -46,6 +46,7 @@ sandbox again. The sandbox keeps running between commands until it is removed.`,
 		newSandboxSnapshotCmd(g),
 		newSandboxResumeCmd(g),
 		newSandboxRmCmd(g),
+		newSandboxSyncCmd(g),
 	)
 	return cmd
 }

@@ -215,24 +215,31 @@ snapshot). --manifest gives the trusted manifest again, for host sources the sav
 
 // newSandboxRmCmd returns `harness sandbox rm`.
 func newSandboxRmCmd(g *globals) *cobra.Command {
-	var keep bool
+	var keep, noSync bool
 	cmd := &cobra.Command{
-		Use:   "rm ID [--keep-snapshot]",
+		Use:   "rm ID [--keep-snapshot] [--no-sync]",
 		Short: "Delete a session's sandbox, its saved state and its snapshot",
 		Long: `Delete a session's sandbox, its saved state and its snapshot. With --keep-snapshot the snapshot
 and the saved state are kept, so that ` + "`harness sandbox resume ID`" + ` rebuilds the sandbox from the
 snapshot later. A sandbox without a saved state (one a crashed harness left behind, see ls) is
-found through the provider.`,
+found through the provider.
+
+A running sandbox's writable mounts are synced first, as closing a session does (see
+` + "`harness sandbox sync`" + `): changes not yet uploaded would be lost with the sandbox. If that sync
+fails or reports a conflict, nothing is removed and the command exits non-zero; --no-sync removes
+the sandbox without uploading, discarding those changes.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return sandboxRm(cmd, g, args[0], keep) },
+		RunE: func(cmd *cobra.Command, args []string) error { return sandboxRm(cmd, g, args[0], keep, noSync) },
 	}
 	cmd.Flags().BoolVar(&keep, "keep-snapshot", false, "keep the snapshot and the saved state, to resume the session from the snapshot later")
+	cmd.Flags().BoolVar(&noSync, "no-sync", false, "do not sync the writable mounts first: their changes not yet uploaded are discarded")
 	return cmd
 }
 
 // sandboxRm deletes a session's sandbox and, unless keep, its snapshot and
-// saved state.
-func sandboxRm(cmd *cobra.Command, g *globals, id string, keep bool) error {
+// saved state. Unless noSync, the writable mounts of a running sandbox with
+// a saved state are synced first, and a failed sync keeps everything.
+func sandboxRm(cmd *cobra.Command, g *globals, id string, keep, noSync bool) error {
 	ctx := cmd.Context()
 	st, err := loadState(cmd, g, id)
 	saved := err == nil
@@ -269,10 +276,17 @@ func sandboxRm(cmd *cobra.Command, g *globals, id string, keep bool) error {
 		if err != nil {
 			return err
 		}
+		if saved && !noSync {
+			if err := syncBeforeRemove(ctx, g, cmd.OutOrStdout(), s); err != nil {
+				_ = s.Release()
+				return err
+			}
+		}
 		if err := client.Delete(ctx, s); err != nil {
 			return err
 		}
 	}
+	forgetMounts(ctx, g, id)
 	out := cmd.OutOrStdout()
 	if keep && saved {
 		fmt.Fprintf(out, "removed the sandbox of session %s; kept snapshot %s and the session state (`harness sandbox resume %s` rebuilds it)\n", id, snapshotOf(st), id)
