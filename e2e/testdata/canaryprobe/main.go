@@ -1,8 +1,9 @@
 // Command canaryprobe is the secret-canary attack the e2e tests run inside
 // a sandbox: for every process it can see, it tries to read the
 // environment, the command line, the memory (every readable mapping) and
-// the open files, and looks for the canary's prefix. It prints what it
-// could read and where the canary was found, never the canary itself.
+// the open files, and looks for the canary's prefix; of itself, the
+// environment and the command line. It prints what it could read and
+// where the canary was found, never the canary itself.
 package main
 
 import (
@@ -34,6 +35,17 @@ func main() {
 	}
 	var seen, envRead, memRead, fdRead int
 	var found []string
+	// This process's own environment and command line: a credential put
+	// into the sandbox's environment reaches every process started there,
+	// this one too (a shell may exec it in its own place, leaving no other
+	// process that holds it). Its memory is not searched: the prefix is in
+	// it.
+	if env, err := os.ReadFile("/proc/self/environ"); err == nil && bytes.Contains(env, prefix) {
+		found = append(found, fmt.Sprintf("pid %d (self) environ", self))
+	}
+	if cmdline, err := os.ReadFile("/proc/self/cmdline"); err == nil && bytes.Contains(cmdline, prefix) {
+		found = append(found, fmt.Sprintf("pid %d (self) cmdline", self))
+	}
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid == self {
