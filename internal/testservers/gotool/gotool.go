@@ -25,6 +25,15 @@ type Program struct {
 	Version string
 	// Timeout bounds the build (default 20 minutes).
 	Timeout time.Duration
+	// Output is the file `go install` writes, when it is not Name (go
+	// names it after the package's last element: gVisor's shim package
+	// "shim" is installed as containerd-shim-runsc-v1).
+	Output string
+	// Build, when set, builds the program instead of `go install
+	// Package@Version` (for a program that needs a main of its own or a
+	// patch): it writes the binary to out, working in dir, a fresh
+	// directory removed afterwards. The cache and lock are the same.
+	Build func(ctx context.Context, dir, out string) error
 }
 
 // CacheDir is DIR/bulkhead/testservers under the user cache directory
@@ -102,17 +111,27 @@ func (p Program) Install(ctx context.Context) (string, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goBin, "install", p.Package+"@"+p.Version)
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "GOBIN="+filepath.Join(tmp, "bin"), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+	out := p.Name
+	if p.Output != "" {
+		out = p.Output
+	}
 	start := time.Now()
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("%s: go install %s@%s (after %s): %w\n%s", p.Name, p.Package, p.Version, time.Since(start).Round(time.Second), err, Tail(out))
+	if p.Build != nil {
+		if err := p.Build(ctx, tmp, filepath.Join(tmp, "bin", out)); err != nil {
+			return "", fmt.Errorf("%s %s: build (after %s): %w", p.Name, p.Version, time.Since(start).Round(time.Second), err)
+		}
+	} else {
+		cmd := exec.CommandContext(ctx, goBin, "install", p.Package+"@"+p.Version)
+		cmd.Dir = tmp
+		cmd.Env = append(os.Environ(), "GOBIN="+filepath.Join(tmp, "bin"), "GOWORK=off", "CGO_ENABLED=0", "GOFLAGS=-buildvcs=false")
+		if b, err := cmd.CombinedOutput(); err != nil {
+			return "", fmt.Errorf("%s: go install %s@%s (after %s): %w\n%s", p.Name, p.Package, p.Version, time.Since(start).Round(time.Second), err, Tail(b))
+		}
 	}
 	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
 		return "", fmt.Errorf("%s: %w", p.Name, err)
 	}
-	if err := os.Rename(filepath.Join(tmp, "bin", p.Name), bin); err != nil {
+	if err := os.Rename(filepath.Join(tmp, "bin", out), bin); err != nil {
 		return "", fmt.Errorf("%s: %w", p.Name, err)
 	}
 	return bin, nil

@@ -32,6 +32,11 @@
 // the next cluster started on the machine removes it. Nothing of the
 // machine's own Docker, containerd or /var/lib/kubelet is touched.
 //
+// With Options.NetworkPolicy the node also runs a NetworkPolicy enforcer
+// (kube-network-policies, see netpol.go): an nftables table of its own
+// and, where Docker's chains are present, one rule in Docker's
+// DOCKER-USER chain for the cluster's bridge; both go the same way.
+//
 // This package speaks to the API server with plain net/http (see Do);
 // it imports no client-go.
 package kubeserver
@@ -75,6 +80,11 @@ type Options struct {
 	Logf func(format string, args ...any)
 	// ExtraAPIServerArgs are appended to kube-apiserver's flags.
 	ExtraAPIServerArgs []string
+	// NetworkPolicy runs a NetworkPolicy enforcer on the node
+	// (kube-network-policies, see netpol.go), so that policies are
+	// enforced, not only stored. Start then also needs
+	// NetworkPolicyNeeds.
+	NetworkPolicy bool
 }
 
 // Cluster is a running cluster. Its fields are read-only.
@@ -136,6 +146,9 @@ func fileExists(p string) bool { _, err := os.Stat(p); return err == nil }
 func Start(t testing.TB, opts Options) *Cluster {
 	t.Helper()
 	testenv.Require(t, Needs()...)
+	if opts.NetworkPolicy {
+		testenv.Require(t, NetworkPolicyNeeds()...)
+	}
 	requireTimeForBuild(t)
 	if opts.Logf == nil {
 		opts.Logf = t.Logf
@@ -202,6 +215,7 @@ func New(ctx context.Context, opts Options) (*Cluster, error) {
 	if err := os.MkdirAll(filepath.Join(dir, "logs"), 0o755); err != nil {
 		return c, fmt.Errorf("kubeserver: %w", err)
 	}
+	cleanNetpolLeftovers(base, c.logf)
 	start := time.Now()
 	if err := c.startControlPlane(ctx); err != nil {
 		return c, err
@@ -212,6 +226,11 @@ func New(ctx context.Context, opts Options) (*Cluster, error) {
 		return c, err
 	}
 	c.logf("kubeserver: node %s ready in %s (cluster in %s)", c.NodeName, time.Since(t).Round(time.Millisecond), time.Since(start).Round(time.Millisecond))
+	if opts.NetworkPolicy {
+		if err := c.startNetpol(ctx); err != nil {
+			return c, err
+		}
+	}
 	return c, nil
 }
 
@@ -435,6 +454,7 @@ func (c *Cluster) kill(name string, grace time.Duration) {
 // the kernel settings the kubelet changed, the directories of dynamically
 // provisioned volumes, and Dir. Stopping twice is fine.
 func (c *Cluster) Stop() {
+	c.stopNetpol()
 	c.removeVolumeDirs()
 	c.stopNode()
 	for _, name := range []string{"kube-scheduler", "kube-controller-manager", "kube-apiserver", "etcd"} {
@@ -482,7 +502,7 @@ func (c *Cluster) removeVolumeDirs() {
 
 // dumpLogs shows the last errors and warnings of each component's log.
 func (c *Cluster) dumpLogs(logf func(string, ...any)) {
-	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet"} {
+	for _, name := range []string{"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "containerd", "kubelet", "kube-network-policies"} {
 		b, err := os.ReadFile(c.logPath(name))
 		if err != nil || len(b) == 0 {
 			continue

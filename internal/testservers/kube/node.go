@@ -81,6 +81,13 @@ func (c *Cluster) startNode(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kubeserver: node %s not ready: %w", c.NodeName, err)
 	}
+	// The gvisor RuntimeClass, when runsc and its shim are already built
+	// (otherwise RequireGVisor builds them and creates it).
+	if gvisorCached() {
+		if err := c.createGVisorRuntimeClass(ctx); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -305,11 +312,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	if err := os.MkdirAll(d, 0o755); err != nil {
 		return fmt.Errorf("kubeserver: %w", err)
 	}
+	// gVisor's runtime handler (gvisor.go): a few lines of configuration,
+	// usable once runsc and its shim are built.
+	gvisor, gerr := c.gvisorContainerdConfig()
+	if gerr != nil {
+		return gerr
+	}
+	cfg += gvisor
 	conf := filepath.Join(d, "config.toml")
 	if err := os.WriteFile(conf, []byte(cfg), 0o644); err != nil {
 		return fmt.Errorf("kubeserver: %w", err)
 	}
-	if err := c.spawn("containerd", "containerd", "--config", conf); err != nil {
+	// Through env(1), which execs containerd with gVisor's shim on its
+	// PATH (gvisor.go).
+	if err := c.spawn("containerd", "env", c.containerdPath(), "containerd", "--config", conf); err != nil {
 		return err
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)

@@ -1,4 +1,6 @@
-// Package runsc provides gVisor's runsc for tests of gVisor isolation.
+// Package runsc provides gVisor's runsc for tests of gVisor isolation,
+// and gVisor's containerd shim (containerd-shim-runsc-v1) for the test
+// Kubernetes cluster's "runsc" runtime handler.
 //
 // The binary is built from the Go module proxy once per machine (gVisor
 // publishes a buildable `go` branch; Version pins one of its
@@ -36,8 +38,42 @@ const buildTimeout = 20 * time.Minute
 // inside an empty chroot, where no dynamic loader is).
 var program = gotool.Program{Name: "runsc", Package: pkg, Version: Version, Timeout: buildTimeout}
 
+// ShimName is the file name containerd looks for on its PATH for the
+// runtime type io.containerd.runsc.v1.
+const ShimName = "containerd-shim-runsc-v1"
+
+// shim is gVisor's containerd shim, from the same module version as runsc
+// (the two speak runsc's command line and state format, so they must
+// match). It builds with CGO_ENABLED=0 like runsc. `go install` names it
+// after its package, "shim".
+var shim = gotool.Program{Name: ShimName, Package: "gvisor.dev/gvisor/shim", Version: Version, Timeout: buildTimeout, Output: "shim"}
+
 // Cached returns the runsc binary Binary built, if it is there.
 func Cached() (string, bool) { return program.Cached() }
+
+// ShimCached returns the shim binary ShimBinary built, if it is there.
+func ShimCached() (string, bool) { return shim.Cached() }
+
+// Paths are where Binary and ShimBinary put runsc and the shim (whether
+// or not they are built yet), for configuration written before a build.
+func Paths() (runscBin, shimBin string, err error) {
+	if runscBin, err = program.Path(); err != nil {
+		return "", "", err
+	}
+	if shimBin, err = shim.Path(); err != nil {
+		return "", "", err
+	}
+	return runscBin, shimBin, nil
+}
+
+// ShimBinary returns the path of containerd-shim-runsc-v1, building it
+// first if needed (once per machine, like Binary).
+func ShimBinary(ctx context.Context) (string, error) {
+	if runtime.GOOS != "linux" {
+		return "", fmt.Errorf("runsc: gVisor runs on Linux only, not %s", runtime.GOOS)
+	}
+	return shim.Install(ctx)
+}
 
 // Binary returns the path of the runsc binary, building it first if
 // needed (gotool: once per machine, under the user cache directory).

@@ -330,6 +330,13 @@ func (p *Provider) connect(ctx context.Context, st State, pod *corev1.Pod, token
 	}})
 	if err != nil {
 		_ = ac.Close()
+		if p.cfg.Connect == ConnectPortForward && p.cfg.RuntimeClassName != "" && errors.Is(err, compute.ErrDeadlineExceeded) {
+			// Under a sandboxed runtime (gVisor, Kata) the kubelet's
+			// port-forward dials the host's network namespace, where the
+			// daemon does not listen: say so and name the way that works.
+			return nil, fmt.Errorf("kubernetes: pod %s (runtime class %s) over port-forward: %w; port-forward does not reach a daemon under a sandboxed runtime such as gVisor or Kata: use the exec connection (Connect: %q, --kube-connect %s)",
+				pod.Name, p.cfg.RuntimeClassName, err, ConnectExec, ConnectExec)
+		}
 		return nil, fmt.Errorf("kubernetes: pod %s: %w", pod.Name, err)
 	}
 	return &sandbox{p: p, client: ac, state: st, kept: kept}, nil
