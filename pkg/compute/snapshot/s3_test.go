@@ -453,14 +453,15 @@ func TestS3ListPagesAndGC(t *testing.T) {
 		t.Fatalf("listed %d snapshots: %v", len(ids), ids)
 	}
 
-	// Unreference ten snapshots' chunks; with the default grace nothing
-	// is old enough to go.
+	// Unreference ten snapshots' chunks; within the grace period nothing
+	// is old enough to go. (An explicit hour: the store's 4 s can pass
+	// while 25 uploads run on a loaded machine.)
 	for i := range 10 {
 		if err := s.Delete(ctx, fmt.Sprintf("snap-%02d", i)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	st, err := s.GC(ctx, snapshot.GCOptions{})
+	st, err := s.GC(ctx, snapshot.GCOptions{Grace: time.Hour})
 	if err != nil || st.Deleted != 0 || st.Snapshots != 15 {
 		t.Fatalf("gc within the grace period: %+v %v", st, err)
 	}
