@@ -344,6 +344,12 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 		return nil, nil, usageErr(compute.ErrInvalidArgument, "--mount-max-bytes: %v", err)
 	}
 	mat.Mounts = mounter
+	// The manifest's environment: secret references are variables of this
+	// process's environment, like mount credentials; the values reach the
+	// sandbox daemon's memory only.
+	if mat.Secrets == nil {
+		mat.Secrets = mount.EnvSecrets()
+	}
 	g.mounter = mounter
 	opts := compute.ClientOptions{Snapshots: store, Materializer: mat, Log: log, TracerProvider: g.tracer,
 		PreStopHooks: []compute.PreStopHook{mounter.PreStop}, Observer: g.observer}

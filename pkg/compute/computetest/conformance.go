@@ -57,11 +57,30 @@ func ctxT(t *testing.T) context.Context {
 }
 
 func testManifest() *manifest.Manifest {
-	return &manifest.Manifest{Entries: map[string]*manifest.Entry{
-		"repo/task.md": {Type: manifest.TypeFile, Content: []byte("fix the bug\n")},
-		"repo/calc.py": {Type: manifest.TypeFile, Content: []byte("def add(a, b):\n    return a - b\n")},
-		"scratch":      {Type: manifest.TypeDir, Ephemeral: true},
-	}}
+	return &manifest.Manifest{
+		Entries: map[string]*manifest.Entry{
+			"repo/task.md": {Type: manifest.TypeFile, Content: []byte("fix the bug\n")},
+			"repo/calc.py": {Type: manifest.TypeFile, Content: []byte("def add(a, b):\n    return a - b\n")},
+			"scratch":      {Type: manifest.TypeDir, Ephemeral: true},
+		},
+		Environment: map[string]manifest.EnvValue{"BULKHEAD_CONFORMANCE": manifest.Literal("env-ok")},
+	}
+}
+
+// checkEnvironment checks that the processes of s see testManifest's
+// environment, below the request's own env.
+func checkEnvironment(t *testing.T, ctx context.Context, s *compute.Session) {
+	t.Helper()
+	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{
+		Command: `echo "$BULKHEAD_CONFORMANCE $BULKHEAD_CONFORMANCE_REQ"`,
+		Env:     map[string]string{"BULKHEAD_CONFORMANCE_REQ": "req-ok"},
+	}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.TrimSpace(string(res.Stdout)); got != "env-ok req-ok" {
+		t.Fatalf("the manifest's environment is not in the sandbox's processes: %q", got)
+	}
 }
 
 // run executes a shell command in the session and returns its output.
@@ -119,6 +138,7 @@ func testLifecycle(t *testing.T, env Env) {
 	if n := len(s.Materialized().GetFiles()); n != 2 {
 		t.Errorf("materialized %d files, want 2", n)
 	}
+	checkEnvironment(t, ctx, s)
 	out, code := run(t, ctx, s, "cat repo/calc.py | wc -l; exit 3")
 	if strings.TrimSpace(out) != "2" || code != 3 {
 		t.Fatalf("exec: %q exit %d", out, code)
@@ -229,6 +249,9 @@ func testResumeAfterDelete(t *testing.T, env Env) {
 	if got := readFile(t, ctx, s2, "repo/notes.txt"); got != "learned\n" {
 		t.Fatalf("notes.txt after restore = %q", got)
 	}
+	// The daemon keeps the environment in memory: the replacement gets it
+	// from the plan applied after the restore.
+	checkEnvironment(t, ctx, s2)
 	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "repo/task.md"}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("deleted task.md came back: %v", err)
 	}
@@ -257,6 +280,7 @@ func resumeAfterForget(t *testing.T, ctx context.Context, env Env, c *compute.Cl
 	if got := readFile(t, ctx, s2, "repo/notes.txt"); got != "learned\n" {
 		t.Fatalf("notes.txt after reattach = %q", got)
 	}
+	checkEnvironment(t, ctx, s2)
 	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "repo/task.md"}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("deleted task.md came back: %v", err)
 	}

@@ -12,8 +12,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
+	"slices"
 	"strings"
 	"sync"
 
@@ -58,6 +60,12 @@ type Options struct {
 	// Mounts reads the remote storage of mount entries (package
 	// compute/mount); nil refuses every mount entry with ErrUnimplemented.
 	Mounts Mounter
+	// Secrets resolves the secret references of the manifest's environment
+	// that the manifest copy does not hold resolved already
+	// (manifest.ResolveSecrets); nil refuses such a reference with
+	// ErrFailedPrecondition. mount.EnvSecrets reads them from the harness's
+	// environment. The values reach the daemon's memory only.
+	Secrets manifest.SecretResolver
 	// Session names the session being materialized, for the Mounter's
 	// per-session state (compute.Session sets it).
 	Session string
@@ -189,7 +197,18 @@ func Prepare(ctx context.Context, m *manifest.Manifest, opts Options) (*Prepared
 		}
 		grants = append(grants, g)
 	}
-	b := &builder{ctx: ctx, opts: opts, grants: grants, owner: owner, log: log, p: &Prepared{Plan: &agentdv1.MaterializePlan{}}}
+	// The environment is resolved first: a secret that cannot be resolved
+	// fails the plan before anything is fetched or written.
+	env, err := environment(ctx, m, opts.Secrets)
+	if err != nil {
+		return nil, err
+	}
+	// Every plan, the ephemeral-only one after a restore included, sets
+	// the environment: the daemon keeps it in memory only, so a replacement
+	// sandbox gets it back this way.
+	b := &builder{ctx: ctx, opts: opts, grants: grants, owner: owner, log: log, p: &Prepared{Plan: &agentdv1.MaterializePlan{
+		Environment: env, SetEnvironment: true,
+	}}}
 	for _, g := range m.Groups {
 		wg := &agentdv1.MaterializeGroup{Name: g.Name}
 		if g.GID != nil {
@@ -474,4 +493,40 @@ func (p *Prepared) WriteTar(ctx context.Context, w io.Writer) error {
 		}
 	}
 	return tw.Close()
+}
+
+// environment resolves the manifest's environment: literals as they are,
+// secret references from the manifest copy when it holds them resolved,
+// else through secrets. Errors name the variable and the secret, never a
+// value; each distinct secret is looked up once.
+func environment(ctx context.Context, m *manifest.Manifest, secrets manifest.SecretResolver) (map[string]string, error) {
+	out := make(map[string]string, len(m.Environment))
+	cache := map[string]string{}
+	for _, name := range slices.Sorted(maps.Keys(m.Environment)) {
+		v := m.Environment[name]
+		if v.Secret == nil {
+			out[name] = v.Value
+			continue
+		}
+		if val, ok := v.Secret.Value(); ok {
+			out[name] = val
+			continue
+		}
+		secret := v.Secret.Name
+		if val, ok := cache[secret]; ok {
+			out[name] = val
+			continue
+		}
+		if secrets == nil {
+			return nil, errkind.Errorf(errkind.ErrFailedPrecondition,
+				"environment variable %s: secret %q is not resolved and the harness has no secret resolver (materializer.Options.Secrets)", name, secret)
+		}
+		val, err := secrets.ResolveSecret(ctx, secret)
+		if err != nil {
+			return nil, fmt.Errorf("environment variable %s: resolving secret %q: %w", name, secret, err)
+		}
+		cache[secret] = val
+		out[name] = val
+	}
+	return out, nil
 }

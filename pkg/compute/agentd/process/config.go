@@ -62,7 +62,8 @@ type Config struct {
 	// BaseEnv is the environment every process starts from. Nil means
 	// PATH=DefaultPath and LANG=C.UTF-8; a non-nil map replaces those.
 	// HOME, USER, LOGNAME and SHELL come from the run_as user, then the
-	// request's Env overrides everything.
+	// sandbox environment (Manager.SetEnvironment, the manifest's) and
+	// last the request's Env, which overrides everything.
 	BaseEnv map[string]string
 	// DefaultUser is the run_as user when a request names none; "" means
 	// the daemon's own identity.

@@ -14,8 +14,9 @@
 //     controlling terminal in PTY mode). Signals and kills go to the whole
 //     group; a timeout or Shutdown also kills every group of a PTY session.
 //   - The environment is built from Config.BaseEnv, the run_as user's
-//     HOME/USER/LOGNAME/SHELL and the request's Env, never from the daemon's
-//     own environment.
+//     HOME/USER/LOGNAME/SHELL, the sandbox environment
+//     (Manager.SetEnvironment) and the request's Env, in that order (later
+//     wins), never from the daemon's own environment.
 //   - Output is kept in a ring of Config.OutputBufferBytes per process. A
 //     reader that fell behind is told how many bytes it lost (Dropped).
 //   - Flow control: while a follower is attached (Attach, and Exec, which

@@ -31,10 +31,11 @@ func checkEnvVar(k, v string) error {
 	return nil
 }
 
-// buildEnv layers the base environment, the user's identity variables and
-// the request's variables (later wins) into a sorted KEY=VALUE list. The
+// buildEnv layers the base environment, the user's identity variables, the
+// sandbox environment (the manifest's, Manager.SetEnvironment) and the
+// request's variables (later wins) into a sorted KEY=VALUE list. The
 // daemon's own environment is never consulted.
-func buildEnv(base map[string]string, u *userdb.User, req map[string]string, tty bool) []string {
+func buildEnv(base map[string]string, u *userdb.User, sandbox, req map[string]string, tty bool) []string {
 	env := maps.Clone(base)
 	if u != nil {
 		if u.Home != "" {
@@ -46,6 +47,7 @@ func buildEnv(base map[string]string, u *userdb.User, req map[string]string, tty
 			env["SHELL"] = u.Shell
 		}
 	}
+	maps.Copy(env, sandbox)
 	maps.Copy(env, req)
 	if _, ok := env["TERM"]; tty && !ok {
 		env["TERM"] = defaultTerm
@@ -117,3 +119,7 @@ func checkExecutable(path string) error {
 	}
 	return nil
 }
+
+// CheckEnvVar reports whether an environment variable can be given to a
+// process: a non-empty name without '=' or NUL and a value without NUL.
+func CheckEnvVar(name, value string) error { return checkEnvVar(name, value) }

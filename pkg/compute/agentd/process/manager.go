@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"maps"
 	"os"
 	"slices"
@@ -24,6 +25,10 @@ type Manager struct {
 	ownReaper bool
 	euid      int
 	devNull   int // read-only /dev/null for the children's stdin; -1 once closed
+
+	// envMu guards env, the sandbox environment (SetEnvironment).
+	envMu sync.RWMutex
+	env   map[string]string
 
 	mu          sync.Mutex
 	procs       map[string]*proc
@@ -311,4 +316,29 @@ func newID() string {
 	var b [8]byte
 	rand.Read(b[:])
 	return "proc_" + hex.EncodeToString(b[:])
+}
+
+// SetEnvironment replaces the sandbox environment: variables every process
+// started from now on gets, above the base environment and the run_as
+// user's identity variables and below the request's own Env. Processes
+// already running keep the environment they started with. Nil or empty
+// clears it. Nothing is changed when a name or value is invalid.
+func (m *Manager) SetEnvironment(env map[string]string) error {
+	for k, v := range env {
+		if err := checkEnvVar(k, v); err != nil {
+			return fmt.Errorf("sandbox environment: %w", err)
+		}
+	}
+	env = maps.Clone(env)
+	m.envMu.Lock()
+	m.env = env
+	m.envMu.Unlock()
+	return nil
+}
+
+// Environment returns a copy of the sandbox environment (SetEnvironment).
+func (m *Manager) Environment() map[string]string {
+	m.envMu.RLock()
+	defer m.envMu.RUnlock()
+	return maps.Clone(m.env)
 }

@@ -233,7 +233,9 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 	if u != nil {
 		pl.user = u.Name
 	}
-	pl.env = buildEnv(m.cfg.BaseEnv, u, o.Env, o.TTY)
+	m.envMu.RLock()
+	pl.env = buildEnv(m.cfg.BaseEnv, u, m.env, o.Env, o.TTY)
+	m.envMu.RUnlock()
 
 	pl.dir = o.Dir
 	if pl.dir == "" {

@@ -90,5 +90,9 @@ func materializeRequest(p *agentdv1.MaterializePlan) (agentd.MaterializeRequest,
 			req.Grants = append(req.Grants, workspace.Grant{Path: g.GetPath(), ReadOnly: g.GetReadOnly()})
 		}
 	}
+	if p.GetSetEnvironment() {
+		req.SetEnvironment = true
+		req.Environment = p.GetEnvironment()
+	}
 	return req, nil
 }

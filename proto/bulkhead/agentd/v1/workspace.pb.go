@@ -564,9 +564,17 @@ type MaterializePlan struct {
 	// When set, the workspace root directory itself belongs to this user and
 	// the user's primary group once the plan is applied (its mode is kept),
 	// so that the run_as user can create files at the top of its workspace.
-	RootUser      string `protobuf:"bytes,6,opt,name=root_user,json=rootUser,proto3" json:"root_user,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	RootUser string `protobuf:"bytes,6,opt,name=root_user,json=rootUser,proto3" json:"root_user,omitempty"`
+	// Replace the environment the daemon gives every process it starts with
+	// these variables when set_environment (the manifest's environment, its
+	// secret references already resolved by the harness). It is kept in the
+	// daemon's memory only. It overrides the daemon's defaults (PATH, LANG,
+	// the proxy variables, HOME, USER, LOGNAME, SHELL); a process request's
+	// own env overrides it.
+	Environment    map[string]string `protobuf:"bytes,7,rep,name=environment,proto3" json:"environment,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	SetEnvironment bool              `protobuf:"varint,8,opt,name=set_environment,json=setEnvironment,proto3" json:"set_environment,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *MaterializePlan) Reset() {
@@ -639,6 +647,20 @@ func (x *MaterializePlan) GetRootUser() string {
 		return x.RootUser
 	}
 	return ""
+}
+
+func (x *MaterializePlan) GetEnvironment() map[string]string {
+	if x != nil {
+		return x.Environment
+	}
+	return nil
+}
+
+func (x *MaterializePlan) GetSetEnvironment() bool {
+	if x != nil {
+		return x.SetEnvironment
+	}
+	return false
 }
 
 // MaterializeRequest is the plan (first message) or a chunk of the tar
@@ -1815,7 +1837,7 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\ahas_gid\x18\x03 \x01(\bR\x06hasGid\"C\n" +
 	"\x10MaterializeGrant\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
-	"\tread_only\x18\x02 \x01(\bR\breadOnly\"\xc4\x02\n" +
+	"\tread_only\x18\x02 \x01(\bR\breadOnly\"\x85\x04\n" +
 	"\x0fMaterializePlan\x12<\n" +
 	"\x06groups\x18\x01 \x03(\v2$.bulkhead.agentd.v1.MaterializeGroupR\x06groups\x129\n" +
 	"\x05users\x18\x02 \x03(\v2#.bulkhead.agentd.v1.MaterializeUserR\x05users\x12>\n" +
@@ -1823,7 +1845,12 @@ const file_bulkhead_agentd_v1_workspace_proto_rawDesc = "" +
 	"\x06grants\x18\x04 \x03(\v2$.bulkhead.agentd.v1.MaterializeGrantR\x06grants\x12\x1d\n" +
 	"\n" +
 	"set_grants\x18\x05 \x01(\bR\tsetGrants\x12\x1b\n" +
-	"\troot_user\x18\x06 \x01(\tR\brootUser\"p\n" +
+	"\troot_user\x18\x06 \x01(\tR\brootUser\x12V\n" +
+	"\venvironment\x18\a \x03(\v24.bulkhead.agentd.v1.MaterializePlan.EnvironmentEntryR\venvironment\x12'\n" +
+	"\x0fset_environment\x18\b \x01(\bR\x0esetEnvironment\x1a>\n" +
+	"\x10EnvironmentEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"p\n" +
 	"\x12MaterializeRequest\x129\n" +
 	"\x04plan\x18\x01 \x01(\v2#.bulkhead.agentd.v1.MaterializePlanH\x00R\x04plan\x12\x14\n" +
 	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\t\n" +
@@ -1941,7 +1968,7 @@ func file_bulkhead_agentd_v1_workspace_proto_rawDescGZIP() []byte {
 }
 
 var file_bulkhead_agentd_v1_workspace_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_bulkhead_agentd_v1_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_bulkhead_agentd_v1_workspace_proto_msgTypes = make([]protoimpl.MessageInfo, 23)
 var file_bulkhead_agentd_v1_workspace_proto_goTypes = []any{
 	(MaterializeEntryKind)(0),   // 0: bulkhead.agentd.v1.MaterializeEntryKind
 	(ArchiveCompression)(0),     // 1: bulkhead.agentd.v1.ArchiveCompression
@@ -1969,6 +1996,7 @@ var file_bulkhead_agentd_v1_workspace_proto_goTypes = []any{
 	(*ApplyPatchRequest)(nil),   // 23: bulkhead.agentd.v1.ApplyPatchRequest
 	(*PatchChange)(nil),         // 24: bulkhead.agentd.v1.PatchChange
 	(*ApplyPatchResponse)(nil),  // 25: bulkhead.agentd.v1.ApplyPatchResponse
+	nil,                         // 26: bulkhead.agentd.v1.MaterializePlan.EnvironmentEntry
 }
 var file_bulkhead_agentd_v1_workspace_proto_depIdxs = []int32{
 	0,  // 0: bulkhead.agentd.v1.MaterializeEntry.kind:type_name -> bulkhead.agentd.v1.MaterializeEntryKind
@@ -1976,33 +2004,34 @@ var file_bulkhead_agentd_v1_workspace_proto_depIdxs = []int32{
 	5,  // 2: bulkhead.agentd.v1.MaterializePlan.users:type_name -> bulkhead.agentd.v1.MaterializeUser
 	4,  // 3: bulkhead.agentd.v1.MaterializePlan.entries:type_name -> bulkhead.agentd.v1.MaterializeEntry
 	7,  // 4: bulkhead.agentd.v1.MaterializePlan.grants:type_name -> bulkhead.agentd.v1.MaterializeGrant
-	8,  // 5: bulkhead.agentd.v1.MaterializeRequest.plan:type_name -> bulkhead.agentd.v1.MaterializePlan
-	10, // 6: bulkhead.agentd.v1.MaterializeResponse.files:type_name -> bulkhead.agentd.v1.MaterializedFile
-	1,  // 7: bulkhead.agentd.v1.ArchiveRequest.compression:type_name -> bulkhead.agentd.v1.ArchiveCompression
-	12, // 8: bulkhead.agentd.v1.ArchiveResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
-	16, // 9: bulkhead.agentd.v1.RestoreHeader.limits:type_name -> bulkhead.agentd.v1.ArchiveLimits
-	15, // 10: bulkhead.agentd.v1.RestoreRequest.header:type_name -> bulkhead.agentd.v1.RestoreHeader
-	12, // 11: bulkhead.agentd.v1.RestoreResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
-	2,  // 12: bulkhead.agentd.v1.PatchOperation.type:type_name -> bulkhead.agentd.v1.PatchOperationType
-	21, // 13: bulkhead.agentd.v1.PatchOperations.operations:type_name -> bulkhead.agentd.v1.PatchOperation
-	22, // 14: bulkhead.agentd.v1.ApplyPatchRequest.operations:type_name -> bulkhead.agentd.v1.PatchOperations
-	3,  // 15: bulkhead.agentd.v1.PatchChange.kind:type_name -> bulkhead.agentd.v1.PatchChangeKind
-	24, // 16: bulkhead.agentd.v1.ApplyPatchResponse.changes:type_name -> bulkhead.agentd.v1.PatchChange
-	23, // 17: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:input_type -> bulkhead.agentd.v1.ApplyPatchRequest
-	13, // 18: bulkhead.agentd.v1.WorkspaceService.Archive:input_type -> bulkhead.agentd.v1.ArchiveRequest
-	17, // 19: bulkhead.agentd.v1.WorkspaceService.Restore:input_type -> bulkhead.agentd.v1.RestoreRequest
-	19, // 20: bulkhead.agentd.v1.WorkspaceService.Fingerprint:input_type -> bulkhead.agentd.v1.FingerprintRequest
-	9,  // 21: bulkhead.agentd.v1.WorkspaceService.Materialize:input_type -> bulkhead.agentd.v1.MaterializeRequest
-	25, // 22: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:output_type -> bulkhead.agentd.v1.ApplyPatchResponse
-	14, // 23: bulkhead.agentd.v1.WorkspaceService.Archive:output_type -> bulkhead.agentd.v1.ArchiveResponse
-	18, // 24: bulkhead.agentd.v1.WorkspaceService.Restore:output_type -> bulkhead.agentd.v1.RestoreResponse
-	20, // 25: bulkhead.agentd.v1.WorkspaceService.Fingerprint:output_type -> bulkhead.agentd.v1.FingerprintResponse
-	11, // 26: bulkhead.agentd.v1.WorkspaceService.Materialize:output_type -> bulkhead.agentd.v1.MaterializeResponse
-	22, // [22:27] is the sub-list for method output_type
-	17, // [17:22] is the sub-list for method input_type
-	17, // [17:17] is the sub-list for extension type_name
-	17, // [17:17] is the sub-list for extension extendee
-	0,  // [0:17] is the sub-list for field type_name
+	26, // 5: bulkhead.agentd.v1.MaterializePlan.environment:type_name -> bulkhead.agentd.v1.MaterializePlan.EnvironmentEntry
+	8,  // 6: bulkhead.agentd.v1.MaterializeRequest.plan:type_name -> bulkhead.agentd.v1.MaterializePlan
+	10, // 7: bulkhead.agentd.v1.MaterializeResponse.files:type_name -> bulkhead.agentd.v1.MaterializedFile
+	1,  // 8: bulkhead.agentd.v1.ArchiveRequest.compression:type_name -> bulkhead.agentd.v1.ArchiveCompression
+	12, // 9: bulkhead.agentd.v1.ArchiveResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
+	16, // 10: bulkhead.agentd.v1.RestoreHeader.limits:type_name -> bulkhead.agentd.v1.ArchiveLimits
+	15, // 11: bulkhead.agentd.v1.RestoreRequest.header:type_name -> bulkhead.agentd.v1.RestoreHeader
+	12, // 12: bulkhead.agentd.v1.RestoreResponse.stats:type_name -> bulkhead.agentd.v1.ArchiveStats
+	2,  // 13: bulkhead.agentd.v1.PatchOperation.type:type_name -> bulkhead.agentd.v1.PatchOperationType
+	21, // 14: bulkhead.agentd.v1.PatchOperations.operations:type_name -> bulkhead.agentd.v1.PatchOperation
+	22, // 15: bulkhead.agentd.v1.ApplyPatchRequest.operations:type_name -> bulkhead.agentd.v1.PatchOperations
+	3,  // 16: bulkhead.agentd.v1.PatchChange.kind:type_name -> bulkhead.agentd.v1.PatchChangeKind
+	24, // 17: bulkhead.agentd.v1.ApplyPatchResponse.changes:type_name -> bulkhead.agentd.v1.PatchChange
+	23, // 18: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:input_type -> bulkhead.agentd.v1.ApplyPatchRequest
+	13, // 19: bulkhead.agentd.v1.WorkspaceService.Archive:input_type -> bulkhead.agentd.v1.ArchiveRequest
+	17, // 20: bulkhead.agentd.v1.WorkspaceService.Restore:input_type -> bulkhead.agentd.v1.RestoreRequest
+	19, // 21: bulkhead.agentd.v1.WorkspaceService.Fingerprint:input_type -> bulkhead.agentd.v1.FingerprintRequest
+	9,  // 22: bulkhead.agentd.v1.WorkspaceService.Materialize:input_type -> bulkhead.agentd.v1.MaterializeRequest
+	25, // 23: bulkhead.agentd.v1.WorkspaceService.ApplyPatch:output_type -> bulkhead.agentd.v1.ApplyPatchResponse
+	14, // 24: bulkhead.agentd.v1.WorkspaceService.Archive:output_type -> bulkhead.agentd.v1.ArchiveResponse
+	18, // 25: bulkhead.agentd.v1.WorkspaceService.Restore:output_type -> bulkhead.agentd.v1.RestoreResponse
+	20, // 26: bulkhead.agentd.v1.WorkspaceService.Fingerprint:output_type -> bulkhead.agentd.v1.FingerprintResponse
+	11, // 27: bulkhead.agentd.v1.WorkspaceService.Materialize:output_type -> bulkhead.agentd.v1.MaterializeResponse
+	23, // [23:28] is the sub-list for method output_type
+	18, // [18:23] is the sub-list for method input_type
+	18, // [18:18] is the sub-list for extension type_name
+	18, // [18:18] is the sub-list for extension extendee
+	0,  // [0:18] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_agentd_v1_workspace_proto_init() }
@@ -2028,7 +2057,7 @@ func file_bulkhead_agentd_v1_workspace_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_agentd_v1_workspace_proto_rawDesc), len(file_bulkhead_agentd_v1_workspace_proto_rawDesc)),
 			NumEnums:      4,
-			NumMessages:   22,
+			NumMessages:   23,
 			NumExtensions: 0,
 			NumServices:   1,
 		},
