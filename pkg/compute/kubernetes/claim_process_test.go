@@ -347,23 +347,7 @@ func TestWarmPoolClaimsAcrossProcesses(t *testing.T) {
 	cfg := e.config(ConnectPortForward)
 	cfg.Pools = []Pool{{Name: "warm", Size: size}}
 	p := e.provider(t, cfg)
-	if _, err := p.FillPool(ctx, "warm"); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.WaitPoolReady(ctx, "warm", size); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := p.DrainPool(ctx, "warm"); err != nil {
-			t.Errorf("drain: %v", err)
-		}
-	})
-	warm, _, err := p.poolPods(ctx, "warm")
-	if err != nil || len(warm) != size {
-		t.Fatalf("pool pods: %d, %v", len(warm), err)
-	}
+	warm := readyPool(ctx, t, p, "warm", size)
 	poolToken := map[string]string{} // pod -> the token it was created with
 	for i := range warm {
 		poolToken[warm[i].Name] = e.secretTokens(ctx, t, warm[i].Labels[LabelKey]).token

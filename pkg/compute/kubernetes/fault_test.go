@@ -79,20 +79,7 @@ func TestWarmPoolClaimsRace(t *testing.T) {
 	cfg := e.config(ConnectPortForward)
 	cfg.Pools = []Pool{{Name: "warm", Size: size}}
 	p1, p2 := e.provider(t, cfg), e.provider(t, cfg)
-	if _, err := p1.FillPool(ctx, "warm"); err != nil {
-		t.Fatal(err)
-	}
-	if err := p1.WaitPoolReady(ctx, "warm", size); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		p1.StopPools()
-		if err := p1.DrainPool(ctx, "warm"); err != nil {
-			t.Errorf("drain: %v", err)
-		}
-	})
+	readyPool(ctx, t, p1, "warm", size)
 
 	// 2*size claims, size from each provider, all at once: size of them
 	// get warm Pods, the others are created cold.

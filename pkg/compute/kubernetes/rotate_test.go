@@ -41,23 +41,7 @@ func TestClaimRotatesTheToken(t *testing.T) {
 	cfg := e.config(ConnectPortForward)
 	cfg.Pools = []Pool{{Name: "warm", Size: 1}}
 	p := e.provider(t, cfg)
-	if _, err := p.FillPool(ctx, "warm"); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.WaitPoolReady(ctx, "warm", 1); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := p.DrainPool(ctx, "warm"); err != nil {
-			t.Errorf("drain: %v", err)
-		}
-	})
-	warm, _, err := p.poolPods(ctx, "warm")
-	if err != nil || len(warm) != 1 {
-		t.Fatalf("pool pods: %d, %v", len(warm), err)
-	}
+	warm := readyPool(ctx, t, p, "warm", 1)
 	key := warm[0].Labels[LabelKey]
 	sec, err := e.admin.CoreV1().Secrets(e.ns).Get(ctx, secretName(key), metav1.GetOptions{})
 	if err != nil {
@@ -156,23 +140,7 @@ func TestRotationSurvivesACrash(t *testing.T) {
 			cfg := e.config(ConnectPortForward)
 			cfg.Pools = []Pool{{Name: pool, Size: 1}}
 			p := e.provider(t, cfg)
-			if _, err := p.FillPool(ctx, pool); err != nil {
-				t.Fatal(err)
-			}
-			if err := p.WaitPoolReady(ctx, pool, 1); err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-				defer cancel()
-				if err := p.DrainPool(ctx, pool); err != nil {
-					t.Errorf("drain: %v", err)
-				}
-			})
-			warm, _, err := p.poolPods(ctx, pool)
-			if err != nil || len(warm) != 1 {
-				t.Fatalf("pool pods: %d, %v", len(warm), err)
-			}
+			warm := readyPool(ctx, t, p, pool, 1)
 			key := warm[0].Labels[LabelKey]
 			poolToken := e.secretTokens(ctx, t, key).token
 
@@ -333,23 +301,7 @@ func TestPoolOfAnOldDaemonFailsSafe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	if _, err := p.FillPool(ctx, "old"); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.WaitPoolReady(ctx, "old", 1); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if err := p.DrainPool(ctx, "old"); err != nil {
-			t.Errorf("drain: %v", err)
-		}
-	})
-	warm, _, err := p.poolPods(ctx, "old")
-	if err != nil || len(warm) != 1 {
-		t.Fatalf("pool pods: %d, %v", len(warm), err)
-	}
+	warm := readyPool(ctx, t, p, "old", 1)
 	old := warm[0]
 	poolToken := e.secretTokens(ctx, t, old.Labels[LabelKey]).token
 	// The old daemon serves, and has no RotateToken.
