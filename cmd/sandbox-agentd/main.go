@@ -21,9 +21,11 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/server"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 )
 
 func main() {
+	surviveBrokenStdio()
 	cfg, logOpts, err := parseFlags(os.Args[1:])
 	if errors.Is(err, flag.ErrHelp) {
 		return
@@ -49,6 +51,22 @@ func main() {
 		log.Sync() //nolint:errcheck
 		os.Exit(1)
 	}
+}
+
+// surviveBrokenStdio keeps the daemon alive when its stdout or stderr is a
+// pipe nobody reads any more (the harness that started it died): without
+// it, Go's runtime kills the process with SIGPIPE on the next log write to
+// descriptor 1 or 2. With SIGPIPE delivered to a channel (never read: the
+// runtime drops what does not fit), such a write fails with EPIPE instead,
+// which the logger drops.
+//
+// signal.Notify, not signal.Ignore: Ignore sets SIG_IGN, which survives
+// fork and exec, so every process the daemon starts would ignore SIGPIPE
+// too and `yes | head -1` would no longer end the way it does in a normal
+// shell. A signal the runtime handles is reset to SIG_DFL in the child
+// before exec, so sandbox processes keep the default disposition.
+func surviveBrokenStdio() {
+	signal.Notify(make(chan os.Signal, 1), syscall.SIGPIPE)
 }
 
 type logOptions struct {
@@ -90,7 +108,7 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 	fs.DurationVar(&d.FollowerStallTimeout, "follower-stall-timeout", d.FollowerStallTimeout, "how long a reader that delivers nothing may hold a process's output back")
 	fs.Int64Var(&d.MaxFileBytes, "max-file-bytes", d.MaxFileBytes, "largest file accepted by WriteFile (0: no limit)")
 	fs.StringVar(&d.EtcRoot, "etc-root", d.EtcRoot, "directory whose etc/passwd and etc/group hold the sandbox's accounts (a private copy for local sandboxes)")
-	fs.StringVar(&egressRelay, "egress-relay", "", "relay TCP connections to a loopback address to the harness's egress proxy, and point processes' HTTP(S)_PROXY at it: 127.0.0.1:3128=unix:///path/egress.sock")
+	fs.StringVar(&egressRelay, "egress-relay", "", "relay TCP connections to a loopback address to the harness's egress proxy, and point processes' HTTP(S)_PROXY at it: "+egress.RelayAddr+"=unix:///path/egress.sock")
 	fs.StringVar(&lo.level, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&lo.format, "log-format", "json", "json or console")
 	fs.BoolVar(&lo.version, "version", false, "print the version and exit")
