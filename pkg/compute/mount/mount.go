@@ -125,7 +125,6 @@ const (
 	DefaultPageSize      = 1000
 	DefaultPrefetchBytes = 1 << 20
 	defaultMaxAttempts   = 5
-	defaultRegion        = "us-east-1"
 )
 
 // Mounter expands mount entries for the materializer and uploads writable

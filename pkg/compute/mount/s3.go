@@ -12,12 +12,11 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3client"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -35,14 +34,16 @@ type s3Backend struct {
 
 var _ backend = (*s3Backend)(nil)
 
+// s3MaxBackoff bounds the wait between two tries of an S3 request.
+const s3MaxBackoff = 5 * time.Second
+
 // s3Store builds the store of an s3_mount or r2_mount entry. The endpoint
 // is the manifest's, or for R2 the account's
 // (https://ACCOUNT.r2.cloudflarestorage.com).
 //
-// This repeats the client construction of snapshot.NewS3 (static or
-// provided credentials, standard retryer without a retry budget, path-style
-// addressing for S3-compatible endpoints) in a few lines rather than
-// reaching into that package.
+// The client is built as the snapshot store's is (internal/s3client), with
+// path-style addressing for any explicit endpoint and the SDK's backoff up
+// to s3MaxBackoff between tries.
 func (m *Mounter) s3Store(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) error {
 	mt := e.Mount
 	region, endpoint := mt.Region, mt.Endpoint
@@ -56,34 +57,21 @@ func (m *Mounter) s3Store(ctx context.Context, p string, e *manifest.Entry, st *
 			endpoint = "https://" + mt.Account + ".r2.cloudflarestorage.com"
 		}
 	}
-	if region == "" {
-		region = defaultRegion
-	}
 	st.describe(scheme, mt.Endpoint)
 	creds, err := m.s3Credentials(ctx, p, e, st)
 	if err != nil {
 		return err
 	}
-	retryer := retry.NewStandard(func(o *retry.StandardOptions) {
-		o.MaxAttempts = m.cfg.MaxAttempts
-		o.MaxBackoff = 5 * time.Second
-		o.RateLimiter = ratelimit.None
+	client := s3client.New(s3client.Options{
+		Region:       region, // "" means s3client.DefaultRegion
+		Endpoint:     endpoint,
+		UsePathStyle: endpoint != "",
+		Credentials:  creds,
+		MaxAttempts:  m.cfg.MaxAttempts,
+		MaxBackoff:   s3MaxBackoff,
+		HTTPClient:   m.cfg.HTTPClient,
 	})
-	opts := s3.Options{
-		Region:                     region,
-		Credentials:                aws.NewCredentialsCache(creds),
-		UsePathStyle:               endpoint != "",
-		Retryer:                    retryer,
-		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
-		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
-	}
-	if endpoint != "" {
-		opts.BaseEndpoint = aws.String(endpoint)
-	}
-	if m.cfg.HTTPClient != nil {
-		opts.HTTPClient = m.cfg.HTTPClient
-	}
-	st.be = &s3Backend{client: s3.New(opts), bucket: mt.Bucket}
+	st.be = &s3Backend{client: client, bucket: mt.Bucket}
 	return nil
 }
 

@@ -18,14 +18,13 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
-	"github.com/aws/aws-sdk-go-v2/aws/ratelimit"
-	"github.com/aws/aws-sdk-go-v2/aws/retry"
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 	"github.com/klauspost/compress/zstd"
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3client"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
@@ -102,7 +101,6 @@ const (
 	defaultMaxDelay    = 5 * time.Second
 	defaultPageSize    = 1000
 	defaultGCGrace     = 24 * time.Hour
-	defaultRegion      = "us-east-1"
 	// maxManifestBytes bounds a manifest read back: about 40 million
 	// chunks' worth, far beyond any workspace.
 	maxManifestBytes = 1 << 30
@@ -203,10 +201,6 @@ func NewS3(cfg S3Config) (*S3, error) {
 			s.secrets = append(s.secrets, v)
 		}
 	}
-	region := cfg.Region
-	if region == "" {
-		region = defaultRegion
-	}
 	base, maxDelay := cfg.RetryBaseDelay, cfg.RetryMaxDelay
 	if base <= 0 {
 		base = defaultBaseDelay
@@ -215,30 +209,20 @@ func NewS3(cfg S3Config) (*S3, error) {
 		maxDelay = defaultMaxDelay
 	}
 	s.backoff = backoff{base: base, max: maxDelay}
-	retryer := retry.NewStandard(func(o *retry.StandardOptions) {
-		o.MaxAttempts = s.tries
-		o.MaxBackoff = maxDelay
-		o.Backoff = s.backoff
-		o.RateLimiter = ratelimit.None // a store that comes back must not find the retry budget spent
-	})
-	opts := s3.Options{
-		Region:       region,
-		Credentials:  aws.NewCredentialsCache(creds),
+	// No retry budget: a store that comes back must not find it spent.
+	// Checksums are asked for explicitly: SHA-256 on every PUT, and
+	// validation on whole-object GETs (not on the one-byte reads of
+	// statObject, which a full-object checksum would not match).
+	s.client = s3client.New(s3client.Options{
+		Region:       cfg.Region, // "" means s3client.DefaultRegion
+		Endpoint:     cfg.Endpoint,
 		UsePathStyle: cfg.UsePathStyle,
-		Retryer:      retryer,
-		// Checksums are asked for explicitly: SHA-256 on every PUT, and
-		// validation on whole-object GETs (not on the one-byte reads of
-		// statObject, which a full-object checksum would not match).
-		RequestChecksumCalculation: aws.RequestChecksumCalculationWhenRequired,
-		ResponseChecksumValidation: aws.ResponseChecksumValidationWhenRequired,
-	}
-	if cfg.Endpoint != "" {
-		opts.BaseEndpoint = aws.String(cfg.Endpoint)
-	}
-	if cfg.HTTPClient != nil {
-		opts.HTTPClient = cfg.HTTPClient
-	}
-	s.client = s3.New(opts)
+		Credentials:  creds,
+		MaxAttempts:  s.tries,
+		MaxBackoff:   maxDelay,
+		Backoff:      s.backoff,
+		HTTPClient:   cfg.HTTPClient,
+	})
 	var err error
 	if s.enc, err = zstd.NewWriter(nil, zstd.WithEncoderConcurrency(s.conc)); err != nil {
 		return nil, fmt.Errorf("S3 snapshot store: zstd encoder: %w", err)
