@@ -109,6 +109,9 @@ const DefaultPort = 7070
 // (KILL).
 var DefaultCapabilities = []corev1.Capability{"CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "SETGID", "SETUID"}
 
+// DefaultPoolCooldown is Config.PoolCooldown's default.
+const DefaultPoolCooldown = 5 * time.Minute
+
 // Defaults for the resource limits (a Config field of zero means these; a
 // negative one means no limit).
 const (
@@ -212,6 +215,17 @@ type Config struct {
 	// Pools are the warm pools this provider keeps filled (StartPools) and
 	// claims from (CreateOptions.Pool).
 	Pools []Pool
+	// PoolCooldown is how long a warm pool is left alone after a claim
+	// found that its image's daemon predates SystemService.RotateToken (so
+	// none of its Pods can be handed out): no claim is made from it, its
+	// refill is paused, and one Error log says so; sessions are created
+	// cold meanwhile. Afterwards one claim tries the pool again (a rebuilt
+	// image under the same reference is then used; a still old one starts
+	// another cooldown). A pool whose template names another image than
+	// the failed one is not held back. The cooldown is this Provider's
+	// (each harness process finds out for itself). Default
+	// DefaultPoolCooldown.
+	PoolCooldown time.Duration
 	// QPS and Burst are the client-side rate limits of the API client the
 	// provider builds from a kubeconfig (default 50 and 100).
 	QPS   float32
@@ -255,7 +269,9 @@ type CreateOptions struct {
 // Role needs `patch secrets`. The session's token, manifest, files and
 // environment all arrive after the claim over the daemon's API, never
 // baked into the warm Pod. A session the template cannot serve (another workspace root or
-// run_as user) is created cold.
+// run_as user) is created cold. A pool whose image's daemon cannot rotate
+// tokens (it predates RotateToken) is held back for Config.PoolCooldown
+// after a claim finds out.
 type Pool struct {
 	// Name is the pool's name (a label value).
 	Name string
@@ -344,6 +360,12 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.StopTimeout <= 0 {
 		c.StopTimeout = 15 * time.Second
+	}
+	switch {
+	case c.PoolCooldown == 0:
+		c.PoolCooldown = DefaultPoolCooldown
+	case c.PoolCooldown < 0:
+		return c, fmt.Errorf("kubernetes: %w: negative pool cooldown %s", compute.ErrInvalidArgument, c.PoolCooldown)
 	}
 	if c.QPS <= 0 {
 		c.QPS = 50

@@ -114,7 +114,8 @@ func (p *Provider) poolPods(ctx context.Context, name string) ([]corev1.Pod, str
 
 // FillPool makes one pass over a pool: unclaimed Pods that died are
 // deleted, and new ones are created until the pool has Size unclaimed Pods
-// (ready or starting). It returns how many it created.
+// (ready or starting). It returns how many it created. A pool held back
+// (Config.PoolCooldown) gets no new Pods until its cooldown ends.
 func (p *Provider) FillPool(ctx context.Context, name string) (int, error) {
 	pool, ok := p.cfg.pool(name)
 	if !ok {
@@ -134,6 +135,9 @@ func (p *Provider) FillPool(ctx context.Context, name string) (int, error) {
 			continue
 		}
 		alive++
+	}
+	if _, held := p.poolHeld(pool); held {
+		return 0, nil
 	}
 	made := 0
 	var errs []error
@@ -195,6 +199,60 @@ func (p *Provider) createPoolPod(ctx context.Context, pool Pool) error {
 		}
 	}
 	return nil
+}
+
+// poolCooldown holds a pool back after a claim found that its image's
+// daemon cannot rotate tokens (Config.PoolCooldown).
+type poolCooldown struct {
+	image string // the image whose daemon refused RotateToken
+	until time.Time
+}
+
+// startCooldown holds pool back until Config.PoolCooldown from now,
+// because a Pod of image could not rotate its token. It returns the end
+// of the cooldown, and false when one for the same image was running
+// already (a concurrent claim found out first).
+func (p *Provider) startCooldown(pool, image string) (time.Time, bool) {
+	p.coolMu.Lock()
+	defer p.coolMu.Unlock()
+	now := p.now()
+	if cd, ok := p.cooling[pool]; ok && cd.image == image && now.Before(cd.until) {
+		return cd.until, false
+	}
+	if p.cooling == nil {
+		p.cooling = map[string]poolCooldown{}
+	}
+	cd := poolCooldown{image: image, until: now.Add(p.cfg.PoolCooldown)}
+	p.cooling[pool] = cd
+	return cd.until, true
+}
+
+// cooldown returns the pool's running cooldown; one that has ended is
+// forgotten, and its end logged.
+func (p *Provider) cooldown(pool string) (poolCooldown, bool) {
+	p.coolMu.Lock()
+	defer p.coolMu.Unlock()
+	cd, ok := p.cooling[pool]
+	if !ok {
+		return cd, false
+	}
+	if p.now().Before(cd.until) {
+		return cd, true
+	}
+	delete(p.cooling, pool)
+	p.log.Info("the warm pool's cooldown is over: the next claim tries it again", zap.String("pool", pool), zap.String("image", cd.image))
+	return poolCooldown{}, false
+}
+
+// poolHeld reports the pool's cooldown when it holds back the Pods the
+// pool's template makes (the failed image is the template's).
+func (p *Provider) poolHeld(pool Pool) (poolCooldown, bool) {
+	cd, ok := p.cooldown(pool.Name)
+	if !ok {
+		return cd, false
+	}
+	set, err := p.cfg.settings(&pool.Template.Options)
+	return cd, err == nil && set.image == cd.image
 }
 
 // podReady reports the Pod's Ready condition (its daemon answers the
@@ -313,6 +371,9 @@ const (
 	// stepRotated: the daemon accepts only the new token; the Secret has it
 	// under nextTokenKey only.
 	stepRotated rotateStep = "rotated"
+	// stepAttached: a reattach connected with the Secret's token and is
+	// about to finish whatever rotation the Secret shows (attach).
+	stepAttached rotateStep = "attached"
 )
 
 // rotateHook is called between the steps of a rotation, with the
@@ -416,6 +477,17 @@ func (p *Provider) rotate(ctx context.Context, sb *sandbox, cur tokenSecret) err
 // pool token read from its Secret (sec), and rotates the daemon to a
 // fresh session token. Staging the new token runs while the connection
 // is made, so the claim's path is no longer for it.
+//
+// From the claim's update on, the Pod is a listed sandbox of the session,
+// and a Reattach of its state (another harness process resuming the
+// session, a console attaching to a listed sandbox) finishes its rotation
+// as if the claimer had crashed: it stages its own token at the same
+// resourceVersion (the claimer's staging then conflicts), or rotates the
+// daemon to the claimer's staged token (the claimer's RotateToken, with
+// the pool token, is then refused). Either way the token moved under the
+// claim, not away from it: the claimer finishes the same way (attach)
+// and keeps the Pod, rather than deleting one that the other process has
+// just handed out.
 func (p *Provider) takeClaimed(ctx context.Context, st State, pod *corev1.Pod, sec tokenSecret) (*sandbox, error) {
 	runRotateHook(ctx, stepClaimed, st)
 	token, err := randomHex(32)
@@ -428,17 +500,25 @@ func (p *Provider) takeClaimed(ctx context.Context, st State, pod *corev1.Pod, s
 	if serr := <-staged; err == nil {
 		err = serr
 	}
-	if err != nil {
-		if sb != nil {
-			_ = sb.Close()
+	if err == nil {
+		runRotateHook(ctx, stepStaged, st)
+		if err = p.rotateTo(ctx, sb, token); err == nil {
+			return sb, nil
 		}
-		return nil, err
 	}
-	runRotateHook(ctx, stepStaged, st)
-	if err := p.rotateTo(ctx, sb, token); err != nil {
+	if sb != nil {
 		_ = sb.Close()
+	}
+	if !errors.Is(err, compute.ErrConflict) && !errors.Is(err, compute.ErrUnauthenticated) {
 		return nil, err
 	}
+	p.log.Info("another process moved the claimed pod's token during the claim (a reattach finishing its rotation); attaching with its Secret",
+		zap.String("pod", st.Pod), zap.Error(err))
+	sb, aerr := p.attach(ctx, st, pod)
+	if aerr != nil {
+		return nil, fmt.Errorf("%w (after the token moved under the claim: %w)", aerr, err)
+	}
+	sb.kept = false // a fresh claim: the session's workspace is not there yet
 	return sb, nil
 }
 
@@ -455,6 +535,10 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 	if runAs != pool.Template.RunAs && !(runAs == "root" && pool.Template.RunAs == "") {
 		return nil, fmt.Errorf("%w: the session runs as %q, the pool's daemons as %q", errNoWarmPod, runAs, pool.Template.RunAs)
 	}
+	cd, cooling := p.cooldown(name)
+	if set, err := p.cfg.settings(&pool.Template.Options); cooling && err == nil && set.image == cd.image {
+		return nil, fmt.Errorf("%w %s (held back until %s: the daemon of its image %s cannot rotate tokens)", errNoWarmPod, name, cd.until.UTC().Format(time.RFC3339), cd.image)
+	}
 	pods, _, err := p.poolPods(ctx, name)
 	if err != nil {
 		return nil, err
@@ -466,7 +550,7 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 	conflicts := 0
 	for i := range pods {
 		cand := &pods[i]
-		if !podReady(cand) {
+		if !podReady(cand) || (cooling && stateOf(cand).Image == cd.image) {
 			continue
 		}
 		// The pool token is read while the claim is written (one round
@@ -508,20 +592,30 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 		if err != nil {
 			return nil, p.apiErr("update", "pods", cand.Name, err)
 		}
-		p.kickPool(name)
 		st := stateOf(got)
 		err = tr.err
 		var sb *sandbox
 		if err == nil {
 			sb, err = p.takeClaimed(ctx, st, got, tr.sec)
 		}
-		if errors.Is(err, compute.ErrUnimplemented) {
+		tooOld := errors.Is(err, compute.ErrUnimplemented)
+		if tooOld {
 			// The pool's image has a daemon from before RotateToken: none
 			// of its Pods can be handed out without their pool token.
-			p.log.Error("the warm pool's daemon cannot rotate its token (its image predates SystemService.RotateToken); deleting the claimed pod and creating the sandbox cold: rebuild the pool's image",
-				zap.String("pool", name), zap.String("pod", got.Name), zap.Error(err))
+			// Hold the pool back (before the refill below, which then
+			// makes no more of them), and say so once per cooldown.
+			until, started := p.startCooldown(name, st.Image)
+			if started {
+				p.log.Error("the warm pool's daemon cannot rotate its token (its image predates SystemService.RotateToken): deleting the claimed pod; sessions are created cold and the pool is neither claimed from nor refilled until the cooldown ends: rebuild the pool's image",
+					zap.String("pool", name), zap.String("pod", got.Name), zap.String("image", st.Image), zap.Time("until", until), zap.Error(err))
+			} else {
+				p.log.Info("deleting another claimed pod of a held-back warm pool", zap.String("pool", name), zap.String("pod", got.Name))
+			}
+		}
+		p.kickPool(name) // the pool lost a Pod
+		if tooOld {
 			_ = p.deleteSandbox(ctx, st, true)
-			return nil, fmt.Errorf("%w %s (its daemon cannot rotate tokens: %v)", errNoWarmPod, name, err)
+			return nil, fmt.Errorf("%w %s (its daemon cannot rotate tokens: %w)", errNoWarmPod, name, err)
 		}
 		if err != nil {
 			p.log.Warn("a claimed warm pod does not answer; deleting it", zap.String("pod", got.Name), zap.Error(err))

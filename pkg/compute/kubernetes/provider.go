@@ -39,6 +39,11 @@ type Provider struct {
 
 	poolMu  sync.Mutex
 	poolRun *poolRunner
+
+	coolMu  sync.Mutex
+	cooling map[string]poolCooldown // by pool name (Config.PoolCooldown)
+	// now is the clock of pool cooldowns (time.Now; tests move it).
+	now func() time.Time
 }
 
 var (
@@ -100,7 +105,7 @@ func NewWithClient(cfg Config, client kubernetes.Interface, restCfg *rest.Config
 	if err != nil {
 		return nil, err
 	}
-	return &Provider{cfg: cfg, log: log.With(zap.String("provider", ProviderName), zap.String("namespace", cfg.Namespace)), client: client, rest: restCfg}, nil
+	return &Provider{cfg: cfg, log: log.With(zap.String("provider", ProviderName), zap.String("namespace", cfg.Namespace)), client: client, rest: restCfg, now: time.Now}, nil
 }
 
 // Name is "kubernetes".

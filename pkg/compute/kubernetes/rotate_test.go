@@ -285,7 +285,9 @@ func TestStagingIsConditional(t *testing.T) {
 // before SystemService.RotateToken (built from the commit before it was
 // added) hands out no sandbox with its pool token: the claimed Pod is
 // deleted with its Secret, the session is created cold from the current
-// image, and the log says why, once.
+// image, and the log says why, once. The pool is then held back
+// (Config.PoolCooldown): a second Create goes cold without claiming (and
+// wasting) the pool's other Pod, and the refill makes no more.
 func TestPoolOfAnOldDaemonFailsSafe(t *testing.T) {
 	e := newKubeEnv(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
@@ -293,7 +295,7 @@ func TestPoolOfAnOldDaemonFailsSafe(t *testing.T) {
 	image := oldDaemonImage(ctx, t, e)
 
 	cfg := e.config(ConnectPortForward)
-	cfg.Pools = []Pool{{Name: "old", Size: 1, Template: PoolTemplate{Options: CreateOptions{Image: image}}}}
+	cfg.Pools = []Pool{{Name: "old", Size: 2, Template: PoolTemplate{Options: CreateOptions{Image: image}}}}
 	core, logs := observer.New(zap.InfoLevel)
 	log := zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Core()))
 	p, err := NewFromKubeconfig(cfg, e.kubeconfig, log)
@@ -301,8 +303,8 @@ func TestPoolOfAnOldDaemonFailsSafe(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = p.Close() })
-	warm := readyPool(ctx, t, p, "old", 1)
-	old := warm[0]
+	warm := readyPool(ctx, t, p, "old", 2)
+	old := warm[0] // claims take the oldest ready Pod first
 	poolToken := e.secretTokens(ctx, t, old.Labels[LabelKey]).token
 	// The old daemon serves, and has no RotateToken.
 	if err := dialInfo(ctx, t, p, &old, poolToken); err != nil {
@@ -341,6 +343,34 @@ func TestPoolOfAnOldDaemonFailsSafe(t *testing.T) {
 	}
 	if _, err := e.admin.CoreV1().Secrets(e.ns).Get(ctx, secretName(old.Labels[LabelKey]), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Errorf("the claimed old pod's Secret is still there: %v", err)
+	}
+
+	// Held back: the next Create claims nothing, the refill makes nothing.
+	s2, err := c.Create(ctx, compute.CreateOptions{SessionID: "old-pool-2", ProviderOptions: &CreateOptions{Pool: "old"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := c.Delete(context.Background(), s2); err != nil {
+			t.Errorf("delete: %v", err)
+		}
+	})
+	raw2, err := s2.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st2, err := DecodeState(raw2.ProviderState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st2.Pool != "" || st2.Pod == warm[1].Name || st2.Image != testImage {
+		t.Errorf("the second session got %s (pool %q, image %s), want a cold pod of %s", st2.Pod, st2.Pool, st2.Image, testImage)
+	}
+	if left, _, err := p.poolPods(ctx, "old"); err != nil || len(left) != 1 || left[0].Name != warm[1].Name {
+		t.Errorf("the pool's other pod was claimed or lost: %d unclaimed pods left, %v", len(left), err)
+	}
+	if made, err := p.FillPool(ctx, "old"); made != 0 || err != nil {
+		t.Errorf("the held-back pool was refilled: made %d, %v", made, err)
 	}
 	errLogs := logs.FilterLevelExact(zap.ErrorLevel).FilterMessageSnippet("predates SystemService.RotateToken").All()
 	if len(errLogs) != 1 || errLogs[0].ContextMap()["pool"] != "old" || errLogs[0].ContextMap()["pod"] != old.Name {

@@ -106,14 +106,18 @@ func (p *Provider) attach(ctx context.Context, st State, pod *corev1.Pod) (*sand
 		if len(ts.token) != 64 || (ts.next != "" && len(ts.next) != 64) {
 			return nil, fmt.Errorf("kubernetes: sandbox %s: %w: its token Secret is malformed", st.Pod, compute.ErrNotFound)
 		}
-		if lastErr != nil && ts.rv == lastRV {
+		if lastErr != nil && ts.rv == lastRV && ts.next == "" {
 			// Nothing changed since the last refusal: it is not a race.
+			// (With a token staged, the daemon may have moved to it under
+			// the last attempt before its rotator promoted it: the next
+			// attempt finds out.)
 			return nil, lastErr
 		}
 		lastRV = ts.rv
 		sb, err := p.connect(ctx, st, pod, ts.token, true)
 		switch {
 		case err == nil:
+			runRotateHook(ctx, stepAttached, st)
 			if err = p.settle(ctx, sb, pod, ts); err == nil {
 				return sb, nil
 			}

@@ -1,0 +1,476 @@
+package kubernetes
+
+// Warm pool claims at the unit level: the fake clientset holds the pool's
+// Pods and Secrets (with a reactor that gives Secrets the resourceVersion
+// checks of a real API server), and the daemons are real gRPC servers on
+// loopback, reached as the Pods' IP. The same paths run against a real
+// cluster in rotate_test.go.
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// strictSecretVersions makes the fake clientset treat Secret patches as
+// the API server does: a patch naming a resourceVersion the Secret has
+// moved past is a conflict, and every patch gives the Secret a new
+// resourceVersion (the fake's tracker does neither).
+func strictSecretVersions(cs *fake.Clientset) {
+	gvr := corev1.SchemeGroupVersion.WithResource("secrets")
+	var version atomic.Int64
+	version.Store(100)
+	cs.PrependReactor("patch", "secrets", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		pa := a.(k8stesting.PatchAction)
+		cur, err := cs.Tracker().Get(gvr, pa.GetNamespace(), pa.GetName())
+		if err != nil {
+			return false, nil, nil // the tracker answers not found
+		}
+		var named struct {
+			Metadata struct {
+				ResourceVersion string `json:"resourceVersion"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal(pa.GetPatch(), &named); err != nil {
+			return true, nil, apierrors.NewBadRequest(err.Error())
+		}
+		if rv := named.Metadata.ResourceVersion; rv != "" && rv != cur.(*corev1.Secret).ResourceVersion {
+			return true, nil, apierrors.NewConflict(gvr.GroupResource(), pa.GetName(), errors.New("the object has been modified"))
+		}
+		_, obj, err := k8stesting.ObjectReaction(cs.Tracker())(a)
+		if err != nil {
+			return true, nil, err
+		}
+		sec := obj.(*corev1.Secret).DeepCopy()
+		sec.ResourceVersion = strconv.FormatInt(version.Add(1), 10)
+		if err := cs.Tracker().Update(gvr, sec, pa.GetNamespace()); err != nil {
+			return true, nil, err
+		}
+		return true, sec, nil
+	})
+}
+
+// warmPod is an unclaimed, ready Pod of pool running image at ip, and its
+// Secret holding token.
+func warmPod(key, pool, image, ip, token string) (*corev1.Pod, *corev1.Secret) {
+	labels := map[string]string{LabelSandbox: "1", LabelKey: key, LabelPool: pool, LabelClaimed: "false"}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: podName(key), Namespace: "ns", Labels: labels,
+			Annotations: map[string]string{AnnotationWorkspace: manifest.DefaultRoot}, CreationTimestamp: metav1.Now()},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: containerName, Image: image}}},
+		Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: ip,
+			Conditions: []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}},
+	}
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: secretName(key), Namespace: "ns", Labels: labels, ResourceVersion: "1"},
+		Data:       map[string][]byte{tokenKey: []byte(token)},
+	}
+	return pod, sec
+}
+
+// oldSystem is the SystemService of a daemon from before RotateToken.
+type oldSystem struct {
+	agentdv1.UnimplementedSystemServiceServer
+}
+
+func (oldSystem) Info(context.Context, *agentdv1.InfoRequest) (*agentdv1.InfoResponse, error) {
+	return &agentdv1.InfoResponse{}, nil
+}
+
+// oldDaemon serves health and an oldSystem on 127.0.0.1 and returns its
+// port.
+func oldDaemon(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs := grpc.NewServer()
+	healthpb.RegisterHealthServer(gs, health.NewServer())
+	agentdv1.RegisterSystemServiceServer(gs, oldSystem{})
+	go func() { _ = gs.Serve(l) }()
+	t.Cleanup(gs.Stop)
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// testClock is a clock the test moves.
+type testClock struct{ off atomic.Int64 }
+
+func (c *testClock) now() time.Time          { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *testClock) advance(d time.Duration) { c.off.Add(int64(d)) }
+
+// observedProvider is a provider over cs whose logs are kept (and shown
+// from Warn on).
+func observedProvider(t *testing.T, cfg Config, cs *fake.Clientset) (*Provider, *observer.ObservedLogs) {
+	t.Helper()
+	core, logs := observer.New(zap.InfoLevel)
+	log := zap.New(zapcore.NewTee(core, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)).Core()))
+	if cfg.Namespace == "" {
+		cfg.Namespace = "ns"
+	}
+	if cfg.ReadyTimeout == 0 {
+		cfg.ReadyTimeout = 10 * time.Second
+	}
+	p, err := NewWithClient(cfg, cs, nil, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, logs
+}
+
+// claimFrom claims from the pool as Launch does for a session whose
+// manifest the pool's template serves.
+func claimFrom(ctx context.Context, p *Provider, pool, session string) (*sandbox, error) {
+	pl, _ := p.cfg.pool(pool)
+	return p.claim(ctx, pool, compute.LaunchSpec{SessionID: session}, pl.Template.WorkspaceRoot, pl.Template.RunAs)
+}
+
+func tooOldLogs(logs *observer.ObservedLogs) []observer.LoggedEntry {
+	return logs.FilterLevelExact(zap.ErrorLevel).FilterMessageSnippet("predates SystemService.RotateToken").All()
+}
+
+// podUpdates counts the claims written (Pod updates) since the last
+// ClearActions.
+func podUpdates(cs *fake.Clientset) int {
+	n := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "update" && a.GetResource().Resource == "pods" {
+			n++
+		}
+	}
+	return n
+}
+
+func unclaimed(ctx context.Context, t *testing.T, p *Provider, pool string) []corev1.Pod {
+	t.Helper()
+	pods, _, err := p.poolPods(ctx, pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pods
+}
+
+// TestOldDaemonPoolIsHeldBack: once a claim finds that the pool's image
+// has a daemon without RotateToken, the pool is held back for
+// Config.PoolCooldown: Creates claim nothing from it (its other Pods stay
+// unclaimed and unwasted), its refill creates nothing, and one Error log
+// says so for the whole cooldown. After the cooldown a claim tries the
+// pool again, and a still old daemon starts another cooldown, with its
+// own log line.
+func TestOldDaemonPoolIsHeldBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	port := oldDaemon(t)
+	const image = "bulkhead/sandbox:old"
+	var objs []runtime.Object
+	for _, key := range []string{"0000000000000001", "0000000000000002", "0000000000000003"} {
+		pod, sec := warmPod(key, "old", image, "127.0.0.1", mustHex(t))
+		objs = append(objs, pod, sec)
+	}
+	cs := fake.NewClientset(objs...)
+	cfg := Config{Connect: ConnectPodIP, Port: port, NetworkPolicy: new(bool), PoolCooldown: 10 * time.Minute,
+		Pools: []Pool{{Name: "old", Size: 3, Template: PoolTemplate{Options: CreateOptions{Image: image}}}}}
+	p, logs := observedProvider(t, cfg, cs)
+	var clock testClock
+	p.now = clock.now
+
+	// The first claim finds out: the claimed Pod is deleted, the session
+	// goes cold.
+	if _, err := claimFrom(ctx, p, "old", "s1"); !errors.Is(err, errNoWarmPod) || !errors.Is(err, compute.ErrUnimplemented) {
+		t.Fatalf("claim from the old pool: want no warm pod (unimplemented), got %v", err)
+	}
+	if got := unclaimed(ctx, t, p, "old"); len(got) != 2 {
+		t.Fatalf("after the failed claim: %d unclaimed pods, want 2", len(got))
+	}
+	if n := len(tooOldLogs(logs)); n != 1 {
+		t.Fatalf("%d error logs after the first claim, want 1", n)
+	}
+	entry := tooOldLogs(logs)[0].ContextMap()
+	if entry["pool"] != "old" || entry["image"] != image || entry["until"] == nil {
+		t.Errorf("the error log does not name the pool, the image and the cooldown's end: %v", entry)
+	}
+
+	// Held back: Creates claim nothing, the refill makes nothing, and
+	// nothing more is logged at Error.
+	cs.ClearActions()
+	for i := range 3 {
+		_, err := claimFrom(ctx, p, "old", "s-held-"+strconv.Itoa(i))
+		if !errors.Is(err, errNoWarmPod) || !strings.Contains(err.Error(), "held back") {
+			t.Fatalf("claim %d while held back: %v", i, err)
+		}
+	}
+	if n, err := p.FillPool(ctx, "old"); n != 0 || err != nil {
+		t.Fatalf("refill while held back: made %d, %v", n, err)
+	}
+	if n := podUpdates(cs); n != 0 {
+		t.Errorf("%d claims written while held back", n)
+	}
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "create" {
+			t.Errorf("created a %s while held back", a.GetResource().Resource)
+		}
+	}
+	if got := unclaimed(ctx, t, p, "old"); len(got) != 2 {
+		t.Errorf("while held back: %d unclaimed pods, want the 2 left", len(got))
+	}
+	if n := len(tooOldLogs(logs)); n != 1 {
+		t.Errorf("%d error logs during one cooldown, want 1", n)
+	}
+
+	// After the cooldown: one claim tries again; the daemon is still old.
+	clock.advance(cfg.PoolCooldown + time.Second)
+	cs.ClearActions()
+	if _, err := claimFrom(ctx, p, "old", "s2"); !errors.Is(err, compute.ErrUnimplemented) {
+		t.Fatalf("the claim after the cooldown did not try the pool: %v", err)
+	}
+	if n := podUpdates(cs); n != 1 {
+		t.Errorf("%d claims written after the cooldown, want 1", n)
+	}
+	if got := unclaimed(ctx, t, p, "old"); len(got) != 1 {
+		t.Errorf("after the second failed claim: %d unclaimed pods, want 1", len(got))
+	}
+	if n := len(tooOldLogs(logs)); n != 2 {
+		t.Errorf("%d error logs after two cooldowns, want 2", n)
+	}
+	if n := logs.FilterMessageSnippet("cooldown is over").Len(); n != 1 {
+		t.Errorf("%d logs saying the cooldown ended, want 1", n)
+	}
+	if _, err := claimFrom(ctx, p, "old", "s3"); !errors.Is(err, errNoWarmPod) || !strings.Contains(err.Error(), "held back") {
+		t.Errorf("the second cooldown does not hold the pool back: %v", err)
+	}
+
+	// Ended, the refill makes Pods again.
+	clock.advance(cfg.PoolCooldown + time.Second)
+	if n, err := p.FillPool(ctx, "old"); n != 2 || err != nil {
+		t.Errorf("refill after the cooldown: made %d, %v; want 2", n, err)
+	}
+}
+
+// TestPoolCooldownHoldsBackOnlyTheOldImage: a pool whose template names
+// another image than the one whose daemon was found too old (a Pod left
+// by an older configuration) is not held back: it is refilled and
+// claimed from, and only the Pods of the old image are passed over.
+func TestPoolCooldownHoldsBackOnlyTheOldImage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	port := oldDaemon(t)
+	const oldImage, newImage = "bulkhead/sandbox:old", "bulkhead/sandbox:new"
+	pod1, sec1 := warmPod("0000000000000001", "warm", oldImage, "127.0.0.1", mustHex(t))
+	pod2, sec2 := warmPod("0000000000000002", "warm", oldImage, "127.0.0.1", mustHex(t))
+	pod2.CreationTimestamp = metav1.NewTime(pod1.CreationTimestamp.Add(time.Second))
+	cs := fake.NewClientset(pod1, sec1, pod2, sec2)
+	cfg := Config{Connect: ConnectPodIP, Port: port, NetworkPolicy: new(bool),
+		Pools: []Pool{{Name: "warm", Size: 2, Template: PoolTemplate{Options: CreateOptions{Image: newImage}}}}}
+	p, logs := observedProvider(t, cfg, cs)
+
+	if _, err := claimFrom(ctx, p, "warm", "s1"); !errors.Is(err, compute.ErrUnimplemented) {
+		t.Fatalf("claiming the old pod: %v", err)
+	}
+	if n := len(tooOldLogs(logs)); n != 1 {
+		t.Fatalf("%d error logs, want 1", n)
+	}
+	cs.ClearActions()
+	_, err := claimFrom(ctx, p, "warm", "s2")
+	if !errors.Is(err, errNoWarmPod) || strings.Contains(err.Error(), "held back") {
+		t.Fatalf("a pool of another image is held back: %v", err)
+	}
+	if n := podUpdates(cs); n != 0 {
+		t.Errorf("claimed the other pod of the old image (%d claims)", n)
+	}
+	if n, err := p.FillPool(ctx, "warm"); n != 1 || err != nil {
+		t.Errorf("refill of a pool of another image: made %d, %v; want 1", n, err)
+	}
+	if p.cfg.PoolCooldown != DefaultPoolCooldown {
+		t.Errorf("default cooldown %s, want %s", p.cfg.PoolCooldown, DefaultPoolCooldown)
+	}
+	if _, err := NewWithClient(Config{PoolCooldown: -time.Second}, fake.NewClientset(), nil, nil); !errors.Is(err, compute.ErrInvalidArgument) {
+		t.Errorf("a negative cooldown: %v", err)
+	}
+}
+
+// TestClaimRacingAReattach: a Reattach of a just-claimed Pod's state (a
+// listed sandbox, another harness process resuming the session) that runs
+// while the claimer is between its steps finishes the rotation itself;
+// the claimer then finds the token moved under it. Neither gives up the
+// Pod: the claim hands out the Pod it claimed, the Reattach its sandbox,
+// both work with the token the Secret settles on, and the pool token is
+// refused. Each interleaving is driven with the rotation hooks:
+//
+//   - before staging: the reattach stages and rotates first, so the
+//     claimer's staging conflicts and its pool token is refused;
+//   - after staging: the reattach rotates the daemon to the claimer's
+//     staged token, so the claimer's RotateToken is refused;
+//   - under the reattach: the claimer rotates between the reattach's
+//     connection and its RotateToken, so the reattach's is refused while
+//     the Secret has not moved yet.
+func TestClaimRacingAReattach(t *testing.T) {
+	type reattachFunc func(context.Context, State) (compute.Sandbox, error)
+	type result struct {
+		sb  compute.Sandbox
+		err error
+	}
+	cases := []struct {
+		name string
+		// race returns the claimer's hooks (each runs at the first time
+		// its step is reached), which run the other process's Reattach
+		// somewhere inside the claimer's rotation, and the reattach's
+		// outcome.
+		race func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result)
+	}{
+		{name: "before staging", race: func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result) {
+			done := make(chan result, 1)
+			return map[rotateStep]func(State){stepClaimed: func(st State) {
+				sb, err := reattach(ctx, st)
+				done <- result{sb, err}
+			}}, done
+		}},
+		{name: "after staging", race: func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result) {
+			done := make(chan result, 1)
+			return map[rotateStep]func(State){stepStaged: func(st State) {
+				sb, err := reattach(ctx, st)
+				done <- result{sb, err}
+			}}, done
+		}},
+		{name: "under the reattach", race: func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result) {
+			attached, resume, done, out := make(chan struct{}), make(chan struct{}), make(chan result, 1), make(chan result, 1)
+			var once sync.Once
+			return map[rotateStep]func(State){
+				stepStaged: func(st State) {
+					// The reattach connects with the pool token and stops
+					// before settling.
+					rctx := withRotateHook(ctx, func(step rotateStep, _ State) {
+						if step == stepAttached {
+							once.Do(func() {
+								close(attached)
+								<-resume
+							})
+						}
+					})
+					go func() {
+						sb, err := reattach(rctx, st)
+						done <- result{sb, err}
+					}()
+					select {
+					case <-attached:
+					case r := <-done:
+						done <- r // it ended without connecting
+					}
+				},
+				stepRotated: func(State) {
+					// The claimer's RotateToken went first; the reattach
+					// goes on, and ends before the claimer promotes.
+					close(resume)
+					out <- <-done
+				},
+			}, out
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			poolToken := mustHex(t)
+			port := tcpDaemon(t, poolToken)
+			const key = "00112233aabbccdd"
+			pod, sec := warmPod(key, "warm", DefaultImage, "127.0.0.1", poolToken)
+			cs := fake.NewClientset(pod, sec)
+			strictSecretVersions(cs)
+			cfg := Config{Connect: ConnectPodIP, Port: port, NetworkPolicy: new(bool), Pools: []Pool{{Name: "warm", Size: 1}}}
+			claimer, _ := observedProvider(t, cfg, cs)
+			other, _ := observedProvider(t, cfg, cs)
+
+			reattach := func(ctx context.Context, st State) (compute.Sandbox, error) {
+				raw, err := st.encode()
+				if err != nil {
+					return nil, err
+				}
+				return other.Reattach(ctx, compute.LaunchSpec{SessionID: st.SessionID}, raw)
+			}
+			hooks, reattached := tc.race(ctx, reattach)
+			ran := map[rotateStep]bool{}
+			hook := func(step rotateStep, st State) {
+				if h := hooks[step]; h != nil && !ran[step] {
+					ran[step] = true
+					h(st)
+				}
+			}
+			sb, err := claimFrom(withRotateHook(ctx, hook), claimer, "warm", "s1")
+			if err != nil {
+				t.Fatalf("the claim lost its pod to the reattach: %v", err)
+			}
+			defer sb.Close()
+			var r result
+			select {
+			case r = <-reattached:
+			case <-ctx.Done():
+				t.Fatal("the reattach did not run inside the claim")
+			}
+			if r.err != nil {
+				t.Fatalf("the reattach racing the claim: %v", r.err)
+			}
+			defer r.sb.Close()
+			rsb := r.sb
+
+			if sb.state.Key != key || sb.WorkspaceKept() {
+				t.Errorf("the claim handed out %s (workspace kept %v), want the fresh pool pod %s", sb.state.Pod, sb.WorkspaceKept(), pod.Name)
+			}
+			if _, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{}); err != nil {
+				t.Fatalf("the claimed pod: %v", err)
+			}
+			for who, s := range map[string]compute.Sandbox{"claim": sb, "reattach": rsb} {
+				if _, err := s.Agent().Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+					t.Errorf("the %s's sandbox: %v", who, err)
+				}
+			}
+			got, err := cs.CoreV1().Secrets("ns").Get(ctx, secretName(key), metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := readTokenSecret(got)
+			if ts.next != "" || !ts.rotated || ts.token == poolToken {
+				t.Errorf("the Secret is not settled: staged %v, rotated %v, pool token kept %v", ts.next != "", ts.rotated, ts.token == poolToken)
+			}
+			dial := func(token string) error {
+				ac, err := agentclient.Dial(agentclient.Options{Address: "tcp://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Token: token})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ac.Close()
+				_, err = ac.Info(ctx, &agentdv1.InfoRequest{})
+				return err
+			}
+			if err := dial(ts.token); err != nil {
+				t.Errorf("the Secret's token: %v", err)
+			}
+			if err := dial(poolToken); !errors.Is(err, compute.ErrUnauthenticated) {
+				t.Errorf("the pool token: want unauthenticated, got %v", err)
+			}
+		})
+	}
+}
