@@ -84,20 +84,9 @@ func New(root string) *DB {
 // and no account has that exact name (a name always wins, as with chown and
 // id). An unknown user is errkind.ErrUserNotFound (a case of ErrNotFound).
 func (d *DB) Lookup(name string) (*User, error) {
-	if name == "" {
-		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "empty user name")
-	}
-	passwd, err := d.lines("passwd")
+	found, err := d.Account(name)
 	if err != nil {
 		return nil, err
-	}
-	found := findUser(passwd, func(f []string) bool { return f[0] == name })
-	if numeric, numErr := strconv.ParseUint(name, 10, 32); found == nil && numErr == nil {
-		uid := strconv.FormatUint(numeric, 10)
-		found = findUser(passwd, func(f []string) bool { return f[2] == uid })
-	}
-	if found == nil {
-		return nil, errkind.Errorf(errkind.ErrUserNotFound, "%q is not in the sandbox's /etc/passwd", name)
 	}
 	err = d.scan("group", func(f []string) bool {
 		if len(f) < 4 || f[3] == "" {
@@ -115,6 +104,28 @@ func (d *DB) Lookup(name string) (*User, error) {
 	})
 	if err != nil {
 		return nil, err
+	}
+	return found, nil
+}
+
+// Account is Lookup without the supplementary groups (Groups is nil): it
+// reads only /etc/passwd, for callers that need no credentials (HOME,
+// USER and SHELL of an identity that is not changed).
+func (d *DB) Account(name string) (*User, error) {
+	if name == "" {
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "empty user name")
+	}
+	passwd, err := d.lines("passwd")
+	if err != nil {
+		return nil, err
+	}
+	found := findUser(passwd, func(f []string) bool { return f[0] == name })
+	if numeric, numErr := strconv.ParseUint(name, 10, 32); found == nil && numErr == nil {
+		uid := strconv.FormatUint(numeric, 10)
+		found = findUser(passwd, func(f []string) bool { return f[2] == uid })
+	}
+	if found == nil {
+		return nil, errkind.Errorf(errkind.ErrUserNotFound, "%q is not in the sandbox's /etc/passwd", name)
 	}
 	return found, nil
 }

@@ -123,3 +123,40 @@ func TestNewDefaultsToRoot(t *testing.T) {
 		t.Errorf("root = %q", db.root)
 	}
 }
+
+func TestAccountSkipsGroups(t *testing.T) {
+	db := writeEtc(t, testPasswd, testGroup)
+	for _, name := range []string{"agent", "1000", "2000"} {
+		l, err := db.Lookup(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		a, err := db.Account(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Name != l.Name || a.UID != l.UID || a.GID != l.GID || a.Home != l.Home || a.Shell != l.Shell || a.Groups != nil {
+			t.Errorf("Account(%s) = %+v, want %+v without groups", name, a, l)
+		}
+	}
+	if _, err := db.Account("nobody"); !errors.Is(err, errkind.ErrUserNotFound) {
+		t.Errorf("Account(nobody) = %v, want ErrUserNotFound", err)
+	}
+	if _, err := db.Account(""); !errors.Is(err, errkind.ErrInvalidArgument) {
+		t.Errorf("Account(\"\") = %v, want ErrInvalidArgument", err)
+	}
+	// /etc/group is not read at all: an unreadable one fails Lookup only.
+	group := filepath.Join(db.root, "etc", "group")
+	if err := os.Remove(group); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Mkdir(group, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Lookup("agent"); err == nil {
+		t.Fatal("Lookup read a directory as /etc/group")
+	}
+	if u, err := db.Account("agent"); err != nil || u.UID != 1000 {
+		t.Errorf("Account(agent) with a broken /etc/group = %+v, %v", u, err)
+	}
+}

@@ -37,9 +37,9 @@
 // # Reaping
 //
 // Children are started with syscall.ForkExec, never waited for by os/exec.
-// A single Reaper collects exit statuses (on SIGCHLD, or when asked by the
-// owner of a child's pidfd) and hands them to the process that registered
-// the pid. In ReapAll mode (the daemon as PID 1 or a
+// A single Reaper collects exit statuses (when asked by the owner of a
+// child's pidfd, on SIGCHLD once it is needed, or by polling) and hands
+// them to the process that registered the pid. In ReapAll mode (the daemon as PID 1 or a
 // child subreaper) it waits for any child and silently reaps orphans that
 // were reparented to the daemon; in that mode no other code in the process
 // may wait for its own children.
@@ -69,6 +69,6 @@
 // The watcher reads the outputs' last bytes and end of file itself, so a
 // process whose output closes when it exits is reported without waiting
 // for the pumps to be scheduled; the pumps finish whatever it leaves. The
-// Reaper's SIGCHLD relay remains for ReapAll mode (orphans) and for
-// kernels without pidfds.
+// Reaper relays SIGCHLD only once it is needed: for kernels without
+// pidfds, and in ReapAll mode once an orphan was seen (see Reaper).
 package process

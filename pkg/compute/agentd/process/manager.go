@@ -247,6 +247,9 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 	m.closing = true
 	m.mu.Unlock()
 	m.inflight.Wait() // Starts in flight finish quickly: they do not wait for the process
+	// Killing the groups may orphan processes that escaped them, which the
+	// owner of a ReapAll reaper kills next: have them reaped at once.
+	m.reaper.reapOrphansPromptly()
 	m.mu.Lock()
 	if m.devNull >= 0 {
 		unix.Close(m.devNull) // no Start uses it any more

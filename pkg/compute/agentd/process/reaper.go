@@ -6,15 +6,17 @@ import (
 	"os"
 	"os/signal"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 )
 
-// reaperPoll is a safety net: the reaper also looks for exited children
-// this often, in case a SIGCHLD was consumed elsewhere or a status was
-// taken by someone else.
+// reaperPoll is how often the reaper looks for exited children without
+// being asked: a safety net in case a SIGCHLD was consumed elsewhere or a
+// status was taken by someone else, and, in ReapAll mode, how the first
+// orphan is found (see Reaper).
 const reaperPoll = time.Second
 
 // ReaperOptions configure a Reaper.
@@ -39,10 +41,15 @@ type ReaperOptions struct {
 // A child spawned with a pidfd is "watched": its owner waits for the pidfd
 // to become readable (through the runtime poller) and collects the status
 // itself (collect), which is quicker and cheaper than relaying SIGCHLD
-// through os/signal. The reaper goroutine handles the rest: in ReapAll
-// mode it always listens to SIGCHLD (orphans have no pidfd); otherwise it
-// starts listening when the first unwatched child is spawned, and it looks
-// for exited children every reaperPoll in any case.
+// through os/signal. The reaper goroutine handles the rest. It looks for
+// exited children every reaperPoll, and it relays SIGCHLD (waking up on
+// every child's exit) from the first time it is needed on: when an
+// unwatched child is spawned (a kernel without pidfds), or, in ReapAll
+// mode, once it has reaped an orphan (orphans have no pidfd) or the
+// Manager shuts down. So a daemon whose children are all watched and that
+// never saw an orphan does no work per exit beyond the watchers' own, and
+// an orphan that exits before the first one was seen stays a zombie for
+// up to reaperPoll; from then on orphans are reaped as they exit.
 type Reaper struct {
 	log     *zap.Logger
 	reapAll bool
@@ -56,7 +63,8 @@ type Reaper struct {
 	waiters map[int]func(unix.WaitStatus)
 
 	sigCh      chan os.Signal
-	notifyOnce sync.Once // signal.Notify(sigCh, SIGCHLD), when first needed
+	notifyOnce sync.Once   // signal.Notify(sigCh, SIGCHLD), when first needed
+	relaying   atomic.Bool // notifyOnce ran
 	poke       chan struct{}
 	stop       chan struct{}
 	done       chan struct{}
@@ -83,16 +91,31 @@ func NewReaper(opts ReaperOptions, log *zap.Logger) (*Reaper, error) {
 		stop:    make(chan struct{}),
 		done:    make(chan struct{}),
 	}
-	if r.reapAll {
-		r.listen()
-	}
 	go r.run()
 	return r, nil
 }
 
-// listen starts relaying SIGCHLD to the reaper goroutine.
+// listen starts relaying SIGCHLD to the reaper goroutine, for good.
 func (r *Reaper) listen() {
-	r.notifyOnce.Do(func() { signal.Notify(r.sigCh, unix.SIGCHLD) })
+	r.notifyOnce.Do(func() {
+		signal.Notify(r.sigCh, unix.SIGCHLD)
+		r.relaying.Store(true)
+	})
+}
+
+// reapOrphansPromptly makes a ReapAll reaper reap orphans as they exit
+// (relaying SIGCHLD) from now on, and look for exited ones at once.
+func (r *Reaper) reapOrphansPromptly() {
+	if !r.reapAll {
+		return
+	}
+	select {
+	case <-r.stop: // closed: nothing is relayed any more
+		return
+	default:
+	}
+	r.listen()
+	r.wake()
 }
 
 // Close stops the reaper. Exits that happen afterwards are not reported.
@@ -193,6 +216,7 @@ type reaped struct {
 // after releasing its locks.
 func (r *Reaper) reap() {
 	var out []reaped
+	orphans := false
 	r.forkMu.Lock()
 	if r.reapAll {
 		for {
@@ -211,6 +235,7 @@ func (r *Reaper) reap() {
 			if ok {
 				out = append(out, reaped{fn, ws})
 			} else {
+				orphans = true
 				r.log.Debug("reaped orphan", zap.Int("pid", pid))
 			}
 		}
@@ -236,6 +261,9 @@ func (r *Reaper) reap() {
 		r.mu.Unlock()
 	}
 	r.forkMu.Unlock()
+	if orphans {
+		r.listen() // more may follow: reap them as they exit
+	}
 	for _, x := range out {
 		x.fn(x.ws)
 	}

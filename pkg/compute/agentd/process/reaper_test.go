@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zaptest"
+	"golang.org/x/sys/unix"
 )
 
 const reaperChildEnv = "BULKHEAD_PROCESS_REAPER_CHILD"
@@ -40,7 +41,19 @@ func reapAllChild(t *testing.T) {
 	defer r.Close()
 	m := newTestManager(t, Config{Reaper: r, DrainGrace: 100 * time.Millisecond})
 
-	// An orphaned grandchild is reparented to us and reaped when it ends.
+	// Children watched through their pidfds need no SIGCHLD relay.
+	for i := range 3 {
+		if o := run(t, m, StartOptions{Command: "exit " + strconv.Itoa(i)}); o.exit.Code != i {
+			t.Fatalf("child %d exit %+v", i, o.exit)
+		}
+	}
+	if pidfdsWork() && r.relaying.Load() {
+		t.Error("the reaper relays SIGCHLD before it met an orphan or an unwatched child")
+	}
+
+	// An orphaned grandchild is reparented to us and reaped when it ends,
+	// and from then on SIGCHLD is relayed so that the next are reaped as
+	// they exit.
 	o := run(t, m, StartOptions{Command: "sleep 0.5 >/dev/null 2>&1 & echo $!"})
 	orphan, err := strconv.Atoi(strings.TrimSpace(o.stdout.String()))
 	if err != nil || o.exit.Code != 0 {
@@ -53,6 +66,8 @@ func reapAllChild(t *testing.T) {
 		_, err := os.Stat("/proc/" + strconv.Itoa(orphan))
 		return os.IsNotExist(err) // gone, not a zombie
 	})
+	// (It starts relaying just after it reaped the orphan.)
+	eventually(t, 10*time.Second, "the reaper to relay SIGCHLD after it reaped an orphan", r.relaying.Load)
 
 	// Many quick children racing wait4(-1): every status reaches its owner.
 	var wg sync.WaitGroup
@@ -68,6 +83,17 @@ func reapAllChild(t *testing.T) {
 	if err := m.Shutdown(context.Background()); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// pidfdsWork reports whether this kernel has pidfds (without them every
+// child is unwatched and the reaper relays SIGCHLD from the start).
+func pidfdsWork() bool {
+	fd, err := unix.PidfdOpen(os.Getpid(), 0)
+	if err != nil {
+		return false
+	}
+	unix.Close(fd)
+	return true
 }
 
 // parentOf returns the parent pid of pid, or -1.

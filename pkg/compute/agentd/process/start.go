@@ -227,8 +227,8 @@ func (m *Manager) plan(o StartOptions) (*plan, error) {
 			return nil, errkind.Errorf(errkind.ErrPermissionDenied,
 				"the daemon runs as uid %d, not root, and cannot start processes as user %q (uid %d)", m.euid, u.Name, u.UID)
 		}
-	} else if self, err := m.cfg.Users.Lookup(strconv.Itoa(m.euid)); err == nil {
-		u = self // only for HOME/USER; no credential change
+	} else if self, err := m.cfg.Users.Account(strconv.Itoa(m.euid)); err == nil {
+		u = self // only for HOME/USER/LOGNAME/SHELL; no credential change, so no groups
 	}
 	if u != nil {
 		pl.user = u.Name

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"slices"
 	"time"
 
@@ -120,6 +121,12 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 		// decoded with one copy (see codec).
 		experimental.BufferPool(pool),
 		grpc.ForceServerCodecV2(codec{}),
+		// Streams are served by goroutines that are kept (one per CPU)
+		// rather than a new one each, whose stack would grow again through
+		// the interceptors and the exec path on every call. When all are
+		// busy (long Attach, Exec or Forward streams) grpc starts a new
+		// goroutine as without them.
+		grpc.NumStreamWorkers(uint32(runtime.GOMAXPROCS(0))),
 	}
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
