@@ -17,10 +17,12 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
+	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
+	networkingv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
@@ -29,12 +31,62 @@ import (
 
 var parameterCodec = scheme.ParameterCodec
 
+// Clientset is the part of a Kubernetes clientset the provider uses: the
+// core and networking typed clients. *kubernetes.Clientset and the fake
+// clientset satisfy it; depending on it rather than kubernetes.Interface
+// keeps every other API group's client out of the binaries that link the
+// provider.
+type Clientset interface {
+	CoreV1() corev1client.CoreV1Interface
+	NetworkingV1() networkingv1client.NetworkingV1Interface
+}
+
+// typedClients is the Clientset New builds: the two typed clients over one
+// shared HTTP client.
+type typedClients struct {
+	core       *corev1client.CoreV1Client
+	networking *networkingv1client.NetworkingV1Client
+}
+
+func (c typedClients) CoreV1() corev1client.CoreV1Interface { return c.core }
+
+func (c typedClients) NetworkingV1() networkingv1client.NetworkingV1Interface {
+	return c.networking
+}
+
+// newClientset builds the core and networking clients for restCfg, sharing
+// one HTTP client (one connection pool) and, as kubernetes.NewForConfig
+// does, one client-side rate limiter: restCfg's QPS and Burst bound the
+// provider's requests as a whole, not each API group's.
+func newClientset(restCfg *rest.Config) (Clientset, error) {
+	rc := *restCfg
+	if rc.RateLimiter == nil && rc.QPS > 0 {
+		if rc.Burst <= 0 {
+			return nil, fmt.Errorf("%w: burst must be positive when QPS is set", compute.ErrInvalidArgument)
+		}
+		rc.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(rc.QPS, rc.Burst)
+	}
+	hc, err := rest.HTTPClientFor(&rc)
+	if err != nil {
+		return nil, fmt.Errorf("http client: %w", err)
+	}
+	core, err := corev1client.NewForConfigAndClient(&rc, hc)
+	if err != nil {
+		return nil, fmt.Errorf("core/v1 client: %w", err)
+	}
+	networking, err := networkingv1client.NewForConfigAndClient(&rc, hc)
+	if err != nil {
+		return nil, fmt.Errorf("networking/v1 client: %w", err)
+	}
+	return typedClients{core: core, networking: networking}, nil
+}
+
 // Provider runs sandboxes as Pods. It is safe for concurrent use; it keeps
 // no per-sandbox state in memory: the API server's objects are the state.
 type Provider struct {
 	cfg    Config
 	log    *zap.Logger
-	client kubernetes.Interface
+	client Clientset
 	rest   *rest.Config
 
 	poolMu  sync.Mutex
@@ -66,7 +118,7 @@ func New(cfg Config, restCfg *rest.Config, log *zap.Logger) (*Provider, error) {
 	if rc.UserAgent == "" {
 		rc.UserAgent = "bulkhead-harness"
 	}
-	cs, err := kubernetes.NewForConfig(rc)
+	cs, err := newClientset(rc)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: client: %w", err)
 	}
@@ -95,9 +147,10 @@ func NewFromKubeconfig(cfg Config, kubeconfig string, log *zap.Logger) (*Provide
 	return New(cfg, rc, log)
 }
 
-// NewWithClient makes a provider over an existing clientset (tests use a
-// fake one). restCfg may be nil; port-forward and exec relays then fail.
-func NewWithClient(cfg Config, client kubernetes.Interface, restCfg *rest.Config, log *zap.Logger) (*Provider, error) {
+// NewWithClient makes a provider over an existing clientset (a
+// *kubernetes.Clientset, or the fake one in tests). restCfg may be nil;
+// port-forward and exec relays then fail.
+func NewWithClient(cfg Config, client Clientset, restCfg *rest.Config, log *zap.Logger) (*Provider, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
@@ -115,7 +168,7 @@ func (p *Provider) Name() string { return ProviderName }
 func (p *Provider) Config() Config { return p.cfg }
 
 // API returns the clientset the provider uses (tests and diagnostics).
-func (p *Provider) API() kubernetes.Interface { return p.client }
+func (p *Provider) API() Clientset { return p.client }
 
 // DefaultRunAs gives a session whose manifest names no run_as user an
 // unprivileged account of its own, when the daemon runs as root in its

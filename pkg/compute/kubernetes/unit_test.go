@@ -8,7 +8,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,11 +24,19 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+)
+
+// Any full clientset (client-go's and its fake) can be handed to NewWithClient.
+var (
+	_ Clientset = kubernetes.Interface(nil)
+	_ Clientset = (*fake.Clientset)(nil)
 )
 
 func fakeProvider(t *testing.T, cfg Config, objs ...runtime.Object) (*Provider, *fake.Clientset) {
@@ -342,6 +353,67 @@ func TestConfigChecks(t *testing.T) {
 		if _, err := NewWithClient(cfg, fake.NewClientset(), nil, nil); !errors.Is(err, compute.ErrInvalidArgument) {
 			t.Errorf("%s: %v", name, err)
 		}
+	}
+}
+
+// TestNewBuildsOneClientForBothGroups checks the clients New builds (not
+// the fake clientset): core/v1 and networking/v1 requests reach the API
+// server with the harness's user agent, and draw on one rate limiter so
+// Config.QPS bounds the provider as a whole.
+func TestNewBuildsOneClientForBothGroups(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		paths  []string
+		agents = map[string]bool{}
+	)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		paths = append(paths, r.URL.Path)
+		agents[r.UserAgent()] = true
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Path {
+		case "/api/v1/namespaces/ns/pods":
+			_, _ = w.Write([]byte(`{"kind":"PodList","apiVersion":"v1","items":[]}`))
+		case "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies":
+			_, _ = w.Write([]byte(`{"kind":"NetworkPolicyList","apiVersion":"networking.k8s.io/v1","items":[]}`))
+		default:
+			http.NotFound(w, r)
+		}
+	}))
+	t.Cleanup(srv.Close)
+
+	p, err := New(Config{Namespace: "ns"}, &rest.Config{Host: srv.URL}, zaptest.NewLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := p.API().CoreV1().Pods("ns").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("core/v1: %v", err)
+	}
+	if _, err := p.API().NetworkingV1().NetworkPolicies("ns").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Fatalf("networking/v1: %v", err)
+	}
+	if _, err := p.API().CoreV1().Secrets("ns").Get(ctx, "missing", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Fatalf("get of a missing Secret: %v, want NotFound", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(paths) != 3 {
+		t.Errorf("requests %q, want 3", paths)
+	}
+	if len(agents) != 1 || !agents["bulkhead-harness"] {
+		t.Errorf("user agents %v, want only bulkhead-harness", agents)
+	}
+	core, nw := p.API().CoreV1().RESTClient().GetRateLimiter(), p.API().NetworkingV1().RESTClient().GetRateLimiter()
+	if core == nil || core != nw {
+		t.Errorf("rate limiters core/v1 %p, networking/v1 %p: want one shared limiter", core, nw)
+	}
+}
+
+func TestNewRejectsAMissingRESTConfig(t *testing.T) {
+	if _, err := New(Config{Namespace: "ns"}, nil, nil); !errors.Is(err, compute.ErrInvalidArgument) {
+		t.Fatalf("New(nil rest config): %v, want ErrInvalidArgument", err)
 	}
 }
 
