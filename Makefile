@@ -95,7 +95,7 @@ image-sandbox-full: build ## build only the debootstrap image bulkhead/sandbox-f
 # kube-scheduler and kubelet built from the Go module proxy into the user
 # cache directory, as the tests build them (about 10 minutes cold).
 .PHONY: kube-tools
-kube-tools: ## build the test cluster's etcd and Kubernetes binaries into the user cache (as the tests do)
+kube-tools: ## build the test cluster's Kubernetes, etcd and NetworkPolicy enforcer binaries into the user cache (as the tests do)
 	$(GO) run ./internal/testservers/kube/cmd/kubetools
 
 .PHONY: vet

@@ -25,15 +25,20 @@ const (
 	KubernetesVersion = "v1.34.4"
 	EtcdVersion       = "v3.6.16"
 	// recipe changes whenever the way the binaries are built changes, so
-	// that a cache entry built the old way is not reused.
-	recipe = "r1"
+	// that a cache entry built the old way is not reused (r2: etcd and the
+	// NetworkPolicy enforcer built in the same go build as Kubernetes).
+	recipe = "r2"
 )
 
 // kubeCommands are the Kubernetes binaries built, in one go build.
 var kubeCommands = []string{"kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet"}
 
-// buildTimeout bounds a cold build (module download and compile of etcd
-// and the four Kubernetes binaries on two cores: about 10 minutes).
+// etcdModule is etcd's server module, whose root is etcd's main package.
+const etcdModule = "go.etcd.io/etcd/server/v3"
+
+// buildTimeout bounds a cold build (module download and compile of etcd,
+// the four Kubernetes binaries and the enforcer on two cores: about 10
+// minutes).
 const buildTimeout = 40 * time.Minute
 
 // Bins are the paths of the built binaries.
@@ -42,6 +47,7 @@ type Bins struct {
 	Dir                                                    string
 	Etcd, APIServer, ControllerManager, Scheduler, Kubelet string
 	Pause                                                  string // the pause program (static, for the pause image)
+	NetworkPolicy                                          string // the NetworkPolicy enforcer (netpol.go)
 }
 
 func binsIn(dir string) Bins {
@@ -53,6 +59,7 @@ func binsIn(dir string) Bins {
 		Scheduler:         filepath.Join(dir, "kube-scheduler"),
 		Kubelet:           filepath.Join(dir, "kubelet"),
 		Pause:             filepath.Join(dir, "pause"),
+		NetworkPolicy:     filepath.Join(dir, netpolName),
 	}
 }
 
@@ -83,9 +90,12 @@ func cacheBase() (string, error) {
 }
 
 // Binaries returns the cluster's binaries, building them first if the
-// cache does not hold them: etcd and the Kubernetes binaries from the Go
-// module proxy (through throwaway wrapper modules, since `go install`
-// refuses modules with replace directives), plus the pause program. A
+// cache does not hold them: the Kubernetes binaries, etcd and the
+// NetworkPolicy enforcer from the Go module proxy, in one go build of a
+// throwaway wrapper module (`go install` refuses modules with replace
+// directives, and one build compiles the packages the three share, gRPC,
+// protobuf, client-go and etcd's client among them, once), plus the pause
+// program. A
 // file lock makes test binaries running in parallel wait for one build;
 // the finished directory is renamed into place, so a half-built cache is
 // never seen. logf (may be nil) hears progress.
@@ -118,14 +128,14 @@ func Binaries(ctx context.Context, logf func(string, ...any)) (Bins, error) {
 		return b, nil // another process built them while we waited
 	}
 	_ = os.RemoveAll(dir) // an incomplete leftover (cannot happen through rename, but be sure)
-	// Builds hold the lock: any build directory left is from a build
-	// whose process died.
-	if old, err := filepath.Glob(filepath.Join(base, ".build-kube-*")); err == nil {
+	// Builds hold the lock: any build directory of this cache entry left
+	// is from a build whose process died.
+	if old, err := filepath.Glob(filepath.Join(base, ".build-"+cacheKey()+"-*")); err == nil {
 		for _, d := range old {
 			_ = os.RemoveAll(d)
 		}
 	}
-	tmp, err := os.MkdirTemp(base, ".build-kube-")
+	tmp, err := os.MkdirTemp(base, ".build-"+cacheKey()+"-")
 	if err != nil {
 		return Bins{}, fmt.Errorf("kubeserver: %w", err)
 	}
@@ -134,15 +144,11 @@ func Binaries(ctx context.Context, logf func(string, ...any)) (Bins, error) {
 	defer cancel()
 	out := filepath.Join(tmp, "bin")
 	start := time.Now()
-	if err := buildEtcd(ctx, filepath.Join(tmp, "etcdwrap"), out); err != nil {
-		return Bins{}, err
-	}
-	logf("kubeserver: built etcd %s in %s", EtcdVersion, time.Since(start).Round(time.Second))
-	t := time.Now()
 	if err := buildKube(ctx, filepath.Join(tmp, "kubewrap"), out); err != nil {
 		return Bins{}, err
 	}
-	logf("kubeserver: built Kubernetes %s (%s) in %s", KubernetesVersion, strings.Join(kubeCommands, ", "), time.Since(t).Round(time.Second))
+	logf("kubeserver: built Kubernetes %s (%s), etcd %s and kube-network-policies %s in %s", KubernetesVersion,
+		strings.Join(kubeCommands, ", "), EtcdVersion, NetworkPolicyVersion, time.Since(start).Round(time.Second))
 	if err := buildPause(ctx, filepath.Join(tmp, "pausesrc"), filepath.Join(out, "pause")); err != nil {
 		return Bins{}, err
 	}
@@ -203,22 +209,15 @@ func wrapper(dir, gomod string, pkgs []string) error {
 	return nil
 }
 
-func buildEtcd(ctx context.Context, dir, out string) error {
-	const pkg = "go.etcd.io/etcd/server/v3"
-	if err := wrapper(dir, "module example.invalid/etcdwrap\n\ngo 1.24\n", []string{pkg}); err != nil {
-		return err
-	}
-	if _, err := goCmd(ctx, dir, "get", pkg+"@"+EtcdVersion); err != nil {
-		return err
-	}
-	_, err := goCmd(ctx, dir, "build", "-trimpath", "-ldflags", "-s -w", "-o", filepath.Join(out, "etcd"), pkg)
-	return err
-}
-
 // stagingRe matches a replace line of k8s.io/kubernetes' go.mod that points
 // a staging module at the source tree.
 var stagingRe = regexp.MustCompile(`^\s*(k8s\.io/[A-Za-z0-9._-]+)\s+=>\s+\./staging/`)
 
+// buildKube builds the Kubernetes commands, etcd and the NetworkPolicy
+// enforcer into out in one go build of a wrapper module in dir that
+// requires all three (etcd at EtcdVersion, the enforcer's module at
+// NetworkPolicyVersion, patched; Kubernetes' staging modules at their
+// release versions).
 func buildKube(ctx context.Context, dir, out string) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("kubeserver: %w", err)
@@ -239,29 +238,71 @@ func buildKube(ctx context.Context, dir, out string) error {
 	}
 	stagingVersion := "v0" + strings.TrimPrefix(KubernetesVersion, "v1")
 	var gomod strings.Builder
-	fmt.Fprintf(&gomod, "module example.invalid/kubewrap\n\ngo 1.24.0\n\nrequire k8s.io/kubernetes %s\n\nreplace (\n", KubernetesVersion)
+	fmt.Fprintf(&gomod, "module example.invalid/kubewrap\n\ngo 1.24.0\n\nrequire (\n\tk8s.io/kubernetes %s\n\t%s %s\n\t%s %s\n)\n\nreplace (\n",
+		KubernetesVersion, etcdModule, EtcdVersion, netpolModule, NetworkPolicyVersion)
 	for _, m := range staging {
 		fmt.Fprintf(&gomod, "\t%s => %s %s\n", m, m, stagingVersion)
 	}
 	gomod.WriteString(")\n")
-	pkgs := make([]string, len(kubeCommands))
-	for i, c := range kubeCommands {
-		pkgs[i] = "k8s.io/kubernetes/cmd/" + c
+	pkgs := make([]string, 0, len(kubeCommands)+2)
+	for _, c := range kubeCommands {
+		pkgs = append(pkgs, "k8s.io/kubernetes/cmd/"+c)
 	}
+	pkgs = append(pkgs, etcdModule)
 	if err := wrapper(dir, gomod.String(), pkgs); err != nil {
 		return err
 	}
+	// The enforcer's main is a package of the wrapper module.
+	if err := os.MkdirAll(filepath.Join(dir, netpolName), 0o755); err != nil {
+		return fmt.Errorf("kubeserver: %w", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, netpolName, "main.go"), []byte(netpolMain), 0o644); err != nil {
+		return fmt.Errorf("kubeserver: %w", err)
+	}
 	if _, err := goCmd(ctx, dir, "mod", "tidy"); err != nil {
+		return err
+	}
+	// What the other requirements pulled in must not move etcd or the
+	// enforcer off the versions the cache is named after.
+	for mod, want := range map[string]string{etcdModule: EtcdVersion, netpolModule: NetworkPolicyVersion} {
+		if got, err := moduleVersion(ctx, dir, mod); err != nil {
+			return err
+		} else if got.Version != want {
+			return fmt.Errorf("kubeserver: %s resolved to %s, not %s: the recipe in build.go needs updating", mod, got.Version, want)
+		}
+	}
+	if err := patchNetpol(ctx, dir); err != nil {
 		return err
 	}
 	const v = "k8s.io/component-base/version"
 	minor := strings.Split(KubernetesVersion, ".")[1]
 	ldflags := fmt.Sprintf("-s -w -X %s.gitVersion=%s -X %s.gitMajor=1 -X %s.gitMinor=%s -X %s.gitTreeState=clean",
 		v, KubernetesVersion, v, v, minor, v)
-	// One invocation, so the four commands share their compiled packages.
+	// One invocation, so the commands share their compiled packages.
 	args := append([]string{"build", "-trimpath", "-ldflags", ldflags, "-o", out + string(filepath.Separator)}, pkgs...)
-	_, err = goCmd(ctx, dir, args...)
-	return err
+	args = append(args, "./"+netpolName)
+	if _, err := goCmd(ctx, dir, args...); err != nil {
+		return err
+	}
+	// go names a main package after its path's last element before a
+	// major version suffix: etcd's is "server".
+	if err := os.Rename(filepath.Join(out, "server"), filepath.Join(out, "etcd")); err != nil {
+		return fmt.Errorf("kubeserver: %w", err)
+	}
+	return nil
+}
+
+// moduleVersion is `go list -m -json mod` in the module at dir.
+func moduleVersion(ctx context.Context, dir, mod string) (struct{ Dir, Version string }, error) {
+	var m struct{ Dir, Version string }
+	b, err := goCmd(ctx, dir, "list", "-m", "-json", mod)
+	if err != nil {
+		return m, err
+	}
+	if err := json.Unmarshal(b, &m); err != nil || m.Dir == "" {
+		return m, fmt.Errorf("kubeserver: go list -m %s: %v: %s", mod, err, tail(b))
+	}
+	return m, nil
 }
 
 // stagingModules lists the modules that k8s.io/kubernetes' go.mod (at path)

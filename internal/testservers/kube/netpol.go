@@ -12,7 +12,8 @@ package kubeserver
 //
 // It is upstream's controller (pkg/networkpolicy) with a main of our own
 // and two small patches, applied at build time to a copy of the module
-// that the build's throwaway main module points at (a replace):
+// that the build's throwaway main module points at (a replace; it is built
+// with the cluster's other binaries, in the same go build, build.go):
 //
 //   - The queue statement. Upstream emits nftables' native `queue`
 //     expression, which needs a kernel built with CONFIG_NFT_QUEUE; the
@@ -54,7 +55,6 @@ package kubeserver
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	mathrand "math/rand/v2"
@@ -68,34 +68,18 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/gotool"
 )
 
 // NetworkPolicyVersion is the kube-network-policies module the enforcer is
 // built from.
 const NetworkPolicyVersion = "v0.8.0"
 
-// netpolRecipe changes whenever the main or the patches change, so that a
-// binary built the old way is not reused.
-const netpolRecipe = "bhk1"
-
 // netpolModule is kube-network-policies' module path.
 const netpolModule = "sigs.k8s.io/kube-network-policies"
 
-// netpolProgram is the enforcer, built once per machine into the test
-// servers' cache (gotool).
-var netpolProgram = gotool.Program{
-	Name:    "network-policy-enforcer", // not "kube-...": build.go removes stale ".build-kube-*" directories
-	Package: netpolModule + "/pkg/networkpolicy",
-	Version: NetworkPolicyVersion + "-" + netpolRecipe,
-	Build:   buildNetpol,
-}
-
-// NetworkPolicyBinary returns the enforcer's binary, building it first if
-// the cache does not hold it (about two minutes cold on two cores).
-func NetworkPolicyBinary(ctx context.Context) (string, error) {
-	return netpolProgram.Install(ctx)
-}
+// netpolName is the enforcer binary's name, and the directory of its main
+// in the build's wrapper module.
+const netpolName = "network-policy-enforcer"
 
 // NetworkPolicyNeeds are what the enforcer needs from the machine besides
 // the cluster's Needs: the nft command (to inspect and clean up its
@@ -225,39 +209,14 @@ var netpolPatches = []struct {
 		new: "\t\tif len(objs) == 0 {\n\t\t\tif c.nriPlugin == nil {\n\t\t\t\treturn nil\n\t\t\t}\n\t\t\tpodKey := c.nriPlugin.GetPodFromIP(podIP)\n", n: 1},
 }
 
-// buildNetpol builds the enforcer into out: a throwaway module with our
-// main that requires kube-network-policies at NetworkPolicyVersion,
-// replaced by a patched copy of that version.
-func buildNetpol(ctx context.Context, dir, out string) error {
-	src := filepath.Join(dir, "netpolwrap")
-	if err := os.MkdirAll(src, 0o755); err != nil {
-		return fmt.Errorf("kubeserver: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "go.mod"), []byte("module example.invalid/netpolwrap\n\ngo 1.24\n"), 0o644); err != nil {
-		return fmt.Errorf("kubeserver: %w", err)
-	}
-	if err := os.WriteFile(filepath.Join(src, "main.go"), []byte(netpolMain), 0o644); err != nil {
-		return fmt.Errorf("kubeserver: %w", err)
-	}
-	if _, err := goCmd(ctx, src, "get", netpolModule+"@"+NetworkPolicyVersion); err != nil {
-		return err
-	}
-	if _, err := goCmd(ctx, src, "mod", "tidy"); err != nil {
-		return err
-	}
-	b, err := goCmd(ctx, src, "list", "-m", "-json", netpolModule)
+// patchNetpol points the wrapper module at dir at a patched copy of the
+// kube-network-policies version it requires (the go command refuses
+// overlays of files in the module cache, hence a copy and a replace).
+func patchNetpol(ctx context.Context, dir string) error {
+	mod, err := moduleVersion(ctx, dir, netpolModule)
 	if err != nil {
 		return err
 	}
-	var mod struct{ Dir, Version string }
-	if err := json.Unmarshal(b, &mod); err != nil || mod.Dir == "" {
-		return fmt.Errorf("kubeserver: go list -m %s: %v: %s", netpolModule, err, tail(b))
-	}
-	if mod.Version != NetworkPolicyVersion {
-		return fmt.Errorf("kubeserver: %s resolved to %s, not %s", netpolModule, mod.Version, NetworkPolicyVersion)
-	}
-	// A patched copy of the module, which the wrapper's go.mod points at
-	// (the go command refuses overlays of files in the module cache).
 	patchedDir := filepath.Join(dir, "kube-network-policies")
 	if err := copyTree(mod.Dir, patchedDir); err != nil {
 		return err
@@ -271,7 +230,7 @@ func buildNetpol(ctx context.Context, dir, out string) error {
 	for _, p := range netpolPatches {
 		if got := strings.Count(patched, p.old); got != p.n {
 			return fmt.Errorf("kubeserver: patching %s@%s: %q occurs %d times, not %d: the recipe in netpol.go needs updating",
-				netpolModule, NetworkPolicyVersion, firstLineOf(p.old), got, p.n)
+				netpolModule, mod.Version, firstLineOf(p.old), got, p.n)
 		}
 		patched = strings.ReplaceAll(patched, p.old, p.new)
 	}
@@ -281,10 +240,7 @@ func buildNetpol(ctx context.Context, dir, out string) error {
 	if err := os.WriteFile(filepath.Join(pkgDir, "zz_bulkhead_nfqueue_compat.go"), []byte(netpolCompat), 0o644); err != nil {
 		return fmt.Errorf("kubeserver: %w", err)
 	}
-	if _, err := goCmd(ctx, src, "mod", "edit", "-replace", netpolModule+"="+patchedDir); err != nil {
-		return err
-	}
-	_, err = goCmd(ctx, src, "build", "-trimpath", "-ldflags", "-s -w", "-o", out, ".")
+	_, err = goCmd(ctx, dir, "mod", "edit", "-replace", netpolModule+"="+patchedDir)
 	return err
 }
 
@@ -338,15 +294,10 @@ func (c *Cluster) NetworkPolicyTable() string {
 	return netpolTable(c.id)
 }
 
-// startNetpol builds (once per machine) and starts the enforcer, and
-// waits until its table is in place and its queue is bound.
+// startNetpol starts the enforcer (built with the cluster's other
+// binaries) and waits until its table is in place and its queue is bound.
 func (c *Cluster) startNetpol(ctx context.Context) error {
-	start := time.Now()
-	bin, err := NetworkPolicyBinary(ctx)
-	if err != nil {
-		return err
-	}
-	built := time.Since(start)
+	bin := c.bins.NetworkPolicy
 	base := filepath.Dir(c.Dir)
 	var queue int
 	if err := withMachineLock(base, func() error {
@@ -367,7 +318,7 @@ func (c *Cluster) startNetpol(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	err = poll(ctx, 100*time.Millisecond, func() (bool, error) {
+	err := poll(ctx, 100*time.Millisecond, func() (bool, error) {
 		if !c.running("kube-network-policies") {
 			return false, errors.New("kube-network-policies exited (see " + c.logPath("kube-network-policies") + ")")
 		}
@@ -380,8 +331,8 @@ func (c *Cluster) startNetpol(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("kubeserver: the NetworkPolicy enforcer did not start: %w", err)
 	}
-	c.logf("kubeserver: NetworkPolicy enforcer kube-network-policies %s up in %s (table inet %s, queue %d; binary ready in %s)",
-		NetworkPolicyVersion, time.Since(t).Round(time.Millisecond), table, queue, built.Round(time.Millisecond))
+	c.logf("kubeserver: NetworkPolicy enforcer kube-network-policies %s up in %s (table inet %s, queue %d)",
+		NetworkPolicyVersion, time.Since(t).Round(time.Millisecond), table, queue)
 	return nil
 }
 

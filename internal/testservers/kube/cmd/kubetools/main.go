@@ -1,8 +1,8 @@
-// Command kubetools builds the test cluster's binaries (etcd,
-// kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and the
-// pause program) into the user cache directory, the way the tests do
-// (kubeserver.Binaries), and prints where they are. `make kube-tools`
-// runs it.
+// Command kubetools builds the test cluster's binaries (kube-apiserver,
+// kube-controller-manager, kube-scheduler, kubelet, etcd, the NetworkPolicy
+// enforcer and the pause program) into the user cache directory, the way
+// the tests do (kubeserver.Binaries), and prints where they are.
+// `make kube-tools` runs it.
 package main
 
 import (
