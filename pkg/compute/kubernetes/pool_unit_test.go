@@ -33,7 +33,6 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -456,15 +455,7 @@ func TestClaimRacingAReattach(t *testing.T) {
 			if ts.next != "" || !ts.rotated || ts.token == poolToken {
 				t.Errorf("the Secret is not settled: staged %v, rotated %v, pool token kept %v", ts.next != "", ts.rotated, ts.token == poolToken)
 			}
-			dial := func(token string) error {
-				ac, err := agentclient.Dial(agentclient.Options{Address: "tcp://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Token: token})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ac.Close()
-				_, err = ac.Info(ctx, &agentdv1.InfoRequest{})
-				return err
-			}
+			dial := func(token string) error { return infoWithToken(ctx, t, port, token) }
 			if err := dial(ts.token); err != nil {
 				t.Errorf("the Secret's token: %v", err)
 			}

@@ -158,15 +158,7 @@ func TestReattachFinishesAnInterruptedRotation(t *testing.T) {
 			if tc.staged && ts.token != next {
 				t.Errorf("the staged token was not the one promoted")
 			}
-			dial := func(token string) error {
-				ac, err := agentclient.Dial(agentclient.Options{Address: "tcp://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Token: token})
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer ac.Close()
-				_, err = ac.Info(ctx, &agentdv1.InfoRequest{})
-				return err
-			}
+			dial := func(token string) error { return infoWithToken(ctx, t, port, token) }
 			if err := dial(ts.token); err != nil {
 				t.Errorf("the Secret's token: %v", err)
 			}
@@ -177,4 +169,16 @@ func TestReattachFinishesAnInterruptedRotation(t *testing.T) {
 			}
 		})
 	}
+}
+
+// infoWithToken calls Info on the daemon at 127.0.0.1:port with token.
+func infoWithToken(ctx context.Context, t *testing.T, port int, token string) error {
+	t.Helper()
+	ac, err := agentclient.Dial(agentclient.Options{Address: "tcp://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), Token: token})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ac.Close()
+	_, err = ac.Info(ctx, &agentdv1.InfoRequest{})
+	return err
 }
