@@ -91,9 +91,10 @@ image-sandbox-full: build ## build only the debootstrap image bulkhead/sandbox-f
 	./images/build.sh sandbox-full
 
 # The Kubernetes cluster the kubernetes provider's tests run against
-# (internal/testservers/kube): etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler and kubelet built from the Go module proxy into the user
-# cache directory, as the tests build them (about 10 minutes cold).
+# (internal/testservers/kube): kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet, etcd and a NetworkPolicy enforcer built from the
+# Go module proxy in one go build into the user cache directory, as the
+# tests build them (about 12 CPU-minutes cold).
 .PHONY: kube-tools
 kube-tools: ## build the test cluster's Kubernetes, etcd and NetworkPolicy enforcer binaries into the user cache (as the tests do)
 	$(GO) run ./internal/testservers/kube/cmd/kubetools
