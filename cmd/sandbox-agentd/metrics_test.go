@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -34,30 +33,13 @@ func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
 // workspace) appears in the exposition.
 func TestMetricsEndpoint(t *testing.T) {
 	testenv.Require(t, testenv.Linux)
-	bin := agentdtest.Binaries(t)
-	dir := t.TempDir()
-	ws := filepath.Join(dir, "ws")
-	if err := os.MkdirAll(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	const token = "metrics-test-token-0123456789"
-	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sock, msock := filepath.Join(dir, "agentd.sock"), filepath.Join(dir, "metrics.sock")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.Command(bin.Agentd, "--listen", "unix://"+sock, "--token-file", tokenFile, "--workspace", ws,
-		"--metrics-listen", "unix://"+msock, "--log-level", "warn")
+	mdir := t.TempDir()
+	msock := filepath.Join(mdir, "metrics.sock")
 	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	// Registered before startBinary's, so it runs once the daemon stopped.
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		_ = cmd.Wait()
 		if _, err := os.Stat(msock); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("the metrics socket is left behind: %v", err)
 		}
@@ -65,20 +47,8 @@ func TestMetricsEndpoint(t *testing.T) {
 			t.Logf("daemon stderr:\n%s", stderr.String())
 		}
 	})
-	c, err := agentclient.Dial(agentclient.Options{Address: "unix://" + sock, Token: token})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
-	for i := 0; ; i++ {
-		if _, err = c.Info(ctx, &agentdv1.InfoRequest{}); err == nil {
-			break
-		}
-		if i > 200 {
-			t.Fatalf("daemon not ready: %v", err)
-		}
-		time.Sleep(25 * time.Millisecond)
-	}
+	d := startBinary(ctx, t, &stderr, "--metrics-listen", "unix://"+msock, "--log-level", "warn")
+	c, token, ws, dir := d.client, d.token, d.ws, d.dir
 
 	// Output on both streams, stdin, a file written and read back.
 	const secretPath, secretWord = "secret-dir/secret-file.txt", "hunter2-metrics"
@@ -101,7 +71,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	if _, err := c.Stat(ctx, &agentdv1.StatRequest{Path: "no-such-" + secretWord}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("stat of a missing file: %v", err)
 	}
-	bad, err := agentclient.Dial(agentclient.Options{Address: "unix://" + sock, Token: "wrong-token-" + secretWord})
+	bad, err := agentclient.Dial(agentclient.Options{Address: d.addr, Token: "wrong-token-" + secretWord})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,7 +92,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("scrape: %s %v", resp.Status, err)
 	}
-	for _, s := range []string{secretWord, "secret-dir", token, ws, dir} {
+	for _, s := range []string{secretWord, "secret-dir", token, ws, dir, mdir} {
 		if strings.Contains(string(body), s) {
 			t.Errorf("the exposition contains %q:\n%s", s, body)
 		}

@@ -25,14 +25,20 @@ import (
 type runningDaemon struct {
 	client *agentclient.Client
 	cmd    *exec.Cmd
+	dir    string        // the daemon's fresh directory: its socket, token file and workspace
+	ws     string        // its workspace, in dir
+	addr   string        // its listen address (unix://...)
+	token  string        // the token it accepts
 	exited chan struct{} // closed once cmd.Wait returned; then waitErr is set
 	// waitErr is cmd.Wait's result, read only after exited is closed.
 	waitErr error
 }
 
 // startBinary starts the built daemon on a unix socket in a fresh
-// directory, with its stderr going to stderr, and waits until it answers.
-// The daemon is interrupted and waited for when the test ends.
+// directory, with a token file and a workspace there and args added to its
+// command line, its stderr going to stderr, and waits until it answers.
+// The daemon is interrupted and waited for when the test ends (before any
+// cleanup the caller registered earlier runs).
 func startBinary(ctx context.Context, t *testing.T, stderr io.Writer, args ...string) *runningDaemon {
 	t.Helper()
 	bin := agentdtest.Binaries(t)
@@ -41,24 +47,24 @@ func startBinary(ctx context.Context, t *testing.T, stderr io.Writer, args ...st
 	if err := os.MkdirAll(ws, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	const token = "sigpipe-test-token-0123456789"
+	const token = "agentd-test-token-0123456789"
 	tokenFile := filepath.Join(dir, "token")
 	if err := os.WriteFile(tokenFile, []byte(token), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	sock := filepath.Join(dir, "agentd.sock")
-	cmd := exec.Command(bin.Agentd, append([]string{"--listen", "unix://" + sock, "--token-file", tokenFile, "--workspace", ws}, args...)...)
+	addr := "unix://" + filepath.Join(dir, "agentd.sock")
+	cmd := exec.Command(bin.Agentd, append([]string{"--listen", addr, "--token-file", tokenFile, "--workspace", ws}, args...)...)
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	d := &runningDaemon{cmd: cmd, exited: make(chan struct{})}
+	d := &runningDaemon{cmd: cmd, dir: dir, ws: ws, addr: addr, token: token, exited: make(chan struct{})}
 	go func() { d.waitErr = cmd.Wait(); close(d.exited) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
 		<-d.exited
 	})
-	c, err := agentclient.Dial(agentclient.Options{Address: "unix://" + sock, Token: token})
+	c, err := agentclient.Dial(agentclient.Options{Address: addr, Token: token})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -227,8 +228,9 @@ func dockerRun(ctx context.Context) (time.Duration, error) {
 }
 
 // benchMany keeps n sandboxes of a kind alive at once: how long creating
-// them took (4 at a time), one Exec round trip with all alive, the memory
-// of their daemons, and the harness's (this process's) own memory growth.
+// them took (createParallel at a time), one Exec round trip with all
+// alive, the memory of their daemons, and the harness's (this process's)
+// own memory growth.
 func benchMany(ctx context.Context, k sandboxKind, n int, memory func(ctx context.Context, sessions []*compute.Session) (string, error)) ([]row, error) {
 	c, done, err := k.client()
 	if err != nil {
@@ -259,29 +261,10 @@ func benchMany(ctx context.Context, k sandboxKind, n int, memory func(ctx contex
 		wg.Wait()
 	}()
 	start := time.Now()
-	errs := make(chan error, n)
-	var wg sync.WaitGroup
-	sem := make(chan struct{}, 4)
-	for i := range sessions {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			s, err := c.Create(ctx, compute.CreateOptions{})
-			if err == nil {
-				sessions[i] = s
-				err = s.Start(ctx)
-			}
-			errs <- err
-		}()
-	}
-	wg.Wait()
+	err = createSandboxes(ctx, c, sessions)
 	createAll := time.Since(start)
-	close(errs)
-	for err := range errs {
-		if err != nil {
-			return nil, fmt.Errorf("%s: create %d sandboxes: %w", k.name, n, err)
-		}
+	if err != nil {
+		return nil, fmt.Errorf("%s: create %d sandboxes: %w", k.name, n, err)
 	}
 	// Every one answers; the round trip with all of them alive.
 	var rtts []time.Duration
@@ -304,12 +287,47 @@ func benchMany(ctx context.Context, k sandboxKind, n int, memory func(ctx contex
 	}
 	label := fmt.Sprintf("%d %s sandboxes alive at once", n, k.name)
 	return []row{
-		{label + ": time to create and start all (4 at a time)", ms(createAll), fmt.Sprintf("%s per sandbox", ms1(createAll/time.Duration(n))), "", ""},
+		{label + fmt.Sprintf(": time to create and start all (%d at a time)", createParallel), ms(createAll), fmt.Sprintf("%s per sandbox", ms1(createAll/time.Duration(n))), "", ""},
 		{label + ": their total memory", mem, "", "", ""},
 		{label + ": Exec `" + strings.Join(firstCommand, " ") + "` round trip, p50 over all", us(rtt), "", "", ""},
 		{label + ": harness process RSS (holding the sessions)", fmt.Sprintf("%.1f MiB", float64(after.total)/1024),
 			fmt.Sprintf("%.1f MiB before creating them", float64(before.total)/1024), fmt.Sprintf("+%.0f KiB per session", float64(after.total-before.total)/float64(n)), ""},
 	}, nil
+}
+
+// createParallel is how many sandboxes createSandboxes creates at once.
+const createParallel = 4
+
+// createSandboxes creates and starts len(sessions) sandboxes, createParallel
+// at a time, filling sessions (a failed one stays nil, a created one that
+// failed to start stays, to be deleted). It waits for all and returns every
+// failure, joined.
+func createSandboxes(ctx context.Context, c *compute.Client, sessions []*compute.Session) error {
+	var wg sync.WaitGroup
+	errs := make(chan error, len(sessions))
+	sem := make(chan struct{}, createParallel)
+	for i := range sessions {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			s, err := c.Create(ctx, compute.CreateOptions{})
+			if err == nil {
+				sessions[i] = s
+				err = s.Start(ctx)
+			}
+			if err != nil {
+				errs <- fmt.Errorf("create sandbox %d: %w", i, err)
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	var all []error
+	for err := range errs {
+		all = append(all, err)
+	}
+	return errors.Join(all...)
 }
 
 // localDaemonsMemory sums RSS and PSS (from smaps_rollup) of the sessions'

@@ -129,7 +129,7 @@ func benchSoak(ctx context.Context, sc soakConfig) (rows []row, err error) {
 	}()
 
 	fmt.Fprintf(os.Stderr, "soak: creating %d local sandboxes ...\n", sc.sandboxes)
-	if err := soakCreate(ctx, c, sessions); err != nil {
+	if err := createSandboxes(ctx, c, sessions); err != nil {
 		return nil, err
 	}
 	// Every daemon is found before the load starts.
@@ -279,36 +279,6 @@ func fmtMark(d time.Duration) string {
 		return fmt.Sprintf("%d min", d/time.Minute)
 	}
 	return fmt.Sprintf("%d s", d/time.Second)
-}
-
-// soakCreate creates and starts the sandboxes, 4 at a time, filling
-// sessions (a failed one stays nil).
-func soakCreate(ctx context.Context, c *compute.Client, sessions []*compute.Session) error {
-	var wg sync.WaitGroup
-	errs := make(chan error, len(sessions))
-	sem := make(chan struct{}, 4)
-	for i := range sessions {
-		wg.Add(1)
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; wg.Done() }()
-			s, err := c.Create(ctx, compute.CreateOptions{})
-			if err == nil {
-				sessions[i] = s
-				err = s.Start(ctx)
-			}
-			if err != nil {
-				errs <- fmt.Errorf("create sandbox %d: %w", i, err)
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	var all []error
-	for err := range errs {
-		all = append(all, err)
-	}
-	return errors.Join(all...)
 }
 
 // soakOne is one sandbox's load until ctx ends: an Exec every soakExecEvery

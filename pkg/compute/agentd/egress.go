@@ -30,14 +30,16 @@ const egressRelayDialTimeout = 5 * time.Second
 // EgressRelay relays TCP connections to a loopback address inside the
 // sandbox to the harness's egress proxy on a unix socket.
 type EgressRelay struct {
-	// Listen is a loopback address and port ("127.0.0.1:3128").
+	// Listen is a loopback address and port; the providers pass
+	// egress.RelayAddr (package pkg/compute/egress).
 	Listen string
 	// Socket is the absolute path of the proxy's unix socket.
 	Socket string
 }
 
-// ParseEgressRelay reads "127.0.0.1:3128=unix:///run/bulkhead/egress.sock"
-// (the daemon's --egress-relay).
+// ParseEgressRelay reads LOOPBACK-IP:PORT=unix:///path.sock (the daemon's
+// --egress-relay), as egress.RelayArgs in pkg/compute/egress makes it with
+// egress.RelayAddr for the address.
 func ParseEgressRelay(s string) (EgressRelay, error) {
 	listen, target, ok := strings.Cut(s, "=")
 	socket, isUnix := strings.CutPrefix(target, "unix://")
