@@ -45,11 +45,11 @@ func main() {
 	logf := func(f string, a ...any) { fmt.Printf(f+"\n", a...) }
 	builds := []build{
 		{key: "s3", name: "versitygw " + s3server.Version, run: s3server.Binary},
-		// The GCS server of the gcs_mount tests (about 2.5 minutes cold on 2 cores).
+		// The GCS server of the gcs_mount tests (about 2 CPU-minutes cold).
 		{key: "gcs", name: "fake-gcs-server " + gcsserver.Version, run: gcsserver.Binary},
 		// The Kubernetes cluster of the kubernetes provider's tests, with
 		// etcd and its NetworkPolicy enforcer, in one go build (the
-		// longest: about 10 minutes cold on 2 cores).
+		// longest: about 12 CPU-minutes cold).
 		{key: "kube", name: "kubernetes " + kubeserver.KubernetesVersion + ", etcd " + kubeserver.EtcdVersion +
 			", kube-network-policies " + kubeserver.NetworkPolicyVersion, linux: true,
 			run: func(ctx context.Context) (string, error) {
@@ -75,21 +75,21 @@ func main() {
 		mu     sync.Mutex
 		failed bool
 	)
-	chosen := map[string]bool{}
+	// -only: the keys asked for (none: every build).
+	wanted := map[string]bool{}
 	for _, k := range strings.Split(*only, ",") {
 		if k = strings.TrimSpace(k); k != "" {
-			chosen[k] = true
+			wanted[k] = true
+		}
+	}
+	for k := range wanted {
+		if !slices.ContainsFunc(builds, func(b build) bool { return b.key == k }) {
+			fmt.Fprintf(os.Stderr, "prebuild: -only: no build is called %q (s3, gcs, kube, gvisor)\n", k)
+			os.Exit(2)
 		}
 	}
 	for _, b := range builds {
-		delete(chosen, b.key)
-	}
-	for k := range chosen {
-		fmt.Fprintf(os.Stderr, "prebuild: -only: no build is called %q (s3, gcs, kube, gvisor)\n", k)
-		os.Exit(2)
-	}
-	for _, b := range builds {
-		if b.linux && runtime.GOOS != "linux" || *only != "" && !slices.Contains(strings.Split(*only, ","), b.key) {
+		if b.linux && runtime.GOOS != "linux" || len(wanted) > 0 && !wanted[b.key] {
 			continue
 		}
 		wg.Add(1)
