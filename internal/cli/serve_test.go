@@ -1,7 +1,6 @@
 package cli
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,32 +9,14 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
-
-// syncBuffer is a bytes.Buffer safe for a writer and a reader.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 func TestServeBadFlags(t *testing.T) {
 	dir := t.TempDir()
@@ -70,7 +51,7 @@ type served struct {
 	ctx   context.Context
 	url   string
 	token string
-	errb  *syncBuffer
+	errb  *syncbuf.Buffer
 	done  chan int
 	stop  context.CancelFunc
 }
@@ -83,7 +64,7 @@ func startServe(t *testing.T, cmd, final, modelKey string) *served {
 	testenv.Require(t, testenv.Linux)
 	bin := agentdtest.Binaries(t).Agentd
 	state := testenv.SearchableTempDir(t)
-	s := &served{t: t, token: "tok-" + strings.ToLower(t.Name()) + "-0123456789", errb: &syncBuffer{}, done: make(chan int, 1)}
+	s := &served{t: t, token: "tok-" + strings.ToLower(t.Name()) + "-0123456789", errb: &syncbuf.Buffer{}, done: make(chan int, 1)}
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte(s.token+" acme\n"), 0o600); err != nil {
 		t.Fatal(err)

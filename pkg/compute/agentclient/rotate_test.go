@@ -1,7 +1,6 @@
 package agentclient_test
 
 import (
-	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
@@ -21,24 +21,6 @@ import (
 )
 
 func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
-
-// lockedBuffer collects the daemon's stderr while it runs.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 func hexToken(t *testing.T) string {
 	b := make([]byte, 32)
@@ -68,7 +50,7 @@ func TestRotateTokenRealDaemon(t *testing.T) {
 	}
 	sock := filepath.Join(dir, "agentd.sock")
 	cmd := exec.Command(bin.Agentd, "--listen", "unix://"+sock, "--token-file", tokenFile, "--workspace", ws, "--log-level", "debug")
-	var stderr lockedBuffer
+	var stderr syncbuf.Buffer
 	cmd.Stderr = &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -8,7 +8,6 @@ package kubernetes
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -26,6 +25,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
 	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testservers/kube"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
@@ -181,30 +181,13 @@ type child struct {
 	name  string
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	out   *lockedBuffer // stdout and stderr, for the failure log
-	ready chan struct{} // closed at childReady
-	done  chan struct{} // closed when stdout ends
+	out   *syncbuf.Buffer // stdout and stderr, for the failure log
+	ready chan struct{}   // closed at childReady
+	done  chan struct{}   // closed when stdout ends
 
 	results []childResult
 	crash   *childCrash
 	bad     []string // prefixed lines that did not parse
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // startChild starts the test binary in child mode with spec. Its output
@@ -218,7 +201,7 @@ func startChild(ctx context.Context, t *testing.T, name string, spec childSpec) 
 	}
 	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestClaimChildProcess$", "-test.v", "-test.count=1")
 	cmd.Env = append(os.Environ(), childEnv+"="+string(raw))
-	ch := &child{name: name, cmd: cmd, out: &lockedBuffer{}, ready: make(chan struct{}), done: make(chan struct{})}
+	ch := &child{name: name, cmd: cmd, out: &syncbuf.Buffer{}, ready: make(chan struct{}), done: make(chan struct{})}
 	cmd.Stderr = ch.out
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
@@ -31,7 +32,7 @@ const directToken = "direct-test-token-0123456789abcdef"
 // daemonProc is a sandbox-agentd started with exec.Command.
 type daemonProc struct {
 	cmd    *exec.Cmd
-	stderr *syncBuffer
+	stderr *syncbuf.Buffer
 	done   chan struct{}
 	socket string
 }
@@ -40,7 +41,7 @@ type daemonProc struct {
 // args and kills it at the end of the test if it still runs.
 func startDirect(t *testing.T, socket, name string, args ...string) *daemonProc {
 	t.Helper()
-	d := &daemonProc{cmd: exec.Command(name, args...), stderr: &syncBuffer{}, done: make(chan struct{}), socket: socket}
+	d := &daemonProc{cmd: exec.Command(name, args...), stderr: &syncbuf.Buffer{}, done: make(chan struct{}), socket: socket}
 	d.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	d.cmd.Stdout = d.stderr
 	d.cmd.Stderr = d.stderr

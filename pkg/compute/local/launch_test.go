@@ -26,6 +26,7 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
+	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
@@ -287,7 +288,7 @@ func TestTokenAndEnvironmentStayPrivate(t *testing.T) {
 // remove its socket and exit 0, without the drain timing out.
 func TestSIGTERMDrains(t *testing.T) {
 	ctx := testCtx(t)
-	var log syncBuffer
+	var log syncbuf.Buffer
 	s := startSandbox(t, Options{Stderr: &log})
 	st, err := s.Client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "sleep 1000 & echo $!; sleep 1000"}})
 	if err != nil {

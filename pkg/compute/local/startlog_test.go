@@ -13,6 +13,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/internal/testservers/runsc"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
@@ -95,7 +96,7 @@ func TestGVisorStartFailureSaysWhy(t *testing.T) {
 // the first startLogMax bytes are kept and the rest only counted; a
 // forwarding writer still gets everything.
 func TestStartLogBounded(t *testing.T) {
-	var fwd syncBuffer
+	var fwd syncbuf.Buffer
 	l, w, err := newStartLog(&fwd, "")
 	if err != nil {
 		t.Fatal(err)
@@ -169,7 +170,7 @@ func TestServingDaemonSurvivesClosedOutput(t *testing.T) {
 // does.
 func TestServingDaemonLogForwarded(t *testing.T) {
 	ctx := testCtx(t)
-	var log syncBuffer
+	var log syncbuf.Buffer
 	s := startSandbox(t, Options{Stderr: &log})
 	if !strings.Contains(log.String(), "sandbox-agentd ready") {
 		t.Errorf("start-up log not forwarded:\n%s", log.String())

@@ -22,13 +22,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
 )
 
 // agentdBin is the sandbox-agentd binary built by TestMain (agentdtest).
@@ -124,24 +123,7 @@ type daemon struct {
 	Workspace string
 	cmd       *exec.Cmd
 	exited    chan struct{}
-	logs      *lockedBuffer
-}
-
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
+	logs      *syncbuf.Buffer
 }
 
 // startDaemon starts sandbox-agentd as a remote sandbox and stops it when
@@ -176,7 +158,7 @@ func startDaemon(t *testing.T, o daemonOptions) *daemon {
 	}
 	token := fmt.Sprintf("%x", randomBytes(t, 32))
 	daemonToken := filepath.Join(dir, "daemon-token")
-	d := &daemon{Token: token, TokenFile: filepath.Join(dir, "harness-token"), Workspace: ws, exited: make(chan struct{}), logs: &lockedBuffer{}}
+	d := &daemon{Token: token, TokenFile: filepath.Join(dir, "harness-token"), Workspace: ws, exited: make(chan struct{}), logs: &syncbuf.Buffer{}}
 	for _, p := range []string{daemonToken, d.TokenFile} {
 		if err := os.WriteFile(p, []byte(token+"\n"), 0o600); err != nil {
 			t.Fatal(err)
