@@ -78,10 +78,11 @@ func (p Program) Install(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	base := filepath.Dir(filepath.Dir(bin))
+	defer p.tidy(base, filepath.Dir(bin))
 	if b, ok := p.Cached(); ok {
 		return b, nil
 	}
-	base := filepath.Dir(filepath.Dir(bin))
 	if err := os.MkdirAll(base, 0o755); err != nil {
 		return "", fmt.Errorf("%s: %w", p.Name, err)
 	}
@@ -135,6 +136,17 @@ func (p Program) Install(ctx context.Context) (string, error) {
 		return "", fmt.Errorf("%s: %w", p.Name, err)
 	}
 	return bin, nil
+}
+
+// tidy marks p's cache entry used and removes the entries of p's other
+// versions that were not used for StaleAfter. Failures are ignored: the
+// cache stays usable.
+func (p Program) tidy(base, entry string) {
+	now := time.Now()
+	if _, err := os.Stat(entry); err == nil {
+		MarkUsed(entry, now)
+	}
+	_, _ = PruneStale(base, p.Name+"-", filepath.Base(entry), StaleAfter, now)
 }
 
 // Tail is the last 2,000 characters of a command's output, for errors.

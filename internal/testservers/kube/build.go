@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/bulkhead-dev/bulkhead/internal/testservers/gotool"
 )
 
 // Versions the cluster runs. Kubernetes 1.34 is deliberate: it is the last
@@ -79,14 +81,11 @@ func cacheKey() string {
 }
 
 func cacheBase() (string, error) {
-	if b := os.Getenv("BULKHEAD_TESTSERVERS_DIR"); b != "" {
-		return b, nil
-	}
-	c, err := os.UserCacheDir()
+	base, err := gotool.CacheDir()
 	if err != nil {
-		return "", fmt.Errorf("kubeserver: user cache dir: %w", err)
+		return "", fmt.Errorf("kubeserver: %w", err)
 	}
-	return filepath.Join(c, "bulkhead", "testservers"), nil
+	return base, nil
 }
 
 // Binaries returns the cluster's binaries, building them first if the
@@ -108,6 +107,7 @@ func Binaries(ctx context.Context, logf func(string, ...any)) (Bins, error) {
 		return Bins{}, err
 	}
 	b := binsIn(dir)
+	defer tidyCache(dir)
 	if complete(dir) {
 		return b, nil
 	}
@@ -159,6 +159,18 @@ func Binaries(ctx context.Context, logf func(string, ...any)) (Bins, error) {
 		return Bins{}, fmt.Errorf("kubeserver: install the binaries: %w", err)
 	}
 	return b, nil
+}
+
+// tidyCache marks the cache entry dir used (when it is complete) and
+// removes the entries of other Kubernetes versions or build recipes that
+// were not used for gotool.StaleAfter (about 1 GB each). Failures are
+// ignored: the cache stays usable.
+func tidyCache(dir string) {
+	now := time.Now()
+	if complete(dir) {
+		gotool.MarkUsed(dir, now)
+	}
+	_, _ = gotool.PruneStale(filepath.Dir(dir), "kube-", filepath.Base(dir), gotool.StaleAfter, now)
 }
 
 // Built reports whether the binaries are in the cache already.
