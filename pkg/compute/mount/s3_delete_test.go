@@ -14,6 +14,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -91,6 +92,42 @@ func countOf(log []string, entry string) int {
 	return n
 }
 
+// startDeleteSession starts an S3 env on st whose Mounter sends through
+// rt, with the objects named (each holding its name) under a writable
+// mount "w" of a started session.
+func startDeleteSession(t *testing.T, st *storage, rt *deleteTransport, names ...string) (*env, *compute.Session) {
+	t.Helper()
+	rt.base = http.DefaultTransport
+	e := newEnvOn(t, st, func(c *mount.Config) { c.HTTPClient = &http.Client{Transport: rt} }, nil)
+	for _, k := range names {
+		e.put(t, k+".txt", k)
+	}
+	return e, e.started(t, map[string]*manifest.Entry{"w": e.entry(false)})
+}
+
+// deleteChangedAndPlain changes changed.txt remotely, deletes changed.txt
+// and plain.txt in the sandbox and syncs: changed.txt is a conflict (the
+// conflicts are wantConflicts) and kept, plain.txt is deleted. It returns
+// the HEAD and DELETE requests the sync sent.
+func deleteChangedAndPlain(t *testing.T, e *env, s *compute.Session, rt *deleteTransport, wantConflicts string) []string {
+	t.Helper()
+	e.put(t, "changed.txt", "changed remotely")
+	asRunAs(t, s, "rm w/changed.txt w/plain.txt")
+	rt.requests()
+	stats, err := e.mounter.Sync(ctxT(t), s)
+	log := rt.requests()
+	if !errors.Is(err, errkind.ErrConflict) || fmt.Sprint(stats.Conflicts) != wantConflicts || stats.Deleted != 1 {
+		t.Fatalf("second Sync = %+v, %v", stats, err)
+	}
+	if got, ok := e.get(t, "changed.txt"); !ok || got != "changed remotely" {
+		t.Fatalf("changed.txt = %q (present %v): deleted despite the remote change", got, ok)
+	}
+	if _, ok := e.get(t, "plain.txt"); ok {
+		t.Fatal("plain.txt, unchanged remotely, was not deleted")
+	}
+	return log
+}
+
 // TestWritableMountConditionalDelete: Versity Gateway honours If-Match on
 // DeleteObject, so a file deleted in the sandbox whose object changed
 // remotely is reported as a conflict and kept, even when the change lands
@@ -100,57 +137,30 @@ func countOf(log []string, entry string) int {
 // unchanged object is deleted.
 func TestWritableMountConditionalDelete(t *testing.T) {
 	testenv.Require(t, testenv.Root)
-	var e *env
-	rt := &deleteTransport{base: http.DefaultTransport, afterHead: map[string]func(){}}
+	st := s3Storage(t, manifest.TypeS3Mount)
 	var raceErr error
-	rt.afterHead["team/data/race.txt"] = func() {
-		_, raceErr = e.s3.PutObject(context.Background(), &s3.PutObjectInput{Bucket: &e.bucket, Key: aws.String("team/data/race.txt"), Body: strings.NewReader("remote wins")})
-	}
-	e = newEnv(t, func(c *mount.Config) { c.HTTPClient = &http.Client{Transport: rt} })
-	for _, k := range []string{"race", "changed", "plain", "kept"} {
-		e.put(t, "team/data/"+k+".txt", k)
-	}
-	s := e.session(t, map[string]*manifest.Entry{"w": e.mountEntry(manifest.TypeS3Mount, false)})
-	ctx := ctxT(t)
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	runAs := s.Manifest().RunAs
+	rt := &deleteTransport{afterHead: map[string]func(){"team/data/race.txt": func() {
+		raceErr = st.putObject(context.Background(), "team/data/race.txt", "remote wins")
+	}}}
+	e, s := startDeleteSession(t, st, rt, "race", "changed", "plain", "kept")
 
 	// The first delete: changed right after its HEAD.
-	if out, code := sh(t, s, runAs, "rm w/race.txt"); code != 0 {
-		t.Fatal(out)
-	}
+	asRunAs(t, s, "rm w/race.txt")
 	rt.requests()
-	stats, err := e.mounter.Sync(ctx, s)
+	stats, err := e.mounter.Sync(ctxT(t), s)
 	if raceErr != nil {
 		t.Fatal(raceErr)
 	}
 	if !errors.Is(err, errkind.ErrConflict) || fmt.Sprint(stats.Conflicts) != "[w/race.txt]" || stats.Deleted != 0 {
 		t.Fatalf("Sync = %+v, %v; want a conflict on w/race.txt", stats, err)
 	}
-	if got, ok := e.get(t, "team/data/race.txt"); !ok || got != "remote wins" {
+	if got, ok := e.get(t, "race.txt"); !ok || got != "remote wins" {
 		t.Fatalf("race.txt = %q (present %v): the remote change was deleted", got, ok)
 	}
 
 	// Now known to honour the condition: changed between the listing and
 	// the delete, caught by the delete itself, with no HEAD sent.
-	e.put(t, "team/data/changed.txt", "changed remotely")
-	if out, code := sh(t, s, runAs, "rm w/changed.txt w/plain.txt"); code != 0 {
-		t.Fatal(out)
-	}
-	rt.requests()
-	stats, err = e.mounter.Sync(ctx, s)
-	log := rt.requests()
-	if !errors.Is(err, errkind.ErrConflict) || fmt.Sprint(stats.Conflicts) != "[w/changed.txt w/race.txt]" || stats.Deleted != 1 {
-		t.Fatalf("second Sync = %+v, %v", stats, err)
-	}
-	if got, ok := e.get(t, "team/data/changed.txt"); !ok || got != "changed remotely" {
-		t.Fatalf("changed.txt = %q (present %v): deleted despite the remote change", got, ok)
-	}
-	if _, ok := e.get(t, "team/data/plain.txt"); ok {
-		t.Fatal("plain.txt, unchanged remotely, was not deleted")
-	}
+	log := deleteChangedAndPlain(t, e, s, rt, "[w/changed.txt w/race.txt]")
 	for _, k := range []string{"changed", "plain"} {
 		if n := countOf(log, "HEAD team/data/"+k+".txt"); n != 0 {
 			t.Fatalf("%s.txt was HEADed %d times before its conditional delete: %v", k, n, log)
@@ -159,7 +169,7 @@ func TestWritableMountConditionalDelete(t *testing.T) {
 			t.Fatalf("%s.txt: %d DELETEs, want 1: %v", k, n, log)
 		}
 	}
-	if got, _ := e.get(t, "team/data/kept.txt"); got != "kept" {
+	if got, _ := e.get(t, "kept.txt"); got != "kept" {
 		t.Fatalf("kept.txt = %q", got)
 	}
 }
@@ -171,47 +181,20 @@ func TestWritableMountConditionalDelete(t *testing.T) {
 // one is deleted.
 func TestWritableMountDeleteOnServerIgnoringIfMatch(t *testing.T) {
 	testenv.Require(t, testenv.Root)
-	var e *env
-	rt := &deleteTransport{base: http.DefaultTransport, ignoreIfMatch: true}
-	rt.deleteAnyway = func(key string) error {
-		_, err := e.s3.DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: &e.bucket, Key: aws.String(key)})
+	st := s3Storage(t, manifest.TypeS3Mount)
+	rt := &deleteTransport{ignoreIfMatch: true, deleteAnyway: func(key string) error {
+		_, err := st.s3.DeleteObject(context.Background(), &s3.DeleteObjectInput{Bucket: &st.bucket, Key: aws.String(key)})
 		return err
-	}
-	e = newEnv(t, func(c *mount.Config) { c.HTTPClient = &http.Client{Transport: rt} })
-	for _, k := range []string{"first", "changed", "plain"} {
-		e.put(t, "team/data/"+k+".txt", k)
-	}
-	s := e.session(t, map[string]*manifest.Entry{"w": e.mountEntry(manifest.TypeS3Mount, false)})
-	ctx := ctxT(t)
-	if err := s.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	runAs := s.Manifest().RunAs
-	if out, code := sh(t, s, runAs, "rm w/first.txt"); code != 0 {
-		t.Fatal(out)
-	}
-	if stats, err := e.mounter.Sync(ctx, s); err != nil || stats.Deleted != 1 {
+	}}
+	e, s := startDeleteSession(t, st, rt, "first", "changed", "plain")
+	asRunAs(t, s, "rm w/first.txt")
+	if stats, err := e.mounter.Sync(ctxT(t), s); err != nil || stats.Deleted != 1 {
 		t.Fatalf("first Sync = %+v, %v", stats, err)
 	}
-	if _, ok := e.get(t, "team/data/first.txt"); ok {
+	if _, ok := e.get(t, "first.txt"); ok {
 		t.Fatal("first.txt was not deleted")
 	}
-	e.put(t, "team/data/changed.txt", "changed remotely")
-	if out, code := sh(t, s, runAs, "rm w/changed.txt w/plain.txt"); code != 0 {
-		t.Fatal(out)
-	}
-	rt.requests()
-	stats, err := e.mounter.Sync(ctx, s)
-	log := rt.requests()
-	if !errors.Is(err, errkind.ErrConflict) || fmt.Sprint(stats.Conflicts) != "[w/changed.txt]" || stats.Deleted != 1 {
-		t.Fatalf("second Sync = %+v, %v", stats, err)
-	}
-	if got, ok := e.get(t, "team/data/changed.txt"); !ok || got != "changed remotely" {
-		t.Fatalf("changed.txt = %q (present %v): deleted despite the remote change", got, ok)
-	}
-	if _, ok := e.get(t, "team/data/plain.txt"); ok {
-		t.Fatal("plain.txt was not deleted")
-	}
+	log := deleteChangedAndPlain(t, e, s, rt, "[w/changed.txt]")
 	for _, k := range []string{"changed", "plain"} {
 		if n := countOf(log, "HEAD team/data/"+k+".txt"); n != 1 {
 			t.Fatalf("%s.txt: %d HEADs before deleting on a server that ignores If-Match, want 1: %v", k, n, log)
