@@ -2,6 +2,8 @@ package mount
 
 import (
 	"context"
+	"crypto/md5" //nolint:gosec // S3's single-part ETag, recognising an upload of ours, not a security measure
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
 	"errors"
@@ -145,7 +147,13 @@ func (b *s3Backend) head(ctx context.Context, key string) (string, error) {
 
 // put is If-Match the ETag (If-None-Match for a new key); a server that
 // does not implement conditional writes gets a plain PUT, the caller's
-// HEAD having been the check.
+// HEAD having been the check. The upload carries the bytes' SHA-256,
+// which the server checks and keeps. A failed condition whose object
+// holds these very bytes is a retried upload whose first answer was lost
+// (the first try landed, so the retry's condition no longer holds), not
+// a conflict: see ownUpload.
+//
+// One PutObject, never a multipart upload.
 func (b *s3Backend) put(ctx context.Context, key string, body io.ReadSeeker, size int64, sum string, ifVersion string) (string, error) {
 	raw, _ := hex.DecodeString(sum)
 	in := &s3.PutObjectInput{Bucket: &b.bucket, Key: aws.String(key), Body: body, ContentLength: aws.Int64(size),
@@ -165,11 +173,63 @@ func (b *s3Backend) put(ctx context.Context, key string, body io.ReadSeeker, siz
 	}
 	if err != nil {
 		if s3errs.IsPreconditionFailed(err) {
+			if etag, ok := b.ownUpload(ctx, key, body, size, raw); ok {
+				return etag, nil
+			}
 			return "", fmt.Errorf("%w: %w", errChanged, err)
 		}
 		return "", err
 	}
 	return aws.ToString(out.ETag), nil
+}
+
+// ownUpload tells whether the object at key holds the size bytes of body
+// (whose SHA-256 is sha), and returns its ETag if so: after a failed
+// condition, an upload of ours that landed although its answer was lost.
+//
+// It HEADs the object asking for its checksums. A SHA-256 kept for the
+// whole object (the one put sent: AWS S3 and Versity Gateway keep it and
+// show it) decides. Without one (a server keeping no checksums or only
+// composite ones, as R2's documentation lists for SHA-256, or an object
+// another writer uploaded without one), the object is ours if its ETag
+// is the MD5 of body, as a single-part upload's is. A multipart upload's
+// ETag ("MD5-of-the-parts'-MD5s-N") never matches, and neither does the
+// ETag of an object encrypted with SSE-KMS or SSE-C (not an MD5 of the
+// bytes): such an object without a SHA-256 stays a conflict, as before
+// this check, never wrongly ours. Both compare the size first.
+//
+// Another writer that uploaded exactly these bytes is indistinguishable
+// from our own lost answer, and counts as ours: the object then holds
+// what the sandbox wrote, and its ETag becomes the baseline, so nothing
+// is lost.
+func (b *s3Backend) ownUpload(ctx context.Context, key string, body io.ReadSeeker, size int64, sha []byte) (string, bool) {
+	h, err := b.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &b.bucket, Key: aws.String(key), ChecksumMode: types.ChecksumModeEnabled})
+	if err != nil {
+		return "", false
+	}
+	etag := aws.ToString(h.ETag)
+	if etag == "" || aws.ToInt64(h.ContentLength) != size {
+		return "", false
+	}
+	// A composite checksum (of the parts) ends in "-N", which base64 never
+	// holds.
+	if kept := aws.ToString(h.ChecksumSHA256); kept != "" && h.ChecksumType != types.ChecksumTypeComposite && !strings.Contains(kept, "-") {
+		if len(sha) != sha256.Size || kept != base64.StdEncoding.EncodeToString(sha) {
+			return "", false
+		}
+		return etag, true
+	}
+	m := md5.New() //nolint:gosec // see the import
+	if _, err := body.Seek(0, io.SeekStart); err != nil {
+		return "", false
+	}
+	if n, err := io.Copy(m, io.LimitReader(body, size)); err != nil || n != size {
+		return "", false
+	}
+	if !strings.EqualFold(strings.Trim(etag, `"`), hex.EncodeToString(m.Sum(nil))) {
+		return "", false
+	}
+	return etag, true
 }
 
 // What an S3 server does with If-Match on DeleteObject (s3Backend.deletes).
