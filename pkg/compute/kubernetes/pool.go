@@ -526,7 +526,9 @@ func (p *Provider) takeClaimed(ctx context.Context, st State, pod *corev1.Pod, s
 // update of its labels at the resourceVersion it was listed at. A
 // conflict means another harness claimed (or changed) it first; the next
 // candidate is tried. It returns errNoWarmPod when no Pod could be
-// claimed or the pool cannot serve this session.
+// claimed or the pool cannot serve this session; the error says why:
+// none was ready, claims lost to other claimers, or (wrapped) what each
+// Pod claimed and then given up failed with.
 func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSpec, root, runAs string) (*sandbox, error) {
 	pool, _ := p.cfg.pool(name)
 	if root != pool.Template.WorkspaceRoot {
@@ -548,6 +550,7 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 		lifetime.CreatedAt = time.Now()
 	}
 	conflicts := 0
+	var failed claimFailures
 	for i := range pods {
 		cand := &pods[i]
 		if !podReady(cand) || (cooling && stateOf(cand).Image == cd.image) {
@@ -620,14 +623,45 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 		if err != nil {
 			p.log.Warn("a claimed warm pod does not answer; deleting it", zap.String("pod", got.Name), zap.Error(err))
 			_ = p.deleteSandbox(ctx, st, true)
+			what := "did not answer"
+			if tr.err != nil {
+				what = "had no readable token"
+			}
+			failed = append(failed, fmt.Errorf("claimed pod %s %s: %w", got.Name, what, err))
 			continue
 		}
 		p.log.Info("claimed a warm pod", zap.String("pool", name), zap.String("pod", got.Name), zap.String("session", spec.SessionID))
 		return sb, nil
 	}
-	why := "none ready"
-	if conflicts > 0 {
-		why = fmt.Sprintf("%d lost to other claimers", conflicts)
+	lost := fmt.Sprintf("%d lost to other claimers", conflicts)
+	switch {
+	case len(failed) > 0 && conflicts > 0:
+		return nil, fmt.Errorf("%w %s (%w; %s)", errNoWarmPod, name, failed, lost)
+	case len(failed) > 0:
+		return nil, fmt.Errorf("%w %s (%w)", errNoWarmPod, name, failed)
+	case conflicts > 0:
+		return nil, fmt.Errorf("%w %s (%s)", errNoWarmPod, name, lost)
 	}
-	return nil, fmt.Errorf("%w %s (%s)", errNoWarmPod, name, why)
+	return nil, fmt.Errorf("%w %s (none ready)", errNoWarmPod, name)
 }
+
+// claimFailures are the claimed Pods a claim had to give up, each with
+// why; it wraps them all and names the first few.
+type claimFailures []error
+
+// claimFailuresShown is how many claimFailures.Error names.
+const claimFailuresShown = 3
+
+func (f claimFailures) Error() string {
+	msgs := make([]string, 0, claimFailuresShown+1)
+	for i, err := range f {
+		if i == claimFailuresShown {
+			msgs = append(msgs, fmt.Sprintf("and %d more", len(f)-i))
+			break
+		}
+		msgs = append(msgs, err.Error())
+	}
+	return strings.Join(msgs, "; ")
+}
+
+func (f claimFailures) Unwrap() []error { return f }

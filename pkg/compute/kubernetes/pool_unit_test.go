@@ -465,3 +465,206 @@ func TestClaimRacingAReattach(t *testing.T) {
 		})
 	}
 }
+
+// TestReattachRefusesAPodNotClaimedForIt: a hand-made state naming a warm
+// pool Pod that no claim gave its session (an unclaimed one, still on its
+// pool token, or one claimed by another session) is refused with
+// ErrInvalidArgument (not ErrNotFound, on which Client.Resume would
+// launch a replacement that deletes the Pod), and the refusal changes
+// nothing: only the Pod is read, its Secret is not staged or rotated, and
+// the daemon still takes the pool token. A Pod claimed for the state's
+// session is reattached to, with or without the caller naming the session.
+func TestReattachRefusesAPodNotClaimedForIt(t *testing.T) {
+	const key = "00112233aabbccdd"
+	cases := []struct {
+		name string
+		// claimedFor: the session the Pod's claim wrote ("" with claimed:
+		// no session recorded); claimed: LabelClaimed "true".
+		claimedFor      string
+		claimed         bool
+		state, caller   string // the state's session id, the caller's
+		wantAttached    bool
+		wantErrContains string
+	}{
+		{name: "unclaimed", state: "s1", caller: "s1", wantErrContains: "unclaimed pod"},
+		{name: "unclaimed, no session", wantErrContains: "unclaimed pod"},
+		{name: "claimed by another session", claimed: true, claimedFor: "other", state: "s1", caller: "s1", wantErrContains: `not claimed for session "s1"`},
+		{name: "claimed by another session, caller names none", claimed: true, claimedFor: "other", state: "s1", wantErrContains: `not claimed for session "s1"`},
+		{name: "state of another session than the caller's", claimed: true, claimedFor: "s1", state: "s1", caller: "s2", wantErrContains: `not claimed for session "s2"`},
+		{name: "claimed for no session", claimed: true, wantErrContains: `not claimed for session ""`},
+		{name: "claimed for it", claimed: true, claimedFor: "s1", state: "s1", caller: "s1", wantAttached: true},
+		{name: "claimed for it, caller names none", claimed: true, claimedFor: "s1", state: "s1", wantAttached: true},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			poolToken := mustHex(t)
+			port := tcpDaemon(t, poolToken)
+			pod, sec := warmPod(key, "warm", DefaultImage, "127.0.0.1", poolToken)
+			if tc.claimed {
+				pod.Labels[LabelClaimed] = "true"
+				if tc.claimedFor != "" {
+					pod.Labels[LabelSession] = sessionLabel(tc.claimedFor)
+					pod.Annotations[AnnotationSession] = tc.claimedFor
+				}
+			}
+			cs := fake.NewClientset(pod, sec)
+			strictSecretVersions(cs)
+			p, _ := observedProvider(t, Config{Connect: ConnectPodIP, Port: port, NetworkPolicy: new(bool), Pools: []Pool{{Name: "warm", Size: 1}}}, cs)
+			st := stateOf(pod)
+			st.SessionID = tc.state // hand-made
+			raw, err := st.encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			cs.ClearActions()
+			sb, err := p.Reattach(ctx, compute.LaunchSpec{SessionID: tc.caller}, raw)
+			if tc.wantAttached {
+				if err != nil {
+					t.Fatalf("reattach to a pod claimed for the session: %v", err)
+				}
+				defer sb.Close()
+				if _, err := sb.Agent().Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+					t.Fatalf("the reattached sandbox: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				_ = sb.Close()
+				t.Fatalf("reattached to a pod not claimed for session %q", tc.state)
+			}
+			if !errors.Is(err, compute.ErrInvalidArgument) || errors.Is(err, compute.ErrNotFound) || !strings.Contains(err.Error(), tc.wantErrContains) {
+				t.Fatalf("want invalid argument saying %q, got %v", tc.wantErrContains, err)
+			}
+			for _, a := range cs.Actions() {
+				if a.GetVerb() != "get" || a.GetResource().Resource != "pods" {
+					t.Errorf("a refused reattach did %s %s", a.GetVerb(), a.GetResource().Resource)
+				}
+			}
+			gotPod, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !equalMaps(gotPod.Labels, pod.Labels) || !equalMaps(gotPod.Annotations, pod.Annotations) {
+				t.Errorf("the pod's labels or annotations changed: %v %v", gotPod.Labels, gotPod.Annotations)
+			}
+			gotSec, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ts := readTokenSecret(gotSec); ts.token != poolToken || ts.next != "" || ts.rotated || ts.rv != sec.ResourceVersion {
+				t.Errorf("the Secret changed: staged %v, rotated %v, token kept %v", ts.next != "", ts.rotated, ts.token == poolToken)
+			}
+			if err := infoWithToken(ctx, t, port, poolToken); err != nil {
+				t.Errorf("the daemon no longer takes the pool token: %v", err)
+			}
+		})
+	}
+}
+
+func equalMaps(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if w, ok := b[k]; !ok || w != v {
+			return false
+		}
+	}
+	return true
+}
+
+// TestClaimSaysWhatFailed: a claim that gave up every Pod it claimed says
+// which and why (wrapping the causes), still as errNoWarmPod so Launch
+// goes cold; "none ready" is said only when no Pod was ready to claim.
+// The pool's three Pods, oldest first: one deleted right after its claim,
+// one whose token Secret is missing, one whose daemon never answers.
+func TestClaimSaysWhatFailed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().(*net.TCPAddr).Port // nothing answers there
+	_ = l.Close()
+
+	keys := []string{"0000000000000001", "0000000000000002", "0000000000000003"}
+	var objs []runtime.Object
+	start := time.Now()
+	for i, key := range keys {
+		pod, sec := warmPod(key, "warm", DefaultImage, "127.0.0.1", mustHex(t))
+		pod.CreationTimestamp = metav1.NewTime(start.Add(time.Duration(i) * time.Second))
+		objs = append(objs, pod)
+		if i != 1 {
+			objs = append(objs, sec)
+		}
+	}
+	cs := fake.NewClientset(objs...)
+	cfg := Config{Connect: ConnectPodIP, Port: closed, NetworkPolicy: new(bool), ReadyTimeout: 2 * time.Second,
+		Pools: []Pool{{Name: "warm", Size: 3}}}
+	p, _ := observedProvider(t, cfg, cs)
+	lose := withRotateHook(ctx, func(step rotateStep, st State) {
+		if step == stepClaimed && st.Key == keys[0] {
+			if err := cs.CoreV1().Pods("ns").Delete(ctx, st.Pod, metav1.DeleteOptions{}); err != nil {
+				t.Errorf("losing the pod: %v", err)
+			}
+		}
+	})
+
+	_, err = claimFrom(lose, p, "warm", "s1")
+	if !errors.Is(err, errNoWarmPod) {
+		t.Fatalf("want no warm pod, got %v", err)
+	}
+	t.Logf("the claim's error: %v", err)
+	msg := err.Error()
+	if strings.Contains(msg, "none ready") {
+		t.Errorf("the error says none was ready: %v", err)
+	}
+	for _, want := range []string{
+		"claimed pod " + podName(keys[0]) + " did not answer", "deleted during start-up",
+		"claimed pod " + podName(keys[1]) + " had no readable token",
+		"claimed pod " + podName(keys[2]) + " did not answer",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("the error does not say %q: %v", want, err)
+		}
+	}
+	for _, kind := range []error{compute.ErrUnavailable, compute.ErrNotFound, compute.ErrDeadlineExceeded} {
+		if !errors.Is(err, kind) {
+			t.Errorf("the error does not wrap the causes' %v: %v", kind, err)
+		}
+	}
+
+	// Nothing left to claim, or nothing ready: "none ready".
+	if _, err := claimFrom(ctx, p, "warm", "s2"); !errors.Is(err, errNoWarmPod) || !strings.HasSuffix(err.Error(), "(none ready)") {
+		t.Errorf("an empty pool: %v", err)
+	}
+	starting, sec := warmPod("0000000000000004", "warm", DefaultImage, "", mustHex(t))
+	starting.Status = corev1.PodStatus{Phase: corev1.PodPending}
+	for _, obj := range []runtime.Object{starting, sec} {
+		if err := cs.Tracker().Add(obj); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := claimFrom(ctx, p, "warm", "s3"); !errors.Is(err, errNoWarmPod) || !strings.HasSuffix(err.Error(), "(none ready)") {
+		t.Errorf("a pool of a starting pod: %v", err)
+	}
+}
+
+// TestClaimFailuresMessage: the claim's error names at most
+// claimFailuresShown failures, and how many more there were.
+func TestClaimFailuresMessage(t *testing.T) {
+	var f claimFailures
+	for i := range claimFailuresShown + 2 {
+		f = append(f, errors.New("e"+strconv.Itoa(i)))
+	}
+	if got, want := f.Error(), "e0; e1; e2; and 2 more"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if !errors.Is(f, f[4]) {
+		t.Errorf("the failures not named are not wrapped")
+	}
+}

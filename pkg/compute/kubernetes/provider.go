@@ -563,7 +563,8 @@ func (p *Provider) waitErr(ctx context.Context, name string) error {
 // its Secret (attach, which finishes a token rotation left half done). A
 // Pod that is gone, being deleted, evicted or exited gives an error
 // wrapping ErrNotFound (and saying why), so the session launches a
-// replacement and restores the snapshot.
+// replacement and restores the snapshot. A warm pool Pod not claimed for
+// the state's session is refused (claimedFor) before anything is changed.
 func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior json.RawMessage) (compute.Sandbox, error) {
 	st, err := DecodeState(prior)
 	if err != nil {
@@ -580,6 +581,9 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 	if pod.Labels[LabelKey] != st.Key || (st.UID != "" && string(pod.UID) != st.UID) {
 		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: pod %s is not this sandbox", st.Pod, compute.ErrNotFound, pod.Name)
 	}
+	if err := claimedFor(pod, st, spec.SessionID); err != nil {
+		return nil, err
+	}
 	if why := podDead(pod); why != "" {
 		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: the pod %s", st.Pod, compute.ErrNotFound, why)
 	}
@@ -590,6 +594,36 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 	_ = sb.Touch(ctx)
 	p.log.Info("reattached to the running sandbox", zap.String("session", st.SessionID), zap.String("pod", st.Pod))
 	return sb, nil
+}
+
+// claimedFor checks that a warm pool Pod named by a state to reattach to
+// was claimed for the state's session (and the caller's, when spec names
+// one): the claim's update marks it LabelClaimed "true" and writes the
+// session id in AnnotationSession, both at once. An unclaimed pool Pod
+// (still on its pool token, which a reattach of an unclaimed Pod would
+// not rotate) or one claimed by another session is not this sandbox:
+// reattaching to it would take a Pod no claim gave this session. The
+// error wraps ErrInvalidArgument, as a bad state does, and not
+// ErrNotFound, which would have Client.Resume launch a replacement with
+// this state as Prior, deleting the Pod. Pods of no pool pass.
+func claimedFor(pod *corev1.Pod, st State, sessionID string) error {
+	pool := pod.Labels[LabelPool]
+	if pool == "" {
+		return nil
+	}
+	if pod.Labels[LabelClaimed] != "true" {
+		return fmt.Errorf("kubernetes: sandbox %s: %w: pod %s is an unclaimed pod of warm pool %s (a state of a claimed sandbox is needed to reattach)",
+			st.Pod, compute.ErrInvalidArgument, pod.Name, pool)
+	}
+	owner, want := pod.Annotations[AnnotationSession], st.SessionID
+	if owner == want && sessionID != "" {
+		want = sessionID
+	}
+	if owner == "" || owner != want {
+		return fmt.Errorf("kubernetes: sandbox %s: %w: pod %s of warm pool %s was not claimed for session %q",
+			st.Pod, compute.ErrInvalidArgument, pod.Name, pool, want)
+	}
+	return nil
 }
 
 // Destroy deletes the sandbox's Pod (foreground: garbage collection

@@ -464,3 +464,94 @@ func oldDaemonImage(ctx context.Context, t *testing.T, e *kubeEnv) string {
 	}
 	return ref
 }
+
+// TestReattachRefusesAPoolPodNotClaimedForIt: on a real cluster, a
+// hand-made state naming an unclaimed warm Pod, and then one naming the
+// Pod once claimed by another session, are refused with
+// ErrInvalidArgument and change nothing (the Pod keeps its labels and
+// annotations, the Secret is not staged or rotated, the daemon keeps its
+// token); the claimer's own state reattaches.
+func TestReattachRefusesAPoolPodNotClaimedForIt(t *testing.T) {
+	e := newKubeEnv(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cfg := e.config(ConnectPortForward)
+	cfg.Pools = []Pool{{Name: "guard", Size: 1}}
+	p := e.provider(t, cfg)
+	warm := readyPool(ctx, t, p, "guard", 1)
+	key := warm[0].Labels[LabelKey]
+	before := e.secretTokens(ctx, t, key)
+
+	refused := func(session string, pod *corev1.Pod, sec tokenSecret, token string) {
+		t.Helper()
+		st := stateOf(pod)
+		st.SessionID = session
+		raw, err := st.encode()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sb, err := e.provider(t, cfg).Reattach(ctx, compute.LaunchSpec{SessionID: session}, raw)
+		if err == nil {
+			_ = sb.Close()
+			t.Fatalf("reattached session %s to pod %s", session, pod.Name)
+		}
+		if !errors.Is(err, compute.ErrInvalidArgument) {
+			t.Fatalf("want invalid argument, got %v", err)
+		}
+		cur, err := e.admin.CoreV1().Pods(e.ns).Get(ctx, pod.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !equalMaps(cur.Labels, pod.Labels) || !equalMaps(cur.Annotations, pod.Annotations) {
+			t.Errorf("the refused reattach changed the pod (claimed %q, session %q)", cur.Labels[LabelClaimed], cur.Annotations[AnnotationSession])
+		}
+		if now := e.secretTokens(ctx, t, key); now.rv != sec.rv || now.next != "" {
+			t.Errorf("the refused reattach changed the Secret (staged %v, rotated %v)", now.next != "", now.rotated)
+		}
+		if err := dialInfo(ctx, t, p, cur, token); err != nil {
+			t.Errorf("the daemon no longer takes its token: %v", err)
+		}
+	}
+
+	// Unclaimed: still in the pool afterwards.
+	refused("guard-1", &warm[0], before, before.token)
+	if left, _, err := p.poolPods(ctx, "guard"); err != nil || len(left) != 1 || left[0].Name != warm[0].Name {
+		t.Fatalf("the pool lost its pod: %d unclaimed, %v", len(left), err)
+	}
+
+	// Claimed by guard-1: guard-2's hand-made state is refused.
+	sb, err := claimFrom(ctx, p, "guard", "guard-1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		if err := p.deleteSandbox(ctx, sb.state, false); err != nil {
+			t.Errorf("destroy: %v", err)
+		}
+	})
+	_ = sb.Close()
+	if sb.state.Key != key {
+		t.Fatalf("claimed %s, not the pool's pod %s", sb.state.Pod, warm[0].Name)
+	}
+	claimed, err := e.admin.CoreV1().Pods(e.ns).Get(ctx, sb.state.Pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	settled := e.secretTokens(ctx, t, key)
+	refused("guard-2", claimed, settled, settled.token)
+
+	raw, err := sb.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	own, err := e.provider(t, cfg).Reattach(ctx, compute.LaunchSpec{SessionID: "guard-1"}, raw)
+	if err != nil {
+		t.Fatalf("the claimer's own state: %v", err)
+	}
+	defer own.Close()
+	if _, err := own.Agent().Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+		t.Fatal(err)
+	}
+}
