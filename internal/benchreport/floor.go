@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,6 +29,13 @@ type floor struct {
 // startFloor starts binDir/grpcfloor (built by `make bench`) and waits
 // until it answers a health check.
 func startFloor(ctx context.Context, binDir string) (*floor, error) {
+	return startFloorWith(ctx, binDir, nil, nil)
+}
+
+// startFloorWith is startFloor with extra environment for grpcfloor and
+// a writer for its stderr (nil: discarded); close waits until all it wrote
+// was copied there.
+func startFloorWith(ctx context.Context, binDir string, env []string, stderr io.Writer) (*floor, error) {
 	bin := filepath.Join(binDir, "grpcfloor")
 	if _, err := os.Stat(bin); err != nil {
 		return nil, fmt.Errorf("grpcfloor is not built (make bench builds it): %w", err)
@@ -39,6 +47,10 @@ func startFloor(ctx context.Context, binDir string) (*floor, error) {
 	f := &floor{dir: dir}
 	sock := filepath.Join(dir, "floor.sock")
 	f.cmd = exec.Command(bin, "-socket", sock)
+	if len(env) > 0 {
+		f.cmd.Env = append(os.Environ(), env...)
+	}
+	f.cmd.Stderr = stderr
 	if err := f.cmd.Start(); err != nil {
 		os.RemoveAll(dir)
 		return nil, err

@@ -8,6 +8,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"os"
@@ -169,7 +170,15 @@ func (k *kubeBench) benchMany(ctx context.Context, c *compute.Client, n int) ([]
 	before := k.req.Load()
 	start := time.Now()
 	creates := make([]time.Duration, n)
-	errs := make(chan error, n)
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	fail := func(stage string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		errs = append(errs, fmt.Errorf("%s: %w", stage, err))
+	}
 	sem := make(chan struct{}, parallel)
 	var wg sync.WaitGroup
 	for i := range n {
@@ -181,27 +190,26 @@ func (k *kubeBench) benchMany(ctx context.Context, c *compute.Client, n int) ([]
 			t0 := time.Now()
 			s, err := c.Create(ctx, compute.CreateOptions{})
 			if err != nil {
-				errs <- err
+				fail("create", err)
 				return
 			}
 			creates[i] = time.Since(t0)
 			defer func() {
 				if err := c.Delete(context.Background(), s); err != nil {
-					errs <- err
+					fail("delete", err)
 				}
 			}()
 			if err := s.Start(ctx); err != nil {
-				errs <- err
+				fail("start", err)
 				return
 			}
 			if _, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: firstCommand}}, nil); err != nil {
-				errs <- err
+				fail("exec", err)
 			}
 		}()
 	}
 	wg.Wait()
-	close(errs)
-	if err := <-errs; err != nil {
+	if err := summarizeErrors(errs, 3); err != nil {
 		return nil, fmt.Errorf("kubernetes: many sandboxes: %w", err)
 	}
 	total := time.Since(start)
@@ -213,4 +221,29 @@ func (k *kubeBench) benchMany(ctx context.Context, c *compute.Client, n int) ([]
 		{what + ": create p50 / p99", ms(p50) + " / " + ms(p99), "", "", ""},
 		{what + ": API requests per sandbox (watches, not polls)", fmt.Sprintf("%.1f", perSandbox), "", "", ""},
 	}, nil
+}
+
+// summarizeErrors is nil for no errors; otherwise how many there were and
+// the first limit distinct ones (by message), joined: many sandboxes
+// failing the same way say it once, without hiding another failure.
+func summarizeErrors(errs []error, limit int) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	seen := make(map[string]bool)
+	var first []error
+	for _, err := range errs {
+		msg := err.Error()
+		if seen[msg] {
+			continue
+		}
+		seen[msg] = true
+		if len(first) < limit {
+			first = append(first, err)
+		}
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return fmt.Errorf("%d failures, %d distinct, the first %d:\n%w", len(errs), len(seen), len(first), errors.Join(first...))
 }

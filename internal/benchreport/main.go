@@ -64,6 +64,9 @@ type config struct {
 	onlyServe bool
 	// Exec over a unix socket and TCP beside grpcfloor (execpath.go).
 	onlyExec bool
+	// Idle figures only: size, idle RSS and working set, package init cost
+	// (idle.go).
+	onlyIdle bool
 	// Memory after a burst (memory.go).
 	burstExecs int
 	onlyMemory bool
@@ -104,6 +107,7 @@ func main() {
 	flag.IntVar(&cfg.kubeSandboxes, "kube-sandboxes", 200, "kubernetes: sandboxes created, used and deleted through the API server (0: skip)")
 	flag.BoolVar(&cfg.onlyKube, "only-kubernetes", false, "measure only the kubernetes figures")
 	flag.BoolVar(&cfg.onlyExec, "only-exec", false, "measure only the exec path over a unix socket and TCP (with grpcfloor)")
+	flag.BoolVar(&cfg.onlyIdle, "only-idle", false, "measure only the idle figures beside grpcfloor: binary size, idle RSS, idle working set (clear_refs), package init cost (GODEBUG=inittrace=1)")
 	flag.IntVar(&cfg.burstExecs, "burst-execs", 1000, "Execs in the burst before the after-burst RSS reading")
 	flag.BoolVar(&cfg.onlyMemory, "only-memory", false, "measure only the daemon's RSS after a burst (and its peak during it)")
 	flag.StringVar(&cfg.memoryArgs, "memory-daemon-args", "", "extra flags for the burst's daemon, space-separated (--reclaim-idle=0: without reclaiming)")
@@ -213,33 +217,26 @@ func run(ctx context.Context, cfg config) error {
 		return report(cfg, r)
 	}
 
-	idle, err := readRSS(sb.PID())
-	if err != nil {
-		return err
-	}
-	fi, err := os.Stat(agentd)
-	if err != nil {
-		return err
-	}
-	add(row{"sandbox-agentd binary size (static, stripped)", mib(fi.Size()), "", "", "small"})
 	// The floor: grpc-go alone, serving health and reflection, built with
 	// the daemon's flags and with a client connected, as the daemon is.
 	fl, ferr := startFloor(ctx, cfg.binDir)
 	if ferr == nil {
 		defer fl.close()
-		base, err := readRSS(fl.pid())
-		if err != nil {
-			return err
-		}
-		add(row{"sandbox-agentd idle RSS: total (private anonymous + shared clean pages of the binary)", idle.String(),
-			base.String() + " (grpcfloor: grpc-go with health and reflection only)", fmt.Sprintf("%.2fx", float64(idle.total)/float64(base.total)), "< 10 MB"})
 	} else {
 		fmt.Fprintln(os.Stderr, "benchreport: no grpc-go floor:", ferr)
-		add(row{"sandbox-agentd idle RSS: total (private anonymous + shared clean pages of the binary)", idle.String(), "", "", "< 10 MB"})
+		fl = nil
+	}
+	r, err := benchIdle(ctx, cfg.binDir, agentd, sb.PID(), fl)
+	if err != nil {
+		return err
+	}
+	add(r...)
+	if cfg.onlyIdle {
+		return report(cfg, rows)
 	}
 
 	fmt.Fprintln(os.Stderr, "exec round trips ...")
-	r, err := benchExec(ctx, c, cfg.execN, fl)
+	r, err = benchExec(ctx, c, cfg.execN, fl)
 	if err != nil {
 		return err
 	}

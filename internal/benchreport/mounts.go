@@ -100,8 +100,8 @@ func benchMounts(ctx context.Context, agentd string, objects int, total int64) (
 	return rows, nil
 }
 
-// parallel runs f(i) for i in [0, n) on conc goroutines; the first error
-// wins.
+// parallel runs f(i) for i in [0, n) on conc goroutines and returns every
+// error, joined.
 func parallel(n, conc int, f func(i int) error) error {
 	var (
 		wg   sync.WaitGroup

@@ -245,20 +245,9 @@ func benchMany(ctx context.Context, k sandboxKind, n int, memory func(ctx contex
 	}
 	sessions := make([]*compute.Session, n)
 	defer func() {
-		var wg sync.WaitGroup
-		sem := make(chan struct{}, 8)
-		for _, s := range sessions {
-			if s == nil {
-				continue
-			}
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				_ = c.Delete(context.Background(), s)
-			}()
+		if err := deleteSessions(context.Background(), c, sessions); err != nil {
+			fmt.Fprintf(os.Stderr, "%s: cleanup: %v\n", k.name, err)
 		}
-		wg.Wait()
 	}()
 	start := time.Now()
 	err = createSandboxes(ctx, c, sessions)
@@ -328,6 +317,30 @@ func createSandboxes(ctx context.Context, c *compute.Client, sessions []*compute
 		all = append(all, err)
 	}
 	return errors.Join(all...)
+}
+
+// deleteParallel is how many sandboxes deleteSessions deletes at once.
+const deleteParallel = 8
+
+// deleteSessions deletes the non-nil sessions, deleteParallel at a time,
+// waits for all and returns every failure, joined.
+func deleteSessions(ctx context.Context, c *compute.Client, sessions []*compute.Session) error {
+	var idx []int
+	for i, s := range sessions {
+		if s != nil {
+			idx = append(idx, i)
+		}
+	}
+	if len(idx) == 0 {
+		return nil
+	}
+	return parallel(len(idx), min(deleteParallel, len(idx)), func(j int) error {
+		i := idx[j]
+		if err := c.Delete(ctx, sessions[i]); err != nil {
+			return fmt.Errorf("delete sandbox %d: %w", i, err)
+		}
+		return nil
+	})
 }
 
 // localDaemonsMemory sums RSS and PSS (from smaps_rollup) of the sessions'

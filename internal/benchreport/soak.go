@@ -99,27 +99,7 @@ func benchSoak(ctx context.Context, sc soakConfig) (rows []row, err error) {
 	defer func() {
 		dctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		defer cancel()
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var derrs []error
-		sem := make(chan struct{}, 8)
-		for i, s := range sessions {
-			if s == nil {
-				continue
-			}
-			wg.Add(1)
-			sem <- struct{}{}
-			go func() {
-				defer func() { <-sem; wg.Done() }()
-				if err := c.Delete(dctx, s); err != nil {
-					mu.Lock()
-					derrs = append(derrs, fmt.Errorf("delete sandbox %d: %w", i, err))
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		if derr := errors.Join(derrs...); derr != nil {
+		if derr := deleteSessions(dctx, c, sessions); derr != nil {
 			fmt.Fprintln(os.Stderr, "soak: cleanup:", derr)
 			if err == nil {
 				err = derr
