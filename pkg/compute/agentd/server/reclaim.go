@@ -22,6 +22,14 @@ const DefaultReclaimIdle = 2 * time.Second
 // (Config.ReclaimGrowth).
 const DefaultReclaimGrowth = 2 << 20
 
+// reclaimMinGain is how much the memory the runtime holds must have grown
+// since the last reclaim (or start-up) for the end of a burst to reclaim:
+// after a few small calls there is nothing to give back, and a reclaim
+// then costs more than it returns. Measured: a fresh daemon reclaiming
+// after its first small calls went from 12.2 to 13.1 MiB RSS (the first
+// collections' own metadata), and stayed there.
+const reclaimMinGain = 1 << 20
+
 // reclaimEvery is the least time between two reclaims under load: a
 // reclaim is a full collection plus returning every free page, a few
 // milliseconds of CPU at the daemon's heap sizes and page faults to touch
@@ -48,7 +56,9 @@ const reclaimLull = 100 * time.Millisecond
 // process, so only their messages count as activity. Health checks and
 // reflection are no activity at all: a probe must not make the daemon
 // reclaim periodically. Reclaiming happens once per burst, never while a
-// call is in flight, and nothing runs while the daemon idles.
+// call is in flight, and nothing runs while the daemon idles; a burst that
+// grew the runtime's memory by less than minGain since the last reclaim is
+// left alone (its growth still counts toward the next one).
 //
 // A daemon under steady load (an Exec a second, a file written every few
 // seconds) is never idle that long, and its memory creeps up: garbage
@@ -66,6 +76,7 @@ type reclaimer struct {
 	log     *zap.Logger
 
 	growth   uint64        // reclaim under load past this growth; 0: never
+	minGain  uint64        // least growth for a burst's end to reclaim; 0: always
 	every    time.Duration // least time between reclaims under load
 	lull     time.Duration // quiet a reclaim under load waits for
 	retained func() uint64 // what growth is measured on (tests replace it)
@@ -78,7 +89,7 @@ type reclaimer struct {
 // newReclaimer returns a reclaimer that calls reclaim once each burst has
 // been over for idle; its interceptors record activity, and run waits.
 func newReclaimer(idle time.Duration, reclaim func(), log *zap.Logger) *reclaimer {
-	return &reclaimer{idle: idle, reclaim: reclaim, log: log, growth: DefaultReclaimGrowth, every: reclaimEvery,
+	return &reclaimer{idle: idle, reclaim: reclaim, log: log, growth: DefaultReclaimGrowth, minGain: reclaimMinGain, every: reclaimEvery,
 		lull: reclaimLull, retained: heapRetained, wake: make(chan struct{}, 1)}
 }
 
@@ -175,6 +186,11 @@ func (r *reclaimer) run(ctx context.Context) {
 			continue // no call since the last reclaim
 		}
 		last = seen
+		if now := r.retained(); now < baseline+r.minGain {
+			// Growth stays measured from baseline: small bursts add up.
+			r.log.Debug("memory not reclaimed: it hardly grew", zap.Uint64("retained", now), zap.Uint64("retained_after_last", baseline))
+			continue
+		}
 		doReclaim("a burst")
 	}
 }

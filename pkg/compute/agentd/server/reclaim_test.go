@@ -81,7 +81,7 @@ func (c *countingReclaim) expectReclaims(n int64, during string) {
 // test process's own memory, is off (see startLoadReclaimer).
 func startTestReclaimer(t *testing.T, r *reclaimer) *countingReclaim {
 	t.Helper()
-	r.growth = 0
+	r.growth, r.minGain = 0, 0 // every burst counts, whatever the test process's memory does
 	return runTestReclaimer(t, r, testReclaimIdle, quietStretch)
 }
 
@@ -173,6 +173,30 @@ func TestReclaimerOncePerBurstNeverDuringOne(t *testing.T) {
 	c.expectReclaims(4, "idle after a burst of calls")
 }
 
+// TestReclaimerSkipsABurstThatHardlyGrew checks that the end of a burst
+// reclaims only once the runtime's memory grew by minGain since the last
+// reclaim, and that small bursts add up to that.
+func TestReclaimerSkipsABurstThatHardlyGrew(t *testing.T) {
+	r := newReclaimer(testReclaimIdle, nil, zap.NewNop())
+	f := &fakeRetained{}
+	f.n.Store(10 << 20)
+	r.retained, r.growth = f.retained, 0
+	c := runTestReclaimer(t, r, testReclaimIdle, quietStretch)
+
+	r.begin(true)()
+	c.expectReclaims(0, "a burst that did not grow")
+	f.n.Add(600 << 10)
+	r.begin(true)()
+	c.expectReclaims(0, "a burst that grew 600 KiB")
+	f.n.Add(600 << 10) // 1.2 MiB since start-up in all
+	r.begin(true)()
+	c.waitReclaims(1)
+	c.expectReclaims(1, "after bursts that grew 1.2 MiB in all")
+	// The baseline is what the reclaim left.
+	r.begin(true)()
+	c.expectReclaims(1, "a burst that did not grow after a reclaim")
+}
+
 // steadyLoad is a daemon that is never idle for testLoadIdle: a quick call
 // every loadPeriod (a stream following a process, so that a reclaim
 // running as the next one starts is no error), until stop.
@@ -222,7 +246,9 @@ func TestReclaimerUnderSteadyLoad(t *testing.T) {
 	// Once the load stops, the burst is over: the reclaim after it. (A
 	// call after the last reclaim under load makes it a burst still
 	// unreclaimed: stopping right after that reclaim, before the next
-	// tick, would rightly leave nothing to reclaim.)
+	// tick, would rightly leave nothing to reclaim.) It grew since the
+	// last reclaim, or the end of the burst would not reclaim (minGain).
+	f.n.Add(reclaimMinGain)
 	end := r.begin(false)
 	r.active()
 	end()
