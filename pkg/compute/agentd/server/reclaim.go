@@ -186,7 +186,7 @@ func (r *reclaimer) run(ctx context.Context) {
 			continue // no call since the last reclaim
 		}
 		last = seen
-		if now := r.retained(); now < baseline+r.minGain {
+		if now := r.retained(); r.minGain > 0 && now < baseline+r.minGain {
 			// Growth stays measured from baseline: small bursts add up.
 			r.log.Debug("memory not reclaimed: it hardly grew", zap.Uint64("retained", now), zap.Uint64("retained_after_last", baseline))
 			continue
