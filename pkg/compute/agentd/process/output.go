@@ -199,6 +199,17 @@ func (l *outputLog) seal() {
 	l.segHead = 0
 }
 
+// drop frees every retained byte and the stream index: from then on a
+// read from any cursor reports the bytes up to the end as dropped and
+// returns none. The end offset stays, so cursors keep their meaning. The
+// log must be sealed (nothing is appended any more). Memory the caller
+// lent out of the ring stays valid: it is only no longer referenced here.
+func (l *outputLog) drop() {
+	l.start = l.end
+	l.buf = nil
+	l.segs, l.segHead = nil, 0
+}
+
 // view is read without copying: the chunks' data aliases the ring's
 // storage, valid until the ring overwrites or moves those bytes. Chunks are
 // also split where the ring wraps around, so two adjacent chunks may have

@@ -172,6 +172,25 @@ func (p *proc) delivered(f *follower, next int64) {
 	p.mu.Unlock()
 }
 
+// dropDelivered frees the retained output once f delivered the exit
+// (AttachOptions.ReleaseAtExit), unless another follower is attached or
+// the HoldOutput reservation is still pending: they keep it. Under p.mu, a
+// follower attaching concurrently is either attached first (the output is
+// kept for it) or sees it dropped.
+func (p *proc) dropDelivered(f *follower) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.exit == nil || !p.out.sealed || p.reserved != nil {
+		return
+	}
+	for _, g := range p.followers {
+		if g != f {
+			return
+		}
+	}
+	p.out.drop()
+}
+
 // wakePumpsLocked wakes the pumps waiting for room. p.mu must be held.
 func (p *proc) wakePumpsLocked() {
 	if p.space != nil {

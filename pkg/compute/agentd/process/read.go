@@ -100,6 +100,17 @@ type AttachOptions struct {
 	// Exec uses it to send the started process together with a quick
 	// command's output and exit, yet promptly for a slow one.
 	FirstWithin time.Duration
+	// ReleaseAtExit frees the process's retained output once fn has
+	// delivered the exit (returned nil for the result carrying Exit, so
+	// all the output went out before it), unless at that moment another
+	// follower is attached (it keeps the output, and reads it all) or a
+	// HoldOutput reservation is still waiting for one. The process stays
+	// known, with its exit status, until its exit retention ends; a later
+	// Read or Attach from any cursor gets no bytes, the freed ones counted
+	// as Dropped, and the exit. Exec uses it: its client got everything,
+	// and a chatty command's ring (up to Config.OutputBufferBytes) would
+	// otherwise be kept for nobody for the retention.
+	ReleaseAtExit bool
 }
 
 // AttachWith is Attach with options.
@@ -134,6 +145,9 @@ func (m *Manager) AttachWith(ctx context.Context, id string, cursor int64, opts 
 			return err
 		}
 		if r.Exit != nil {
+			if opts.ReleaseAtExit {
+				p.dropDelivered(f)
+			}
 			return nil
 		}
 	}

@@ -119,6 +119,12 @@ const execStartedWithin = 2 * time.Millisecond
 // The first message carries the started process, together with the output
 // and exit that arrived within execStartedWithin (a quick command is one
 // message); it is not held back when stdin is written.
+//
+// Once the exit was sent, the process's output is freed (unless another
+// Attach or Exec stream follows it right then): the client has it all, and
+// the daemon would otherwise keep a chatty command's last
+// --output-buffer-bytes for the exit retention. A later ReadOutput or
+// Attach reports it as dropped.
 func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.ProcessService_ExecServer) error {
 	ctx := stream.Context()
 	opts := startOptions(req.GetSpec(), req.GetRequestId())
@@ -141,7 +147,7 @@ func (s *processService) Exec(req *agentdv1.ExecRequest, stream agentdv1.Process
 		}
 	}()
 	started := processInfo(info)
-	var attach process.AttachOptions
+	attach := process.AttachOptions{ReleaseAtExit: true}
 	if len(req.GetStdin()) > 0 {
 		if err := stream.Send(&agentdv1.ExecResponse{Started: started}); err != nil {
 			return err

@@ -469,6 +469,60 @@ func TestOutputBufferWrapReportsDropped(t *testing.T) {
 	}
 }
 
+func TestExecFreesOutputOnceExitSent(t *testing.T) {
+	// Once Exec sent the exit, the daemon no longer keeps the output: a
+	// later ReadOutput or Attach reports it all as dropped, with the exit.
+	// Start + Attach keeps it for the exit retention.
+	td := newTestDaemon(t, nil)
+	ctx := ctxT(t)
+	const size = 100000
+	cmd := sh(fmt.Sprintf("head -c %d /dev/zero", size))
+	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: cmd}, nil)
+	if err != nil || len(res.Stdout) != size || res.Dropped != 0 || res.Exit == nil {
+		t.Fatalf("Exec: %d bytes, dropped %d, exit %v, %v", len(res.Stdout), res.Dropped, res.Exit, err)
+	}
+	id := res.Process.GetProcessId()
+	out, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id})
+	if err != nil || len(out.GetChunks()) != 0 || out.GetDroppedBytes() != size || out.GetNextCursor() != size || out.GetExit() == nil {
+		t.Fatalf("ReadOutput from 0 after Exec: %d chunks, dropped %d, next %d, exit %v, %v",
+			len(out.GetChunks()), out.GetDroppedBytes(), out.GetNextCursor(), out.GetExit(), err)
+	}
+	var got, dropped int64
+	exit, err := td.client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: id}, func(m *agentdv1.AttachResponse) error {
+		got += int64(len(joinData(m.GetChunks())))
+		dropped += m.GetDroppedBytes()
+		return nil
+	})
+	if err != nil || got != 0 || dropped != size || exit == nil {
+		t.Fatalf("Attach from 0 after Exec: got %d, dropped %d, exit %v, %v", got, dropped, exit, err)
+	}
+	list, err := td.client.List(ctx, &agentdv1.ListRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	listed := false
+	for _, p := range list.GetProcesses() {
+		listed = listed || (p.GetProcessId() == id && p.GetState() == agentdv1.ProcessState_PROCESS_STATE_EXITED && p.GetExit() != nil)
+	}
+	if !listed {
+		t.Fatalf("the Exec'd process is not listed with its exit: %v", list.GetProcesses())
+	}
+
+	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: cmd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	id = st.GetProcess().GetProcessId()
+	if got := readAll(t, td.client, id); len(got) != size {
+		t.Fatalf("Start + Attach: %d bytes", len(got))
+	}
+	out, err = td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, MaxBytes: size})
+	if err != nil || len(joinData(out.GetChunks())) != size || out.GetDroppedBytes() != 0 || out.GetExit() == nil {
+		t.Fatalf("ReadOutput from 0 after Start + Attach: %d bytes, dropped %d, exit %v, %v",
+			len(joinData(out.GetChunks())), out.GetDroppedBytes(), out.GetExit(), err)
+	}
+}
+
 func TestExecAndAttachFlowControl(t *testing.T) {
 	// With a client attached, nothing is dropped however small the ring:
 	// the process is held back while the client is slow.

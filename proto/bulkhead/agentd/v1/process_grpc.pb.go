@@ -46,8 +46,11 @@ type ProcessServiceClient interface {
 	// request_id returns the same process and never starts a second one.
 	Start(ctx context.Context, in *StartRequest, opts ...grpc.CallOption) (*StartResponse, error)
 	// ReadOutput returns output from a cursor, waiting up to yield_time for some.
+	// Output no longer kept (overwritten in the daemon's buffer, or freed after
+	// an Exec delivered the exit) is reported in dropped_bytes.
 	ReadOutput(ctx context.Context, in *ReadOutputRequest, opts ...grpc.CallOption) (*ReadOutputResponse, error)
-	// Attach streams output from a cursor until the process exits.
+	// Attach streams output from a cursor until the process exits. Output no
+	// longer kept (as for ReadOutput) is reported in dropped_bytes.
 	Attach(ctx context.Context, in *AttachRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[AttachResponse], error)
 	// WriteStdin writes to the process's stdin (pipe or terminal) at an offset.
 	WriteStdin(ctx context.Context, in *WriteStdinRequest, opts ...grpc.CallOption) (*WriteStdinResponse, error)
@@ -63,6 +66,9 @@ type ProcessServiceClient interface {
 	List(ctx context.Context, in *ListRequest, opts ...grpc.CallOption) (*ListResponse, error)
 	// Exec starts a process, streams its output and ends with its exit status.
 	// Unlike Start, the process is killed if the stream ends before it exits.
+	// Once the exit status is sent, the output is no longer kept: a later
+	// ReadOutput or Attach reports it as dropped (the process stays listed with
+	// its exit status). Use Start and Attach to read the output more than once.
 	Exec(ctx context.Context, in *ExecRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[ExecResponse], error)
 }
 
@@ -207,8 +213,11 @@ type ProcessServiceServer interface {
 	// request_id returns the same process and never starts a second one.
 	Start(context.Context, *StartRequest) (*StartResponse, error)
 	// ReadOutput returns output from a cursor, waiting up to yield_time for some.
+	// Output no longer kept (overwritten in the daemon's buffer, or freed after
+	// an Exec delivered the exit) is reported in dropped_bytes.
 	ReadOutput(context.Context, *ReadOutputRequest) (*ReadOutputResponse, error)
-	// Attach streams output from a cursor until the process exits.
+	// Attach streams output from a cursor until the process exits. Output no
+	// longer kept (as for ReadOutput) is reported in dropped_bytes.
 	Attach(*AttachRequest, grpc.ServerStreamingServer[AttachResponse]) error
 	// WriteStdin writes to the process's stdin (pipe or terminal) at an offset.
 	WriteStdin(context.Context, *WriteStdinRequest) (*WriteStdinResponse, error)
@@ -224,6 +233,9 @@ type ProcessServiceServer interface {
 	List(context.Context, *ListRequest) (*ListResponse, error)
 	// Exec starts a process, streams its output and ends with its exit status.
 	// Unlike Start, the process is killed if the stream ends before it exits.
+	// Once the exit status is sent, the output is no longer kept: a later
+	// ReadOutput or Attach reports it as dropped (the process stays listed with
+	// its exit status). Use Start and Attach to read the output more than once.
 	Exec(*ExecRequest, grpc.ServerStreamingServer[ExecResponse]) error
 	mustEmbedUnimplementedProcessServiceServer()
 }
