@@ -41,11 +41,16 @@
     return el;
   }
 
+  // refusal is why the sign-in page shows: kept until a token is entered
+  // or forgotten by hand, so that navigating (or another call refused at
+  // the same moment) does not lose it.
+  let refusal = '';
   function showError(err) {
     alertBox.textContent = err ? (err.message || String(err)) : '';
     if (err && err.code === 'unauthenticated') {
       api.forgetToken();
-      render('The service refused the token: ' + err.message);
+      refusal = 'The service refused the token: ' + err.message;
+      render();
     }
   }
   function announce(text) { statusBox.textContent = text; }
@@ -98,7 +103,7 @@
       h('h1', null, 'Sign in'),
       h('form', {
         class: 'token', id: 'token-form',
-        onsubmit: (e) => { e.preventDefault(); api.setToken(input.value); input.value = ''; render(); },
+        onsubmit: (e) => { e.preventDefault(); api.setToken(input.value); input.value = ''; refusal = ''; render(); },
       },
       message ? h('p', { class: 'muted' }, message) : null,
       h('label', { for: 'token' }, 'Access token'),
@@ -532,7 +537,7 @@
     alertBox.textContent = '';
     document.getElementById('forget-token').hidden = !api.token();
     if (!api.token()) {
-      view.replaceChildren(...tokenPage(typeof message === 'string' ? message : ''));
+      view.replaceChildren(...tokenPage(typeof message === 'string' && message ? message : refusal));
       document.title = 'Sign in · Bulkhead console';
       return;
     }
@@ -558,7 +563,7 @@
     }
   }
 
-  document.getElementById('forget-token').addEventListener('click', () => { api.forgetToken(); render(); });
+  document.getElementById('forget-token').addEventListener('click', () => { api.forgetToken(); refusal = ''; render(); });
   window.addEventListener('hashchange', () => render());
   render();
 })();
