@@ -416,6 +416,13 @@ func (p *proc) readOnce(fd int, s Stream) (int, error) {
 	p.mu.Unlock()
 	n, err := unix.Read(fd, dst)
 	if n <= 0 {
+		if n == 0 && err == nil && p.discard != nil {
+			// End of file: this output needs the discard buffer no more.
+			// It is not kept for the exit retention (32 KiB for every
+			// exited process, 2 MiB over the 64 kept); the other output,
+			// if still open, allocates it again.
+			p.discard = nil
+		}
 		return 0, err
 	}
 	p.mu.Lock()

@@ -189,3 +189,40 @@ func TestStartedProcessKeepsOutput(t *testing.T) {
 		t.Fatalf("Read from 0 = dropped %d, next %d, exit %v, %v", r.Dropped, r.NextCursor, r.Exit, err)
 	}
 }
+
+// TestDiscardBufferNotKeptAfterEOF checks that the buffer a pump reads
+// into once the exit was reported (output after it is discarded) is let go
+// at end of file, not kept with the exited process for its retention.
+func TestDiscardBufferNotKeptAfterEOF(t *testing.T) {
+	m := newTestManager(t, Config{})
+	// The leader exits at once; a background job keeps the output open and
+	// writes after the exit was reported.
+	info := mustStart(t, m, StartOptions{Command: "(sleep 0.3; echo late; sleep 0.2) & exit 0"})
+	if _, err := m.Wait(testCtx(t), info.ID); err != nil {
+		t.Fatal(err)
+	}
+	p, err := m.lookup("test", info.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sawDiscard := false
+	eventually(t, 5*time.Second, "the background job's output read and its end of file seen", func() bool {
+		p.landMu.Lock()
+		sawDiscard = sawDiscard || p.discard != nil
+		p.landMu.Unlock()
+		select {
+		case <-p.drained:
+			return true
+		default:
+			return false
+		}
+	})
+	p.landMu.Lock()
+	defer p.landMu.Unlock()
+	if p.discard != nil {
+		t.Fatalf("the exited process keeps a %d-byte discard buffer after end of file", len(p.discard))
+	}
+	if !sawDiscard {
+		t.Log("the discard buffer was not seen in use (the late write may have landed between polls)")
+	}
+}
