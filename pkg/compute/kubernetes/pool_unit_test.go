@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -547,7 +548,7 @@ func TestReattachRefusesAPodNotClaimedForIt(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !equalMaps(gotPod.Labels, pod.Labels) || !equalMaps(gotPod.Annotations, pod.Annotations) {
+			if !maps.Equal(gotPod.Labels, pod.Labels) || !maps.Equal(gotPod.Annotations, pod.Annotations) {
 				t.Errorf("the pod's labels or annotations changed: %v %v", gotPod.Labels, gotPod.Annotations)
 			}
 			gotSec, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{})
@@ -562,18 +563,6 @@ func TestReattachRefusesAPodNotClaimedForIt(t *testing.T) {
 			}
 		})
 	}
-}
-
-func equalMaps(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if w, ok := b[k]; !ok || w != v {
-			return false
-		}
-	}
-	return true
 }
 
 // TestClaimSaysWhatFailed: a claim that gave up every Pod it claimed says

@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -502,7 +503,7 @@ func TestReattachRefusesAPoolPodNotClaimedForIt(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !equalMaps(cur.Labels, pod.Labels) || !equalMaps(cur.Annotations, pod.Annotations) {
+		if !maps.Equal(cur.Labels, pod.Labels) || !maps.Equal(cur.Annotations, pod.Annotations) {
 			t.Errorf("the refused reattach changed the pod (claimed %q, session %q)", cur.Labels[LabelClaimed], cur.Annotations[AnnotationSession])
 		}
 		if now := e.secretTokens(ctx, t, key); now.rv != sec.rv || now.next != "" {
