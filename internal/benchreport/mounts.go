@@ -250,7 +250,7 @@ func benchS3Mount(ctx context.Context, srv *s3server.Server, agentd, tmp string,
 		})
 		return time.Since(start), err
 	}
-	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: mapSecrets(map[string]string{"ID": srv.AccessKey, "SECRET": srv.SecretKey})})
+	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: manifest.SecretMap{"ID": srv.AccessKey, "SECRET": srv.SecretKey}})
 	if err != nil {
 		return nil, err
 	}
@@ -301,7 +301,7 @@ func benchGCSMount(ctx context.Context, srv *gcsserver.Server, agentd, tmp strin
 		})
 		return time.Since(start), err
 	}
-	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: mapSecrets(map[string]string{"TOKEN": "bench"})})
+	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: manifest.SecretMap{"TOKEN": "bench"}})
 	if err != nil {
 		return nil, err
 	}
@@ -317,17 +317,6 @@ func benchGCSMount(ctx context.Context, srv *gcsserver.Server, agentd, tmp strin
 		return nil, err
 	}
 	return mountRows("gcs_mount (fake-gcs-server)", what, mounts, empty, downloads, fmt.Sprintf("JSON API media GETs to a local dir, %d at once", mount.DefaultConcurrency)), nil
-}
-
-// mapSecrets resolves secret names from a map.
-func mapSecrets(vals map[string]string) manifest.SecretResolver {
-	return manifest.SecretResolverFunc(func(_ context.Context, name string) (string, error) {
-		v, ok := vals[name]
-		if !ok {
-			return "", fmt.Errorf("no secret %s", name)
-		}
-		return v, nil
-	})
 }
 
 // writeLocal writes r to path, making its directory.

@@ -257,7 +257,7 @@ func TestConcurrentUse(t *testing.T) {
 				return
 			}
 			var r *Manifest
-			if r, err = shared.ResolveSecrets(context.Background(), resolver()); err != nil {
+			if r, err = shared.ResolveSecrets(context.Background(), SecretMap(secretValues)); err != nil {
 				return
 			}
 			_, err = r.Redacted().Rebind(shared)

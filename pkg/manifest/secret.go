@@ -137,6 +137,20 @@ func (f SecretResolverFunc) ResolveSecret(ctx context.Context, name string) (str
 	return f(ctx, name)
 }
 
+// SecretMap resolves secrets from a map of names to values (tests,
+// benchmarks, callers that hold their secrets already). A name it does not
+// hold is an error naming it.
+type SecretMap map[string]string
+
+// ResolveSecret returns m[name].
+func (m SecretMap) ResolveSecret(_ context.Context, name string) (string, error) {
+	v, ok := m[name]
+	if !ok {
+		return "", fmt.Errorf("no secret %s", name)
+	}
+	return v, nil
+}
+
 // secretSite is one place in a manifest that holds a secret reference.
 type secretSite struct {
 	path string // field path, for errors

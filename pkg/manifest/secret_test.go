@@ -22,19 +22,9 @@ var secretValues = map[string]string{
 	"s3-key":    "VALUE-s3-key-55aa",
 }
 
-func resolver() SecretResolver {
-	return SecretResolverFunc(func(_ context.Context, name string) (string, error) {
-		v, ok := secretValues[name]
-		if !ok {
-			return "", fmt.Errorf("no such secret")
-		}
-		return v, nil
-	})
-}
-
 func TestResolvedSecretsAreNeverSerialized(t *testing.T) {
 	orig := validManifest()
-	m, err := orig.ResolveSecrets(context.Background(), resolver())
+	m, err := orig.ResolveSecrets(context.Background(), SecretMap(secretValues))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,8 +130,8 @@ func TestResolvedSecretsAreNeverSerialized(t *testing.T) {
 func TestResolveSecretsErrors(t *testing.T) {
 	m := validManifest()
 	m.Environment["MISSING"] = SecretEnv("not-there")
-	_, err := m.ResolveSecrets(context.Background(), resolver())
-	if err == nil || err.Error() != `manifest: environment["MISSING"].secret: resolving secret "not-there": no such secret` {
+	_, err := m.ResolveSecrets(context.Background(), SecretMap(secretValues))
+	if err == nil || err.Error() != `manifest: environment["MISSING"].secret: resolving secret "not-there": no secret not-there` {
 		t.Errorf("ResolveSecrets = %v", err)
 	}
 	calls := map[string]int{}

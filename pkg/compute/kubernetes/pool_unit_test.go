@@ -335,6 +335,16 @@ func TestClaimRacingAReattach(t *testing.T) {
 		sb  compute.Sandbox
 		err error
 	}
+	// reattachAt runs the whole Reattach when the claimer reaches step.
+	reattachAt := func(step rotateStep) func(context.Context, reattachFunc) (map[rotateStep]func(State), <-chan result) {
+		return func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result) {
+			done := make(chan result, 1)
+			return map[rotateStep]func(State){step: func(st State) {
+				sb, err := reattach(ctx, st)
+				done <- result{sb, err}
+			}}, done
+		}
+	}
 	cases := []struct {
 		name string
 		// race returns the claimer's hooks (each runs at the first time
@@ -343,20 +353,8 @@ func TestClaimRacingAReattach(t *testing.T) {
 		// outcome.
 		race func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result)
 	}{
-		{name: "before staging", race: func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result) {
-			done := make(chan result, 1)
-			return map[rotateStep]func(State){stepClaimed: func(st State) {
-				sb, err := reattach(ctx, st)
-				done <- result{sb, err}
-			}}, done
-		}},
-		{name: "after staging", race: func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result) {
-			done := make(chan result, 1)
-			return map[rotateStep]func(State){stepStaged: func(st State) {
-				sb, err := reattach(ctx, st)
-				done <- result{sb, err}
-			}}, done
-		}},
+		{name: "before staging", race: reattachAt(stepClaimed)},
+		{name: "after staging", race: reattachAt(stepStaged)},
 		{name: "under the reattach", race: func(ctx context.Context, reattach reattachFunc) (map[rotateStep]func(State), <-chan result) {
 			attached, resume, done, out := make(chan struct{}), make(chan struct{}), make(chan result, 1), make(chan result, 1)
 			var once sync.Once

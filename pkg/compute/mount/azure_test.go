@@ -28,7 +28,7 @@ import (
 func newAzureMounter(t *testing.T, srv *azureserver.Server, secrets map[string]string, mutate func(*mount.Config)) *mount.Mounter {
 	t.Helper()
 	cfg := mount.Config{
-		Secrets:     secretsOf(secrets),
+		Secrets:     manifest.SecretMap(secrets),
 		MaxAttempts: 2,
 		HTTPClient:  srv.Client(),
 		Log:         zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),

@@ -277,22 +277,11 @@ func azureEntry(srv *azureserver.Server, readOnly bool, creds map[string]manifes
 		Endpoint: srv.Endpoint(), ReadOnly: &readOnly, Credentials: creds}}
 }
 
-// secretsOf resolves the secrets in m, and refuses any other name.
-func secretsOf(m map[string]string) manifest.SecretResolver {
-	return manifest.SecretResolverFunc(func(_ context.Context, name string) (string, error) {
-		v, ok := m[name]
-		if !ok {
-			return "", fmt.Errorf("no secret %s", name)
-		}
-		return v, nil
-	})
-}
-
 // mountConfig is the storage's Mounter configuration with its secrets,
 // two attempts per request and the test's log, changed by mutate.
 func (st *storage) mountConfig(t *testing.T, mutate func(*mount.Config)) mount.Config {
 	cfg := st.config
-	cfg.Secrets = secretsOf(st.secrets)
+	cfg.Secrets = manifest.SecretMap(st.secrets)
 	cfg.MaxAttempts = 2
 	cfg.Log = zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	if mutate != nil {
