@@ -271,7 +271,10 @@ type CreateOptions struct {
 // baked into the warm Pod. A session the template cannot serve (another workspace root or
 // run_as user) is created cold. A pool whose image's daemon cannot rotate
 // tokens (it predates RotateToken) is held back for Config.PoolCooldown
-// after a claim finds out.
+// after a claim finds out. A state naming a pool Pod that was not claimed
+// for its session (unclaimed, or claimed by another session) is refused,
+// with ErrInvalidArgument and nothing changed, by Reattach, by Destroy and
+// as Launch's Prior alike: only a claim gives a session a pool Pod.
 type Pool struct {
 	// Name is the pool's name (a label value).
 	Name string

@@ -30,6 +30,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
@@ -558,6 +559,260 @@ func TestReattachRefusesAPodNotClaimedForIt(t *testing.T) {
 			}
 			if err := infoWithToken(ctx, t, port, poolToken); err != nil {
 				t.Errorf("the daemon no longer takes the pool token: %v", err)
+			}
+		})
+	}
+}
+
+// guardCase is a pool Pod as a hand-made state may find it, and the
+// sessions of the state and of the caller.
+type guardCase struct {
+	name string
+	// claimedFor: the session the Pod's claim wrote ("" with claimed: no
+	// session recorded); claimed: LabelClaimed "true".
+	claimedFor      string
+	claimed         bool
+	state, caller   string // the state's session id, the caller's
+	wantErrContains string // "" when the Pod is the state's to delete
+}
+
+// guardedPoolPod is the pool Pod (with its Secret) of a guardCase.
+func guardedPoolPod(key string, tc guardCase) (*corev1.Pod, *corev1.Secret) {
+	pod, sec := warmPod(key, "warm", DefaultImage, "127.0.0.1", "pool-token")
+	pod.UID = types.UID("uid-" + key)
+	if tc.claimed {
+		pod.Labels[LabelClaimed] = "true"
+		if tc.claimedFor != "" {
+			pod.Labels[LabelSession] = sessionLabel(tc.claimedFor)
+			pod.Annotations[AnnotationSession] = tc.claimedFor
+		}
+	}
+	return pod, sec
+}
+
+// handMadeState is the state of pod with its session id set to session.
+func handMadeState(t *testing.T, pod *corev1.Pod, session string) json.RawMessage {
+	t.Helper()
+	st := stateOf(pod)
+	st.SessionID = session
+	raw, err := st.encode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// checkRefusedUntouched checks a refusal: ErrInvalidArgument (not
+// ErrNotFound) saying want and naming the Pod, after nothing but the Pod's
+// read, and the Pod and its Secret as they were.
+func checkRefusedUntouched(ctx context.Context, t *testing.T, cs *fake.Clientset, err error, want string, pod *corev1.Pod, sec *corev1.Secret) {
+	t.Helper()
+	if err == nil {
+		t.Fatalf("a pool pod not claimed for the state's session was accepted")
+	}
+	if !errors.Is(err, compute.ErrInvalidArgument) || errors.Is(err, compute.ErrNotFound) ||
+		!strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "pod "+pod.Name) {
+		t.Fatalf("want invalid argument naming pod %s and saying %q, got %v", pod.Name, want, err)
+	}
+	for _, a := range cs.Actions() {
+		if a.GetVerb() != "get" || a.GetResource().Resource != "pods" {
+			t.Errorf("a refusal did %s %s", a.GetVerb(), a.GetResource().Resource)
+		}
+	}
+	gotPod, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the refused pod: %v", err)
+	}
+	if gotPod.UID != pod.UID || !maps.Equal(gotPod.Labels, pod.Labels) || !maps.Equal(gotPod.Annotations, pod.Annotations) {
+		t.Errorf("the pod changed: %v %v", gotPod.Labels, gotPod.Annotations)
+	}
+	gotSec, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the refused pod's Secret: %v", err)
+	}
+	if gotSec.ResourceVersion != sec.ResourceVersion || !maps.Equal(gotSec.Annotations, sec.Annotations) {
+		t.Errorf("the Secret changed")
+	}
+}
+
+// TestDestroyRefusesAPoolPodNotClaimedForIt: Destroy of a hand-made state
+// naming a warm pool Pod that no claim gave the state's session
+// (unclaimed: someone may still claim it; claimed by another session:
+// that session's sandbox) is refused with ErrInvalidArgument after the
+// Pod's read, and the Pod and its Secret are left as they were. A Pod
+// claimed for the state's session is destroyed, Secret and all.
+func TestDestroyRefusesAPoolPodNotClaimedForIt(t *testing.T) {
+	const key = "00112233aabbccdd"
+	for _, tc := range []guardCase{
+		{name: "unclaimed", state: "s1", wantErrContains: "unclaimed pod of warm pool warm"},
+		{name: "unclaimed, no session", wantErrContains: "unclaimed pod of warm pool warm"},
+		{name: "claimed by another session", claimed: true, claimedFor: "other", state: "s1", wantErrContains: `not claimed for session "s1" (it was claimed by another session; refusing to destroy it)`},
+		{name: "claimed for no session", claimed: true, state: "s1", wantErrContains: `not claimed for session "s1" (its claim records no session`},
+		{name: "claimed for it", claimed: true, claimedFor: "s1", state: "s1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			pod, sec := guardedPoolPod(key, tc)
+			cs := fake.NewClientset(pod, sec)
+			p, _ := observedProvider(t, Config{NetworkPolicy: new(bool), Pools: []Pool{{Name: "warm", Size: 1}}}, cs)
+			raw := handMadeState(t, pod, tc.state)
+
+			cs.ClearActions()
+			err := p.Destroy(ctx, raw)
+			if tc.wantErrContains != "" {
+				checkRefusedUntouched(ctx, t, cs, err, tc.wantErrContains, pod, sec)
+				if left := unclaimed(ctx, t, p, "warm"); !tc.claimed && len(left) != 1 {
+					t.Errorf("the pool has %d unclaimed pods, want its one", len(left))
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("destroy of a pod claimed for the session: %v", err)
+			}
+			if _, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the destroyed pod: %v", err)
+			}
+			if _, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the destroyed pod's Secret: %v", err)
+			}
+		})
+	}
+}
+
+// TestDestroyOfAGonePoolPod: a state whose Pod is gone is destroyed as
+// before the claim check, with no Pod to check: what is left of it (here
+// its Secret) is deleted, and a second Destroy is no error either.
+func TestDestroyOfAGonePoolPod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pod, sec := guardedPoolPod("00112233aabbccdd", guardCase{claimed: true, claimedFor: "s1"})
+	cs := fake.NewClientset(sec)
+	p, _ := observedProvider(t, Config{NetworkPolicy: new(bool), Pools: []Pool{{Name: "warm", Size: 1}}}, cs)
+	for _, session := range []string{"s1", "someone-else", "s1"} {
+		if err := p.Destroy(ctx, handMadeState(t, pod, session)); err != nil {
+			t.Fatalf("destroy of a gone pod (state of %s): %v", session, err)
+		}
+	}
+	if _, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the gone pod's Secret: %v", err)
+	}
+}
+
+// stopLaunchAtPodCreate makes a Launch fail when it creates its Pod
+// (ErrUnavailable), past the Prior's deletion, so that a test sees what
+// the Prior did without a Pod that runs.
+func stopLaunchAtPodCreate(cs *fake.Clientset) {
+	cs.PrependReactor("create", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewServiceUnavailable("the test stops the launch here")
+	})
+}
+
+// podCreates counts the Pod creates since the last ClearActions.
+func podCreates(cs *fake.Clientset) int {
+	n := 0
+	for _, a := range cs.Actions() {
+		if a.GetVerb() == "create" && a.GetResource().Resource == "pods" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestLaunchRefusesAPriorPoolPodNotClaimedForIt: Launch with a Prior
+// naming a warm pool Pod that no claim gave the session (unclaimed,
+// claimed by another session, or claimed for the state's session while
+// the caller launches another, as Reattach refuses it) is refused with
+// ErrInvalidArgument after the Pod's read: nothing is deleted or created.
+// A Prior claimed for the session, or gone, is replaced as before: the
+// old Pod is deleted and a new one created (the test stops the launch at
+// that create).
+func TestLaunchRefusesAPriorPoolPodNotClaimedForIt(t *testing.T) {
+	const key = "00112233aabbccdd"
+	for _, tc := range []guardCase{
+		{name: "unclaimed", state: "s1", caller: "s1", wantErrContains: "unclaimed pod of warm pool warm (a state of a claimed sandbox is needed to replace it)"},
+		{name: "claimed by another session", claimed: true, claimedFor: "other", state: "s1", caller: "s1", wantErrContains: `not claimed for session "s1" (it was claimed by another session; refusing to replace it)`},
+		{name: "state of another session than the caller's", claimed: true, claimedFor: "s1", state: "s1", caller: "s2", wantErrContains: `not claimed for session "s2"`},
+		{name: "claimed for no session", claimed: true, state: "s1", caller: "s1", wantErrContains: `not claimed for session "s1"`},
+		{name: "claimed for it", claimed: true, claimedFor: "s1", state: "s1", caller: "s1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			pod, sec := guardedPoolPod(key, tc)
+			cs := fake.NewClientset(pod, sec)
+			stopLaunchAtPodCreate(cs)
+			p, _ := observedProvider(t, Config{NetworkPolicy: new(bool), Pools: []Pool{{Name: "warm", Size: 1}}}, cs)
+			raw := handMadeState(t, pod, tc.state)
+
+			cs.ClearActions()
+			sb, err := p.Launch(ctx, compute.LaunchSpec{SessionID: tc.caller, Prior: raw})
+			if sb != nil {
+				_ = sb.Close()
+				t.Fatal("the launch was meant to stop at its pod's create")
+			}
+			if tc.wantErrContains != "" {
+				checkRefusedUntouched(ctx, t, cs, err, tc.wantErrContains, pod, sec)
+				return
+			}
+			if !errors.Is(err, compute.ErrUnavailable) || podCreates(cs) != 1 {
+				t.Fatalf("the launch did not get to create its pod (%d creates): %v", podCreates(cs), err)
+			}
+			if _, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the replaced pod: %v", err)
+			}
+			if _, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the replaced pod's Secret: %v", err)
+			}
+		})
+	}
+}
+
+// TestLaunchWithAGonePriorPoolPod: a Prior whose Pod is gone is replaced
+// as before the claim check: the launch goes on to create a Pod.
+func TestLaunchWithAGonePriorPoolPod(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	pod, _ := guardedPoolPod("00112233aabbccdd", guardCase{claimed: true, claimedFor: "s1"})
+	cs := fake.NewClientset()
+	stopLaunchAtPodCreate(cs)
+	p, _ := observedProvider(t, Config{NetworkPolicy: new(bool)}, cs)
+	_, err := p.Launch(ctx, compute.LaunchSpec{SessionID: "s1", Prior: handMadeState(t, pod, "s1")})
+	if !errors.Is(err, compute.ErrUnavailable) || podCreates(cs) != 1 {
+		t.Fatalf("the launch did not get to create its pod (%d creates): %v", podCreates(cs), err)
+	}
+}
+
+// TestColdPodsAreNotClaimChecked: Pods of no pool are destroyed and
+// replaced by their state as before the claim check.
+func TestColdPodsAreNotClaimChecked(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, op := range []string{"destroy", "replace"} {
+		t.Run(op, func(t *testing.T) {
+			pod := sandboxPod("aaaaaaaaaaaaaaaa", "s1", nil, nil)
+			sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: secretName("aaaaaaaaaaaaaaaa"), Namespace: "ns"}}
+			cs := fake.NewClientset(pod, sec)
+			stopLaunchAtPodCreate(cs)
+			p, _ := observedProvider(t, Config{NetworkPolicy: new(bool)}, cs)
+			raw, err := stateOf(pod).encode()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cs.ClearActions()
+			if op == "destroy" {
+				err = p.Destroy(ctx, raw)
+			} else if _, err = p.Launch(ctx, compute.LaunchSpec{SessionID: "s1", Prior: raw}); errors.Is(err, compute.ErrUnavailable) && podCreates(cs) == 1 {
+				err = nil // got past the Prior to the new Pod's create
+			}
+			if err != nil {
+				t.Fatalf("%s a cold pod: %v", op, err)
+			}
+			if _, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the cold pod: %v", err)
+			}
+			if _, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+				t.Errorf("the cold pod's Secret: %v", err)
 			}
 		})
 	}

@@ -190,6 +190,10 @@ func (p *Provider) Close() error {
 // Launch creates a sandbox Pod (or claims one from a warm pool) and
 // returns it connected. With spec.Prior set, the earlier Pod (if any) is
 // deleted and its workspace PVC, if kept, is mounted again (WorkspaceKept).
+// A Prior naming a warm pool Pod not claimed for spec.SessionID and the
+// state's session (unclaimed, or another session's) is refused with
+// ErrInvalidArgument (claimedFor) after one Pod read, before anything is
+// deleted or created.
 func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute.Sandbox, error) {
 	if spec.SessionID == "" {
 		return nil, fmt.Errorf("kubernetes: launch: %w: empty session id", compute.ErrInvalidArgument)
@@ -218,7 +222,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			return nil, err
 		}
 		prior = &st
-		if err := p.deleteSandbox(ctx, st, st.Volume != ""); err != nil {
+		if err := p.deleteClaimed(ctx, st, st.Volume != "", spec.SessionID, "replace it"); err != nil {
 			return nil, err
 		}
 	}
@@ -581,7 +585,7 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 	if pod.Labels[LabelKey] != st.Key || (st.UID != "" && string(pod.UID) != st.UID) {
 		return nil, fmt.Errorf("kubernetes: sandbox %s: %w: pod %s is not this sandbox", st.Pod, compute.ErrNotFound, pod.Name)
 	}
-	if err := claimedFor(pod, st, spec.SessionID); err != nil {
+	if err := claimedFor(pod, st, spec.SessionID, "reattach"); err != nil {
 		return nil, err
 	}
 	if why := podDead(pod); why != "" {
@@ -596,32 +600,40 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 	return sb, nil
 }
 
-// claimedFor checks that a warm pool Pod named by a state to reattach to
-// was claimed for the state's session (and the caller's, when spec names
-// one): the claim's update marks it LabelClaimed "true" and writes the
-// session id in AnnotationSession, both at once. An unclaimed pool Pod
-// (still on its pool token, which a reattach of an unclaimed Pod would
-// not rotate) or one claimed by another session is not this sandbox:
-// reattaching to it would take a Pod no claim gave this session. The
-// error wraps ErrInvalidArgument, as a bad state does, and not
-// ErrNotFound, which would have Client.Resume launch a replacement with
-// this state as Prior, deleting the Pod. Pods of no pool pass.
-func claimedFor(pod *corev1.Pod, st State, sessionID string) error {
+// claimedFor checks that a warm pool Pod named by a state a caller hands
+// in (to Reattach, Destroy, or Launch as Prior) was claimed for the
+// state's session (and sessionID, the caller's, when not ""): the claim's
+// update marks it LabelClaimed "true" and writes the session id in
+// AnnotationSession, both at once, and neither changes afterwards. An
+// unclaimed pool Pod (still on its pool token, which a reattach of an
+// unclaimed Pod would not rotate) or one claimed by another session is
+// not this sandbox: reattaching to it would take a Pod no claim gave this
+// session, and deleting it would take one from the pool or from another
+// session. The error names the Pod and why, says what was refused (op:
+// "reattach", "destroy it", "replace it"), and wraps ErrInvalidArgument,
+// as a bad state does, and not ErrNotFound, which would have
+// Client.Resume launch a replacement with this state as Prior. Pods of no
+// pool pass.
+func claimedFor(pod *corev1.Pod, st State, sessionID, op string) error {
 	pool := pod.Labels[LabelPool]
 	if pool == "" {
 		return nil
 	}
 	if pod.Labels[LabelClaimed] != "true" {
-		return fmt.Errorf("kubernetes: sandbox %s: %w: pod %s is an unclaimed pod of warm pool %s (a state of a claimed sandbox is needed to reattach)",
-			st.Pod, compute.ErrInvalidArgument, pod.Name, pool)
+		return fmt.Errorf("kubernetes: sandbox %s: %w: pod %s is an unclaimed pod of warm pool %s (a state of a claimed sandbox is needed to %s)",
+			st.Pod, compute.ErrInvalidArgument, pod.Name, pool, op)
 	}
 	owner, want := pod.Annotations[AnnotationSession], st.SessionID
 	if owner == want && sessionID != "" {
 		want = sessionID
 	}
 	if owner == "" || owner != want {
-		return fmt.Errorf("kubernetes: sandbox %s: %w: pod %s of warm pool %s was not claimed for session %q",
-			st.Pod, compute.ErrInvalidArgument, pod.Name, pool, want)
+		why := "it was claimed by another session"
+		if owner == "" {
+			why = "its claim records no session"
+		}
+		return fmt.Errorf("kubernetes: sandbox %s: %w: pod %s of warm pool %s was not claimed for session %q (%s; refusing to %s)",
+			st.Pod, compute.ErrInvalidArgument, pod.Name, pool, want, why, op)
 	}
 	return nil
 }
@@ -629,13 +641,16 @@ func claimedFor(pod *corev1.Pod, st State, sessionID string) error {
 // Destroy deletes the sandbox's Pod (foreground: garbage collection
 // removes what it owns first), Secret and NetworkPolicy, and under
 // DeleteAll its workspace PVC, and waits until the Pod is gone. What is
-// already gone is not an error.
+// already gone is not an error. A state naming a warm pool Pod not
+// claimed for the state's session (unclaimed, or another session's) is
+// refused with ErrInvalidArgument (claimedFor) after one Pod read, with
+// nothing deleted.
 func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
 	st, err := DecodeState(prior)
 	if err != nil {
 		return err
 	}
-	if err := p.deleteSandbox(ctx, st, p.cfg.DeletePolicy == DeleteSandbox); err != nil {
+	if err := p.deleteClaimed(ctx, st, p.cfg.DeletePolicy == DeleteSandbox, "", "destroy it"); err != nil {
 		return err
 	}
 	p.log.Info("sandbox destroyed", zap.String("session", st.SessionID), zap.String("pod", st.Pod))
@@ -643,12 +658,37 @@ func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
 }
 
 // deleteSandbox deletes a state's Pod, Secret and NetworkPolicy, its PVC
-// unless keepVolume, and waits for the Pod to be gone.
+// unless keepVolume, and waits for the Pod to be gone. It trusts st, so it
+// is for states the provider made itself (a pool's Pods, a Pod a claim
+// gives up); a state a caller hands in goes through deleteClaimed.
 func (p *Provider) deleteSandbox(ctx context.Context, st State, keepVolume bool) error {
+	return p.deleteVetted(ctx, st, keepVolume, nil)
+}
+
+// deleteClaimed is deleteSandbox for a state a caller hands in (Destroy,
+// Launch's Prior): a warm pool Pod there that was not claimed for the
+// state's session (and sessionID's, when not "") is refused (claimedFor,
+// op saying what was refused) before anything is deleted. A Pod that is
+// gone is not checked: what is left of it is deleted as before.
+func (p *Provider) deleteClaimed(ctx context.Context, st State, keepVolume bool, sessionID, op string) error {
+	return p.deleteVetted(ctx, st, keepVolume, func(pod *corev1.Pod) error {
+		return claimedFor(pod, st, sessionID, op)
+	})
+}
+
+// deleteVetted does deleteSandbox's work; vet, when not nil, sees the Pod
+// st names as read (whatever its labels) and can refuse it before
+// anything is deleted.
+func (p *Provider) deleteVetted(ctx context.Context, st State, keepVolume bool, vet func(*corev1.Pod) error) error {
 	fg := metav1.DeletePropagationForeground
 	var errs []error
 	pods := p.client.CoreV1().Pods(st.Namespace)
 	pod, err := pods.Get(ctx, st.Pod, metav1.GetOptions{})
+	if err == nil && vet != nil {
+		if err := vet(pod); err != nil {
+			return err
+		}
+	}
 	switch {
 	case apierrors.IsNotFound(err):
 		pod = nil
