@@ -28,17 +28,12 @@ func decodeManifest(n *node, p *problems) *Manifest {
 		return m
 	}
 	known := topLevelFields()
-	for i, k := range n.keys {
-		v, fp := n.items[i], fieldPath("", k)
-		if !slices.Contains(known, k) {
-			d.unknown(fp, n.keys[i], n.keyLines[i], known, "")
-			continue
-		}
+	d.eachField(n, "", known, d.unknownIn(known, ""), func(k string, v *node, fp string) {
 		if v.kind == kindNull {
 			if k == "root" {
 				d.bad(v, fp, "null; omit the field for the default "+DefaultRoot)
 			}
-			continue
+			return
 		}
 		switch k {
 		case "version":
@@ -55,19 +50,19 @@ func decodeManifest(n *node, p *problems) *Manifest {
 		case "run_as":
 			m.RunAs, _ = d.str(v, fp)
 		case "environment":
-			m.Environment = d.environment(v, fp)
+			m.Environment = mapping(d, v, fp, d.envValue)
 		case "users":
-			m.Users = d.users(v, fp)
+			m.Users = list(d, v, fp, d.user)
 		case "groups":
-			m.Groups = d.groups(v, fp)
+			m.Groups = list(d, v, fp, d.group)
 		case "extra_path_grants":
-			m.ExtraPathGrants = d.grants(v, fp)
+			m.ExtraPathGrants = list(d, v, fp, d.grant)
 		case "entries":
-			m.Entries = d.entries(v, fp)
+			m.Entries = mapping(d, v, fp, d.entry)
 		case "redacted":
 			m.Redaction = d.redaction(v, fp)
 		}
-	}
+	})
 	return m
 }
 
@@ -84,6 +79,81 @@ func (d *decoder) unknown(path, name string, line int, known []string, context s
 		msg += fmt.Sprintf("; did you mean %q?", s)
 	}
 	d.p.add(ErrSyntax, path, line, msg)
+}
+
+// unknownIn returns the usual report of a field not in known, for
+// eachField: an unknown field (for context), with the closest known name
+// as a suggestion.
+func (d *decoder) unknownIn(known []string, context string) func(k, fp string, line int) {
+	return func(k, fp string, line int) { d.unknown(fp, k, line, known, context) }
+}
+
+// fieldFunc decodes the value v of field k of an object; fp is the
+// field's path.
+type fieldFunc func(k string, v *node, fp string)
+
+// fields walks the keys of mapping n in document order, the usual way of
+// decoding an object of the format: a key not in known is reported as an
+// unknown field (for what; see unknown), a null value is skipped as if the
+// key were absent, and fn gets every other key.
+func (d *decoder) fields(n *node, path string, known []string, what string, fn fieldFunc) {
+	d.eachField(n, path, known, d.unknownIn(known, what), skipNulls(fn))
+}
+
+// eachField is the walk under fields, for the objects that depart from it:
+// report gets each key not in known (with its field path and line), and fn
+// every other key, null values included.
+func (d *decoder) eachField(n *node, path string, known []string, report func(k, fp string, line int), fn fieldFunc) {
+	for i, k := range n.keys {
+		fp := fieldPath(path, k)
+		if !slices.Contains(known, k) {
+			report(k, fp, n.keyLines[i])
+			continue
+		}
+		fn(k, n.items[i], fp)
+	}
+}
+
+// skipNulls makes fn skip null values, as if their keys were absent.
+func skipNulls(fn fieldFunc) fieldFunc {
+	return func(k string, v *node, fp string) {
+		if v.kind != kindNull {
+			fn(k, v, fp)
+		}
+	}
+}
+
+// list decodes list n item by item: item gets each item with its path and
+// says whether it gave a value. Anything but a list is reported and gives
+// nil; a list gives a non-nil slice, even an empty one.
+func list[T any](d *decoder, n *node, path string, item func(it *node, ip string) (T, bool)) []T {
+	if !d.isList(n, path) {
+		return nil
+	}
+	out := []T{}
+	for i, it := range n.items {
+		if v, ok := item(it, indexPath(path, i)); ok {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// mapping decodes mapping n whose keys are names (of variables, entries,
+// credentials), value by value: value gets each value with its key path
+// and says whether it gave one. Anything but a mapping is reported and
+// gives nil.
+func mapping[T any](d *decoder, n *node, path string, value func(v *node, kp string) (T, bool)) map[string]T {
+	if !d.isMap(n, path) {
+		return nil
+	}
+	out := make(map[string]T, len(n.keys))
+	for i, k := range n.keys {
+		if v, ok := value(n.items[i], keyPath(path, k)); ok {
+			out[k] = v
+		}
+	}
+	return out
 }
 
 func (d *decoder) isMap(n *node, path string) bool {
@@ -130,19 +200,23 @@ func (d *decoder) uint(n *node, path string, max uint64) (uint64, bool) {
 	return 0, false
 }
 
-func (d *decoder) strList(n *node, path string) []string {
-	if !d.isList(n, path) {
+// id reads a uid or gid.
+func (d *decoder) id(n *node, path string) *uint32 {
+	x, ok := d.uint(n, path, 1<<32-1)
+	if !ok {
 		return nil
 	}
-	out := []string{}
-	for i, it := range n.items {
-		if s, ok := d.str(it, indexPath(path, i)); ok {
-			out = append(out, s)
-		}
-	}
-	return out
+	id := uint32(x)
+	return &id
 }
 
+// strList reads a list of strings.
+func (d *decoder) strList(n *node, path string) []string {
+	return list(d, n, path, d.str)
+}
+
+// secretRef reads {secret: NAME}. Unlike other objects, a null name is
+// reported rather than skipped.
 func (d *decoder) secretRef(n *node, path string) (SecretRef, bool) {
 	if n.kind != kindMap {
 		d.bad(n, path, "expected a secret reference such as {secret: NAME}; secrets are never written inline")
@@ -150,56 +224,36 @@ func (d *decoder) secretRef(n *node, path string) (SecretRef, bool) {
 	}
 	var ref SecretRef
 	found := false
-	for i, k := range n.keys {
-		fp := fieldPath(path, k)
-		if k != "secret" {
-			d.unknown(fp, n.keys[i], n.keyLines[i], []string{"secret"}, "a secret reference")
-			continue
-		}
-		if s, ok := d.str(n.items[i], fp); ok {
+	known := []string{"secret"}
+	d.eachField(n, path, known, d.unknownIn(known, "a secret reference"), func(_ string, v *node, fp string) {
+		if s, ok := d.str(v, fp); ok {
 			ref.Name, found = s, true
 		}
-	}
+	})
 	if !found {
 		d.bad(n, fieldPath(path, "secret"), "required")
 	}
 	return ref, found
 }
 
-func (d *decoder) environment(n *node, path string) map[string]EnvValue {
-	if !d.isMap(n, path) {
-		return nil
+// envValue reads the value of an environment variable: a string, or the
+// long form (see envLong).
+func (d *decoder) envValue(v *node, path string) (EnvValue, bool) {
+	switch v.kind {
+	case kindMap:
+		return d.envLong(v, path), true
+	case kindNull:
+		d.bad(v, path, "expected a string or a mapping, got null")
+		return EnvValue{}, false
 	}
-	out := make(map[string]EnvValue, len(n.keys))
-	for i, name := range n.keys {
-		v, fp := n.items[i], keyPath(path, name)
-		switch {
-		case v.kind == kindMap:
-			out[name] = d.envLong(v, fp)
-		case v.kind == kindNull:
-			d.bad(v, fp, "expected a string or a mapping, got null")
-		default:
-			if s, ok := d.str(v, fp); ok {
-				out[name] = EnvValue{Value: s}
-			}
-		}
-	}
-	return out
+	s, ok := d.str(v, path)
+	return EnvValue{Value: s}, ok
 }
 
 func (d *decoder) envLong(n *node, path string) EnvValue {
 	var ev EnvValue
 	hasValue := false
-	known := envFields()
-	for i, k := range n.keys {
-		v, fp := n.items[i], fieldPath(path, k)
-		if !slices.Contains(known, k) {
-			d.unknown(fp, n.keys[i], n.keyLines[i], known, "an environment value")
-			continue
-		}
-		if v.kind == kindNull {
-			continue
-		}
+	d.fields(n, path, envFields(), "an environment value", func(k string, v *node, fp string) {
 		switch k {
 		case "value":
 			ev.Value, hasValue = d.str(v, fp)
@@ -211,7 +265,7 @@ func (d *decoder) envLong(n *node, path string) EnvValue {
 		case "description":
 			ev.Description, _ = d.str(v, fp)
 		}
-	}
+	})
 	switch {
 	case hasValue && ev.Secret != nil:
 		d.bad(n, path, "set either value or secret, not both")
@@ -221,123 +275,65 @@ func (d *decoder) envLong(n *node, path string) EnvValue {
 	return ev
 }
 
-func (d *decoder) users(n *node, path string) []User {
-	if !d.isList(n, path) {
-		return nil
+// user reads an item of users: a mapping, or a bare name.
+func (d *decoder) user(n *node, path string) (User, bool) {
+	if n.kind != kindMap {
+		s, ok := d.str(n, path)
+		return User{Name: s}, ok
 	}
-	out := []User{}
-	known := userFields()
-	for i, it := range n.items {
-		fp := indexPath(path, i)
-		if it.kind != kindMap {
-			if s, ok := d.str(it, fp); ok {
-				out = append(out, User{Name: s})
-			}
-			continue
+	var u User
+	d.fields(n, path, userFields(), "a user", func(k string, v *node, fp string) {
+		switch k {
+		case "name":
+			u.Name, _ = d.str(v, fp)
+		case "uid":
+			u.UID = d.id(v, fp)
+		case "groups":
+			u.Groups = d.strList(v, fp)
+		case "home":
+			u.Home, _ = d.str(v, fp)
+		case "shell":
+			u.Shell, _ = d.str(v, fp)
 		}
-		var u User
-		for j, k := range it.keys {
-			v, kp := it.items[j], fieldPath(fp, k)
-			if !slices.Contains(known, k) {
-				d.unknown(kp, it.keys[j], it.keyLines[j], known, "a user")
-				continue
-			}
-			if v.kind == kindNull {
-				continue
-			}
-			switch k {
-			case "name":
-				u.Name, _ = d.str(v, kp)
-			case "uid":
-				if x, ok := d.uint(v, kp, 1<<32-1); ok {
-					id := uint32(x)
-					u.UID = &id
-				}
-			case "groups":
-				u.Groups = d.strList(v, kp)
-			case "home":
-				u.Home, _ = d.str(v, kp)
-			case "shell":
-				u.Shell, _ = d.str(v, kp)
-			}
-		}
-		out = append(out, u)
-	}
-	return out
+	})
+	return u, true
 }
 
-func (d *decoder) groups(n *node, path string) []Group {
-	if !d.isList(n, path) {
-		return nil
+// group reads an item of groups: a mapping, or a bare name.
+func (d *decoder) group(n *node, path string) (Group, bool) {
+	if n.kind != kindMap {
+		s, ok := d.str(n, path)
+		return Group{Name: s}, ok
 	}
-	out := []Group{}
-	known := groupFields()
-	for i, it := range n.items {
-		fp := indexPath(path, i)
-		if it.kind != kindMap {
-			if s, ok := d.str(it, fp); ok {
-				out = append(out, Group{Name: s})
-			}
-			continue
+	var g Group
+	d.fields(n, path, groupFields(), "a group", func(k string, v *node, fp string) {
+		switch k {
+		case "name":
+			g.Name, _ = d.str(v, fp)
+		case "gid":
+			g.GID = d.id(v, fp)
 		}
-		var g Group
-		for j, k := range it.keys {
-			v, kp := it.items[j], fieldPath(fp, k)
-			if !slices.Contains(known, k) {
-				d.unknown(kp, it.keys[j], it.keyLines[j], known, "a group")
-				continue
-			}
-			if v.kind == kindNull {
-				continue
-			}
-			switch k {
-			case "name":
-				g.Name, _ = d.str(v, kp)
-			case "gid":
-				if x, ok := d.uint(v, kp, 1<<32-1); ok {
-					id := uint32(x)
-					g.GID = &id
-				}
-			}
-		}
-		out = append(out, g)
-	}
-	return out
+	})
+	return g, true
 }
 
-func (d *decoder) grants(n *node, path string) []PathGrant {
-	if !d.isList(n, path) {
-		return nil
+// grant reads an item of extra_path_grants.
+func (d *decoder) grant(n *node, path string) (PathGrant, bool) {
+	if !d.isMap(n, path) {
+		return PathGrant{}, false
 	}
-	out := []PathGrant{}
-	known := grantFields()
-	for i, it := range n.items {
-		fp := indexPath(path, i)
-		if !d.isMap(it, fp) {
-			continue
+	var g PathGrant
+	d.fields(n, path, grantFields(), "a path grant", func(k string, v *node, fp string) {
+		switch k {
+		case "path":
+			g.Path, _ = d.str(v, fp)
+		case "read_only":
+			g.ReadOnly, _ = d.boolean(v, fp)
+		case "description":
+			g.Description, _ = d.str(v, fp)
 		}
-		var g PathGrant
-		for j, k := range it.keys {
-			v, kp := it.items[j], fieldPath(fp, k)
-			if !slices.Contains(known, k) {
-				d.unknown(kp, it.keys[j], it.keyLines[j], known, "a path grant")
-				continue
-			}
-			if v.kind == kindNull {
-				continue
-			}
-			switch k {
-			case "path":
-				g.Path, _ = d.str(v, kp)
-			case "read_only":
-				g.ReadOnly, _ = d.boolean(v, kp)
-			case "description":
-				g.Description, _ = d.str(v, kp)
-			}
-		}
-		out = append(out, g)
-	}
-	return out
+	})
+	return g, true
 }
 
 func (d *decoder) redaction(n *node, path string) *Redaction {
@@ -345,37 +341,15 @@ func (d *decoder) redaction(n *node, path string) *Redaction {
 		return nil
 	}
 	r := &Redaction{}
-	known := []string{"sources", "grants"}
-	for i, k := range n.keys {
-		v, fp := n.items[i], fieldPath(path, k)
-		if !slices.Contains(known, k) {
-			d.unknown(fp, n.keys[i], n.keyLines[i], known, "redacted")
-			continue
-		}
-		if v.kind == kindNull {
-			continue
-		}
+	d.fields(n, path, []string{"sources", "grants"}, "redacted", func(k string, v *node, fp string) {
 		switch k {
 		case "sources":
 			r.Sources = d.strList(v, fp)
 		case "grants":
 			r.Grants = d.strList(v, fp)
 		}
-	}
+	})
 	return r
-}
-
-func (d *decoder) entries(n *node, path string) map[string]*Entry {
-	if !d.isMap(n, path) {
-		return nil
-	}
-	out := make(map[string]*Entry, len(n.keys))
-	for i, k := range n.keys {
-		if e := d.entry(n.items[i], keyPath(path, k)); e != nil {
-			out[k] = e
-		}
-	}
-	return out
 }
 
 // Field names of the file format, per object. The JSON Schema test checks
@@ -425,23 +399,25 @@ func allEntryFields() []string {
 	return all
 }
 
-func (d *decoder) entry(n *node, path string) *Entry {
+// entry reads an entry: its type first, which says what other fields it
+// may have.
+func (d *decoder) entry(n *node, path string) (*Entry, bool) {
 	if !d.isMap(n, path) {
-		return nil
+		return nil, false
 	}
 	ti := slices.Index(n.keys, "type")
 	if ti < 0 {
 		d.bad(n, fieldPath(path, "type"), "required (one of: "+typeList()+")")
-		return nil
+		return nil, false
 	}
 	ts, ok := d.str(n.items[ti], fieldPath(path, "type"))
 	if !ok {
-		return nil
+		return nil, false
 	}
 	t := EntryType(ts)
 	if !t.Known() {
 		d.bad(n.items[ti], fieldPath(path, "type"), fmt.Sprintf("unknown entry type %q (known: %s)", ts, typeList()))
-		return nil
+		return nil, false
 	}
 	e := &Entry{Type: t}
 	switch {
@@ -453,24 +429,20 @@ func (d *decoder) entry(n *node, path string) *Entry {
 		e.Mount = &Mount{}
 	}
 	allowed := entryFields(t)
+	// A field of other entry types is reported as such, without a
+	// suggestion.
+	report := func(k, fp string, line int) {
+		if slices.Contains(allEntryFields(), k) {
+			d.unknown(fp, k, line, nil, string(t)+" entries")
+		} else {
+			d.unknown(fp, k, line, allowed, "")
+		}
+	}
 	var textSet, b64Set bool
-	for i, k := range n.keys {
-		v, fp := n.items[i], fieldPath(path, k)
-		if k == "type" {
-			continue
-		}
-		if !slices.Contains(allowed, k) {
-			if slices.Contains(allEntryFields(), k) {
-				d.unknown(fp, n.keys[i], n.keyLines[i], nil, string(t)+" entries")
-			} else {
-				d.unknown(fp, n.keys[i], n.keyLines[i], allowed, "")
-			}
-			continue
-		}
-		if v.kind == kindNull {
-			continue
-		}
+	d.eachField(n, path, allowed, report, skipNulls(func(k string, v *node, fp string) {
 		switch k {
+		case "type":
+			// read above
 		case "description":
 			e.Description, _ = d.str(v, fp)
 		case "group":
@@ -503,7 +475,7 @@ func (d *decoder) entry(n *node, path string) *Entry {
 				}
 			}
 		case "children":
-			e.Children = d.entries(v, fp)
+			e.Children = mapping(d, v, fp, d.entry)
 		case "src":
 			e.Src, _ = d.str(v, fp)
 		case "host":
@@ -547,26 +519,13 @@ func (d *decoder) entry(n *node, path string) *Entry {
 				e.Mount.ReadOnly = &b
 			}
 		case "credentials":
-			e.Mount.Credentials = d.credentials(v, fp)
+			e.Mount.Credentials = mapping(d, v, fp, d.secretRef)
 		}
-	}
+	}))
 	if textSet && b64Set {
 		d.bad(n, path, "set content or content_base64, not both")
 	}
-	return e
-}
-
-func (d *decoder) credentials(n *node, path string) map[string]SecretRef {
-	if !d.isMap(n, path) {
-		return nil
-	}
-	out := make(map[string]SecretRef, len(n.keys))
-	for i, k := range n.keys {
-		if ref, ok := d.secretRef(n.items[i], keyPath(path, k)); ok {
-			out[k] = ref
-		}
-	}
-	return out
+	return e, true
 }
 
 // suggest returns the known name closest to name when it is a likely typo.

@@ -40,18 +40,19 @@
 //     keeps it only for the types where mountFieldUse (validate.go) returns
 //     1 (optional) or 2 (required): add it to both.
 //  3. Decoding (decode.go): a case for the name in the switch of the
-//     object's decoder (decodeManifest, envLong, users, groups, grants,
+//     object's decoder (decodeManifest, envLong, user, group, grant,
 //     redaction, entry), reading the value with d.str, d.boolean, d.uint,
-//     d.strList or d.secretRef, which report a wrong type with the field
-//     path. A name in the list of step 2 without a case would be accepted
-//     and silently dropped; TestEveryAcceptedFieldIsDecodedAndEncoded
+//     d.id, d.strList or d.secretRef, which report a wrong type with the
+//     field path. A name in the list of step 2 without a case would be
+//     accepted and silently dropped; TestEveryAcceptedFieldIsDecodedAndEncoded
 //     (fields_test.go) catches that, and a field that step 4 does not write
 //     back, once the field has a sample value in its fieldObjects table
 //     (it fails until it has one).
 //  4. Encoding (encode.go): an o.add(name, value) in the object's wire
-//     function ((*Manifest).wire, (*Entry).wire, or envWire and secretWire in
-//     secret.go), at the place that gives the order of the format's
-//     documentation, normally only when the value is not the zero value.
+//     function ((*Manifest).wire, (*Entry).wire, User.wire, Group.wire,
+//     PathGrant.wire, or envWire and secretWire in secret.go), at the place
+//     that gives the order of the format's documentation, normally only when
+//     the value is not the zero value.
 //     Values are strings, bools, ints, uint32s, []string, []any or *omap
 //     (toYAMLNode panics on anything else).
 //  5. Validation (validate.go): its rules in validate or the validate*

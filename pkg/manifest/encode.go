@@ -144,50 +144,13 @@ func (m *Manifest) wire() *omap {
 		o.add("environment", env)
 	}
 	if len(m.Users) > 0 {
-		var users []any
-		for _, u := range m.Users {
-			uo := &omap{}
-			uo.add("name", u.Name)
-			if u.UID != nil {
-				uo.add("uid", *u.UID)
-			}
-			if len(u.Groups) > 0 {
-				uo.add("groups", u.Groups)
-			}
-			if u.Home != "" {
-				uo.add("home", u.Home)
-			}
-			if u.Shell != "" {
-				uo.add("shell", u.Shell)
-			}
-			users = append(users, uo)
-		}
-		o.add("users", users)
+		o.add("users", wireList(m.Users, User.wire))
 	}
 	if len(m.Groups) > 0 {
-		var groups []any
-		for _, g := range m.Groups {
-			gw := &omap{}
-			gw.add("name", g.Name)
-			if g.GID != nil {
-				gw.add("gid", *g.GID)
-			}
-			groups = append(groups, gw)
-		}
-		o.add("groups", groups)
+		o.add("groups", wireList(m.Groups, Group.wire))
 	}
 	if len(m.ExtraPathGrants) > 0 {
-		var grants []any
-		for _, g := range m.ExtraPathGrants {
-			gr := &omap{}
-			gr.add("path", g.Path)
-			gr.add("read_only", g.ReadOnly)
-			if g.Description != "" {
-				gr.add("description", g.Description)
-			}
-			grants = append(grants, gr)
-		}
-		o.add("extra_path_grants", grants)
+		o.add("extra_path_grants", wireList(m.ExtraPathGrants, PathGrant.wire))
 	}
 	if m.Redaction != nil {
 		r := &omap{}
@@ -201,6 +164,55 @@ func (m *Manifest) wire() *omap {
 	}
 	if len(m.Entries) > 0 {
 		o.add("entries", entriesWire(m.Entries))
+	}
+	return o
+}
+
+// wireList builds the file-format form of a list of objects.
+func wireList[T any](items []T, wire func(T) *omap) []any {
+	out := make([]any, len(items))
+	for i, it := range items {
+		out[i] = wire(it)
+	}
+	return out
+}
+
+// wire builds the file-format form of u.
+func (u User) wire() *omap {
+	o := &omap{}
+	o.add("name", u.Name)
+	if u.UID != nil {
+		o.add("uid", *u.UID)
+	}
+	if len(u.Groups) > 0 {
+		o.add("groups", u.Groups)
+	}
+	if u.Home != "" {
+		o.add("home", u.Home)
+	}
+	if u.Shell != "" {
+		o.add("shell", u.Shell)
+	}
+	return o
+}
+
+// wire builds the file-format form of g.
+func (g Group) wire() *omap {
+	o := &omap{}
+	o.add("name", g.Name)
+	if g.GID != nil {
+		o.add("gid", *g.GID)
+	}
+	return o
+}
+
+// wire builds the file-format form of g.
+func (g PathGrant) wire() *omap {
+	o := &omap{}
+	o.add("path", g.Path)
+	o.add("read_only", g.ReadOnly)
+	if g.Description != "" {
+		o.add("description", g.Description)
 	}
 	return o
 }
