@@ -58,28 +58,6 @@ func (k *kubeBench) provider(pools []kubernetes.Pool) (*kubernetes.Provider, err
 	}, rc, zap.NewNop())
 }
 
-// kubeFirstExec times Create (with opts) + Start + the first command.
-func kubeFirstExec(ctx context.Context, c *compute.Client, opts any) (time.Duration, error) {
-	start := time.Now()
-	s, err := c.Create(ctx, compute.CreateOptions{ProviderOptions: opts})
-	if err != nil {
-		return 0, err
-	}
-	defer func() { _ = c.Delete(context.Background(), s) }()
-	if err := s.Start(ctx); err != nil {
-		return 0, err
-	}
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: firstCommand}}, nil)
-	if err != nil {
-		return 0, err
-	}
-	d := time.Since(start)
-	if code := res.Exit.GetExitCode(); code != 0 {
-		return 0, fmt.Errorf("%v exited %d", firstCommand, code)
-	}
-	return d, nil
-}
-
 // benchKubernetes starts a cluster, loads the sandbox image and takes the
 // figures; many is the sandbox count of the create/use/delete figure.
 func benchKubernetes(ctx context.Context, rounds, many int) ([]row, error) {
@@ -114,7 +92,7 @@ func benchKubernetes(ctx context.Context, rounds, many int) ([]row, error) {
 	// Cold Pods first, then warm claims from a full pool (no refill while
 	// measuring: the pool holds a Pod per round).
 	fmt.Fprintln(os.Stderr, "kubernetes: cold create to first exec ...")
-	cold, err := medianOf(rounds, func() (time.Duration, error) { return kubeFirstExec(ctx, kc, nil) })
+	cold, err := medianOf(rounds, func() (time.Duration, error) { return createToFirstExec(ctx, kc, nil) })
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes cold: %w", err)
 	}
@@ -129,7 +107,7 @@ func benchKubernetes(ctx context.Context, rounds, many int) ([]row, error) {
 	}
 	fmt.Fprintln(os.Stderr, "kubernetes: warm claim to first exec ...")
 	warm, err := medianOf(rounds, func() (time.Duration, error) {
-		return kubeFirstExec(ctx, kc, &kubernetes.CreateOptions{Pool: "bench"})
+		return createToFirstExec(ctx, kc, &kubernetes.CreateOptions{Pool: "bench"})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes warm: %w", err)
@@ -141,7 +119,7 @@ func benchKubernetes(ctx context.Context, rounds, many int) ([]row, error) {
 		return nil, err
 	}
 	fmt.Fprintln(os.Stderr, "kubernetes: docker baseline ...")
-	dockerD, err := medianOf(rounds, func() (time.Duration, error) { return createToFirstExec(ctx, dc) })
+	dockerD, err := medianOf(rounds, func() (time.Duration, error) { return createToFirstExec(ctx, dc, nil) })
 	done()
 	if err != nil {
 		return nil, fmt.Errorf("docker baseline: %w", err)

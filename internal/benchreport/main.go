@@ -673,25 +673,8 @@ func benchArchive(ctx context.Context, c *agentclient.Client, workspace string, 
 	// in every file: repeated content would compress a thousand-fold and
 	// trip Restore's expansion-ratio limit as a zstd bomb would.
 	rng := rand.New(rand.NewPCG(1, 2))
-	const alphabet = "abcdefghijklmnopqrstuvwxyz0123456789 _(){};=+-*"
-	content := make([]byte, per)
-	for i := 0; i < files; i++ {
-		dir := filepath.Join(tree, fmt.Sprintf("d%03d", i/100))
-		if i%100 == 0 {
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				return nil, err
-			}
-		}
-		for j := range content {
-			if j%64 == 63 {
-				content[j] = '\n'
-			} else {
-				content[j] = alphabet[rng.IntN(len(alphabet))]
-			}
-		}
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("f%05d.txt", i)), content, 0o644); err != nil {
-			return nil, err
-		}
+	if err := writeBenchFiles(tree, files, int(per), rng, func(int) bool { return true }); err != nil {
+		return nil, err
 	}
 	out, err := os.MkdirTemp(filepath.Dir(workspace), "bench-archive-")
 	if err != nil {

@@ -70,34 +70,41 @@ func benchMounts(ctx context.Context, agentd string, objects int, total int64) (
 	what := fmt.Sprintf("%d objects / %s", objects, mib(int64(per)*int64(objects)))
 	var rows []row
 
-	// S3: Versity Gateway.
-	fmt.Fprintln(os.Stderr, "  s3 mount ...")
-	s3srv, err := s3server.Run(ctx, filepath.Join(tmp, "s3"), io.Discard)
-	if err != nil {
-		rows = append(rows, row{"s3_mount of " + what, "skipped: " + err.Error(), "", "", ""})
-	} else {
-		r, err := benchS3Mount(ctx, s3srv, agentd, tmp, keys, body, what)
-		s3srv.Stop()
+	for _, server := range []struct {
+		name  string // "s3": the figure's and the server directory's name
+		start func(ctx context.Context, dir string) (*mountSide, func(), error)
+	}{
+		{"s3", startS3Side},   // Versity Gateway
+		{"gcs", startGCSSide}, // fake-gcs-server over a directory on disk
+	} {
+		fmt.Fprintf(os.Stderr, "  %s mount ...\n", server.name)
+		side, stop, err := server.start(ctx, filepath.Join(tmp, server.name))
 		if err != nil {
-			return nil, fmt.Errorf("s3 mount: %w", err)
+			rows = append(rows, row{server.name + "_mount of " + what, "skipped: " + err.Error(), "", "", ""})
+			continue
 		}
-		rows = append(rows, r...)
-	}
-
-	// GCS: fake-gcs-server over a directory on disk.
-	fmt.Fprintln(os.Stderr, "  gcs mount ...")
-	gsrv, err := gcsserver.Run(ctx, filepath.Join(tmp, "gcs"), io.Discard)
-	if err != nil {
-		rows = append(rows, row{"gcs_mount of " + what, "skipped: " + err.Error(), "", "", ""})
-	} else {
-		r, err := benchGCSMount(ctx, gsrv, agentd, tmp, keys, body, what)
-		gsrv.Stop()
+		r, err := benchMount(ctx, side, agentd, tmp, keys, body, what)
+		stop()
 		if err != nil {
-			return nil, fmt.Errorf("gcs mount: %w", err)
+			return nil, fmt.Errorf("%s mount: %w", server.name, err)
 		}
 		rows = append(rows, r...)
 	}
 	return rows, nil
+}
+
+// mountSide is one server's part of the mount figure: how to make a bucket
+// and put and get its objects directly (the baseline), and how a manifest
+// mounts it.
+type mountSide struct {
+	name        string // the server's short name: "s3"
+	kind        string // the figure's words for the mount
+	baselineHow string // the baseline's words
+	bucket      func(ctx context.Context) (string, error)
+	put         func(ctx context.Context, bucket, key string, data []byte) error
+	get         func(ctx context.Context, bucket, key string) (io.ReadCloser, error)
+	secrets     manifest.SecretMap
+	entry       func(bucket string) *manifest.Entry
 }
 
 // parallel runs f(i) for i in [0, n) on conc goroutines and returns every
@@ -222,41 +229,39 @@ func msList(ds []time.Duration) string {
 	return strings.Join(parts, ", ") + " ms"
 }
 
-func benchS3Mount(ctx context.Context, srv *s3server.Server, agentd, tmp string, keys []string, body func(int) []byte, what string) ([]row, error) {
-	bucket, err := srv.CreateBucket(ctx)
+// benchMount fills a bucket of side's server with the objects keys (body
+// gives their bytes) and takes the mount figure: the mount beside a
+// download of the same objects, as many at once as the Mounter's default
+// (see the file comment), and an empty sandbox.
+func benchMount(ctx context.Context, side *mountSide, agentd, tmp string, keys []string, body func(int) []byte, what string) ([]row, error) {
+	bucket, err := side.bucket(ctx)
 	if err != nil {
 		return nil, err
 	}
-	cl := srv.Client()
 	if err := parallel(len(keys), 16, func(i int) error {
-		_, err := cl.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: aws.String(keys[i]), Body: bytes.NewReader(body(i))})
-		return err
+		return side.put(ctx, bucket, keys[i], body(i))
 	}); err != nil {
 		return nil, fmt.Errorf("fill the bucket: %w", err)
 	}
-	// Baseline: the same objects downloaded with the SDK to a local
-	// directory, as many at once as the Mounter's default.
 	download := func() (time.Duration, error) {
-		dst := filepath.Join(tmp, "s3-download")
+		dst := filepath.Join(tmp, side.name+"-download")
 		defer os.RemoveAll(dst)
 		start := time.Now()
 		err := parallel(len(keys), mount.DefaultConcurrency, func(i int) error {
-			out, err := cl.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: aws.String(keys[i])})
+			r, err := side.get(ctx, bucket, keys[i])
 			if err != nil {
 				return err
 			}
-			defer out.Body.Close()
-			return writeLocal(filepath.Join(dst, keys[i]), out.Body)
+			defer r.Close()
+			return writeLocal(filepath.Join(dst, keys[i]), r)
 		})
 		return time.Since(start), err
 	}
-	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: manifest.SecretMap{"ID": srv.AccessKey, "SECRET": srv.SecretKey}})
+	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: side.secrets})
 	if err != nil {
 		return nil, err
 	}
-	ro := true
-	entry := &manifest.Entry{Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint, Region: srv.Region,
-		ReadOnly: &ro, Credentials: map[string]manifest.SecretRef{"access_key_id": manifest.Secret("ID"), "secret_access_key": manifest.Secret("SECRET")}}}
+	entry := side.entry(bucket)
 	downloads, mounts, err := interleaved(download, func() (time.Duration, error) { return timeMount(ctx, agentd, tmp, m, entry, len(keys)) })
 	if err != nil {
 		return nil, err
@@ -265,58 +270,81 @@ func benchS3Mount(ctx context.Context, srv *s3server.Server, agentd, tmp string,
 	if err != nil {
 		return nil, err
 	}
-	return mountRows("s3_mount (Versity Gateway)", what, mounts, empty, downloads, fmt.Sprintf("AWS SDK download to a local dir, %d at once", mount.DefaultConcurrency)), nil
+	return mountRows(side.kind, what, mounts, empty, downloads, side.baselineHow), nil
 }
 
-func benchGCSMount(ctx context.Context, srv *gcsserver.Server, agentd, tmp string, keys []string, body func(int) []byte, what string) ([]row, error) {
-	bucket, err := srv.CreateBucket(ctx)
+// startS3Side starts Versity Gateway over dir: the S3 side of the figure,
+// its baseline an AWS SDK download. stop stops the server.
+func startS3Side(ctx context.Context, dir string) (side *mountSide, stop func(), err error) {
+	srv, err := s3server.Run(ctx, dir, io.Discard)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if err := parallel(len(keys), 16, func(i int) error {
-		_, err := srv.Put(ctx, bucket, keys[i], body(i))
-		return err
-	}); err != nil {
-		return nil, fmt.Errorf("fill the bucket: %w", err)
-	}
-	download := func() (time.Duration, error) {
-		dst := filepath.Join(tmp, "gcs-download")
-		defer os.RemoveAll(dst)
-		start := time.Now()
-		err := parallel(len(keys), mount.DefaultConcurrency, func(i int) error {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.Endpoint+"/storage/v1/b/"+url.PathEscape(bucket)+"/o/"+url.PathEscape(keys[i])+"?alt=media", nil)
+	cl := srv.Client()
+	ro := true
+	return &mountSide{
+		name:        "s3",
+		kind:        "s3_mount (Versity Gateway)",
+		baselineHow: fmt.Sprintf("AWS SDK download to a local dir, %d at once", mount.DefaultConcurrency),
+		bucket:      srv.CreateBucket,
+		put: func(ctx context.Context, bucket, key string, data []byte) error {
+			_, err := cl.PutObject(ctx, &s3.PutObjectInput{Bucket: &bucket, Key: aws.String(key), Body: bytes.NewReader(data)})
+			return err
+		},
+		get: func(ctx context.Context, bucket, key string) (io.ReadCloser, error) {
+			out, err := cl.GetObject(ctx, &s3.GetObjectInput{Bucket: &bucket, Key: aws.String(key)})
 			if err != nil {
-				return err
+				return nil, err
+			}
+			return out.Body, nil
+		},
+		secrets: manifest.SecretMap{"ID": srv.AccessKey, "SECRET": srv.SecretKey},
+		entry: func(bucket string) *manifest.Entry {
+			return &manifest.Entry{Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint, Region: srv.Region,
+				ReadOnly: &ro, Credentials: map[string]manifest.SecretRef{"access_key_id": manifest.Secret("ID"), "secret_access_key": manifest.Secret("SECRET")}}}
+		},
+	}, srv.Stop, nil
+}
+
+// startGCSSide starts fake-gcs-server over dir: the GCS side of the
+// figure, its baseline plain JSON API media GETs. stop stops the server.
+func startGCSSide(ctx context.Context, dir string) (side *mountSide, stop func(), err error) {
+	srv, err := gcsserver.Run(ctx, dir, io.Discard)
+	if err != nil {
+		return nil, nil, err
+	}
+	ro := true
+	return &mountSide{
+		name:        "gcs",
+		kind:        "gcs_mount (fake-gcs-server)",
+		baselineHow: fmt.Sprintf("JSON API media GETs to a local dir, %d at once", mount.DefaultConcurrency),
+		bucket:      srv.CreateBucket,
+		put: func(ctx context.Context, bucket, key string, data []byte) error {
+			_, err := srv.Put(ctx, bucket, key, data)
+			return err
+		},
+		get: func(ctx context.Context, bucket, key string) (io.ReadCloser, error) {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, srv.Endpoint+"/storage/v1/b/"+url.PathEscape(bucket)+"/o/"+url.PathEscape(key)+"?alt=media", nil)
+			if err != nil {
+				return nil, err
 			}
 			req.Header.Set("Authorization", "Bearer bench")
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
-				return err
+				return nil, err
 			}
-			defer resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
-				return fmt.Errorf("get %s: HTTP %d", keys[i], resp.StatusCode)
+				resp.Body.Close()
+				return nil, fmt.Errorf("get %s: HTTP %d", key, resp.StatusCode)
 			}
-			return writeLocal(filepath.Join(dst, keys[i]), resp.Body)
-		})
-		return time.Since(start), err
-	}
-	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: manifest.SecretMap{"TOKEN": "bench"}})
-	if err != nil {
-		return nil, err
-	}
-	ro := true
-	entry := &manifest.Entry{Type: manifest.TypeGCSMount, Mount: &manifest.Mount{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint,
-		ReadOnly: &ro, Credentials: map[string]manifest.SecretRef{"access_token": manifest.Secret("TOKEN")}}}
-	downloads, mounts, err := interleaved(download, func() (time.Duration, error) { return timeMount(ctx, agentd, tmp, m, entry, len(keys)) })
-	if err != nil {
-		return nil, err
-	}
-	empty, err := timeMount(ctx, agentd, tmp, m, nil, 0)
-	if err != nil {
-		return nil, err
-	}
-	return mountRows("gcs_mount (fake-gcs-server)", what, mounts, empty, downloads, fmt.Sprintf("JSON API media GETs to a local dir, %d at once", mount.DefaultConcurrency)), nil
+			return resp.Body, nil
+		},
+		secrets: manifest.SecretMap{"TOKEN": "bench"},
+		entry: func(bucket string) *manifest.Entry {
+			return &manifest.Entry{Type: manifest.TypeGCSMount, Mount: &manifest.Mount{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint,
+				ReadOnly: &ro, Credentials: map[string]manifest.SecretRef{"access_token": manifest.Secret("TOKEN")}}}
+		},
+	}, srv.Stop, nil
 }
 
 // writeLocal writes r to path, making its directory.

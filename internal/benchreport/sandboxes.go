@@ -103,11 +103,12 @@ func dockerStatus(ctx context.Context) string {
 	return ""
 }
 
-// createToFirstExec times Create + Start (empty manifest) + Exec of the
-// first command on a fresh sandbox; the sandbox is deleted untimed.
-func createToFirstExec(ctx context.Context, c *compute.Client) (time.Duration, error) {
+// createToFirstExec times Create (empty manifest, with the provider's
+// options opts, or none when nil) + Start + Exec of the first command on
+// a fresh sandbox; the sandbox is deleted untimed.
+func createToFirstExec(ctx context.Context, c *compute.Client, opts any) (time.Duration, error) {
 	start := time.Now()
-	s, err := c.Create(ctx, compute.CreateOptions{})
+	s, err := c.Create(ctx, compute.CreateOptions{ProviderOptions: opts})
 	if err != nil {
 		return 0, err
 	}
@@ -191,7 +192,7 @@ func startupOf(ctx context.Context, k sandboxKind, rounds int) (time.Duration, e
 		return 0, err
 	}
 	defer done()
-	return medianOf(rounds, func() (time.Duration, error) { return createToFirstExec(ctx, c) })
+	return medianOf(rounds, func() (time.Duration, error) { return createToFirstExec(ctx, c, nil) })
 }
 
 // dockerRun is `docker run --rm --network none --entrypoint /bin/true

@@ -22,14 +22,12 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/internal/testservers/gotool"
 )
 
@@ -55,8 +53,7 @@ type Server struct {
 	bin  string
 	seed string
 	addr string
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *gotool.Process
 	logw io.Writer
 	hc   *http.Client
 }
@@ -84,32 +81,9 @@ func Start(t testing.TB) *Server {
 // many objects one by one.
 func StartSeeded(t testing.TB, seed string) *Server {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
-	defer cancel()
-	if _, err := Binary(ctx); err != nil {
-		testenv.Skip(t, "no fake-gcs-server: "+err.Error())
-		return nil
-	}
-	logf, err := os.Create(filepath.Join(t.TempDir(), "fake-gcs-server.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := run(ctx, MemoryDir(t), seed, logf)
-	t.Cleanup(func() {
-		if s != nil {
-			s.Stop()
-		}
-		logf.Close()
-		if t.Failed() {
-			if b, err := os.ReadFile(logf.Name()); err == nil && len(b) > 0 {
-				t.Logf("fake-gcs-server log:\n%s", tail(b))
-			}
-		}
+	return gotool.StartTest(t, program, "no fake-gcs-server", func(ctx context.Context, logw io.Writer) (*Server, error) {
+		return run(ctx, MemoryDir(t), seed, logw)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 // MemoryDir returns a fresh directory for a test's objects, removed when
@@ -142,12 +116,10 @@ func run(ctx context.Context, dir, seed string, logw io.Writer) (*Server, error)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("fake-gcs-server: %w", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	addr, err := gotool.LoopbackAddr()
 	if err != nil {
-		return nil, fmt.Errorf("fake-gcs-server: pick a port: %w", err)
+		return nil, fmt.Errorf("fake-gcs-server: %w", err)
 	}
-	addr := ln.Addr().String()
-	ln.Close()
 	s := &Server{bin: bin, addr: addr, Endpoint: "http://" + addr, Dir: dir, seed: seed, logw: logw, hc: &http.Client{Timeout: time.Minute}}
 	if err := s.start(); err != nil {
 		return nil, err
@@ -166,42 +138,14 @@ func (s *Server) start() error {
 	cmd := exec.Command(s.bin, args...)
 	cmd.Dir = os.TempDir()
 	cmd.Stdout, cmd.Stderr = s.logw, s.logw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start fake-gcs-server: %w", err)
-	}
-	s.cmd, s.done = cmd, make(chan struct{})
-	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(s.done)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-s.done:
-			return errors.New("fake-gcs-server exited at start (see its log)")
-		default:
-		}
-		resp, err := http.Get(s.Endpoint + "/storage/v1/b")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	s.Stop()
-	return errors.New("fake-gcs-server did not answer within 30s")
+	var err error
+	s.proc, err = gotool.Launch("fake-gcs-server", cmd, 30*time.Second, gotool.Answers(s.Endpoint+"/storage/v1/b", http.StatusOK)) // lists its buckets
+	return err
 }
 
 // Stop kills the server at once.
 // Stopping twice is fine.
-func (s *Server) Stop() {
-	if s.cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	<-s.done
-	s.cmd = nil
-}
+func (s *Server) Stop() { s.proc.Stop() }
 
 // Bucket creates a bucket with a fresh name and returns the name.
 func (s *Server) Bucket(t testing.TB) string {

@@ -2,7 +2,9 @@
 // gateway, a GCS emulator, gVisor's runsc) from the Go module proxy, once
 // per machine: `go install PKG@VERSION` into a cache directory, under a
 // file lock so that test binaries running in parallel build it once, and
-// renamed into place only when complete.
+// renamed into place only when complete. It also starts such a server
+// the same way for each (serve.go): on a free loopback port, in a process
+// group of its own that dies with the test binary, polled until ready.
 package gotool
 
 import (
@@ -23,7 +25,8 @@ type Program struct {
 	Name    string
 	Package string
 	Version string
-	// Timeout bounds the build (default 20 minutes).
+	// Timeout bounds the build (default 20 minutes); StartTest's build
+	// and start together.
 	Timeout time.Duration
 	// Output is the file `go install` writes, when it is not Name (go
 	// names it after the package's last element: gVisor's shim package
@@ -34,6 +37,17 @@ type Program struct {
 	// patch): it writes the binary to out, working in dir, a fresh
 	// directory removed afterwards. The cache and lock are the same.
 	Build func(ctx context.Context, dir, out string) error
+}
+
+// defaultBuildTimeout bounds a build whose Program sets no Timeout.
+const defaultBuildTimeout = 20 * time.Minute
+
+// timeout is p.Timeout, or defaultBuildTimeout when it is not set.
+func (p Program) timeout() time.Duration {
+	if p.Timeout <= 0 {
+		return defaultBuildTimeout
+	}
+	return p.Timeout
 }
 
 // CacheDir is DIR/bulkhead/testservers under the user cache directory
@@ -106,11 +120,7 @@ func (p Program) Install(ctx context.Context) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("%s: building it needs the go command on PATH: %w", p.Name, err)
 	}
-	timeout := p.Timeout
-	if timeout <= 0 {
-		timeout = 20 * time.Minute
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, p.timeout())
 	defer cancel()
 	out := p.Name
 	if p.Output != "" {

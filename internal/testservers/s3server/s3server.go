@@ -11,15 +11,10 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,7 +22,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/credentials"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/internal/testservers/gotool"
 )
 
@@ -53,8 +47,7 @@ type Server struct {
 
 	bin  string
 	addr string
-	cmd  *exec.Cmd
-	done chan struct{}
+	proc *gotool.Process
 	logw io.Writer
 }
 
@@ -65,39 +58,14 @@ var program = gotool.Program{Name: "versitygw", Package: pkg, Version: Version, 
 // needed (gotool: once per machine, under the user cache directory).
 func Binary(ctx context.Context) (string, error) { return program.Install(ctx) }
 
-func tail(b []byte) string { return gotool.Tail(b) }
-
 // Start builds (once) and starts a server on a free loopback port over a
 // fresh directory; it stops when the test ends. Without the binary the
 // test is skipped through testenv (failed under CI=true).
 func Start(t testing.TB) *Server {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
-	defer cancel()
-	if _, err := Binary(ctx); err != nil {
-		testenv.Skip(t, "no versitygw S3 server: "+err.Error())
-		return nil
-	}
-	logf, err := os.Create(filepath.Join(t.TempDir(), "versitygw.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := Run(ctx, t.TempDir(), logf)
-	t.Cleanup(func() {
-		if s != nil {
-			s.Stop()
-		}
-		logf.Close()
-		if t.Failed() {
-			if b, err := os.ReadFile(logf.Name()); err == nil && len(b) > 0 {
-				t.Logf("versitygw log:\n%s", tail(b))
-			}
-		}
+	return gotool.StartTest(t, program, "no versitygw S3 server", func(ctx context.Context, logw io.Writer) (*Server, error) {
+		return Run(ctx, t.TempDir(), logw)
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 // Run builds (once) and starts a server on a free loopback port over dir
@@ -113,12 +81,9 @@ func Run(ctx context.Context, dir string, logw io.Writer) (*Server, error) {
 		return nil, fmt.Errorf("versitygw: %w", err)
 	}
 	s := &Server{bin: bin, Dir: dir, Region: "us-east-1", AccessKey: "bulkhead" + randHex(6), SecretKey: randHex(20), logw: logw}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, fmt.Errorf("versitygw: pick a port: %w", err)
+	if s.addr, err = gotool.LoopbackAddr(); err != nil {
+		return nil, fmt.Errorf("versitygw: %w", err)
 	}
-	s.addr = ln.Addr().String()
-	ln.Close()
 	s.Endpoint = "http://" + s.addr
 	if err := s.start(); err != nil {
 		return nil, err
@@ -131,40 +96,14 @@ func (s *Server) start() error {
 	cmd := exec.Command(s.bin, "--port", s.addr, "--quiet", "posix", s.Dir)
 	cmd.Env = append(os.Environ(), "ROOT_ACCESS_KEY="+s.AccessKey, "ROOT_SECRET_KEY="+s.SecretKey, "VGW_REGION="+s.Region)
 	cmd.Stdout, cmd.Stderr = s.logw, s.logw
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("start versitygw: %w", err)
-	}
-	s.cmd, s.done = cmd, make(chan struct{})
-	go func(done chan struct{}) { _ = cmd.Wait(); close(done) }(s.done)
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		select {
-		case <-s.done:
-			return errors.New("versitygw exited at start (see its log)")
-		default:
-		}
-		resp, err := http.Get(s.Endpoint + "/")
-		if err == nil {
-			resp.Body.Close()
-			return nil
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	s.Stop()
-	return errors.New("versitygw did not answer within 30s")
+	var err error
+	s.proc, err = gotool.Launch("versitygw", cmd, 30*time.Second, gotool.Answers(s.Endpoint+"/", 0)) // any answer
+	return err
 }
 
 // Stop kills the server at once (as a crash would); a stopped server
 // refuses connections. Stopping twice is fine.
-func (s *Server) Stop() {
-	if s.cmd == nil {
-		return
-	}
-	_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGKILL)
-	<-s.done
-	s.cmd = nil
-}
+func (s *Server) Stop() { s.proc.Stop() }
 
 // Restart starts a stopped server again on the same address and directory.
 func (s *Server) Restart(t testing.TB) {
