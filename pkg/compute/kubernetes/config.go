@@ -32,7 +32,12 @@
 // `harness sandbox ls` and Reap find what any harness made. The lifetime
 // (created-at, TTL, idle timeout, expires-at) and the last activity are
 // annotations; Reap deletes expired sandboxes. Deletion is foreground and
-// idempotent.
+// idempotent. A state handed to Reattach, Destroy or Launch (as Prior) is
+// checked against what it names before anything is changed: a Pod created
+// or claimed for another session, or a workspace PVC (marked
+// bulkhead.dev/workspace-volume=1 and with its session's label) made for
+// another session or not by the provider, is refused with
+// compute.ErrInvalidArgument.
 //
 // # Reaching the daemon
 //

@@ -214,10 +214,11 @@ func (p *Provider) policyFor(key string, labels map[string]string) *networkingv1
 	return np
 }
 
-// claimFor is a workspace PVC.
-func (p *Provider) claimFor(name string, labels map[string]string) *corev1.PersistentVolumeClaim {
+// claimFor is a workspace PVC (its labels and annotations mark whose it
+// is: volumeFor).
+func (p *Provider) claimFor(name string, labels, annots map[string]string) *corev1.PersistentVolumeClaim {
 	return &corev1.PersistentVolumeClaim{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: p.cfg.Namespace, Labels: labels},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: p.cfg.Namespace, Labels: labels, Annotations: annots},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			StorageClassName: p.cfg.StorageClassName,

@@ -608,7 +608,7 @@ func handMadeState(t *testing.T, pod *corev1.Pod, session string) json.RawMessag
 func checkRefusedUntouched(ctx context.Context, t *testing.T, cs *fake.Clientset, err error, want string, pod *corev1.Pod, sec *corev1.Secret) {
 	t.Helper()
 	if err == nil {
-		t.Fatalf("a pool pod not claimed for the state's session was accepted")
+		t.Fatalf("a pod not claimed or created for the state's session was accepted")
 	}
 	if !errors.Is(err, compute.ErrInvalidArgument) || errors.Is(err, compute.ErrNotFound) ||
 		!strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "pod "+pod.Name) {
@@ -783,8 +783,9 @@ func TestLaunchWithAGonePriorPoolPod(t *testing.T) {
 	}
 }
 
-// TestColdPodsAreNotClaimChecked: Pods of no pool are destroyed and
-// replaced by their state as before the claim check.
+// TestColdPodsAreNotClaimChecked: Pods of no pool need no claim: their
+// own state destroys and replaces them (one created for another session
+// is refused: TestColdPodOfAnotherSessionIsRefused).
 func TestColdPodsAreNotClaimChecked(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

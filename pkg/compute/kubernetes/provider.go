@@ -190,10 +190,13 @@ func (p *Provider) Close() error {
 // Launch creates a sandbox Pod (or claims one from a warm pool) and
 // returns it connected. With spec.Prior set, the earlier Pod (if any) is
 // deleted and its workspace PVC, if kept, is mounted again (WorkspaceKept).
-// A Prior naming a warm pool Pod not claimed for spec.SessionID and the
-// state's session (unclaimed, or another session's) is refused with
-// ErrInvalidArgument (claimedFor) after one Pod read, before anything is
-// deleted or created.
+// A Prior that is not spec.SessionID's sandbox is refused with
+// ErrInvalidArgument before anything is deleted, created or mounted: one
+// naming a warm pool Pod not claimed for spec.SessionID and the state's
+// session (unclaimed, or another session's), or a cold Pod created for
+// another session (claimedFor, after one Pod read), or, when the new
+// sandbox would mount it, a workspace PVC not made for the session
+// (volumeFor, after one PVC read).
 func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute.Sandbox, error) {
 	if spec.SessionID == "" {
 		return nil, fmt.Errorf("kubernetes: launch: %w: empty session id", compute.ErrInvalidArgument)
@@ -222,6 +225,12 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			return nil, err
 		}
 		prior = &st
+		if set.volume {
+			// The PVC this launch mounts again (Launch reads it below).
+			if err := p.vetVolume(ctx, p.cfg.Namespace, st, spec.SessionID, "mount it"); err != nil {
+				return nil, err
+			}
+		}
 		if err := p.deleteClaimed(ctx, st, st.Volume != "", spec.SessionID, "replace it"); err != nil {
 			return nil, err
 		}
@@ -283,10 +292,11 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			vl := p.ownerLabels(spec.Labels)
 			vl[LabelWorkspaceVolume] = "1"
 			vl[LabelSession] = sessionLabel(spec.SessionID)
+			va := map[string]string{AnnotationSession: spec.SessionID}
 			// Each cleanup is registered before its create: a create whose
 			// answer was lost (the API server restarting) may have happened.
 			cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "persistentvolumeclaims", volName) })
-			if _, err := p.client.CoreV1().PersistentVolumeClaims(p.cfg.Namespace).Create(ctx, p.claimFor(volName, vl), metav1.CreateOptions{}); err != nil {
+			if _, err := p.client.CoreV1().PersistentVolumeClaims(p.cfg.Namespace).Create(ctx, p.claimFor(volName, vl, va), metav1.CreateOptions{}); err != nil {
 				return fail(p.apiErr("create", "persistentvolumeclaims", volName, err))
 			}
 		default:
@@ -568,7 +578,8 @@ func (p *Provider) waitErr(ctx context.Context, name string) error {
 // Pod that is gone, being deleted, evicted or exited gives an error
 // wrapping ErrNotFound (and saying why), so the session launches a
 // replacement and restores the snapshot. A warm pool Pod not claimed for
-// the state's session is refused (claimedFor) before anything is changed.
+// the state's session, or a cold Pod created for another session, is
+// refused (claimedFor) before anything is changed.
 func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior json.RawMessage) (compute.Sandbox, error) {
 	st, err := DecodeState(prior)
 	if err != nil {
@@ -600,34 +611,40 @@ func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior 
 	return sb, nil
 }
 
-// claimedFor checks that a warm pool Pod named by a state a caller hands
-// in (to Reattach, Destroy, or Launch as Prior) was claimed for the
-// state's session (and sessionID, the caller's, when not ""): the claim's
-// update marks it LabelClaimed "true" and writes the session id in
-// AnnotationSession, both at once, and neither changes afterwards. An
-// unclaimed pool Pod (still on its pool token, which a reattach of an
-// unclaimed Pod would not rotate) or one claimed by another session is
-// not this sandbox: reattaching to it would take a Pod no claim gave this
-// session, and deleting it would take one from the pool or from another
-// session. The error names the Pod and why, says what was refused (op:
-// "reattach", "destroy it", "replace it"), and wraps ErrInvalidArgument,
-// as a bad state does, and not ErrNotFound, which would have
-// Client.Resume launch a replacement with this state as Prior. Pods of no
-// pool pass.
+// claimedFor checks that the Pod a state a caller hands in names (to
+// Reattach, Destroy, or Launch as Prior) is the sandbox of the state's
+// session (and of sessionID, the caller's, when not ""). A warm pool Pod
+// must have been claimed for it: the claim's update marks it LabelClaimed
+// "true" and writes the session id in AnnotationSession, both at once,
+// and neither changes afterwards. An unclaimed pool Pod (still on its
+// pool token, which a reattach of an unclaimed Pod would not rotate) or
+// one claimed by another session is not this sandbox: reattaching to it
+// would take a Pod no claim gave this session, and deleting it would take
+// one from the pool or from another session. A cold Pod (of no pool)
+// records its session in AnnotationSession at creation (every version of
+// the provider has written it); one recording another session is
+// another session's sandbox. A cold Pod recording none (not one this
+// provider made) passes, as every cold Pod did before the check. The
+// error names the Pod and why, says what was refused (op: "reattach",
+// "destroy it", "replace it"), and wraps ErrInvalidArgument, as a bad
+// state does, and not ErrNotFound, which would have Client.Resume launch
+// a replacement with this state as Prior.
 func claimedFor(pod *corev1.Pod, st State, sessionID, op string) error {
+	owner := pod.Annotations[AnnotationSession]
+	want, other := unrecordedSession(st, sessionID, func(s string) bool { return s == owner })
 	pool := pod.Labels[LabelPool]
 	if pool == "" {
-		return nil
+		if owner == "" || !other {
+			return nil
+		}
+		return fmt.Errorf("kubernetes: sandbox %s: %w: pod %s was not created for session %q (it was created for another session; refusing to %s)",
+			st.Pod, compute.ErrInvalidArgument, pod.Name, want, op)
 	}
 	if pod.Labels[LabelClaimed] != "true" {
 		return fmt.Errorf("kubernetes: sandbox %s: %w: pod %s is an unclaimed pod of warm pool %s (a state of a claimed sandbox is needed to %s)",
 			st.Pod, compute.ErrInvalidArgument, pod.Name, pool, op)
 	}
-	owner, want := pod.Annotations[AnnotationSession], st.SessionID
-	if owner == want && sessionID != "" {
-		want = sessionID
-	}
-	if owner == "" || owner != want {
+	if owner == "" || other {
 		why := "it was claimed by another session"
 		if owner == "" {
 			why = "its claim records no session"
@@ -638,13 +655,77 @@ func claimedFor(pod *corev1.Pod, st State, sessionID, op string) error {
 	return nil
 }
 
+// volumeFor checks that the workspace PVC a state a caller hands in names
+// (pvc, as read) was made for the state's session (and sessionID's, the
+// caller's, when not ""), before Destroy deletes it or Launch mounts it
+// again. Launch creates each workspace PVC with LabelWorkspaceVolume "1"
+// and LabelSession (sessionLabel of its session), as every version of the
+// provider has, and now also the exact id in AnnotationSession, which is
+// compared when present (a PVC made by an earlier version has none, and
+// is judged by its label). A PVC without those marks (not a workspace
+// claim of this provider's) or made for another session is refused: the
+// error names the PVC and why, says what was refused (op), and wraps
+// ErrInvalidArgument.
+func volumeFor(pvc *corev1.PersistentVolumeClaim, st State, sessionID, op string) error {
+	if pvc.Labels[LabelWorkspaceVolume] != "1" {
+		return fmt.Errorf("kubernetes: sandbox %s: %w: claim %s is not a workspace claim of the provider (it has no %s=1 label; refusing to %s)",
+			st.Pod, compute.ErrInvalidArgument, pvc.Name, LabelWorkspaceVolume, op)
+	}
+	label, exact := pvc.Labels[LabelSession], pvc.Annotations[AnnotationSession]
+	want, other := unrecordedSession(st, sessionID, func(s string) bool {
+		return label == sessionLabel(s) && (exact == "" || exact == s)
+	})
+	if other {
+		why := "it was made for another session"
+		if label == "" {
+			why = "it records no session"
+		}
+		return fmt.Errorf("kubernetes: sandbox %s: %w: workspace claim %s was not made for session %q (%s; refusing to %s)",
+			st.Pod, compute.ErrInvalidArgument, pvc.Name, want, why, op)
+	}
+	return nil
+}
+
+// unrecordedSession is the first session that an object a state names
+// must record and does not (records says whether it does): the state's,
+// then sessionID, the caller's, when not "". It returns "", false when
+// the object records both.
+func unrecordedSession(st State, sessionID string, records func(session string) bool) (string, bool) {
+	if !records(st.SessionID) {
+		return st.SessionID, true
+	}
+	if sessionID != "" && !records(sessionID) {
+		return sessionID, true
+	}
+	return "", false
+}
+
+// vetVolume reads the workspace PVC st names, in namespace ns (where it
+// would be deleted or mounted), and refuses it unless volumeFor accepts
+// it. A state naming none, or a PVC that is gone, passes.
+func (p *Provider) vetVolume(ctx context.Context, ns string, st State, sessionID, op string) error {
+	if st.Volume == "" {
+		return nil
+	}
+	pvc, err := p.client.CoreV1().PersistentVolumeClaims(ns).Get(ctx, st.Volume, metav1.GetOptions{})
+	switch {
+	case apierrors.IsNotFound(err):
+		return nil
+	case err != nil:
+		return p.apiErr("get", "persistentvolumeclaims", st.Volume, err)
+	}
+	return volumeFor(pvc, st, sessionID, op)
+}
+
 // Destroy deletes the sandbox's Pod (foreground: garbage collection
 // removes what it owns first), Secret and NetworkPolicy, and under
 // DeleteAll its workspace PVC, and waits until the Pod is gone. What is
-// already gone is not an error. A state naming a warm pool Pod not
-// claimed for the state's session (unclaimed, or another session's) is
-// refused with ErrInvalidArgument (claimedFor) after one Pod read, with
-// nothing deleted.
+// already gone is not an error. A state that is not its session's
+// sandbox is refused with ErrInvalidArgument, with nothing deleted: one
+// naming a warm pool Pod not claimed for the state's session (unclaimed,
+// or another session's) or a cold Pod created for another session
+// (claimedFor, after one Pod read), or, under DeleteAll, a workspace PVC
+// not made for the session (volumeFor, after one PVC read).
 func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
 	st, err := DecodeState(prior)
 	if err != nil {
@@ -666,11 +747,17 @@ func (p *Provider) deleteSandbox(ctx context.Context, st State, keepVolume bool)
 }
 
 // deleteClaimed is deleteSandbox for a state a caller hands in (Destroy,
-// Launch's Prior): a warm pool Pod there that was not claimed for the
-// state's session (and sessionID's, when not "") is refused (claimedFor,
-// op saying what was refused) before anything is deleted. A Pod that is
-// gone is not checked: what is left of it is deleted as before.
+// Launch's Prior): a Pod there that is not the sandbox of the state's
+// session (and sessionID's, when not "") is refused (claimedFor, op
+// saying what was refused) before anything is deleted, and so is, unless
+// keepVolume, a workspace PVC not made for the session (vetVolume). A Pod
+// or PVC that is gone is not checked: what is left is deleted as before.
 func (p *Provider) deleteClaimed(ctx context.Context, st State, keepVolume bool, sessionID, op string) error {
+	if !keepVolume {
+		if err := p.vetVolume(ctx, st.Namespace, st, sessionID, op); err != nil {
+			return err
+		}
+	}
 	return p.deleteVetted(ctx, st, keepVolume, func(pod *corev1.Pod) error {
 		return claimedFor(pod, st, sessionID, op)
 	})

@@ -18,8 +18,8 @@ import (
 // Labels and annotations the provider puts on its objects.
 const (
 	labelPrefix = "bulkhead.dev/"
-	// LabelSandbox ("1") marks a Bulkhead sandbox Pod (and its Secret,
-	// NetworkPolicy and PVC).
+	// LabelSandbox ("1") marks a Bulkhead sandbox Pod (and its Secret and
+	// NetworkPolicy; a workspace PVC has LabelWorkspaceVolume instead).
 	LabelSandbox = labelPrefix + "sandbox"
 	// LabelKey is the sandbox's random key; its objects are named after it.
 	LabelKey = labelPrefix + "key"
@@ -31,10 +31,12 @@ const (
 	// LabelClaimed is "false" on a warm pool Pod waiting for a claim and
 	// "true" once claimed.
 	LabelClaimed = labelPrefix + "claimed"
-	// LabelWorkspaceVolume ("1") marks a workspace PVC.
+	// LabelWorkspaceVolume ("1") marks a workspace PVC (with LabelSession
+	// and AnnotationSession, its session's).
 	LabelWorkspaceVolume = labelPrefix + "workspace-volume"
 
-	// AnnotationSession is the session id.
+	// AnnotationSession is the session id (on a sandbox Pod, and on a
+	// workspace PVC, though PVCs made by earlier versions lack it).
 	AnnotationSession = labelPrefix + "session-id"
 	// AnnotationCreatedAt is Lifetime.CreatedAt (RFC 3339).
 	AnnotationCreatedAt = labelPrefix + "created-at"

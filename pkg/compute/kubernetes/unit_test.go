@@ -319,7 +319,9 @@ func TestVolumeDeletePolicy(t *testing.T) {
 		kept   bool
 	}{{DeleteAll, false}, {DeleteSandbox, true}} {
 		pod := sandboxPod("aaaaaaaaaaaaaaaa", "s", map[string]string{AnnotationVolume: VolumeName("s")}, nil)
-		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: VolumeName("s"), Namespace: "ns"}}
+		// The marks Launch puts on a workspace claim (Destroy checks them).
+		pvc := &corev1.PersistentVolumeClaim{ObjectMeta: metav1.ObjectMeta{Name: VolumeName("s"), Namespace: "ns",
+			Labels: map[string]string{LabelWorkspaceVolume: "1", LabelSession: sessionLabel("s")}}}
 		p, cs := fakeProvider(t, Config{DeletePolicy: tc.policy}, pod, pvc)
 		raw, _ := json.Marshal(stateOf(pod))
 		if err := p.Destroy(context.Background(), raw); err != nil {
