@@ -3,6 +3,7 @@ package compute
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -71,6 +72,23 @@ type LaunchSpec struct {
 	// Options are provider-specific options for this sandbox (for example
 	// *docker.CreateOptions); nil means the provider's defaults.
 	Options any
+}
+
+// OptionsAs reads LaunchSpec.Options for a provider whose options are of
+// type T: nil gives nil (the provider's defaults), a *T or a T gives the
+// options, and anything else an error wrapping ErrInvalidArgument that
+// names the provider and the type it wants (want, e.g.
+// "*docker.CreateOptions").
+func OptionsAs[T any](provider, want string, opts any) (*T, error) {
+	switch v := opts.(type) {
+	case nil:
+		return nil, nil
+	case *T:
+		return v, nil
+	case T:
+		return &v, nil
+	}
+	return nil, fmt.Errorf("%s: %w: LaunchSpec.Options is %T, want %s", provider, ErrInvalidArgument, opts, want)
 }
 
 // Lifetime bounds how long a sandbox may live.

@@ -272,15 +272,9 @@ func (c Config) settings(opts any) (sandboxSettings, error) {
 		image: c.Image, memory: c.Memory, nanoCPUs: c.NanoCPUs, pidsLim: c.PidsLimit,
 		network: c.Network, ports: c.PublishedPorts, args: append([]string(nil), c.AgentdArgs...),
 	}
-	var o *CreateOptions
-	switch v := opts.(type) {
-	case nil:
-	case *CreateOptions:
-		o = v
-	case CreateOptions:
-		o = &v
-	default:
-		return s, fmt.Errorf("docker: %w: LaunchSpec.Options is %T, want *docker.CreateOptions", compute.ErrInvalidArgument, opts)
+	o, err := compute.OptionsAs[CreateOptions]("docker", "*docker.CreateOptions", opts)
+	if err != nil {
+		return s, err
 	}
 	if o != nil {
 		if o.Image != "" {

@@ -465,15 +465,9 @@ type settings struct {
 
 func (c Config) settings(opts any) (settings, error) {
 	s := settings{image: c.Image, memory: c.Memory, milliCPU: c.MilliCPU, args: append([]string(nil), c.AgentdArgs...)}
-	var o *CreateOptions
-	switch v := opts.(type) {
-	case nil:
-	case *CreateOptions:
-		o = v
-	case CreateOptions:
-		o = &v
-	default:
-		return s, fmt.Errorf("kubernetes: %w: LaunchSpec.Options is %T, want *kubernetes.CreateOptions", compute.ErrInvalidArgument, opts)
+	o, err := compute.OptionsAs[CreateOptions]("kubernetes", "*kubernetes.CreateOptions", opts)
+	if err != nil {
+		return s, err
 	}
 	if o != nil {
 		if o.Image != "" {
