@@ -28,8 +28,19 @@ help: ## list targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
 
 .PHONY: build
+# The binaries are built in a directory of their own and renamed into
+# bin/: go build may rewrite an existing output in place (when it copies
+# it from the build cache), and a concurrent reader (images/build.sh
+# hashing the daemon while another test package's `make image` builds)
+# would see half a file, take it for a new daemon and replace the image
+# under a build using it.
 build: ## build static binaries (CGO_ENABLED=0, -trimpath, version stamped) into bin/
-	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/...
+	@mkdir -p $(BIN)
+	@tmp=$$(mktemp -d $(BIN)/.build.XXXXXX) && \
+	trap 'rm -rf "$$tmp"' EXIT && \
+	echo "CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/..." && \
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o "$$tmp/" ./cmd/... && \
+	mv -f "$$tmp"/* $(BIN)/
 
 .PHONY: run
 EXAMPLE       := examples/coding-task
