@@ -54,12 +54,22 @@ func TestImage(t *testing.T) {
 	tag := "bulkhead/example-agentd:test-" + suffix
 	version := "example-" + suffix
 
+	// Build from a tag of the test's own: another package's `make image`
+	// may import the base again meanwhile, and images/build.sh then
+	// removes the image the base's tag pointed at, unless another tag
+	// holds it (a build in progress does not).
+	pinned := "bulkhead/example-base:test-" + suffix
+	if out, err := exec.Command("docker", "image", "tag", base, pinned).CombinedOutput(); err != nil {
+		t.Fatalf("docker image tag %s %s: %v\n%s", base, pinned, err, out)
+	}
+	t.Cleanup(func() { _ = exec.Command("docker", "image", "rm", pinned).Run() })
+
 	// Build with the example's script, stamping a version no other binary
 	// has, so the daemon that answers is the one just copied in.
-	build := exec.Command("./build.sh", base, tag)
+	build := exec.Command("./build.sh", pinned, tag)
 	build.Env = append(os.Environ(), "VERSION="+version, "COMMIT=test")
 	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("build.sh %s %s: %v\n%s", base, tag, err, out)
+		t.Fatalf("build.sh %s %s: %v\n%s", pinned, tag, err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command("docker", "image", "rm", "--force", tag).Run() })
 
