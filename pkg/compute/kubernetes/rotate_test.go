@@ -485,13 +485,7 @@ func TestReattachRefusesAPoolPodNotClaimedForIt(t *testing.T) {
 
 	refused := func(session string, pod *corev1.Pod, sec tokenSecret, token string) {
 		t.Helper()
-		st := stateOf(pod)
-		st.SessionID = session
-		raw, err := st.encode()
-		if err != nil {
-			t.Fatal(err)
-		}
-		sb, err := e.provider(t, cfg).Reattach(ctx, compute.LaunchSpec{SessionID: session}, raw)
+		sb, err := e.provider(t, cfg).Reattach(ctx, compute.LaunchSpec{SessionID: session}, handMadeState(t, pod, session))
 		if err == nil {
 			_ = sb.Close()
 			t.Fatalf("reattached session %s to pod %s", session, pod.Name)
