@@ -28,13 +28,19 @@ func TestMakefileBuildFlags(t *testing.T) {
 	if ldflags == nil || !strings.HasPrefix(ldflags[1], "-s -w ") {
 		t.Errorf("the Makefile's LDFLAGS = %v, agentdtest builds with -s -w", ldflags)
 	}
-	recipe := regexp.MustCompile(`(?m)^build:.*\n\t(.*)$`).FindStringSubmatch(mk)
+	// The recipe's go build command (the recipe may be several lines).
+	recipe := regexp.MustCompile(`(?m)^build:.*\n((?:\t.*\n)+)`).FindStringSubmatch(mk)
 	if recipe == nil {
 		t.Fatal("no build recipe in the Makefile")
 	}
-	for _, want := range []string{"CGO_ENABLED=0", "-trimpath", "-tags '$(BUILD_TAGS)'", "-ldflags '$(LDFLAGS)'"} {
-		if !strings.Contains(recipe[1], want) {
-			t.Errorf("make build is %q, without %q: update agentdtest's build to match", recipe[1], want)
+	build := regexp.MustCompile(`CGO_ENABLED=0 \$\(GO\) build [^\n]*`).FindAllString(recipe[1], -1)
+	if len(build) == 0 {
+		t.Fatalf("make build's recipe runs no \"CGO_ENABLED=0 $(GO) build\":\n%s", recipe[1])
+	}
+	cmd := build[len(build)-1] // the one that runs (an echo of it may come first)
+	for _, want := range []string{"-trimpath", "-tags '$(BUILD_TAGS)'", "-ldflags '$(LDFLAGS)'"} {
+		if !strings.Contains(cmd, want) {
+			t.Errorf("make build runs %q, without %q: update agentdtest's build to match", cmd, want)
 		}
 	}
 }
