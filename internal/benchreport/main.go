@@ -64,6 +64,8 @@ type config struct {
 	onlyServe bool
 	// Exec over a unix socket and TCP beside grpcfloor (execpath.go).
 	onlyExec bool
+	// Archive and restore only (benchArchive).
+	onlyArchive bool
 	// Idle figures only: size, idle RSS and working set, package init cost
 	// (idle.go).
 	onlyIdle bool
@@ -106,6 +108,7 @@ func main() {
 	flag.IntVar(&cfg.kubeRounds, "kube-rounds", 5, "kubernetes: rounds of warm claim / cold Pod / docker create to first exec (0: skip the kubernetes figures)")
 	flag.IntVar(&cfg.kubeSandboxes, "kube-sandboxes", 200, "kubernetes: sandboxes created, used and deleted through the API server (0: skip)")
 	flag.BoolVar(&cfg.onlyKube, "only-kubernetes", false, "measure only the kubernetes figures")
+	flag.BoolVar(&cfg.onlyArchive, "only-archive", false, "measure only archive and restore of the -tree-files / -tree-bytes workspace beside tar --zstd")
 	flag.BoolVar(&cfg.onlyExec, "only-exec", false, "measure only the exec path over a unix socket and TCP (with grpcfloor)")
 	flag.BoolVar(&cfg.onlyIdle, "only-idle", false, "measure only the idle figures beside grpcfloor: binary size, idle RSS, idle working set (clear_refs), package init cost (GODEBUG=inittrace=1)")
 	flag.IntVar(&cfg.burstExecs, "burst-execs", 1000, "Execs in the burst before the after-burst RSS reading")
@@ -161,6 +164,13 @@ func run(ctx context.Context, cfg config) error {
 	add := func(r ...row) { rows = append(rows, r...) }
 	if cfg.onlySnapshots {
 		r, err := benchSnapshotStore(ctx, c, sb.Workspace, cfg.snapshotFiles, cfg.snapshotBytes)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	if cfg.onlyArchive {
+		r, err := benchArchive(ctx, c, sb.Workspace, cfg.treeFiles, cfg.treeBytes)
 		if err != nil {
 			return err
 		}
