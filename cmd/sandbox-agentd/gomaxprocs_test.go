@@ -50,3 +50,29 @@ func TestGOMAXPROCSFlag(t *testing.T) {
 		t.Fatal("--gomaxprocs -1: parsed")
 	}
 }
+
+// TestArchiveGOMAXPROCSFlag checks the count Archive and Restore raise
+// GOMAXPROCS to: Go's default (the count before apply) unless
+// --archive-gomaxprocs names one; a negative value refused.
+func TestArchiveGOMAXPROCSFlag(t *testing.T) {
+	base := []string{"--listen", "unix:///tmp/x.sock", "--insecure-no-auth", "--workspace", t.TempDir()}
+	for _, c := range []struct {
+		args []string
+		want int
+	}{
+		{nil, 6},
+		{[]string{"--archive-gomaxprocs", "0"}, 6},
+		{[]string{"--archive-gomaxprocs", "3"}, 3},
+	} {
+		_, lo, err := parseFlags(append(base, c.args...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := lo.procs.bulkOr(6); got != c.want {
+			t.Errorf("%v: bulkOr(6) = %d, want %d", c.args, got, c.want)
+		}
+	}
+	if _, _, err := parseFlags(append(base, "--archive-gomaxprocs", "-1")); err == nil {
+		t.Fatal("--archive-gomaxprocs -1: parsed")
+	}
+}

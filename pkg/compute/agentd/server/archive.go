@@ -22,6 +22,7 @@ func (s *workspaceService) Archive(req *agentdv1.ArchiveRequest, stream agentdv1
 		s.m.WorkspaceBytes(metrics.Archive, len(p))
 		return stream.Send(&agentdv1.ArchiveResponse{Data: p})
 	}, buf: make([]byte, 0, archiveChunkBytes)}
+	defer s.bulk.acquire()()
 	stats, err := s.d.Archive(stream.Context(), w, opts)
 	if err == nil {
 		err = w.flush()
@@ -73,6 +74,7 @@ func (s *workspaceService) Restore(stream agentdv1.WorkspaceService_RestoreServe
 	if h == nil {
 		return errmap.ToStatus(errkind.Errorf(errkind.ErrInvalidArgument, "Restore: the first message must be the header"))
 	}
+	defer s.bulk.acquire()()
 	next := func() ([]byte, bool, error) {
 		m, err := stream.Recv()
 		s.m.WorkspaceBytes(metrics.Restore, len(m.GetData()))

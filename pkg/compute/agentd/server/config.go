@@ -45,6 +45,10 @@ type Config struct {
 	// most once per 10 s and only when no transfer is in flight. 0
 	// disables it.
 	ReclaimGrowth int64
+	// BulkGOMAXPROCS is GOMAXPROCS while an Archive or Restore runs, when
+	// it is above the count at the time: their compression and file work
+	// overlap on a second P. 0 leaves GOMAXPROCS alone.
+	BulkGOMAXPROCS int
 	// Daemon holds the workspace, process and limit settings.
 	Daemon agentd.Config
 }

@@ -63,13 +63,21 @@ type Server struct {
 type Option func(*options)
 
 type options struct {
-	metrics bool
+	metrics   bool
+	bulkProcs int
 }
 
 // WithMetrics makes New count calls, bytes and refused tokens in
 // Server.Metrics (see package metrics); serve them with Metrics.Serve.
 func WithMetrics() Option {
 	return func(o *options) { o.metrics = true }
+}
+
+// WithBulkGOMAXPROCS makes Archive and Restore raise GOMAXPROCS to n
+// while they run, when n is above the count at the time (see
+// Config.BulkGOMAXPROCS).
+func WithBulkGOMAXPROCS(n int) Option {
+	return func(o *options) { o.bulkProcs = n }
 }
 
 // New builds the gRPC server with auth, logging, panic recovery and the
@@ -138,7 +146,7 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	agentdv1.RegisterSystemServiceServer(gs, &systemService{d: d, auth: auth})
 	agentdv1.RegisterProcessServiceServer(gs, &processService{d: d, m: ms})
 	agentdv1.RegisterFileServiceServer(gs, &fileService{d: d, m: ms})
-	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d, m: ms})
+	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d, m: ms, bulk: newBulkProcs(o.bulkProcs)})
 	agentdv1.RegisterPortServiceServer(gs, &portService{d: d})
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
 	if ms != nil {
@@ -216,7 +224,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	var srvOpts []Option
+	srvOpts := []Option{WithBulkGOMAXPROCS(cfg.BulkGOMAXPROCS)}
 	if cfg.MetricsListen != "" {
 		srvOpts = append(srvOpts, WithMetrics())
 	}

@@ -15,8 +15,9 @@ import (
 // workspaceService adapts workspace-wide operations to WorkspaceService.
 type workspaceService struct {
 	agentdv1.UnimplementedWorkspaceServiceServer
-	d *agentd.Daemon
-	m *metrics.Set // nil: metrics off
+	d    *agentd.Daemon
+	m    *metrics.Set // nil: metrics off
+	bulk *bulkProcs   // nil: GOMAXPROCS is left alone
 }
 
 func (s *workspaceService) ApplyPatch(ctx context.Context, req *agentdv1.ApplyPatchRequest) (*agentdv1.ApplyPatchResponse, error) {
