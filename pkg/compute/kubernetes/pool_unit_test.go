@@ -602,6 +602,18 @@ func handMadeState(t *testing.T, pod *corev1.Pod, session string) json.RawMessag
 	return raw
 }
 
+// checkDeleted checks that pod and its Secret are gone; what names them
+// in the errors ("the destroyed pod").
+func checkDeleted(ctx context.Context, t *testing.T, cs *fake.Clientset, what string, pod *corev1.Pod, sec *corev1.Secret) {
+	t.Helper()
+	if _, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("%s: %v", what, err)
+	}
+	if _, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("%s's Secret: %v", what, err)
+	}
+}
+
 // checkRefusedUntouched checks a refusal: ErrInvalidArgument (not
 // ErrNotFound) saying want and naming the Pod, after nothing but the Pod's
 // read, and the Pod and its Secret as they were.
@@ -670,12 +682,7 @@ func TestDestroyRefusesAPoolPodNotClaimedForIt(t *testing.T) {
 			if err != nil {
 				t.Fatalf("destroy of a pod claimed for the session: %v", err)
 			}
-			if _, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				t.Errorf("the destroyed pod: %v", err)
-			}
-			if _, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				t.Errorf("the destroyed pod's Secret: %v", err)
-			}
+			checkDeleted(ctx, t, cs, "the destroyed pod", pod, sec)
 		})
 	}
 }
@@ -758,12 +765,7 @@ func TestLaunchRefusesAPriorPoolPodNotClaimedForIt(t *testing.T) {
 			if !errors.Is(err, compute.ErrUnavailable) || podCreates(cs) != 1 {
 				t.Fatalf("the launch did not get to create its pod (%d creates): %v", podCreates(cs), err)
 			}
-			if _, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				t.Errorf("the replaced pod: %v", err)
-			}
-			if _, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				t.Errorf("the replaced pod's Secret: %v", err)
-			}
+			checkDeleted(ctx, t, cs, "the replaced pod", pod, sec)
 		})
 	}
 }
@@ -809,12 +811,7 @@ func TestColdPodsAreNotClaimChecked(t *testing.T) {
 			if err != nil {
 				t.Fatalf("%s a cold pod: %v", op, err)
 			}
-			if _, err := cs.CoreV1().Pods("ns").Get(ctx, pod.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				t.Errorf("the cold pod: %v", err)
-			}
-			if _, err := cs.CoreV1().Secrets("ns").Get(ctx, sec.Name, metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-				t.Errorf("the cold pod's Secret: %v", err)
-			}
+			checkDeleted(ctx, t, cs, "the cold pod", pod, sec)
 		})
 	}
 }
