@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"fmt"
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
@@ -19,7 +20,10 @@ const (
 )
 
 // retry runs call until it succeeds, fails with an error that is not
-// retryable, ctx ends, or the retry budget is spent.
+// retryable, ctx ends, or the retry budget is spent. When ctx ends while
+// it waits to try again, the error is the context's (canceled or
+// deadline exceeded, which is what the caller asked for), with the last
+// attempt's error in its text only: it must not read as retryable.
 func retry(ctx context.Context, call func() error) error {
 	deadline := time.Now().Add(retryBudget)
 	backoff := retryInitialBackoff
@@ -32,7 +36,7 @@ func retry(ctx context.Context, call func() error) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return fmt.Errorf("%w (last attempt: %v)", errkind.ClassifyFS(ctx.Err()), err)
 		case <-t.C:
 		}
 		backoff = min(backoff*2, retryMaxBackoff)

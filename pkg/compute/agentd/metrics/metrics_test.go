@@ -137,17 +137,35 @@ func TestWriteTextParses(t *testing.T) {
 	}
 }
 
+// A nil *Set (a daemon started without metrics) is a no-op: every method
+// returns at once, records nothing anywhere and allocates nothing, so the
+// hot paths may call it unconditionally.
 func TestNilSetIsANoOp(t *testing.T) {
 	var s *Set
-	s.ProcessStarted()
-	s.OutputBytes(Stdout, 1)
-	s.StdinBytes(1)
-	s.FileReadBytes(1)
-	s.FileWrittenBytes(1)
-	s.WorkspaceBytes(Archive, 1)
-	s.AuthRejected(AuthInvalid)
-	s.ObserveRPC("/x/y", 0, time.Second)
-	s.KnownMethods([]string{"/x/y"})
+	calls := func() {
+		s.ProcessStarted()
+		s.OutputBytes(Stdout, 1)
+		s.StdinBytes(1)
+		s.FileReadBytes(1)
+		s.FileWrittenBytes(1)
+		s.WorkspaceBytes(Archive, 1)
+		s.AuthRejected(AuthInvalid)
+		s.ObserveRPC("/x/y", 0, time.Second)
+		s.KnownMethods([]string{"/x/y"})
+	}
+	if allocs := testing.AllocsPerRun(100, calls); allocs != 0 {
+		t.Errorf("a nil Set allocates %.1f times per round", allocs)
+	}
+	// Nothing reached a set made afterwards (no state outside a Set).
+	fresh := New("v", nil)
+	calls()
+	var text strings.Builder
+	if err := fresh.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if got := text.String(); strings.Contains(got, `/x/y`) || strings.Contains(got, "bulkhead_agentd_processes_started_total 1") {
+		t.Errorf("calls on a nil Set reached another set:\n%s", got)
+	}
 }
 
 func TestServe(t *testing.T) {

@@ -1,6 +1,7 @@
 package shell
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -125,7 +126,7 @@ func (s *Shell) pruneCandidate(exited map[string]bool) *proc {
 	for _, p := range s.procs {
 		all = append(all, p)
 	}
-	slices.SortFunc(all, func(a, b *proc) int { return cmpUint(a.lastUsed, b.lastUsed) })
+	slices.SortFunc(all, func(a, b *proc) int { return cmp.Compare(a.lastUsed, b.lastUsed) })
 	// A table smaller than the reference's keeps at least one prunable.
 	protect := min(protectedRecent, s.opts.MaxProcesses-1)
 	candidates := all[:max(0, len(all)-protect)]
@@ -138,16 +139,6 @@ func (s *Shell) pruneCandidate(exited map[string]bool) *proc {
 		return candidates[0]
 	}
 	return nil
-}
-
-func cmpUint(a, b uint64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // lookup returns the process with session ID id, or nil.
