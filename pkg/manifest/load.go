@@ -143,8 +143,11 @@ func LoadTrustedFile(path string) (*Manifest, error) {
 // the trust rules. Unless opts allows them, it refuses host sources
 // (local_file, local_dir), extra path grants, mounts, secret references
 // (environment secrets, git tokens, mount credentials), a workspace root other
-// than the expected one, and run_as root. All problems come back together in
-// a *ValidationError; trust problems are of kind ErrUntrusted.
+// than the expected one, run_as root, and a git host given as an IP address
+// or with a port (an untrusted manifest names git hosts by DNS name only;
+// which names the harness fetches from is its operator's choice, checked
+// when it fetches). All problems come back together in a *ValidationError;
+// trust problems are of kind ErrUntrusted.
 func LoadUntrusted(data []byte, f Format, opts UntrustedOptions) (*Manifest, error) {
 	lim := opts.Limits.withDefaults()
 	if len(data) > lim.MaxDocumentBytes {
@@ -206,6 +209,12 @@ func (m *Manifest) checkTrust(p *problems, opts UntrustedOptions) {
 			deny(fp, fmt.Sprintf("%s entries read files of the harness host and are not allowed in an untrusted manifest", e.Type))
 		case e.Type.IsMount() && !opts.AllowMounts:
 			deny(fp, fmt.Sprintf("%s entries are not allowed in an untrusted manifest", e.Type))
+		case e.Type == TypeGitRepo && e.Git != nil && e.Git.Host != "":
+			// Validate checked the host's shape; an untrusted manifest must
+			// also name it, not give an address or a port to connect to.
+			if err := ValidateGitHostName(e.Git.Host); err != nil && checkGitHost(e.Git.Host) == nil {
+				deny(fieldPath(fp, "host"), err.Error()+" (in an untrusted manifest)")
+			}
 		}
 	})
 	for _, s := range m.secretSites() {

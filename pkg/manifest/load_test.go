@@ -101,6 +101,46 @@ run_as: root
 	}
 }
 
+// An untrusted manifest names git hosts by DNS name, without a port: an
+// address or a port would point the harness's fetch at a service of the
+// tenant's choosing (loopback, the metadata service, an internal network).
+// A trusted manifest keeps both.
+func TestUntrustedGitHost(t *testing.T) {
+	cases := map[string]string{
+		"127.0.0.1:8080":     `entries["r"].host: git host must be a DNS name such as github.com, not an IP address (in an untrusted manifest) (line 3)`,
+		"169.254.169.254":    `entries["r"].host: git host must be a DNS name such as github.com, not an IP address (in an untrusted manifest) (line 3)`,
+		"127.1":              `entries["r"].host: git host must be a DNS name such as github.com, not an IP address (in an untrusted manifest) (line 3)`,
+		"0x7f.0.0.1":         `entries["r"].host: git host must be a DNS name such as github.com, not an IP address (in an untrusted manifest) (line 3)`,
+		"github.com:443":     `entries["r"].host: git host must not carry a port: git repositories of untrusted manifests are fetched over https on port 443 (in an untrusted manifest) (line 3)`,
+		"git.example.com:22": `entries["r"].host: git host must not carry a port: git repositories of untrusted manifests are fetched over https on port 443 (in an untrusted manifest) (line 3)`,
+	}
+	for host, want := range cases {
+		doc := []byte("entries:\n  r:\n    {type: git_repo, host: \"" + host + "\", repo: a/b, ref: main}\n")
+		if _, err := LoadTrusted(doc, FormatYAML); err != nil {
+			t.Errorf("%s: LoadTrusted: %v", host, err)
+		}
+		_, err := LoadUntrusted(doc, FormatYAML, UntrustedOptions{})
+		if !errors.Is(err, ErrUntrusted) {
+			t.Errorf("%s: LoadUntrusted = %v, want ErrUntrusted", host, err)
+			continue
+		}
+		if got := problemsOf(t, err); len(got) != 1 || got[0] != want {
+			t.Errorf("%s: problems %q, want %q", host, got, want)
+		}
+		// The same rule holds for a manifest built in Go.
+		m, _ := LoadTrusted(doc, FormatYAML)
+		if err := m.CheckUntrusted(UntrustedOptions{}); !errors.Is(err, ErrUntrusted) {
+			t.Errorf("%s: CheckUntrusted = %v, want ErrUntrusted", host, err)
+		}
+	}
+	for _, host := range []string{"github.com", "GitLab.Example.org"} {
+		doc := []byte("entries:\n  r: {type: git_repo, host: " + host + ", repo: a/b, ref: main}\n")
+		if _, err := LoadUntrusted(doc, FormatYAML, UntrustedOptions{}); err != nil {
+			t.Errorf("%s: LoadUntrusted: %v", host, err)
+		}
+	}
+}
+
 func TestUntrustedRootOption(t *testing.T) {
 	opts := UntrustedOptions{Root: "/srv/ws"}
 	if _, err := LoadUntrusted([]byte("root: /srv/ws\n"), FormatYAML, opts); err != nil {

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"net/url"
 	"path"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 )
@@ -239,12 +240,15 @@ func checkText(s string) error {
 }
 
 // checkGitHost checks a host name with an optional port: no scheme, no user
-// information, no path.
+// information, no path. A trusted manifest may name an IP address written
+// as a DNS name would be (digits and dots) and any port; an untrusted one
+// goes through ValidateGitHostName as well.
 func checkGitHost(h string) error {
 	name, port, hasPort := strings.Cut(h, ":")
 	if hasPort {
-		if port == "" || len(port) > 5 || strings.Trim(port, "0123456789") != "" {
-			return errors.New("port must be a number")
+		n, err := strconv.Atoi(port)
+		if err != nil || strings.Trim(port, "0123456789") != "" || n < 1 || n > 65535 {
+			return errors.New("port must be a number in 1-65535")
 		}
 	}
 	if name == "" || len(name) > 253 {
@@ -262,6 +266,52 @@ func checkGitHost(h string) error {
 		}
 	}
 	return nil
+}
+
+// ValidateGitHostName checks a git host as untrusted manifests and the
+// operator's allow list of git hosts (harness serve --git-host) must write
+// it: a DNS name such as github.com, with no port and no scheme, user or
+// path, that is not an IP address in any spelling (127.0.0.1, or a name
+// whose last label is numeric or hexadecimal, such as 127.1 or 0x7f.1,
+// which resolvers read as an address). Case is not significant.
+//
+// Ports are refused rather than checked: the harness fetches the git hosts
+// of untrusted manifests over https on port 443 only, so that a name on the
+// allow list cannot point the harness at another service of that host.
+func ValidateGitHostName(h string) error {
+	// An IPv6 literal, bracketed or not, with a port or not.
+	literal := h
+	if rest, ok := strings.CutPrefix(h, "["); ok {
+		literal, _, _ = strings.Cut(rest, "]")
+	}
+	if _, err := netip.ParseAddr(literal); err == nil {
+		return errGitHostIP()
+	}
+	if err := checkGitHost(h); err != nil {
+		return err
+	}
+	name, _, hasPort := strings.Cut(h, ":")
+	if isNumericHost(name) {
+		return errGitHostIP()
+	}
+	if hasPort {
+		return errors.New("git host must not carry a port: git repositories of untrusted manifests are fetched over https on port 443")
+	}
+	return nil
+}
+
+// errGitHostIP refuses a git host given as an address.
+func errGitHostIP() error {
+	return errors.New("git host must be a DNS name such as github.com, not an IP address")
+}
+
+// isNumericHost reports whether a name that passed checkGitHost would be
+// read as an IPv4 address by some resolver: its last label is all digits,
+// or hexadecimal with a 0x prefix (inet_aton accepts 127.1, 2130706433 and
+// 0x7f.0.0.1).
+func isNumericHost(name string) bool {
+	last := strings.ToLower(name[strings.LastIndexByte(name, '.')+1:])
+	return strings.Trim(last, "0123456789") == "" || strings.HasPrefix(last, "0x")
 }
 
 // checkGitRepoPath checks "owner/name" (or deeper, for hosts with nested

@@ -1,6 +1,7 @@
 package manifest
 
 import (
+	"net/netip"
 	"path"
 	"strings"
 	"testing"
@@ -88,6 +89,14 @@ func FuzzValidatePath(f *testing.F) {
 		_ = checkSubPath(p)
 		_ = checkGitRef(p)
 		_ = checkGitHost(p)
+		if ValidateGitHostName(p) == nil {
+			if checkGitHost(p) != nil || strings.Contains(p, ":") {
+				t.Fatalf("ValidateGitHostName accepted %q, which is not a bare host name", p)
+			}
+			if _, err := netip.ParseAddr(p); err == nil {
+				t.Fatalf("ValidateGitHostName accepted the address %q", p)
+			}
+		}
 		_ = checkEndpoint(p)
 		if _, err := ParsePermissions(p); err == nil && len(p) > 12 {
 			t.Fatalf("ParsePermissions accepted %q", p)
@@ -124,6 +133,46 @@ func TestAccountAndEnvNames(t *testing.T) {
 	for _, s := range []string{"", "/x", "-x", ".x", "a b", "a$b", strings.Repeat("a", 257)} {
 		if err := checkSecretName(s); err == nil {
 			t.Errorf("checkSecretName(%q) accepted", s)
+		}
+	}
+}
+
+// ValidateGitHostName is the rule for git hosts of untrusted manifests and
+// the operator's allow list: DNS names only, no IP address in any spelling,
+// no port.
+func TestValidateGitHostName(t *testing.T) {
+	for _, h := range []string{"github.com", "GitHub.com", "gitlab.example.org", "git-1.example.com", "localhost", "a1.b2"} {
+		if err := ValidateGitHostName(h); err != nil {
+			t.Errorf("ValidateGitHostName(%q) = %v", h, err)
+		}
+	}
+	ip := []string{"127.0.0.1", "10.0.0.1", "169.254.169.254", "127.1", "2130706433", "0x7f.0.0.1", "0x7f000001",
+		"git.example.0x10", "example.123", "127.0.0.1:8080", "::1", "[::1]", "[::ffff:127.0.0.1]:443", "fd00:ec2::254"}
+	for _, h := range ip {
+		if err := ValidateGitHostName(h); err == nil || !strings.Contains(err.Error(), "not an IP address") {
+			t.Errorf("ValidateGitHostName(%q) = %v, want an IP address refusal", h, err)
+		}
+	}
+	port := []string{"github.com:443", "github.com:22", "github.com:8443", "github.com:"}
+	for _, h := range port {
+		if err := ValidateGitHostName(h); err == nil || !strings.Contains(err.Error(), "port") {
+			t.Errorf("ValidateGitHostName(%q) = %v, want a port refusal", h, err)
+		}
+	}
+	for _, h := range []string{"", "https://github.com", "user@github.com", "github.com/evil", "-a.com", "a..b", "a b", "github.com."} {
+		if err := ValidateGitHostName(h); err == nil {
+			t.Errorf("ValidateGitHostName(%q) accepted", h)
+		}
+	}
+	// Trusted manifests keep addresses and ports, in range.
+	for _, h := range []string{"127.0.0.1:8080", "git.example.com:8443", "10.0.0.1"} {
+		if err := checkGitHost(h); err != nil {
+			t.Errorf("checkGitHost(%q) = %v", h, err)
+		}
+	}
+	for _, h := range []string{"git.example.com:0", "git.example.com:65536", "git.example.com:99999", "git.example.com:+1"} {
+		if err := checkGitHost(h); err == nil {
+			t.Errorf("checkGitHost(%q) accepted", h)
 		}
 	}
 }

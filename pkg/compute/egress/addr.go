@@ -2,6 +2,8 @@ package egress
 
 import (
 	"net/netip"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // metadataAddrs are cloud instance metadata services: refused always, even
@@ -36,7 +38,11 @@ var blockedPrefixes = [...]struct {
 	{netip.MustParsePrefix("240.0.0.0/4"), "reserved"},
 	{netip.MustParsePrefix("::/128"), "unspecified"},
 	{netip.MustParsePrefix("::1/128"), "loopback"},
+	{netip.MustParsePrefix("::/96"), "IPv4-compatible (deprecated)"},
+	{netip.MustParsePrefix("::ffff:0:0:0/96"), "IPv4-translated"},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), "local-use NAT64"},
 	{netip.MustParsePrefix("100::/64"), "discard"},
+	{netip.MustParsePrefix("2001::/32"), "Teredo"},
 	{netip.MustParsePrefix("2001:db8::/32"), "documentation"},
 	{netip.MustParsePrefix("fc00::/7"), "unique local (private)"},
 	{netip.MustParsePrefix("fe80::/10"), "link-local"},
@@ -49,6 +55,25 @@ var (
 	nat64Prefix = netip.MustParsePrefix("64:ff9b::/96")
 	sixToFour   = netip.MustParsePrefix("2002::/16")
 )
+
+// CheckAddr reports whether the harness may connect to a on behalf of a
+// sandbox or a tenant: nil for a public unicast address, otherwise an error
+// of kind errkind.ErrPermissionDenied saying why. Refused are loopback,
+// private, link-local, shared (CGNAT), unique-local, multicast, reserved,
+// documentation and unspecified addresses, cloud metadata addresses
+// (169.254.169.254, fd00:ec2::254, ...), and IPv6 addresses that map or
+// embed an IPv4 address of those kinds (::ffff:127.0.0.1, NAT64, 6to4).
+//
+// It is the one address check of the harness: the egress proxy applies it
+// (with its test-only Options.AllowAddrs exemptions) to every address a
+// sandbox's destination resolves to, and package materializer to the
+// addresses of the git hosts of untrusted manifests.
+func CheckAddr(a netip.Addr) error {
+	if why := blockedReason(a, nil); why != "" {
+		return errkind.Errorf(errkind.ErrPermissionDenied, "%s is not a public address: %s", a.Unmap(), why)
+	}
+	return nil
+}
 
 // blockedReason says why a sandbox may not reach a, or "" when it may.
 // allow lists ranges exempt from the private-range rules (tests use

@@ -39,8 +39,20 @@ type Options struct {
 	// outside it is reached, and symbolic links below it are refused as
 	// below BaseDir). A manifest cannot add to them.
 	HostGrants []string
-	// Git fetches git_repo entries; nil means the git command line.
+	// Git fetches git_repo entries; nil means the git command line
+	// (GitCLI{}). For Untrusted manifests it must be a PinnedGitFetcher.
 	Git GitFetcher
+	// Untrusted says the manifests come from tenants (`harness serve`),
+	// not from the application: their git_repo entries are fetched only
+	// as GitPolicy allows (an allowed host name, public addresses resolved
+	// once and connected to as checked, the operator's credential for the
+	// host, never a token the manifest names), and a fetch that fails says
+	// "git fetch of HOST/REPO failed" without the network's details (they
+	// are logged at debug level).
+	Untrusted bool
+	// GitPolicy is what Untrusted manifests may fetch; the zero value
+	// allows no git host. It does not apply to trusted manifests.
+	GitPolicy GitPolicy
 	// Concurrency bounds git fetches and host directory walks running at
 	// once (default 4).
 	Concurrency int
@@ -189,6 +201,11 @@ func Prepare(ctx context.Context, m *manifest.Manifest, opts Options) (*Prepared
 	owner := opts.Owner
 	if owner == "" && m.RunAs != "root" {
 		owner = m.RunAs
+	}
+	if opts.Untrusted {
+		if err := opts.GitPolicy.Validate(); err != nil {
+			return nil, fmt.Errorf("materializer.Options.GitPolicy: %w", err)
+		}
 	}
 	grants := make([]string, 0, len(opts.HostGrants))
 	for _, g := range opts.HostGrants {
@@ -451,8 +468,13 @@ func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
 		if git == nil {
 			git = GitCLI{}
 		}
-		if err := git.Fetch(b.ctx, e.Git, dir); err != nil {
-			x.err = fmt.Errorf("entry %s: fetch %s: %w", p, e.Git.Repo, err)
+		if b.opts.Untrusted {
+			err = fetchUntrusted(b.ctx, b.log, b.opts.GitPolicy, git, p, e.Git, dir)
+		} else if err = git.Fetch(b.ctx, e.Git, dir); err != nil {
+			err = fmt.Errorf("fetch %s: %w", e.Git.Repo, err)
+		}
+		if err != nil {
+			x.err = fmt.Errorf("entry %s: %w", p, err)
 			return
 		}
 		src := "."
