@@ -46,40 +46,50 @@ func swapFixture(t *testing.T) (root string, data []byte, opts RestoreOptions) {
 
 func TestSwapFailureRollsBack(t *testing.T) {
 	root, data, opts := swapFixture(t)
-	// Count the steps of a successful swap on a copy of the fixture.
-	steps := 0
+	// Record the steps of a successful restore on a copy of the fixture.
+	var steps []Step
+	moves := 0
 	{
 		r2, d2, o2 := swapFixture(t)
-		o2.hooks.swapStep = func(step int) error { steps = step; return nil }
+		o2.Fault = func(s Step) error {
+			steps = append(steps, s)
+			if s.Name == StepOut || s.Name == StepIn {
+				moves++
+			}
+			return nil
+		}
 		if _, err := Restore(context.Background(), r2, bytes.NewReader(d2), o2); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if steps < 8 {
-		t.Fatalf("only %d swap steps", steps)
+	if moves < 8 {
+		t.Fatalf("only %d swap steps", moves)
 	}
 	before := describe(t, root)
 	rootInfo, _ := os.Stat(root)
 	injected := errors.New("injected failure")
-	for fail := 1; fail <= steps; fail++ {
-		opts.hooks.swapStep = func(step int) error {
-			if step == fail {
+	for _, fail := range steps {
+		if fail.Name == StepCleanup { // failures there are logged and ignored
+			continue
+		}
+		opts.Fault = func(s Step) error {
+			if s == fail {
 				return injected
 			}
 			return nil
 		}
 		_, err := Restore(context.Background(), root, bytes.NewReader(data), opts)
 		if !errors.Is(err, injected) {
-			t.Fatalf("step %d: error %v, want the injected one", fail, err)
+			t.Fatalf("step %v: error %v, want the injected one", fail, err)
 		}
 		requireSame(t, "workspace after a failed swap", before, describe(t, root))
 		requireNoStaging(t, root)
 		if fi, _ := os.Stat(root); !fi.ModTime().Equal(rootInfo.ModTime()) {
-			t.Errorf("step %d: root mtime changed", fail)
+			t.Errorf("step %v: root mtime changed", fail)
 		}
 	}
 
-	opts.hooks.swapStep = nil
+	opts.Fault = nil
 	if _, err := Restore(context.Background(), root, bytes.NewReader(data), opts); err != nil {
 		t.Fatal(err)
 	}

@@ -35,6 +35,9 @@ var benchTree struct {
 }
 
 func TestMain(m *testing.M) {
+	if os.Getenv(crashHelperEnv) != "" {
+		os.Exit(crashHelper())
+	}
 	code := m.Run()
 	if benchTree.base != "" {
 		_ = os.RemoveAll(benchTree.base)

@@ -27,7 +27,7 @@
 // that are not valid UTF-8, cannot be restored and are skipped (counted in
 // Stats.Skipped). Excluded paths are skipped with everything below them, and
 // so are the workspace's temporary files (TempPrefix) and the
-// staging directories of Restore (ReservedPrefix, top level only).
+// private area of Restore (ReservedPrefix, top level only).
 //
 // # Restoring
 //
@@ -46,13 +46,44 @@
 // knows everything it contains; every file is created with O_EXCL and
 // O_NOFOLLOW below a directory opened through the staging os.Root. Only when
 // the whole archive has been read and checked does Restore swap: the current
-// top-level entries move into a backup directory inside the root, the staged
-// entries move into place, and the backup is removed. Any failure before the
-// end of the swap moves everything back, so the root is exactly as it was.
-// The root itself is never renamed (it may be a mount point). Restore is
-// atomic with respect to errors, not to crashes: a daemon killed during a
-// restore can leave ReservedPrefix directories behind (Write, Fingerprint
-// and Restore ignore them; they hold the old or new workspace).
+// top-level entries move into a backup directory, the staged entries move
+// into place, and the backup is removed. Any failure before the end of the
+// swap moves everything back, so the root is exactly as it was. The root
+// itself is never renamed (it may be a mount point).
+//
+// # Crashes
+//
+// Restore is also atomic with respect to crashes. The staging and backup
+// directories live in the workspace's private area (PrivateDir: a
+// directory at the top of the workspace owned by the restoring user, mode
+// 0700), beside a journal that says which restore is in progress and which
+// phase it is in: staging (extracting), swap-out (the stage is complete;
+// old entries are moving into the backup), swap-in (all old entries are
+// out; staged ones are moving in), done (removing the backup and the
+// stage), and undo-in and undo-out when a failed swap is being undone. The
+// journal is rewritten at each phase (temporary file, fsync, rename, fsync
+// of the directory), after the directories the last phase changed are
+// fsynced. Within a phase every move is idempotent: an entry a phase has
+// moved is no longer where that phase looks, so a phase run again carries
+// on where it stopped.
+//
+// Recover, which the daemon runs when it starts (and Restore before it
+// begins), reads the journal and finishes what it records: a restore whose
+// stage was complete is rolled forward, one interrupted while extracting is
+// rolled back (the stage is removed; the workspace was never touched), and
+// an interrupted rollback is finished. The workspace is then exactly the
+// old tree or exactly the new one. Staging and backup directories without
+// a journal are removed. While a journal records an incomplete restore,
+// Write and Fingerprint refuse (errkind.ErrFailedPrecondition naming it)
+// rather than capture a half-swapped tree; when Recover cannot complete it
+// (an entry in the way, a planted symbolic link), it says why and keeps
+// everything for the next attempt. Recovery reaches every directory from
+// the root one component at a time without following symbolic links, and
+// trusts the private area and the journal only when they belong to its own
+// effective uid and are closed to group and others: a sandbox process
+// running as another user cannot forge a journal, and cannot make a
+// recovery follow a link out of (or within) the workspace. Tests choose
+// where a restore dies with RestoreOptions.Fault.
 //
 // Excluded paths are preserved from the current workspace: members of the
 // archive at or below an excluded path are ignored, an excluded entry of the

@@ -31,10 +31,15 @@ const fingerprintMagic = "bulkhead workspace fingerprint v1\n"
 // bytes of the manifest.
 //
 // The result depends only on the tree and Extra, never on readdir order,
-// creation order or the time of the call.
+// creation order or the time of the call. Like Write, Fingerprint refuses
+// (errkind.ErrFailedPrecondition) while an interrupted restore of root is
+// incomplete.
 func Fingerprint(ctx context.Context, root string, opts FingerprintOptions) (string, error) {
 	exclude, err := newExcludeSet(opFingerprint, opts.Exclude)
 	if err != nil {
+		return "", err
+	}
+	if err := refuseIncomplete(opFingerprint, root); err != nil {
 		return "", err
 	}
 	fp := &fingerprinter{ctx: ctx, sum: sha256.New(), file: sha256.New(), buf: make([]byte, copyBufSize)}

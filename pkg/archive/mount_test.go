@@ -69,8 +69,8 @@ func TestMountPoints(t *testing.T) {
 	// Should a mount slip through (mounted during the restore), the swap
 	// cannot move a mount point itself, and the restore is undone.
 	opts.Exclude = []string{"a/deep/mnt"}
-	opts.hooks.swapStep = func(step int) error {
-		if step == 1 {
+	opts.Fault = func(s Step) error {
+		if s == (Step{Name: StepOut, N: 1}) {
 			mountTmpfs(t, filepath.Join(root, "top"))
 		}
 		return nil
@@ -103,8 +103,13 @@ func TestRemoveTreeStopsAtMounts(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer rt.Close()
-	if err := removeTree(rt, "victim"); !errors.Is(err, errMountPoint) {
-		t.Fatalf("removeTree = %v, want errMountPoint", err)
+	tr, err := openTree(rt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tr.close()
+	if err := tr.remove("victim"); !errors.Is(err, errMountPoint) {
+		t.Fatalf("remove = %v, want errMountPoint", err)
 	}
 	if b, err := os.ReadFile(filepath.Join(root, "victim/a/mnt/precious")); err != nil || string(b) != "keep\n" {
 		t.Fatalf("mounted file: %q, %v", b, err)

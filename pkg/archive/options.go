@@ -105,15 +105,20 @@ type RestoreOptions struct {
 	// Logger receives diagnostics (paths and errors, never contents). Nil
 	// means no logging.
 	Logger *zap.Logger
+	// Fault, when set, is called at each Step of the restore (and of the
+	// recovery Restore begins with), for tests that choose where a restore
+	// dies: a hook that never returns there (it kills the process, or ends
+	// its goroutine with runtime.Goexit) leaves the workspace exactly as a
+	// crash at that point would, for Recover to finish; an error it
+	// returns fails that step as a disk error would (ignored at
+	// StepCleanup, like a failed removal). Nil in production.
+	Fault func(Step) error
 
 	hooks testHooks
 }
 
-// testHooks lets tests of this package interrupt Restore at chosen points.
+// testHooks lets tests of this package reach paths the options cannot.
 type testHooks struct {
-	// swapStep, when set, is called before each rename of the swap with
-	// its 1-based number; an error fails the swap there.
-	swapStep func(step int) error
 	// ignoreDeclaredSize disables the early refusal of members whose
 	// declared size cannot fit, so that tests reach the written-bytes
 	// accounting.

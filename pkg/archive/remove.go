@@ -11,30 +11,6 @@ import (
 // errMountPoint refuses to remove what lies on another mount.
 var errMountPoint = errors.New("a mount point lies below; its contents were not removed")
 
-// removeTree removes name (relative to the root) and everything below it,
-// like os.RemoveAll but never descending into another mount: a mount point
-// found below name is left in place, with the directories leading to it,
-// and reported. Directories without owner write or search permission are
-// made accessible first (the daemon may not be root). A missing name is not
-// an error.
-func removeTree(r *os.Root, name string) error {
-	parent, base := split(name)
-	pf, err := r.Open(orDot(parent))
-	if err != nil {
-		if errors.Is(err, os.ErrNotExist) {
-			return nil
-		}
-		return err
-	}
-	defer pf.Close()
-	pfd := int(pf.Fd())
-	top, err := statMount(pfd, "")
-	if err != nil {
-		return err
-	}
-	return removeAt(pfd, base, top)
-}
-
 // removeAt removes name in dirfd, a directory on mount mnt.
 func removeAt(dirfd int, name string, mnt mountInfo) error {
 	m, err := statMount(dirfd, name)

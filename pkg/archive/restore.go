@@ -14,6 +14,7 @@ import (
 	"syscall"
 
 	"go.uber.org/zap"
+	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
@@ -25,10 +26,15 @@ import (
 //
 // Restore is all or nothing: when it returns an error, root holds exactly
 // what it held before (entries, contents, modes, owners, times), and no
-// staging or backup directory is left behind. The one exception is a
-// rollback that itself fails (a disk error while moving entries back): the
-// error then says so, wraps errkind.ErrInternal, and the backup directory
-// is kept so that nothing is lost.
+// private area, staging or backup directory is left behind. The one
+// exception is a rollback that itself fails (a disk error while moving
+// entries back): the error then says so and wraps errkind.ErrInternal, and
+// the journal keeps the restore, with its backup, for Recover to finish;
+// until then Write and Fingerprint refuse. A crash at any point leaves a
+// workspace Recover turns into exactly the old or exactly the new tree
+// (see the package documentation); Restore begins by running it, and
+// fails with errkind.ErrFailedPrecondition when an interrupted restore
+// cannot be completed.
 //
 // Before anything is written, Restore checks that no directory it would
 // move is a mount point: moving one would carry the mounted filesystem into
@@ -67,6 +73,16 @@ func Restore(ctx context.Context, root string, r io.Reader, opts RestoreOptions)
 		return Stats{}, pathErr(opRestore, ".", err)
 	}
 	defer rt.Close()
+	t, err := openTree(rt)
+	if err != nil {
+		return Stats{}, pathErr(opRestore, ".", err)
+	}
+	defer t.close()
+
+	// A restore a crash interrupted is finished (or undone) first.
+	if _, err := t.recover(log, opts.Fault); err != nil {
+		return Stats{}, err
+	}
 
 	spine, err := spineOf(rt, exclude)
 	if err != nil {
@@ -79,76 +95,128 @@ func Restore(ctx context.Context, root string, r io.Reader, opts RestoreOptions)
 		return Stats{}, refuse(opRestore, shown(p), errkind.ErrFailedPrecondition,
 			"a mount point that is not excluded would be moved; exclude it to preserve it")
 	}
-	// The times of the directories whose contents change in place, to put
-	// back on failure.
-	kept := append([]string{""}, slices.Sorted(maps.Keys(spine))...)
-	times := make(map[string]savedMeta, len(kept))
-	for _, p := range kept {
-		m, err := saveMeta(rt, p)
+	// The metadata of the directories whose contents change in place, to
+	// put back if the restore is undone.
+	kept := slices.Sorted(maps.Keys(spine))
+	before := make([]dirRecord, 0, len(kept)+1)
+	for _, p := range append([]string{""}, kept...) {
+		d, err := t.statDir(p)
 		if err != nil {
 			return Stats{}, pathErr(opRestore, orDot(p), err)
 		}
-		times[p] = m
+		before = append(before, d)
 	}
 
 	id, err := randomID()
 	if err != nil {
 		return Stats{}, pathErr(opRestore, ".", err)
 	}
-	stageName, backupName := ReservedPrefix+"stage-"+id, ReservedPrefix+"backup-"+id
-	if err := rt.Mkdir(stageName, 0o700); err != nil {
-		return Stats{}, pathErr(opRestore, ".", err)
-	}
-	undo := func() {
-		for _, name := range []string{stageName, backupName} {
-			if err := removeTree(rt, name); err != nil {
-				log.Warn("restore: could not remove a staging directory", zap.String("path", name), zap.Error(err))
-			}
-		}
-		for _, p := range kept {
-			if err := rt.Chtimes(orDot(p), times[p].atime, times[p].mtime); err != nil {
-				log.Warn("restore: could not reset directory times", zap.String("path", shown(orDot(p))), zap.Error(err))
-			}
-		}
-	}
-
-	stage, err := rt.OpenRoot(stageName)
-	if err != nil {
-		undo()
-		return Stats{}, pathErr(opRestore, ".", err)
-	}
 	chown := opts.PreserveOwnership && os.Geteuid() == 0
+	j := &journal{Version: journalVersion, ID: id, Phase: phaseStaging, Stage: stagePrefix + id, Backup: backupPrefix + id,
+		Exclude: slices.Sorted(maps.Keys(exclude)), Spine: kept, Chown: chown, Before: before}
+	sw, err := newSwapper(t, j, log, opts.Fault)
+	if err != nil {
+		return Stats{}, err
+	}
+	// Until the journal says swap-out, undoing means removing the stage.
+	fail := func(err error) error {
+		if rbErr := sw.backward(); rbErr != nil {
+			log.Warn("restore: could not undo the extraction", zap.Error(rbErr))
+		}
+		return err
+	}
+	if _, err := t.makePrivate(); err != nil {
+		return Stats{}, fail(pathErr(opRestore, PrivateDir, err))
+	}
+	if err := sw.setPhase(phaseStaging); err != nil {
+		return Stats{}, fail(err)
+	}
+	stage, err := sw.openStage()
+	if err != nil {
+		return Stats{}, fail(err)
+	}
+	if err := sw.step(StepExtract); err != nil {
+		_ = stage.Close()
+		return Stats{}, fail(pathErr(opRestore, ".", err))
+	}
 	x := &extractor{ctx: ctx, opts: &opts, lim: lim, log: log, exclude: exclude, spine: spine, stage: stage, chown: chown}
 	err = x.run(r)
 	_ = stage.Close()
 	if err != nil {
-		undo()
-		return x.stats, err
+		return x.stats, fail(err)
 	}
-
-	sw := &swapper{root: rt, stage: stageName, backup: backupName, keep: exclude, spine: spine,
-		meta: x.spineMeta, chown: chown, hook: opts.hooks.swapStep, log: log}
-	err = sw.run()
-	if err != nil {
-		rbErr := sw.rollback()
-		sw.close()
-		if rbErr != nil {
-			log.Error("restore: rollback failed; the previous entries are kept in the backup directory",
-				zap.String("backup", backupName), zap.Error(rbErr))
+	after := make([]dirRecord, 0, len(x.spineMeta))
+	for _, p := range kept {
+		if d, ok := x.spineMeta[p]; ok {
+			after = append(after, recordOf(d))
+		}
+	}
+	sw.setAfter(after)
+	if err := sw.prepareStage(); err != nil {
+		return x.stats, fail(err)
+	}
+	if err := sw.step(StepStaged); err != nil {
+		return x.stats, fail(pathErr(opRestore, ".", err))
+	}
+	// From here a crash rolls the restore forward.
+	if err := sw.setPhase(phaseSwapOut); err != nil {
+		return x.stats, fail(err)
+	}
+	if err := sw.forward(); err != nil {
+		if rbErr := sw.backward(); rbErr != nil {
+			log.Error("restore: rollback failed; the journal keeps the restore for a recovery",
+				zap.String("restore", id), zap.Error(rbErr))
 			return x.stats, &errkind.PathError{Op: opRestore, Path: ".", Err: fmt.Errorf(
-				"%w: the swap failed (%v) and so did its rollback (%v); the previous entries are kept in %s",
-				errkind.ErrInternal, err, rbErr, backupName)}
+				"%w: the swap failed (%v) and so did its rollback (%v); restore %s stays incomplete, and archives and fingerprints are refused, until a recovery completes it",
+				errkind.ErrInternal, err, rbErr, id)}
 		}
-		undo()
 		return x.stats, err
-	}
-	sw.close()
-	for _, name := range []string{backupName, stageName} {
-		if err := removeTree(rt, name); err != nil {
-			log.Warn("restore: could not remove a staging directory", zap.String("path", name), zap.Error(err))
-		}
 	}
 	return x.stats, nil
+}
+
+// openStage creates the staging directory in the private area and opens
+// it as the os.Root the extraction writes through, checking that the
+// root it opened is the directory it created.
+func (s *swapper) openStage() (*os.Root, error) {
+	pfd, err := s.t.dir(PrivateDir)
+	if err != nil {
+		return nil, pathErr(opRestore, PrivateDir, err)
+	}
+	if err := ignoreEINTR(func() error { return unix.Mkdirat(pfd, s.j.Stage, 0o700) }); err != nil {
+		return nil, pathErr(opRestore, PrivateDir, err)
+	}
+	fd, err := s.t.dir(s.stage)
+	if err != nil {
+		return nil, pathErr(opRestore, PrivateDir, err)
+	}
+	stage, err := s.t.root.OpenRoot(s.stage)
+	if err != nil {
+		return nil, pathErr(opRestore, PrivateDir, err)
+	}
+	var want unix.Stat_t
+	err = unix.Fstat(fd, &want)
+	var fi fs.FileInfo
+	if err == nil {
+		fi, err = stage.Stat(".")
+	}
+	if got, ok := sysStat(fi); err == nil && (!ok || uint64(want.Dev) != got.Dev || want.Ino != got.Ino) {
+		err = errkind.Errorf(errkind.ErrFailedPrecondition, "the staging directory was replaced while it was opened")
+	}
+	if err != nil {
+		_ = stage.Close()
+		return nil, pathErr(opRestore, PrivateDir, err)
+	}
+	return stage, nil
+}
+
+// sysStat returns the stat_t behind fi.
+func sysStat(fi fs.FileInfo) (*syscall.Stat_t, bool) {
+	if fi == nil {
+		return nil, false
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	return st, ok
 }
 
 // spineOf returns the proper ancestors of the excluded paths that exist in

@@ -3,241 +3,420 @@ package archive
 import (
 	"errors"
 	"fmt"
-	"io/fs"
-	"os"
 	"slices"
-	"syscall"
-	"time"
 
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
-// undoKind says how to undo one step of the swap.
-type undoKind uint8
+// Step names a point of the protocol of Restore and Recover at which the
+// Fault hook of their options is called. Name is one of the Step
+// constants (StepJournal followed by a phase for the journal's writes); N
+// counts the calls with that Name in one Restore or Recover, from 1.
+type Step struct {
+	Name string
+	N    int
+}
 
+// String returns "name" or "name#n".
+func (s Step) String() string {
+	if s.N <= 1 {
+		return s.Name
+	}
+	return fmt.Sprintf("%s#%d", s.Name, s.N)
+}
+
+// The steps of a restore, in order. Between them, the workspace, the
+// private area and the journal are in a state a recovery can finish.
 const (
-	undoMovedOut undoKind = iota + 1 // the entry was moved into the backup
-	undoMovedIn                      // the staged entry was moved into place
-	undoMeta                         // a kept directory got the archive's metadata
+	// StepJournal + phase: the new journal is written and fsynced under
+	// its temporary name, not yet renamed over the previous one. The
+	// phases are "staging", "swap-out", "swap-in", "done", and for an
+	// undone swap "undo-in" and "undo-out".
+	StepJournal = "journal:"
+	// StepExtract: the staging directory exists, empty; the archive is
+	// about to be read into it.
+	StepExtract = "extract"
+	// StepStaged: the archive is extracted and checked; the journal still
+	// says "staging".
+	StepStaged = "staged"
+	// StepOut: before the Nth move of a workspace entry into the backup.
+	StepOut = "out"
+	// StepIn: before the Nth move of a staged entry into the workspace (or
+	// of the archive's metadata onto a kept directory).
+	StepIn = "in"
+	// StepUndoIn: before the Nth move of an entry moved in back to the
+	// stage, undoing a failed swap.
+	StepUndoIn = "undo-in"
+	// StepUndoOut: before the Nth move of a backed-up entry back into the
+	// workspace.
+	StepUndoOut = "undo-out"
+	// StepCleanup: before each removal once the restore is over: the
+	// backup and the stage (in that order when it succeeded, the other way
+	// when it was undone), then the journal, then the private directory.
+	StepCleanup = "cleanup"
 )
 
-// undo is one journal record of the swap.
-type undo struct {
-	kind undoKind
-	path string
-	old  savedMeta
-}
-
-// savedMeta is the metadata of an entry before the swap changed it.
-type savedMeta struct {
-	mode         fs.FileMode
-	uid, gid     int
-	atime, mtime time.Time
-}
-
-// swapper replaces the workspace's entries with the staged ones, journaling
-// every step so that rollback can put everything back. Entries at excluded
-// paths, the workspace's temporary files and Restore's own directories stay
-// where they are; directories that lead to a preserved excluded path
-// (spine) stay too and have their contents swapped one by one.
+// swapper replaces the workspace's entries with the staged ones, or puts
+// them back, one journaled phase at a time. Each phase is idempotent: what
+// it has moved is no longer where it looks, so running it again after a
+// crash carries on where it stopped. Within a phase the meaning of every
+// entry is known from where it is: in swap-out every workspace entry is old
+// (nothing has been moved in yet), in swap-in and undo-in every one is new.
+//
+// Entries at excluded paths, the workspace's temporary files and the
+// private area stay where they are; directories that lead to a preserved
+// excluded path (the spine) stay too and have their contents moved one by
+// one.
 type swapper struct {
-	root   *os.Root
-	stage  string // name of the staging directory in root
-	backup string // name of the backup directory in root
+	t      *tree
+	j      *journal
 	keep   excludeSet
 	spine  map[string]bool
-	meta   map[string]dirMeta // the archive's metadata for spine directories
-	chown  bool
-	hook   func(step int) error
+	after  map[string]dirRecord
+	stage  string // root-relative path of the staging directory
+	backup string // root-relative path of the backup directory
 	log    *zap.Logger
-
-	step       int
-	backupMade map[string]bool // backup directories already made
-	dirs       map[string]*os.File
-	journal    []undo
+	fault  func(Step) error
+	counts map[string]int
 }
 
-// run performs the swap. On error the caller calls rollback.
-func (s *swapper) run() error {
-	s.backupMade = make(map[string]bool)
-	s.dirs = make(map[string]*os.File)
-	return s.swapDir("")
+// newSwapper prepares to drive the restore j recorded.
+func newSwapper(t *tree, j *journal, log *zap.Logger, fault func(Step) error) (*swapper, error) {
+	keep, err := newExcludeSet(opRestore, j.Exclude)
+	if err != nil {
+		return nil, err
+	}
+	s := &swapper{t: t, j: j, keep: keep, spine: make(map[string]bool, len(j.Spine)),
+		stage: j.stagePath(), backup: j.backupPath(), log: log, fault: fault, counts: make(map[string]int)}
+	for _, p := range j.Spine {
+		s.spine[p] = true
+	}
+	s.setAfter(j.After)
+	return s, nil
 }
 
-// swapDir swaps the contents of the directory rel ("" for the root).
-func (s *swapper) swapDir(rel string) error {
-	current, err := s.list(rel)
+// setAfter records the archive's metadata for the spine.
+func (s *swapper) setAfter(after []dirRecord) {
+	s.j.After = after
+	s.after = make(map[string]dirRecord, len(after))
+	for _, d := range after {
+		s.after[d.Path] = d
+	}
+}
+
+// step numbers the next step called name and lets a test hook act there.
+func (s *swapper) step(name string) error {
+	s.counts[name]++
+	if s.fault == nil {
+		return nil
+	}
+	return s.fault(Step{Name: name, N: s.counts[name]})
+}
+
+// setPhase makes what the current phase did durable, then records the next
+// phase in the journal.
+func (s *swapper) setPhase(p phase) error {
+	if err := s.t.sync(); err != nil {
+		return pathErr(opRestore, ".", err)
+	}
+	next := *s.j
+	next.Phase = p
+	if err := s.t.writeJournal(&next, s.step); err != nil {
+		return pathErr(opRestore, PrivateDir, err)
+	}
+	s.j.Phase = p
+	return nil
+}
+
+// prepareStage makes sure the stage has a directory at every spine path,
+// to receive the staged entries below it (the archive may not name
+// them), before the swap begins.
+func (s *swapper) prepareStage() error {
+	for _, p := range s.j.Spine { // parents first
+		dir, name := split(p)
+		pfd, err := s.t.dir(under(s.stage, dir))
+		if err != nil {
+			return pathErr(opRestore, p, err)
+		}
+		var st unix.Stat_t
+		err = ignoreEINTR(func() error { return unix.Fstatat(pfd, name, &st, unix.AT_SYMLINK_NOFOLLOW) })
+		switch {
+		case err == nil && st.Mode&unix.S_IFMT == unix.S_IFDIR:
+			continue
+		case err == nil:
+			return refuse(opRestore, shown(p), errkind.ErrNotDirectory,
+				"the archive has a non-directory where the workspace keeps a directory holding an excluded path")
+		case !errors.Is(err, unix.ENOENT):
+			return pathErr(opRestore, p, err)
+		}
+		if err := s.t.mkdirs(join(s.stage, p), 0o700); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+	}
+	return nil
+}
+
+// forward completes the swap from the journal's phase (swap-out, swap-in
+// or done) and removes the backup, the stage and the journal.
+func (s *swapper) forward() error {
+	if s.j.Phase == phaseSwapOut {
+		if err := s.moveOut(""); err != nil {
+			return err
+		}
+		if err := s.setPhase(phaseSwapIn); err != nil {
+			return err
+		}
+	}
+	if s.j.Phase == phaseSwapIn {
+		if err := s.moveIn(""); err != nil {
+			return err
+		}
+		if err := s.setPhase(phaseDone); err != nil {
+			return err
+		}
+	}
+	if s.j.Phase != phaseDone {
+		return refuse(opRestore, ".", errkind.ErrInternal, "a restore in phase %s cannot be rolled forward", s.j.Phase)
+	}
+	s.cleanup(true)
+	return nil
+}
+
+// backward undoes the swap from the journal's phase (staging, swap-out,
+// swap-in or an undo phase), puts the kept directories' metadata back and
+// removes the stage, the backup and the journal.
+func (s *swapper) backward() error {
+	if s.j.Phase == phaseSwapIn {
+		if err := s.setPhase(phaseUndoIn); err != nil {
+			return err
+		}
+	}
+	if s.j.Phase == phaseUndoIn {
+		if err := s.undoIn(""); err != nil {
+			return err
+		}
+		if err := s.setPhase(phaseUndoOut); err != nil {
+			return err
+		}
+	}
+	if s.j.Phase == phaseSwapOut {
+		if err := s.setPhase(phaseUndoOut); err != nil {
+			return err
+		}
+	}
+	if s.j.Phase == phaseUndoOut {
+		if err := s.undoOut(""); err != nil {
+			return err
+		}
+	}
+	if s.j.Phase != phaseStaging && s.j.Phase != phaseUndoOut {
+		return refuse(opRestore, ".", errkind.ErrInternal, "a restore in phase %s cannot be rolled back", s.j.Phase)
+	}
+	s.cleanup(false)
+	return nil
+}
+
+// moveOut moves the workspace's entries in rel into the backup.
+func (s *swapper) moveOut(rel string) error {
+	names, err := s.t.listIfExists(rel)
 	if err != nil {
 		return pathErr(opRestore, orDot(rel), err)
 	}
-	for _, name := range current {
+	slices.Sort(names)
+	for _, name := range names {
 		p := join(rel, name)
 		switch {
 		case skipName(rel, name), s.keep.has(p):
 			continue
 		case s.spine[p]:
-			if err := s.stagedDir(p); err != nil {
-				return pathErr(opRestore, p, err)
-			}
-			if err := s.swapDir(p); err != nil {
+			if err := s.moveOut(p); err != nil {
 				return err
 			}
-		default:
-			if err := s.moveOut(p); err != nil {
-				return pathErr(opRestore, p, err)
-			}
-		}
-	}
-	staged, err := s.list(join(s.stage, rel))
-	if err != nil {
-		return pathErr(opRestore, orDot(rel), err)
-	}
-	for _, name := range staged {
-		p := join(rel, name)
-		if s.spine[p] {
 			continue
 		}
-		if err := s.moveIn(p); err != nil {
+		if err := s.step(StepOut); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+		if err := s.t.mkdirs(under(s.backup, rel), 0o700); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+		if err := s.rename(p, join(s.backup, p)); err != nil {
 			return pathErr(opRestore, p, err)
 		}
 	}
-	if rel != "" {
-		if err := s.applyMeta(rel); err != nil {
+	return nil
+}
+
+// moveIn moves the staged entries in rel into the workspace, then gives a
+// spine directory rel the archive's metadata.
+func (s *swapper) moveIn(rel string) error {
+	names, err := s.t.listIfExists(under(s.stage, rel))
+	if err != nil {
+		return pathErr(opRestore, orDot(rel), err)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		p := join(rel, name)
+		if s.spine[p] {
+			// Kept in place; recreated should a sandbox process have
+			// removed it meanwhile.
+			if err := s.t.mkdirs(p, 0o755); err != nil {
+				return pathErr(opRestore, p, err)
+			}
+			if err := s.moveIn(p); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.step(StepIn); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+		if err := s.rename(join(s.stage, p), p); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+	}
+	if d, ok := s.after[rel]; ok && rel != "" {
+		if err := s.step(StepIn); err != nil {
+			return pathErr(opRestore, rel, err)
+		}
+		if err := s.t.setDir(rel, d, s.j.Chown, true); err != nil {
 			return pathErr(opRestore, rel, err)
 		}
 	}
 	return nil
 }
 
-// moveOut moves the workspace entry p into the backup.
-func (s *swapper) moveOut(p string) error {
-	if err := s.next(); err != nil {
-		return err
-	}
-	dir, _ := split(p)
-	if !s.backupMade[dir] {
-		if err := s.root.MkdirAll(join(s.backup, dir), 0o700); err != nil {
-			return err
-		}
-		s.backupMade[dir] = true
-	}
-	if err := s.rename(p, join(s.backup, p)); err != nil {
-		return err
-	}
-	s.journal = append(s.journal, undo{kind: undoMovedOut, path: p})
-	return nil
-}
-
-// moveIn moves the staged entry p into place.
-func (s *swapper) moveIn(p string) error {
-	if err := s.next(); err != nil {
-		return err
-	}
-	if err := s.rename(join(s.stage, p), p); err != nil {
-		return err
-	}
-	s.journal = append(s.journal, undo{kind: undoMovedIn, path: p})
-	return nil
-}
-
-// stagedDir makes sure the staging tree has a directory at the spine path
-// p, to receive the staged entries below it.
-func (s *swapper) stagedDir(p string) error {
-	fi, err := s.root.Lstat(join(s.stage, p))
-	switch {
-	case err == nil && fi.IsDir():
-		return nil
-	case err == nil:
-		return fmt.Errorf("%w: staged entry is not a directory", syscall.ENOTDIR)
-	case !errors.Is(err, fs.ErrNotExist):
-		return err
-	}
-	return s.root.Mkdir(join(s.stage, p), 0o700)
-}
-
-// applyMeta gives the kept spine directory rel the archive's metadata, if
-// the archive named it.
-func (s *swapper) applyMeta(rel string) error {
-	d, ok := s.meta[rel]
-	if !ok {
-		return nil
-	}
-	if err := s.next(); err != nil {
-		return err
-	}
-	old, err := saveMeta(s.root, rel)
+// undoIn moves the entries in rel that the swap moved in back into the
+// stage. A spine directory gets its mode and owner back first, so that it
+// can be written again.
+func (s *swapper) undoIn(rel string) error {
+	names, err := s.t.listIfExists(rel)
 	if err != nil {
-		return err
+		return pathErr(opRestore, orDot(rel), err)
 	}
-	s.journal = append(s.journal, undo{kind: undoMeta, path: rel, old: old})
-	return applyDirMeta(s.root, d, s.chown)
-}
-
-// next numbers the next step and lets a test hook fail it.
-func (s *swapper) next() error {
-	s.step++
-	if s.hook != nil {
-		return s.hook(s.step)
-	}
-	return nil
-}
-
-// rollback undoes the journal, last step first, and reports every step it
-// could not undo.
-func (s *swapper) rollback() error {
-	var errs []error
-	for i := len(s.journal) - 1; i >= 0; i-- {
-		u := s.journal[i]
-		var err error
-		switch u.kind {
-		case undoMovedOut:
-			err = s.rename(join(s.backup, u.path), u.path)
-		case undoMovedIn:
-			err = s.rename(u.path, join(s.stage, u.path))
-		case undoMeta:
-			err = restoreMeta(s.root, u.path, u.old)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", shown(u.path), classify(err)))
-		}
-	}
-	s.journal = nil
-	return errors.Join(errs...)
-}
-
-// close releases the directory descriptors the swap opened.
-func (s *swapper) close() {
-	for _, f := range s.dirs {
-		_ = f.Close()
-	}
-	s.dirs = nil
-}
-
-// list returns the sorted names in the directory rel of the root.
-func (s *swapper) list(rel string) ([]string, error) {
-	f, err := s.root.Open(orDot(rel))
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	names, err := f.Readdirnames(-1)
 	slices.Sort(names)
-	return names, err
+	for _, name := range names {
+		p := join(rel, name)
+		switch {
+		case skipName(rel, name), s.keep.has(p):
+			continue
+		case s.spine[p]:
+			if err := s.restoreBefore(p); err != nil {
+				return pathErr(opRestore, p, err)
+			}
+			if err := s.undoIn(p); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.step(StepUndoIn); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+		if err := s.t.mkdirs(under(s.stage, rel), 0o700); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+		if err := s.rename(p, join(s.stage, p)); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+	}
+	return nil
 }
 
-// dir returns a descriptor of the directory rel of the root, kept for the
-// duration of the swap.
-func (s *swapper) dir(rel string) (int, error) {
-	if f, ok := s.dirs[rel]; ok {
-		return int(f.Fd()), nil
-	}
-	f, err := s.root.Open(orDot(rel))
+// undoOut moves the backed-up entries in rel back into the workspace.
+func (s *swapper) undoOut(rel string) error {
+	names, err := s.t.listIfExists(under(s.backup, rel))
 	if err != nil {
-		return -1, err
+		return pathErr(opRestore, orDot(rel), err)
 	}
-	s.dirs[rel] = f
-	return int(f.Fd()), nil
+	slices.Sort(names)
+	for _, name := range names {
+		p := join(rel, name)
+		if s.spine[p] { // a container the swap made in the backup
+			if err := s.t.mkdirs(p, 0o755); err != nil {
+				return pathErr(opRestore, p, err)
+			}
+			if err := s.undoOut(p); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := s.step(StepUndoOut); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+		if err := s.rename(join(s.backup, p), p); err != nil {
+			return pathErr(opRestore, p, err)
+		}
+	}
+	return nil
+}
+
+// restoreBefore gives the kept directory p the metadata it had before the
+// restore (the root only its times).
+func (s *swapper) restoreBefore(p string) error {
+	for _, d := range s.j.Before {
+		if d.Path == p {
+			return s.t.setDir(p, d, p != "" && unix.Geteuid() == 0, p != "")
+		}
+	}
+	return nil
+}
+
+// cleanup removes what the restore leaves once it is over: the backup and
+// the stage, the journal (the restore is then over for a recovery too) and
+// the private directory. When the restore was undone, the kept
+// directories get their metadata back before the journal goes (the moves
+// changed their times), and the root its times once more at the very end
+// (the removals changed them). Failures are logged: what stays behind
+// holds no part of the workspace, and a later recovery removes it.
+func (s *swapper) cleanup(forward bool) {
+	dirs := []string{s.backup, s.stage}
+	if !forward {
+		dirs = []string{s.stage, s.backup}
+	}
+	for _, name := range dirs {
+		s.cleanupStep()
+		if err := s.t.remove(name); err != nil {
+			s.log.Warn("restore: could not remove a staging directory", zap.String("path", name), zap.Error(err))
+		}
+	}
+	if !forward {
+		for i := len(s.j.Spine) - 1; i >= -1; i-- { // deepest first, the root last
+			p := ""
+			if i >= 0 {
+				p = s.j.Spine[i]
+			}
+			s.resetBefore(p)
+		}
+	}
+	s.cleanupStep()
+	if err := s.t.removeJournal(); err != nil {
+		s.log.Warn("restore: could not remove the journal", zap.Error(err))
+	}
+	s.cleanupStep()
+	if err := s.t.remove(PrivateDir); err != nil {
+		s.log.Warn("restore: could not remove its private directory", zap.Error(err))
+	}
+	if !forward {
+		s.resetBefore("")
+	}
+}
+
+// resetBefore is restoreBefore with failures logged.
+func (s *swapper) resetBefore(p string) {
+	if err := s.restoreBefore(p); err != nil {
+		s.log.Warn("restore: could not reset directory metadata", zap.String("path", shown(orDot(p))), zap.Error(err))
+	}
+}
+
+// cleanupStep calls the fault hook before a removal; an error it returns
+// is logged and ignored, as removal failures are.
+func (s *swapper) cleanupStep() {
+	if err := s.step(StepCleanup); err != nil {
+		s.log.Warn("restore: cleanup step failed", zap.Error(err))
+	}
 }
 
 // rename moves from to to (both relative to the root), never replacing an
@@ -247,14 +426,15 @@ func (s *swapper) dir(rel string) (int, error) {
 func (s *swapper) rename(from, to string) error {
 	fromDir, fromName := split(from)
 	toDir, toName := split(to)
-	ffd, err := s.dir(fromDir)
+	ffd, err := s.t.dir(fromDir)
 	if err != nil {
 		return err
 	}
-	tfd, err := s.dir(toDir)
+	tfd, err := s.t.dir(toDir)
 	if err != nil {
 		return err
 	}
+	s.t.touched[fromDir], s.t.touched[toDir] = true, true
 	err = renameNoReplace(ffd, fromName, tfd, toName)
 	if !errors.Is(err, unix.EACCES) {
 		return err
@@ -294,30 +474,11 @@ func renameNoReplace(fromfd int, from string, tofd int, to string) error {
 	return ignoreEINTR(func() error { return unix.Renameat(fromfd, from, tofd, to) })
 }
 
-// saveMeta reads the metadata restoreMeta puts back.
-func saveMeta(r *os.Root, name string) (savedMeta, error) {
-	fi, err := r.Lstat(orDot(name))
-	if err != nil {
-		return savedMeta{}, err
+// under returns the path of the workspace-relative rel ("" for the root)
+// below the root-relative directory base.
+func under(base, rel string) string {
+	if rel == "" {
+		return base
 	}
-	m := savedMeta{mode: fi.Mode() & (fs.ModePerm | fs.ModeSetuid | fs.ModeSetgid | fs.ModeSticky), mtime: fi.ModTime()}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		m.uid, m.gid = int(st.Uid), int(st.Gid)
-		m.atime = time.Unix(st.Atim.Sec, st.Atim.Nsec)
-	}
-	return m, nil
-}
-
-// restoreMeta puts back what saveMeta read.
-func restoreMeta(r *os.Root, name string, m savedMeta) error {
-	name = orDot(name)
-	if os.Geteuid() == 0 {
-		if err := r.Lchown(name, m.uid, m.gid); err != nil {
-			return err
-		}
-	}
-	if err := r.Chmod(name, m.mode); err != nil {
-		return err
-	}
-	return r.Chtimes(name, m.atime, m.mtime)
+	return base + "/" + rel
 }

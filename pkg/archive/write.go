@@ -29,6 +29,10 @@ const (
 // Memory stays bounded whatever the sizes of the files: contents are copied
 // in chunks. On error (including cancellation of ctx) the stream written so
 // far is incomplete, lacks the end-of-archive marker, and must be discarded.
+//
+// While a restore of root that a crash interrupted is incomplete (Pending),
+// Write refuses with errkind.ErrFailedPrecondition naming it, before it
+// writes anything: the tree may be half replaced. Recover completes it.
 func Write(ctx context.Context, root string, w io.Writer, opts WriteOptions) (Stats, error) {
 	var stats Stats
 	exclude, err := newExcludeSet(opArchive, opts.Exclude)
@@ -48,6 +52,9 @@ func Write(ctx context.Context, root string, w io.Writer, opts WriteOptions) (St
 	log := opts.Logger
 	if log == nil {
 		log = zap.NewNop()
+	}
+	if err := refuseIncomplete(opArchive, root); err != nil {
+		return stats, err
 	}
 
 	// The output chain: tar -> (zstd | buffer) -> w.

@@ -117,6 +117,10 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 			return nil, err
 		}
 	}
+	// A restore a crash interrupted is completed (or undone) before
+	// anything is served; when it cannot be, archives, fingerprints and
+	// restores are refused (and retry it) until it can.
+	_ = d.recoverRestore() // archive.Recover logs what it did, or why it could not
 	if n, err := materialize.CleanupStaging(cfg.WorkspaceRoot); err != nil {
 		log.Warn("removing staging directories left by an interrupted materialization", zap.Error(err))
 	} else if n > 0 {

@@ -8,10 +8,16 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/archive"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -213,3 +219,129 @@ func eventuallySameTree(t *testing.T, want map[string]string, root string) {
 type errReader struct{}
 
 func (errReader) Read([]byte) (int, error) { return 0, errors.New("source failed") }
+
+// oldFiles and newFiles are the trees of the interrupted-restore tests:
+// the workspace before, and what the archive holds.
+var (
+	oldFiles = map[string]string{"README": "old readme\n", "repo/main.go": "package main // old\n", "old.txt": "old\n"}
+	newFiles = map[string]string{"README": "new readme\n", "repo/main.go": "package main // new\n", "repo/new.txt": "new\n"}
+)
+
+// interruptedRestore leaves ws as a daemon killed at step at of a restore
+// leaves it: the old tree partly replaced by the archive's, and the
+// restore's journal in the workspace's private area. It returns the id of
+// the interrupted restore and the tree a complete restore makes.
+func interruptedRestore(t *testing.T, ws string, at archive.Step) (string, map[string]string) {
+	t.Helper()
+	ctx := ctxT(t)
+	src, ref := t.TempDir(), t.TempDir()
+	writeTree(t, src, newFiles)
+	var data bytes.Buffer
+	if _, err := archive.Write(ctx, src, &data, archive.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, ref, oldFiles)
+	if _, err := archive.Restore(ctx, ref, bytes.NewReader(data.Bytes()), archive.RestoreOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	writeTree(t, ws, oldFiles)
+	done := make(chan bool)
+	go func() {
+		returned := false
+		defer func() { done <- returned }()
+		// The hook ends the goroutine where the process would die:
+		// nothing after that step runs, not even a rollback.
+		_, _ = archive.Restore(ctx, ws, bytes.NewReader(data.Bytes()), archive.RestoreOptions{Fault: func(s archive.Step) error {
+			if s == at {
+				runtime.Goexit()
+			}
+			return nil
+		}})
+		returned = true
+	}()
+	if <-done {
+		t.Fatalf("the restore did not stop at %v", at)
+	}
+	id, err := archive.Pending(ws)
+	if err != nil || id == "" {
+		t.Fatalf("no pending restore after the interruption: %q, %v", id, err)
+	}
+	return id, treeOf(t, ref)
+}
+
+// TestStartupRecoversInterruptedRestore starts a daemon on a workspace a
+// killed daemon left mid-swap: before it serves anything the restore is
+// rolled forward, so the workspace is exactly the archive's tree with
+// nothing left behind, and it archives that tree.
+func TestStartupRecoversInterruptedRestore(t *testing.T) {
+	ws := filepath.Join(t.TempDir(), "ws")
+	_, want := interruptedRestore(t, ws, archive.Step{Name: archive.StepOut, N: 2})
+	if maps.Equal(want, treeOf(t, ws)) {
+		t.Fatal("the interrupted restore already left the new tree")
+	}
+	td := newTestDaemon(t, func(c *agentd.Config) { c.WorkspaceRoot = ws })
+	sameTree(t, want, treeOf(t, ws)) // no private area, stage or backup either
+	if id, err := archive.Pending(ws); id != "" || err != nil {
+		t.Fatalf("still pending after the start: %q, %v", id, err)
+	}
+	var snap bytes.Buffer
+	if _, err := td.client.Archive(ctxT(t), &agentdv1.ArchiveRequest{}, &snap); err != nil {
+		t.Fatalf("Archive after the recovery: %v", err)
+	}
+}
+
+// TestArchiveRefusedWhileRestoreIncomplete starts a daemon on a workspace
+// whose interrupted restore cannot be completed (a sandbox process wrote
+// where a staged entry must go): Archive, Fingerprint and Restore are
+// refused with FailedPrecondition naming the restore and the entry, over
+// the wire, and nothing changes. Once the entry is removed (through the
+// daemon, which did not restart), the next call completes the restore
+// first and succeeds.
+func TestArchiveRefusedWhileRestoreIncomplete(t *testing.T) {
+	ctx := ctxT(t)
+	ws := filepath.Join(t.TempDir(), "ws")
+	id, want := interruptedRestore(t, ws, archive.Step{Name: archive.StepIn, N: 1})
+	writeTree(t, ws, map[string]string{"README": "written by a sandbox process meanwhile\n"})
+	td := newTestDaemon(t, func(c *agentd.Config) { c.WorkspaceRoot = ws })
+	stuck, err := readTree(ws)
+	if err != nil {
+		t.Fatal(err)
+	}
+	calls := map[string]func() error{
+		"Archive": func() error {
+			_, err := td.client.Archive(ctx, &agentdv1.ArchiveRequest{}, io.Discard)
+			return err
+		},
+		"Fingerprint": func() error {
+			_, err := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{})
+			return err
+		},
+		"Restore": func() error {
+			var empty bytes.Buffer
+			tw := tar.NewWriter(&empty)
+			_ = tw.Close()
+			_, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, &empty)
+			return err
+		},
+	}
+	for name, call := range calls {
+		err := call()
+		if status.Code(err) != codes.FailedPrecondition || !errors.Is(err, errkind.ErrFailedPrecondition) {
+			t.Fatalf("%s during an incomplete restore: %v, want FailedPrecondition", name, err)
+		}
+		if msg := err.Error(); !strings.Contains(msg, id) || !strings.Contains(msg, "README") {
+			t.Fatalf("%s: %q does not name restore %s and README", name, msg, id)
+		}
+		sameTree(t, stuck, treeOf(t, ws))
+	}
+	if _, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "README"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{}); err != nil {
+		t.Fatalf("Fingerprint once the way is clear: %v", err)
+	}
+	sameTree(t, want, treeOf(t, ws))
+	if err := calls["Archive"](); err != nil {
+		t.Fatalf("Archive after the recovery: %v", err)
+	}
+}
