@@ -115,15 +115,10 @@ func openPipes(withStdin bool, devNull int) (_ *childIO, err error) {
 	return c, nil
 }
 
-// openPTY prepares TTY-mode I/O: a pseudo-terminal of rows x cols whose
-// slave is the child's fds 0-2 and controlling terminal.
+// openPTY prepares TTY-mode I/O: a pseudo-terminal of rows x cols (as
+// terminalSize returns them) whose slave is the child's fds 0-2 and
+// controlling terminal.
 func openPTY(rows, cols uint16) (_ *childIO, err error) {
-	if rows == 0 {
-		rows = defaultRows
-	}
-	if cols == 0 {
-		cols = defaultCols
-	}
 	master, tty, err := pty.Open()
 	if err != nil {
 		return nil, resourceErr("open a pseudo-terminal", err)

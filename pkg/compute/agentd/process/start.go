@@ -22,12 +22,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
 
-// Default terminal size when StartOptions leave it zero.
-const (
-	defaultRows = 24
-	defaultCols = 80
-)
-
 // plan is a fully resolved start request.
 type plan struct {
 	argv []string
@@ -172,6 +166,11 @@ func validateOptions(o StartOptions) error {
 		return errkind.Errorf(errkind.ErrInvalidArgument, "negative timeout %s", o.Timeout)
 	case !o.TTY && (o.Rows != 0 || o.Cols != 0):
 		return errkind.Errorf(errkind.ErrInvalidArgument, "a terminal size was given without tty")
+	}
+	if o.TTY {
+		if _, _, err := terminalSize(o.Rows, o.Cols, true); err != nil {
+			return err
+		}
 	}
 	for i, a := range o.Argv {
 		if strings.ContainsRune(a, 0) {
@@ -325,7 +324,11 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	}
 	var ch *childIO
 	if o.TTY {
-		ch, err = openPTY(o.Rows, o.Cols)
+		rows, cols, serr := terminalSize(o.Rows, o.Cols, true) // checked by validateOptions
+		if serr != nil {
+			return nil, serr
+		}
+		ch, err = openPTY(rows, cols)
 	} else {
 		ch, err = openPipes(o.Stdin, m.devNull)
 	}

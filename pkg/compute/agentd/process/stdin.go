@@ -109,11 +109,14 @@ func (m *Manager) CloseStdin(id string) error {
 }
 
 // Resize sets the terminal size of a TTY process (the kernel then sends
-// SIGWINCH to its foreground group).
-func (m *Manager) Resize(id string, rows, cols uint16) error {
+// SIGWINCH to its foreground group). Each dimension must be 1 to
+// MaxTerminalDimension (errkind.ErrInvalidArgument otherwise, checked as
+// Start checks its size, see terminalSize).
+func (m *Manager) Resize(id string, rows, cols uint32) error {
 	const op = "resize"
-	if rows == 0 || cols == 0 {
-		return procErrf(op, id, errkind.ErrInvalidArgument, "terminal size %dx%d has a zero dimension", rows, cols)
+	r, c, err := terminalSize(rows, cols, false)
+	if err != nil {
+		return procErr(op, id, err)
 	}
 	p, err := m.lookup(op, id)
 	if err != nil {
@@ -125,7 +128,7 @@ func (m *Manager) Resize(id string, rows, cols uint16) error {
 	if p.exitStatus() != nil {
 		return procErrf(op, id, errkind.ErrFailedPrecondition, "the process has exited")
 	}
-	if err := setWinsize(p.master, rows, cols); err != nil {
+	if err := setWinsize(p.master, r, c); err != nil {
 		if errors.Is(err, os.ErrClosed) {
 			return procErrf(op, id, errkind.ErrFailedPrecondition, "the terminal is closed")
 		}

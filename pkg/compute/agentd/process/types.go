@@ -61,10 +61,12 @@ type StartOptions struct {
 	// the account files again, if its name is the one asked for. It takes
 	// no part in recognising a retried Start.
 	RunAs *userdb.User
-	// TTY runs the process on a pseudo-terminal of Rows x Cols (default
-	// 24 x 80). Output is a single PTY stream and input is always open.
+	// TTY runs the process on a pseudo-terminal of Rows x Cols, each at
+	// most MaxTerminalDimension (a zero dimension takes the default, 24
+	// rows or 80 columns). Output is a single PTY stream and input is
+	// always open.
 	TTY        bool
-	Rows, Cols uint16
+	Rows, Cols uint32
 	// Stdin keeps a stdin pipe open in pipe mode; otherwise stdin is
 	// /dev/null.
 	Stdin bool

@@ -10,10 +10,12 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"go.uber.org/zap"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 )
@@ -142,11 +144,21 @@ func bearerToken(ctx context.Context) string {
 	return token
 }
 
+// check is checkHeader on the metadata of a call's context. The
+// interceptors (unary, stream) run it again after earlyRefusal let the
+// call in: a rotation in between is then seen.
 func (a *tokenAuth) check(ctx context.Context, method string) error {
+	md, _ := metadata.FromIncomingContext(ctx)
+	return a.checkHeader(md, method)
+}
+
+// checkHeader is check on a call's header metadata: nil for a call that
+// needs no token (health, --insecure-no-auth) or carries the current one,
+// else an Unauthenticated status (counted in the metrics by reason).
+func (a *tokenAuth) checkHeader(md metadata.MD, method string) error {
 	if a.none || strings.HasPrefix(method, healthPrefix) {
 		return nil
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
 	values := md.Get(AuthorizationHeader)
 	if len(values) != 1 {
 		a.metrics.AuthRejected(metrics.AuthMissing)
@@ -163,6 +175,40 @@ func (a *tokenAuth) check(ctx context.Context, method string) error {
 		return status.Error(codes.Unauthenticated, "invalid bearer token")
 	}
 	return nil
+}
+
+// earlyRefusal refuses a call without the token before grpc opens a
+// stream for it (a tap.ServerInHandle, see New). grpc runs it in the
+// connection's reading goroutine as soon as the call's header list is
+// decoded, before it registers the stream, gives it a receive buffer or a
+// handler goroutine: a refused call's body is never read (its DATA frames
+// are dropped as they arrive, only the connection's window is given back)
+// and nothing of it is kept. The interceptors never see such a call, so
+// the refusal is logged and counted here as requestLog and rpcMetrics
+// would; a method name the daemon does not serve is logged as "unknown"
+// (the name is the caller's, up to the header list limit).
+type earlyRefusal struct {
+	auth *tokenAuth
+	log  *zap.Logger
+	// known holds the served methods; New fills it after registering the
+	// services, before anything is served, and nothing changes it after.
+	known map[string]bool
+}
+
+// handle is the tap.ServerInHandle. It does no blocking work: a digest
+// and a log line.
+func (e *earlyRefusal) handle(ctx context.Context, info *tap.Info) (context.Context, error) {
+	err := e.auth.checkHeader(info.Header, info.FullMethodName)
+	if err == nil {
+		return ctx, nil
+	}
+	method := info.FullMethodName
+	if !e.known[method] {
+		method = "unknown"
+	}
+	e.auth.metrics.ObserveRPC(info.FullMethodName, uint32(codes.Unauthenticated), 0)
+	e.log.Info("rpc", zap.String("method", method), zap.String("code", codes.Unauthenticated.String()), zap.Bool("before_stream", true))
+	return ctx, err
 }
 
 func (a *tokenAuth) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {

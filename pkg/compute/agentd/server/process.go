@@ -10,7 +10,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/process"
-	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -71,12 +70,10 @@ func (s *processService) CloseStdin(_ context.Context, req *agentdv1.CloseStdinR
 	return &agentdv1.CloseStdinResponse{}, nil
 }
 
+// Resize passes the size on as given: the process manager checks it as
+// Start checks its own (each dimension 1 to process.MaxTerminalDimension).
 func (s *processService) Resize(_ context.Context, req *agentdv1.ResizeRequest) (*agentdv1.ResizeResponse, error) {
-	rows, cols := req.GetSize().GetRows(), req.GetSize().GetCols()
-	if rows == 0 || cols == 0 || rows > 0xffff || cols > 0xffff {
-		return nil, errmap.ToStatus(&errkind.ProcessError{Op: "resize", ProcessID: req.GetProcessId(), Err: errkind.Errorf(errkind.ErrInvalidArgument, "terminal size %dx%d out of range", rows, cols)})
-	}
-	if err := s.d.Processes().Resize(req.GetProcessId(), uint16(rows), uint16(cols)); err != nil {
+	if err := s.d.Processes().Resize(req.GetProcessId(), req.GetSize().GetRows(), req.GetSize().GetCols()); err != nil {
 		return nil, errmap.ToStatus(err)
 	}
 	return &agentdv1.ResizeResponse{}, nil
@@ -192,16 +189,14 @@ func startOptions(spec *agentdv1.ProcessSpec, requestID string) agentd.StartSpec
 			Env:       spec.GetEnv(),
 			User:      spec.GetUser(),
 			TTY:       spec.GetTty(),
-			Rows:      clampU16(spec.GetSize().GetRows()),
-			Cols:      clampU16(spec.GetSize().GetCols()),
+			Rows:      spec.GetSize().GetRows(), // checked by the process manager, never truncated
+			Cols:      spec.GetSize().GetCols(),
 			Stdin:     spec.GetStdin(),
 			Timeout:   timeout,
 		},
 		Cwd: spec.GetCwd(),
 	}
 }
-
-func clampU16(v uint32) uint16 { return uint16(min(v, 0xffff)) }
 
 func processInfo(info process.Info) *agentdv1.ProcessInfo {
 	state := agentdv1.ProcessState_PROCESS_STATE_RUNNING

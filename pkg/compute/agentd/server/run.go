@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"os"
 	"runtime"
@@ -44,6 +45,48 @@ const (
 	connWindowBytes   = 16 << 20
 	ioBufferBytes     = 256 << 10
 )
+
+// Limits on what a connection may make the daemon hold, before and
+// regardless of authentication (issue #27, hostile tenants).
+const (
+	// maxHeaderListBytes bounds the decoded header list of one call
+	// (HTTP/2's SETTINGS_MAX_HEADER_LIST_SIZE, announced and enforced).
+	// grpc-go's default is 16 MiB, decoded and kept per stream before any
+	// check of the token: 40 token-less calls with 15 MiB of headers took
+	// the daemon from 17 to 170 MiB two at a time, to 1.4 GiB all at
+	// once. A harness sends a few hundred bytes (authorization,
+	// content-type, te, user-agent, grpc-timeout).
+	// A call over it is refused: its stream is reset, or its connection
+	// closed when the excess is large (the decoder stops early).
+	maxHeaderListBytes = 64 << 10
+	// minConcurrentStreams is the least number of streams one connection
+	// may have open at once (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS;
+	// see maxConcurrentStreams).
+	minConcurrentStreams = 1024
+	// streamsPerProcess is how many open streams per allowed process
+	// (Config.MaxProcesses) one connection may have: a harness holds an
+	// Attach or Exec stream for each process it follows, plus port
+	// forwards (a stream per TCP connection) and file transfers.
+	streamsPerProcess = 4
+)
+
+// maxConcurrentStreams is the stream limit of one connection for a daemon
+// that runs up to maxProcesses processes: streamsPerProcess per process,
+// at least minConcurrentStreams. With the default 64 processes that is
+// 1024. The real load is far below: a harness that follows every process
+// of a full daemon holds 64 long-lived Attach or Exec streams on its one
+// connection, and the benchmarks keep a few at once per sandbox
+// (benchreport's scaling series runs one command at a time per sandbox,
+// its soak 32 calls in flight over all sandboxes). The headroom matters
+// because a gRPC client over the limit waits for a stream to end instead
+// of failing: the limit must never be what a harness reaches. It bounds
+// what one connection can hold open in the daemon (a handler goroutine
+// and receive buffers per stream; grpc also caps the connection's running
+// handlers at it).
+func maxConcurrentStreams(maxProcesses int) uint32 {
+	procs := min(max(maxProcesses, 0), math.MaxUint32/streamsPerProcess+1) // no overflow below
+	return uint32(min(max(uint64(procs)*streamsPerProcess, minConcurrentStreams), math.MaxUint32))
+}
 
 // Server is a configured gRPC server over a Daemon.
 type Server struct {
@@ -114,7 +157,15 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 		unary = slices.Insert(unary, 1, mU)
 		stream = slices.Insert(stream, 1, mS)
 	}
+	maxProcs := 0 // a test's server without a daemon gets the floor
+	if d != nil {
+		maxProcs = d.Config().MaxProcesses
+	}
 	opts := []grpc.ServerOption{
+		// Before any stream exists: bounded headers, bounded streams, and
+		// calls without the token refused on their headers (earlyRefusal).
+		grpc.MaxHeaderListSize(maxHeaderListBytes),
+		grpc.MaxConcurrentStreams(maxConcurrentStreams(maxProcs)),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
@@ -139,6 +190,10 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	if creds != nil {
 		opts = append(opts, grpc.Creds(creds))
 	}
+	early := &earlyRefusal{auth: auth, log: log}
+	if !insecureNoAuth {
+		opts = append(opts, grpc.InTapHandle(early.handle))
+	}
 	gs := grpc.NewServer(opts...)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -149,15 +204,17 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d, m: ms, bulk: newBulkProcs(o.bulkProcs)})
 	agentdv1.RegisterPortServiceServer(gs, &portService{d: d})
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_SERVING)
-	if ms != nil {
-		var methods []string
-		for svc, info := range gs.GetServiceInfo() {
-			for _, m := range info.Methods {
-				methods = append(methods, "/"+svc+"/"+m.Name)
-			}
+	var methods []string
+	for svc, info := range gs.GetServiceInfo() {
+		for _, m := range info.Methods {
+			methods = append(methods, "/"+svc+"/"+m.Name)
 		}
-		ms.KnownMethods(methods)
 	}
+	early.known = make(map[string]bool, len(methods))
+	for _, m := range methods {
+		early.known[m] = true
+	}
+	ms.KnownMethods(methods)
 	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, reclaim: rec, Metrics: ms, log: log}, nil
 }
 
