@@ -39,6 +39,8 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/gcsmount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/s3mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -257,7 +259,8 @@ func benchMount(ctx context.Context, side *mountSide, agentd, tmp string, keys [
 		})
 		return time.Since(start), err
 	}
-	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: side.secrets})
+	m, err := mount.New(mount.Config{Log: zap.NewNop(), Secrets: side.secrets,
+		Backends: []mount.Backend{s3mount.New(s3mount.Config{}), gcsmount.New(gcsmount.Config{})}})
 	if err != nil {
 		return nil, err
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testservers/s3server"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot/s3store"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -48,7 +49,7 @@ func benchSnapshotStore(ctx context.Context, c *agentclient.Client, workspace st
 	if err != nil {
 		return nil, err
 	}
-	store, err := snapshot.NewS3(snapshot.S3Config{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint, Region: srv.Region,
+	store, err := s3store.New(s3store.Config{Bucket: bucket, Prefix: "bench", Endpoint: srv.Endpoint, Region: srv.Region,
 		UsePathStyle: true, AccessKeyID: srv.AccessKey, SecretAccessKey: srv.SecretKey})
 	if err != nil {
 		return nil, err

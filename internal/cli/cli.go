@@ -26,8 +26,11 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/azuremount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/gcsmount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/s3mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/remote"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing/traceexport"
 )
 
 // Streams are the command's standard streams.
@@ -249,10 +252,10 @@ type remoteFlags struct {
 // setupTracing builds the trace provider --trace asks for and returns the
 // function flushing it (call it before the command returns).
 func (g *globals) setupTracing(ctx context.Context) (func(), error) {
-	if g.trace == "" || g.trace == tracing.ExporterNone {
+	if g.trace == "" || g.trace == traceexport.ExporterNone {
 		return func() {}, nil
 	}
-	tp, shutdown, err := tracing.NewProvider(ctx, tracing.Config{Exporter: g.trace, Writer: g.streams.Err, ServiceName: "bulkhead-harness"})
+	tp, shutdown, err := traceexport.NewProvider(ctx, traceexport.Config{Exporter: g.trace, Writer: g.streams.Err, ServiceName: "bulkhead-harness"})
 	if err != nil {
 		return nil, fmt.Errorf("--trace: %w", err)
 	}
@@ -339,7 +342,8 @@ func (g *globals) client(mat materializer.Options) (*compute.Client, func(), err
 	if err != nil {
 		return nil, nil, err
 	}
-	mounter, err := mount.New(mount.Config{Secrets: mount.EnvSecrets(), MaxBytes: g.mountMaxBytes, Log: log, S3FileSystems: fileSystems, Baselines: mount.DirBaselines(baselines)})
+	backends := []mount.Backend{s3mount.New(s3mount.Config{FileSystems: fileSystems}), gcsmount.New(gcsmount.Config{}), azuremount.New(azuremount.Config{})}
+	mounter, err := mount.New(mount.Config{Backends: backends, Secrets: mount.EnvSecrets(), MaxBytes: g.mountMaxBytes, Log: log, Baselines: mount.DirBaselines(baselines)})
 	if err != nil {
 		return nil, nil, usageErr(compute.ErrInvalidArgument, "--mount-max-bytes: %v", err)
 	}

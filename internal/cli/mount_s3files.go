@@ -5,7 +5,7 @@ import (
 	"strings"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/s3mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -15,12 +15,12 @@ const s3FileSystemUsage = "where an S3 Files file system keeps its data, for s3_
 	"(credentials name environment variables of the harness; access_point gives an access point's root directory; repeatable)"
 
 // parseS3FileSystems reads the --s3-file-system values into
-// mount.Config.S3FileSystems.
-func parseS3FileSystems(specs []string) (map[string]mount.S3FileSystem, error) {
+// s3mount.Config.FileSystems.
+func parseS3FileSystems(specs []string) (map[string]s3mount.FileSystem, error) {
 	if len(specs) == 0 {
 		return nil, nil
 	}
-	out := make(map[string]mount.S3FileSystem, len(specs))
+	out := make(map[string]s3mount.FileSystem, len(specs))
 	for _, spec := range specs {
 		id, loc, ok := strings.Cut(spec, "=")
 		if !ok || !strings.HasPrefix(id, "fs-") {
@@ -33,7 +33,7 @@ func parseS3FileSystems(specs []string) (map[string]mount.S3FileSystem, error) {
 		if err != nil || u.Scheme != "s3" || u.Host == "" || u.User != nil || u.Fragment != "" {
 			return nil, usageErr(compute.ErrInvalidArgument, "--s3-file-system %s: %q is not s3://BUCKET[/PREFIX][?options]", id, loc)
 		}
-		fs := mount.S3FileSystem{Bucket: u.Host, Prefix: strings.Trim(u.Path, "/")}
+		fs := s3mount.FileSystem{Bucket: u.Host, Prefix: strings.Trim(u.Path, "/")}
 		for k, vs := range u.Query() {
 			if k == "access_point" { // repeatable: one per access point
 				for _, v := range vs {

@@ -17,6 +17,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot/s3store"
 )
 
 // storeFlags choose the snapshot store.
@@ -51,7 +52,7 @@ func (g *globals) snapshots() (snapshot.Lister, error) {
 	if !strings.HasPrefix(spec, "s3://") {
 		return nil, usageErr(compute.ErrInvalidArgument, "--snapshot-store: want a directory or s3://BUCKET[/PREFIX]")
 	}
-	cfg, err := snapshot.S3ConfigFromURL(spec, os.Getenv)
+	cfg, err := s3store.ConfigFromURL(spec, os.Getenv)
 	if err != nil {
 		return nil, usageErr(compute.ErrInvalidArgument, "--snapshot-store: %v", err)
 	}
@@ -59,7 +60,7 @@ func (g *globals) snapshots() (snapshot.Lister, error) {
 		cfg.Endpoint, cfg.UsePathStyle = g.storeFlags.s3Endpoint, true
 	}
 	cfg.Log = g.logger()
-	s, err := snapshot.NewS3(cfg)
+	s, err := s3store.New(cfg)
 	if err != nil {
 		return nil, usageErr(compute.ErrInvalidArgument, "--snapshot-store: %v", err)
 	}
@@ -201,12 +202,12 @@ the store's grace period, 24h). A directory store keeps whole files and has noth
 			if err != nil {
 				return err
 			}
-			s3, ok := store.(*snapshot.S3)
+			s3, ok := store.(*s3store.Store)
 			if !ok {
 				fmt.Fprintln(cmd.OutOrStdout(), "a directory snapshot store has nothing to collect")
 				return nil
 			}
-			st, err := s3.GC(cmd.Context(), snapshot.GCOptions{Grace: grace, DryRun: dryRun})
+			st, err := s3.GC(cmd.Context(), s3store.GCOptions{Grace: grace, DryRun: dryRun})
 			if err != nil {
 				return err
 			}

@@ -75,8 +75,96 @@ func TestDaemonLogicHasNoGRPCOrProviders(t *testing.T) {
 
 func TestDaemonBinaryLinksNoHeavyClients(t *testing.T) {
 	for _, p := range listDeps(t, module+"/cmd/sandbox-agentd") {
-		forbid(t, p, "sandbox-agentd stays small and links no model, docker or kubernetes code",
-			"github.com/openai", "github.com/docker", "github.com/moby", "k8s.io", "sigs.k8s.io", module+"/pkg/harness")
+		forbid(t, p, "sandbox-agentd stays small and links no model, docker, kubernetes or cloud SDK code",
+			append(append(append([]string{"github.com/openai", module + "/pkg/harness"}, containerSDKs()...), cloudSDKs()...), traceExporters()...)...)
+	}
+}
+
+// cloudSDKs are the import path prefixes of the cloud storage SDKs (and
+// GCS's OAuth client): only the packages of a store or a mount backend
+// link them.
+func cloudSDKs() []string {
+	return []string{"github.com/aws", "github.com/Azure", "cloud.google.com", "google.golang.org/api", "golang.org/x/oauth2"}
+}
+
+// containerSDKs are the Docker and Kubernetes clients: only their
+// providers link them.
+func containerSDKs() []string {
+	return []string{"github.com/docker", "github.com/moby", "k8s.io", "sigs.k8s.io"}
+}
+
+// traceExporters are OpenTelemetry's SDK and exporters: only
+// pkg/harness/tracing/traceexport links them.
+func traceExporters() []string {
+	return []string{"go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters"}
+}
+
+// openaiRoot is openai-go's root package: its client links every API of
+// the SDK (admin, fine-tuning, beta, ...); the harness uses the Responses
+// service alone (package responses).
+const openaiRoot = "github.com/openai/openai-go/v3"
+
+// A library user links only the providers and stores they import: the
+// core of the compute plane (its types, the daemon's client, the
+// materializer, the local and remote providers, the snapshot store
+// interface with its local store, the mount core) links no cloud SDK and
+// no container client; each store and mount backend links its own SDK and
+// no other's.
+func TestComputeCoreLinksNoCloudSDK(t *testing.T) {
+	for _, pkg := range []string{"pkg/compute", "pkg/compute/agentclient", "pkg/compute/materializer", "pkg/compute/local",
+		"pkg/compute/remote", "pkg/compute/egress", "pkg/compute/snapshot", "pkg/compute/mount"} {
+		for _, p := range listDeps(t, module+"/"+pkg) {
+			forbid(t, p, "the core of the compute plane links no storage SDK or container client: they live in the packages using them (snapshot/s3store, mount/s3mount, ...)",
+				append(cloudSDKs(), containerSDKs()...)...)
+		}
+	}
+	only := map[string][]string{ // backend -> the SDK prefixes it may link
+		"pkg/compute/snapshot/s3store": {"github.com/aws"},
+		"pkg/compute/mount/s3mount":    {"github.com/aws"},
+		"pkg/compute/mount/gcsmount":   {"golang.org/x/oauth2"},
+		"pkg/compute/mount/azuremount": {"github.com/Azure"},
+	}
+	for pkg, own := range only {
+		seen := false
+		for _, p := range listDeps(t, module+"/"+pkg) {
+			var others []string
+			for _, sdk := range append(cloudSDKs(), containerSDKs()...) {
+				if slices.Contains(own, sdk) {
+					seen = seen || slices.ContainsFunc(p.Deps, func(d string) bool { return strings.HasPrefix(d, sdk+"/") || d == sdk })
+					continue
+				}
+				others = append(others, sdk)
+			}
+			forbid(t, p, "a store or mount backend links its own SDK and no other", others...)
+		}
+		if !seen {
+			t.Errorf("%s does not list %v among its deps: this test is not looking at real dependency data", pkg, own)
+		}
+	}
+}
+
+// The harness library links no trace exporter (traceexport is apart), no
+// cloud SDK, no container client and not openai-go's root client; a
+// backend embedding it with the local provider (examples/http-backend)
+// links none of them either. The harness binary, which has every
+// provider, does not link openai-go's root client.
+func TestHarnessLibraryLinksOnlyWhatItUses(t *testing.T) {
+	for _, pattern := range []string{module + "/pkg/harness", module + "/pkg/harness/model", module + "/pkg/harness/tracing", module + "/examples/http-backend"} {
+		pkgs := listDeps(t, pattern)
+		if len(pkgs) != 1 || !slices.ContainsFunc(pkgs[0].Deps, func(d string) bool { return strings.HasPrefix(d, openaiRoot+"/") }) &&
+			!strings.HasSuffix(pattern, "/tracing") {
+			t.Fatalf("%s: go list did not give its real dependencies (it links openai-go's packages)", pattern)
+		}
+		forbid(t, pkgs[0], "the harness library and a backend embedding it with the local provider link only what they use",
+			append(append(cloudSDKs(), containerSDKs()...), traceExporters()...)...)
+		if slices.Contains(pkgs[0].Deps, openaiRoot) {
+			t.Errorf("%s depends on %s: construct the Responses service alone (responses.NewResponseService)", pattern, openaiRoot)
+		}
+	}
+	for _, p := range listDeps(t, module+"/cmd/harness") {
+		if slices.Contains(p.Deps, openaiRoot) {
+			t.Errorf("%s depends on %s: construct the Responses service alone (responses.NewResponseService)", p.ImportPath, openaiRoot)
+		}
 	}
 }
 
@@ -119,5 +207,25 @@ func TestHarnessLinksNoDaemonInternals(t *testing.T) {
 			t.Fatalf("%s does not list pkg/archive among its deps: this test is not looking at real dependency data", p.ImportPath)
 		}
 		forbid(t, p, "the harness links none of the daemon's internals", module+"/pkg/compute/agentd")
+	}
+}
+
+// The kubernetes provider links the API groups it uses and no other:
+// client-go's typed clients (k8s.io/client-go/kubernetes/...) register
+// every built-in group at init, about 12 MB of the harness, so it goes
+// through client-go's REST client and gentype over a scheme of its own.
+func TestKubernetesProviderLinksItsAPIGroupsOnly(t *testing.T) {
+	groups := []string{"k8s.io/api/core/v1", "k8s.io/api/networking/v1", "k8s.io/api/rbac/v1"}
+	for _, p := range listDeps(t, module+"/pkg/compute/kubernetes") {
+		if !slices.Contains(p.Deps, "k8s.io/api/core/v1") {
+			t.Fatalf("%s does not list k8s.io/api/core/v1: this test is not looking at real dependency data", p.ImportPath)
+		}
+		forbid(t, p, "client-go's typed clients and scheme link every API group; use the provider's own REST clientset (client.go)",
+			"k8s.io/client-go/kubernetes", "k8s.io/client-go/applyconfigurations")
+		for _, d := range p.Deps {
+			if strings.HasPrefix(d, "k8s.io/api/") && !slices.Contains(groups, d) {
+				t.Errorf("%s depends on %s: the provider links the API groups it uses only (%v)", p.ImportPath, d, groups)
+			}
+		}
 	}
 }

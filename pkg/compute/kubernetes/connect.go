@@ -135,7 +135,7 @@ func (p *Provider) execConn(ctx context.Context, ns, pod string, port int) (net.
 			Container: containerName,
 			Command:   []string{"nc", "127.0.0.1", strconv.Itoa(port)},
 			Stdin:     true, Stdout: true, Stderr: false,
-		}, parameterCodec)
+		}, p.params)
 	u := req.URL()
 	spdyExec, err := remotecommand.NewSPDYExecutor(p.rest, http.MethodPost, u)
 	if err != nil {

@@ -138,7 +138,7 @@ func observedProvider(t *testing.T, cfg Config, cs *fake.Clientset) (*Provider, 
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 10 * time.Second
 	}
-	p, err := NewWithClient(cfg, cs, nil, log)
+	p, err := NewWithClient(cfg, clientGo(cs), nil, log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -310,7 +310,7 @@ func TestPoolCooldownHoldsBackOnlyTheOldImage(t *testing.T) {
 	if p.cfg.PoolCooldown != DefaultPoolCooldown {
 		t.Errorf("default cooldown %s, want %s", p.cfg.PoolCooldown, DefaultPoolCooldown)
 	}
-	if _, err := NewWithClient(Config{PoolCooldown: -time.Second}, fake.NewClientset(), nil, nil); !errors.Is(err, compute.ErrInvalidArgument) {
+	if _, err := NewWithClient(Config{PoolCooldown: -time.Second}, clientGo(fake.NewClientset()), nil, nil); !errors.Is(err, compute.ErrInvalidArgument) {
 		t.Errorf("a negative cooldown: %v", err)
 	}
 }

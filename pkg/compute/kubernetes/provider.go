@@ -15,71 +15,16 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
-	"k8s.io/client-go/kubernetes/scheme"
-	corev1client "k8s.io/client-go/kubernetes/typed/core/v1"
-	networkingv1client "k8s.io/client-go/kubernetes/typed/networking/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
-	"k8s.io/client-go/util/flowcontrol"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
-
-var parameterCodec = scheme.ParameterCodec
-
-// Clientset is the part of a Kubernetes clientset the provider uses: the
-// core and networking typed clients. *kubernetes.Clientset and the fake
-// clientset satisfy it; depending on it rather than kubernetes.Interface
-// keeps every other API group's client out of the binaries that link the
-// provider.
-type Clientset interface {
-	CoreV1() corev1client.CoreV1Interface
-	NetworkingV1() networkingv1client.NetworkingV1Interface
-}
-
-// typedClients is the Clientset New builds: the two typed clients over one
-// shared HTTP client.
-type typedClients struct {
-	core       *corev1client.CoreV1Client
-	networking *networkingv1client.NetworkingV1Client
-}
-
-func (c typedClients) CoreV1() corev1client.CoreV1Interface { return c.core }
-
-func (c typedClients) NetworkingV1() networkingv1client.NetworkingV1Interface {
-	return c.networking
-}
-
-// newClientset builds the core and networking clients for restCfg, sharing
-// one HTTP client (one connection pool) and, as kubernetes.NewForConfig
-// does, one client-side rate limiter: restCfg's QPS and Burst bound the
-// provider's requests as a whole, not each API group's.
-func newClientset(restCfg *rest.Config) (Clientset, error) {
-	rc := *restCfg
-	if rc.RateLimiter == nil && rc.QPS > 0 {
-		if rc.Burst <= 0 {
-			return nil, fmt.Errorf("%w: burst must be positive when QPS is set", compute.ErrInvalidArgument)
-		}
-		rc.RateLimiter = flowcontrol.NewTokenBucketRateLimiter(rc.QPS, rc.Burst)
-	}
-	hc, err := rest.HTTPClientFor(&rc)
-	if err != nil {
-		return nil, fmt.Errorf("http client: %w", err)
-	}
-	core, err := corev1client.NewForConfigAndClient(&rc, hc)
-	if err != nil {
-		return nil, fmt.Errorf("core/v1 client: %w", err)
-	}
-	networking, err := networkingv1client.NewForConfigAndClient(&rc, hc)
-	if err != nil {
-		return nil, fmt.Errorf("networking/v1 client: %w", err)
-	}
-	return typedClients{core: core, networking: networking}, nil
-}
 
 // Provider runs sandboxes as Pods. It is safe for concurrent use; it keeps
 // no per-sandbox state in memory: the API server's objects are the state.
@@ -88,6 +33,8 @@ type Provider struct {
 	log    *zap.Logger
 	client Clientset
 	rest   *rest.Config
+	// params encodes the options of exec requests (the core/v1 scheme).
+	params runtime.ParameterCodec
 
 	poolMu  sync.Mutex
 	poolRun *poolRunner
@@ -147,9 +94,9 @@ func NewFromKubeconfig(cfg Config, kubeconfig string, log *zap.Logger) (*Provide
 	return New(cfg, rc, log)
 }
 
-// NewWithClient makes a provider over an existing clientset (a
-// *kubernetes.Clientset, or the fake one in tests). restCfg may be nil;
-// port-forward and exec relays then fail.
+// NewWithClient makes a provider over an existing clientset (client-go's,
+// or its fake one in tests, through an adapter: see Clientset). restCfg
+// may be nil; port-forward and exec relays then fail.
 func NewWithClient(cfg Config, client Clientset, restCfg *rest.Config, log *zap.Logger) (*Provider, error) {
 	if log == nil {
 		log = zap.NewNop()
@@ -158,7 +105,8 @@ func NewWithClient(cfg Config, client Clientset, restCfg *rest.Config, log *zap.
 	if err != nil {
 		return nil, err
 	}
-	return &Provider{cfg: cfg, log: log.With(zap.String("provider", ProviderName), zap.String("namespace", cfg.Namespace)), client: client, rest: restCfg, now: time.Now}, nil
+	return &Provider{cfg: cfg, log: log.With(zap.String("provider", ProviderName), zap.String("namespace", cfg.Namespace)), client: client, rest: restCfg,
+		params: newAPICodecs().params, now: time.Now}, nil
 }
 
 // Name is "kubernetes".

@@ -33,11 +33,10 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
-// Any full clientset (client-go's and its fake) can be handed to NewWithClient.
-var (
-	_ Clientset = kubernetes.Interface(nil)
-	_ Clientset = (*fake.Clientset)(nil)
-)
+// Any full clientset (client-go's and its fake) can be handed to
+// NewWithClient through an adapter: its typed clients have the methods
+// the provider uses.
+var _ Clientset = clientGo(kubernetes.Interface(nil))
 
 func fakeProvider(t *testing.T, cfg Config, objs ...runtime.Object) (*Provider, *fake.Clientset) {
 	t.Helper()
@@ -48,7 +47,7 @@ func fakeProvider(t *testing.T, cfg Config, objs ...runtime.Object) (*Provider, 
 	if cfg.ReadyTimeout == 0 {
 		cfg.ReadyTimeout = 5 * time.Second
 	}
-	p, err := NewWithClient(cfg, cs, nil, zaptest.NewLogger(t))
+	p, err := NewWithClient(cfg, clientGo(cs), nil, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,7 +351,7 @@ func TestConfigChecks(t *testing.T) {
 		"root uid":        {RunAsUser: new(int64)},
 		"pod-ip, no peer": {Connect: ConnectPodIP},
 	} {
-		if _, err := NewWithClient(cfg, fake.NewClientset(), nil, nil); !errors.Is(err, compute.ErrInvalidArgument) {
+		if _, err := NewWithClient(cfg, clientGo(fake.NewClientset()), nil, nil); !errors.Is(err, compute.ErrInvalidArgument) {
 			t.Errorf("%s: %v", name, err)
 		}
 	}

@@ -25,18 +25,18 @@ import (
 
 // newAzureMounter is a Mounter of the server's secrets (a test's own),
 // for the plan-level tests.
-func newAzureMounter(t *testing.T, srv *azureserver.Server, secrets map[string]string, mutate func(*mount.Config)) *mount.Mounter {
+func newAzureMounter(t *testing.T, srv *azureserver.Server, secrets map[string]string, mutate func(*testConfig)) *mount.Mounter {
 	t.Helper()
-	cfg := mount.Config{
+	cfg := testConfig{Config: mount.Config{
 		Secrets:     manifest.SecretMap(secrets),
 		MaxAttempts: 2,
 		HTTPClient:  srv.Client(),
 		Log:         zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)),
-	}
+	}}
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	m, err := mount.New(cfg)
+	m, err := mount.New(cfg.build())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestAzureListingPagedAndDownloadsPinned(t *testing.T) {
 	for i := range n {
 		srv.Put(azContainer, fmt.Sprintf("team/data/d%d/f%02d.txt", i%5, i), fmt.Sprintf("blob %d", i))
 	}
-	m := newAzureMounter(t, srv, map[string]string{"AZ_KEY": srv.KeyB64}, func(c *mount.Config) { c.PageSize = 7; c.Concurrency = 3 })
+	m := newAzureMounter(t, srv, map[string]string{"AZ_KEY": srv.KeyB64}, func(c *testConfig) { c.PageSize = 7; c.Concurrency = 3 })
 	got, err := planAzure(t, m, azureEntry(srv, true, nil))
 	if err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func TestAzureListingPagedAndDownloadsPinned(t *testing.T) {
 
 // TestAzureCredentialsRefused: a wrong account key or SAS token fails with
 // Unauthenticated and no secret in the text; a key that is not base64, a
-// mount naming no credentials without Config.AzureCredential, and a
+// mount naming no credentials without azuremount.Config.Credential, and a
 // missing container fail clearly.
 func TestAzureCredentialsRefused(t *testing.T) {
 	srv := azureserver.Start(t, azAccount, azContainer, false)
@@ -130,7 +130,7 @@ func TestAzureCredentialsRefused(t *testing.T) {
 	const wrongKey = "d3Jvbmcta2V5LXRoYXQtaXMtYmFzZTY0LWFuZC1sb25nLWVub3VnaA=="
 	const wrongSAS = "sv=2022-11-02&sp=rl&sig=d3Jvbmctc2lnbmF0dXJlLXZhbHVl"
 	secrets := map[string]string{"AZ_KEY": wrongKey, "AZ_SAS": wrongSAS, "AZ_BAD": "not base64!!"}
-	m := newAzureMounter(t, srv, secrets, func(c *mount.Config) { c.MaxAttempts = 1 })
+	m := newAzureMounter(t, srv, secrets, func(c *testConfig) { c.MaxAttempts = 1 })
 	for name, creds := range map[string]map[string]manifest.SecretRef{
 		"key": {"account_key": manifest.Secret("AZ_KEY")},
 		"sas": {"sas_token": manifest.Secret("AZ_SAS")},
@@ -146,7 +146,7 @@ func TestAzureCredentialsRefused(t *testing.T) {
 		t.Fatalf("a key that is not base64: %v", err)
 	}
 	_, err = planAzure(t, m, azureEntry(srv, true, map[string]manifest.SecretRef{}))
-	if !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "AzureCredential") {
+	if !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "azuremount.Config.Credential") {
 		t.Fatalf("no credentials: %v", err)
 	}
 	good := newAzureMounter(t, srv, map[string]string{"AZ_KEY": srv.KeyB64}, nil)
@@ -169,13 +169,13 @@ func (s *staticToken) GetToken(_ context.Context, o policy.TokenRequestOptions) 
 }
 
 // TestAzureDefaultCredential: a mount naming no credentials is authorized
-// by Config.AzureCredential's bearer tokens (over TLS, for the storage
+// by azuremount.Config.Credential's bearer tokens (over TLS, for the storage
 // scope).
 func TestAzureDefaultCredential(t *testing.T) {
 	srv := azureserver.Start(t, azAccount, azContainer, true)
 	srv.Put(azContainer, "team/data/a.txt", "through a token")
 	tok := &staticToken{token: srv.Bearer}
-	m := newAzureMounter(t, srv, nil, func(c *mount.Config) { c.AzureCredential = tok })
+	m := newAzureMounter(t, srv, nil, func(c *testConfig) { c.Azure.Credential = tok })
 	got, err := planAzure(t, m, azureEntry(srv, true, map[string]manifest.SecretRef{}))
 	if err != nil || got["data/a.txt"] != "through a token" {
 		t.Fatalf("PlanMount = %v, %v", got, err)
@@ -194,9 +194,9 @@ func TestAzureLimitsAndRetries(t *testing.T) {
 	srv.Put(azContainer, "team/data/a.txt", strings.Repeat("a", 60))
 	srv.Put(azContainer, "team/data/b.txt", strings.Repeat("b", 60))
 	srv.Put(azContainer, "team/data/c.txt", "c")
-	for name, mutate := range map[string]func(*mount.Config){
-		"bytes":   func(c *mount.Config) { c.MaxBytes = 100 },
-		"objects": func(c *mount.Config) { c.MaxObjects = 2 },
+	for name, mutate := range map[string]func(*testConfig){
+		"bytes":   func(c *testConfig) { c.MaxBytes = 100 },
+		"objects": func(c *testConfig) { c.MaxObjects = 2 },
 	} {
 		m := newAzureMounter(t, srv, secrets, mutate)
 		if _, err := planAzure(t, m, azureEntry(srv, true, nil)); !errors.Is(err, errkind.ErrResourceExhausted) || !strings.Contains(err.Error(), "nothing was written") {
@@ -214,12 +214,12 @@ func TestAzureLimitsAndRetries(t *testing.T) {
 		}
 		return 0
 	})
-	got, err := planAzure(t, newAzureMounter(t, srv, secrets, func(c *mount.Config) { c.MaxAttempts = 3 }), azureEntry(srv, true, nil))
+	got, err := planAzure(t, newAzureMounter(t, srv, secrets, func(c *testConfig) { c.MaxAttempts = 3 }), azureEntry(srv, true, nil))
 	if err != nil || len(got) != 3 {
 		t.Fatalf("after two 503s: %v, %v", got, err)
 	}
 	failures.Store(100)
-	_, err = planAzure(t, newAzureMounter(t, srv, secrets, func(c *mount.Config) { c.MaxAttempts = 2 }), azureEntry(srv, true, nil))
+	_, err = planAzure(t, newAzureMounter(t, srv, secrets, func(c *testConfig) { c.MaxAttempts = 2 }), azureEntry(srv, true, nil))
 	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
 		t.Fatalf("a server answering 503: %v", err)
 	}

@@ -122,7 +122,7 @@ type baselineObject struct {
 }
 
 func baselineHeader(e *manifest.Entry) baselineFile {
-	bf := baselineFile{Version: baselineVersion, Type: string(e.Type), Bucket: e.Mount.Bucket, Prefix: trimSlash(e.Mount.Prefix), Endpoint: e.Mount.Endpoint}
+	bf := baselineFile{Version: baselineVersion, Type: string(e.Type), Bucket: e.Mount.Bucket, Prefix: KeyPrefix(e.Mount.Prefix), Endpoint: e.Mount.Endpoint}
 	switch e.Type {
 	case manifest.TypeAzureBlobMount: // no bucket: an account's container
 		bf.Bucket = e.Mount.Account + "/" + e.Mount.Container

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/storeerr"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
@@ -26,30 +26,30 @@ func (e *mountError) Unwrap() []error {
 }
 
 // classify says what failed on which key and whether retrying can help,
-// with no credential in its text. It reads the backend error (its code and HTTP
-// status, as snapshot.S3 does for S3 in package s3errs) and words it for a
-// mount.
+// with no credential in its text. It reads the backend error through the
+// backend (Objects.Inspect) and words it for a mount.
 func (st *bucketStore) classify(ctx context.Context, op, key string, err error) error {
 	var (
 		sentinel  error
 		detail    string
 		retryable bool
 	)
-	code, status := st.be.errCode(err)
+	in := st.objects.Inspect(err)
+	code, status := in.Code, in.Status
 	switch {
 	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
 		sentinel, detail = errkind.ErrDeadlineExceeded, "the deadline passed"
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
 		sentinel, detail = errkind.ErrCanceled, "canceled"
-	case code == "NoSuchBucket":
+	case in.NoBucket:
 		sentinel, detail = errkind.ErrNotFound, "bucket "+st.bucket+" does not exist"
-	case s3errs.IsNotFound(err) || status == 404:
+	case in.NotFound || status == 404:
 		sentinel, detail = errkind.ErrNotFound, "no such object"
-	case s3errs.IsAuthCode(code) || status == 401:
+	case in.Unauthenticated || status == 401:
 		sentinel, detail = errkind.ErrUnauthenticated, "the storage refused the mount's credentials ("+code+")"
-	case code == "AccessDenied" || status == 403:
+	case in.PermissionDenied || status == 403:
 		sentinel, detail = errkind.ErrPermissionDenied, "access denied ("+code+")"
-	case s3errs.IsUnavailable(err) || status == 429 || status >= 500 && status != 501:
+	case in.Unavailable || status == 429 || status >= 500 && status != 501:
 		sentinel, detail, retryable = errkind.ErrUnavailable, "storage unavailable", true
 	}
 	msg := "mount storage " + st.desc + ": " + op + " " + key + ": "
@@ -69,4 +69,4 @@ func (st *bucketStore) classify(ctx context.Context, op, key string, err error) 
 }
 
 // redact removes the credentials from text.
-func (st *bucketStore) redact(text string) string { return s3errs.Redact(text, st.secrets) }
+func (st *bucketStore) redact(text string) string { return storeerr.Redact(text, st.secrets) }

@@ -73,7 +73,7 @@ func TestGCSMountManyObjects(t *testing.T) {
 	ct := &countingTransport{}
 	const conc = 4
 	srv := gcsserver.StartSeeded(t, seed)
-	e := newEnvOn(t, gcsStorage(srv, "seeded"), func(c *mount.Config) {
+	e := newEnvOn(t, gcsStorage(srv, "seeded"), func(c *testConfig) {
 		c.PageSize, c.Concurrency = 500, conc
 		c.HTTPClient = &http.Client{Transport: ct}
 	}, nil)
@@ -173,8 +173,8 @@ func TestGCSServiceAccountKey(t *testing.T) {
 	keyJSON, _ := json.Marshal(map[string]string{"type": "service_account", "client_email": email, "private_key": pemKey,
 		"private_key_id": "kid1", "token_uri": ts.URL + "/token"})
 	ar := &authRecorder{seen: map[string]int{}}
-	m, err := mount.New(mount.Config{MaxAttempts: 1, HTTPClient: &http.Client{Transport: ar},
-		Secrets: manifest.SecretResolverFunc(func(context.Context, string) (string, error) { return string(keyJSON), nil })})
+	m, err := mount.New(withAll(mount.Config{MaxAttempts: 1, HTTPClient: &http.Client{Transport: ar},
+		Secrets: manifest.SecretResolverFunc(func(context.Context, string) (string, error) { return string(keyJSON), nil })}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -200,8 +200,8 @@ func TestGCSServiceAccountKey(t *testing.T) {
 	}
 
 	ts.refuse = true
-	m2, _ := mount.New(mount.Config{MaxAttempts: 1,
-		Secrets: manifest.SecretResolverFunc(func(context.Context, string) (string, error) { return string(keyJSON), nil })})
+	m2, _ := mount.New(withAll(mount.Config{MaxAttempts: 1,
+		Secrets: manifest.SecretResolverFunc(func(context.Context, string) (string, error) { return string(keyJSON), nil })}))
 	_, err = m2.PlanMount(ctxT(t), materializer.MountRequest{Path: "data", Entry: entry(bucket)})
 	if !errors.Is(err, errkind.ErrUnauthenticated) || strings.Contains(err.Error(), "PRIVATE KEY") || strings.Contains(err.Error(), pemKey[40:80]) {
 		t.Fatalf("refused key: %v", err)
@@ -231,7 +231,7 @@ func TestGCSServerDown(t *testing.T) {
 		Credentials: map[string]manifest.SecretRef{"access_token": manifest.Secret("T")}}}
 	secrets := manifest.SecretResolverFunc(func(context.Context, string) (string, error) { return gcsTestToken, nil })
 	srv.Stop()
-	m, _ := mount.New(mount.Config{Secrets: secrets, MaxAttempts: 2})
+	m, _ := mount.New(withAll(mount.Config{Secrets: secrets, MaxAttempts: 2}))
 	_, err := m.PlanMount(ctxT(t), materializer.MountRequest{Path: "data", Entry: entry})
 	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) || strings.Contains(err.Error(), gcsTestToken) {
 		t.Fatalf("server down: %v", err)

@@ -8,17 +8,21 @@
 // remembered at download so that a change made remotely in the meantime
 // is reported as a conflict, never overwritten.
 //
-// S3 and R2 go through aws-sdk-go-v2; GCS through a small hand-written
-// JSON API client (gcs.go) with OAuth bearer tokens, tested against
-// fake-gcs-server; Azure Blob through the Azure SDK's azblob (azure.go),
-// tested at the unit level against an in-test server that checks its
-// Shared Key signatures. s3_files_mount reads the S3 bucket that backs
-// the S3 Files file system (s3files.go, Config.S3FileSystems), with no
-// NFS mount in the sandbox.
+// The storages are backends (see Backend), each a package of its own so
+// that a program links the SDKs of the storages it uses and no other:
+// s3mount (s3_mount and r2_mount through aws-sdk-go-v2, and s3_files_mount
+// through the S3 bucket backing an S3 Files file system, with no NFS mount
+// in the sandbox), gcsmount (gcs_mount through a small hand-written JSON
+// API client with OAuth bearer tokens, tested against fake-gcs-server) and
+// azuremount (azure_blob_mount through the Azure SDK's azblob, tested at
+// the unit level against an in-test server that checks its Shared Key
+// signatures). This package links none of them: Config.Backends names the
+// ones a Mounter uses, and an entry of a type none serves is refused.
 //
 // Wiring:
 //
-//	m, _ := mount.New(mount.Config{Secrets: mount.EnvSecrets(), Log: log})
+//	m, _ := mount.New(mount.Config{Secrets: mount.EnvSecrets(), Log: log,
+//		Backends: []mount.Backend{s3mount.New(s3mount.Config{}), gcsmount.New(gcsmount.Config{})}})
 //	c := compute.NewClient(p, compute.ClientOptions{
 //		Materializer: materializer.Options{Mounts: m},
 //		PreStopHooks: []compute.PreStopHook{m.PreStop},
@@ -29,8 +33,9 @@
 // for S3; access_token or service_account_key for GCS; account_key or
 // sas_token for Azure), resolved here through Config.Secrets unless the
 // manifest copy holds them resolved already (manifest.ResolveSecrets); a
-// mount naming none uses Config.DefaultCredentials (S3, S3 Files),
-// Config.GCSTokens (GCS) or Config.AzureCredential (Azure). Resolved values
+// mount naming none uses its backend's default credentials
+// (s3mount.Config.DefaultCredentials, gcsmount.Config.Tokens,
+// azuremount.Config.Credential). Resolved values
 // live in memory only: state and snapshots carry the secret names, and
 // errors and logs are redacted.
 //
@@ -45,16 +50,13 @@ package mount
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
-	"github.com/aws/aws-sdk-go-v2/aws"
 	"go.uber.org/zap"
-	"golang.org/x/oauth2"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
@@ -63,31 +65,18 @@ import (
 
 // Config configures a Mounter.
 type Config struct {
+	// Backends serve the mount entries (s3mount.New, gcsmount.New,
+	// azuremount.New, or one of the program's own). An entry of a type
+	// none of them serves is refused (Unimplemented) before anything is
+	// written; two serving one type is an error of New.
+	Backends []Backend
 	// Secrets resolves the secret names of mount credentials that the
 	// manifest holds unresolved; nil means only resolved values are used.
 	Secrets manifest.SecretResolver
-	// DefaultCredentials sign the requests of mounts that name no
-	// credentials (an IAM role, the harness's environment); nil refuses
-	// such mounts. aws.AnonymousCredentials{} reads public buckets.
-	DefaultCredentials aws.CredentialsProvider
 	// Baselines, when set, keeps the baseline of every writable mount
 	// (see BaselineStore) so that another harness process sharing it can
 	// sync a session it reattached to; nil keeps them in memory only.
 	Baselines BaselineStore
-	// GCSTokens authorize the requests of gcs_mount entries that name no
-	// credentials (for example a workload identity's tokens); nil refuses
-	// such mounts.
-	GCSTokens oauth2.TokenSource
-	// AzureCredential authorizes the requests of azure_blob_mount entries
-	// that name no credentials (an Entra ID identity of the harness, for
-	// example azidentity's managed identity or workload identity); nil
-	// refuses such mounts.
-	AzureCredential azcore.TokenCredential
-	// S3FileSystems says, per S3 Files file system id (fs-...), which
-	// bucket and prefix keep its data: s3_files_mount entries are read
-	// through that bucket (see s3files.go). A file system not listed is
-	// refused.
-	S3FileSystems map[string]S3FileSystem
 	// MaxBytes bounds the total size of one mount's objects; zero means
 	// 10 GiB. A larger mount fails with ErrResourceExhausted before
 	// anything is written.
@@ -105,13 +94,9 @@ type Config struct {
 	// memory (at most 2*Concurrency of them at once); larger ones stream
 	// straight from the server. Zero means 1 MiB.
 	PrefetchBytes int64
-	// R2Region is the signing region of r2_mount entries; "" means
-	// "auto", Cloudflare's. (An S3-compatible stand-in for R2 may want
-	// its own.)
-	R2Region string
 	// MaxAttempts bounds the tries of one request; zero means 5.
 	MaxAttempts int
-	// HTTPClient, when set, sends the requests.
+	// HTTPClient, when set, sends the storage requests.
 	HTTPClient *http.Client
 	// Log receives a line per mount listed and synced; nil means none.
 	Log *zap.Logger
@@ -131,8 +116,9 @@ const (
 // mounts back. It keeps, per session, the objects each mount downloaded.
 // It is safe for concurrent use.
 type Mounter struct {
-	cfg Config
-	log *zap.Logger
+	cfg      Config
+	log      *zap.Logger
+	backends map[manifest.EntryType]Backend
 
 	mu       sync.Mutex
 	sessions map[string]map[string]*mounted // session id -> mount path -> state
@@ -167,7 +153,22 @@ func New(cfg Config) (*Mounter, error) {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Mounter{cfg: cfg, log: log, sessions: map[string]map[string]*mounted{}}, nil
+	backends := map[manifest.EntryType]Backend{}
+	for i, b := range cfg.Backends {
+		if b == nil {
+			return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount: backend %d is nil", i)
+		}
+		for _, t := range b.Types() {
+			if !t.IsMount() {
+				return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount: backend %d serves %q, which is not a mount type", i, t)
+			}
+			if _, dup := backends[t]; dup {
+				return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount: two backends serve %s", t)
+			}
+			backends[t] = b
+		}
+	}
+	return &Mounter{cfg: cfg, log: log, backends: backends, sessions: map[string]map[string]*mounted{}}, nil
 }
 
 // EnvSecrets resolves secret names from the harness's environment: the
@@ -183,67 +184,35 @@ func EnvSecrets() manifest.SecretResolver {
 	})
 }
 
-// bucketStore is one mount's storage: a backend, the key prefix and the
-// credential values to redact from errors.
+// bucketStore is one mount's storage: its objects, the key prefix and the
+// credential values to redact.
 type bucketStore struct {
-	be      backend
+	objects Objects
 	bucket  string // the bucket (or container) name, for messages
 	prefix  string // "" or ending in "/"
 	desc    string // scheme://bucket/prefix, no credentials
 	secrets []string
 }
 
-// describe sets the store's description.
-func (st *bucketStore) describe(scheme, endpoint string) {
-	st.desc = scheme + "://" + st.bucket + "/" + st.prefix
-	if endpoint != "" {
-		st.desc += " at " + endpoint
-	}
-}
-
-// storeFor builds the store of a mount entry.
+// storeFor opens the storage of a mount entry through the backend serving
+// its type.
 func (m *Mounter) storeFor(ctx context.Context, p string, e *manifest.Entry) (*bucketStore, error) {
-	st := &bucketStore{bucket: e.Mount.Bucket, prefix: trimSlash(e.Mount.Prefix)}
-	var err error
-	switch e.Type {
-	case manifest.TypeS3Mount, manifest.TypeR2Mount:
-		err = m.s3Store(ctx, p, e, st)
-	case manifest.TypeGCSMount:
-		err = m.gcsStore(ctx, p, e, st)
-	case manifest.TypeAzureBlobMount:
-		err = m.azureStore(ctx, p, e, st)
-	case manifest.TypeS3FilesMount:
-		err = m.s3FilesStore(ctx, p, e, st)
-	default:
-		err = errkind.Errorf(errkind.ErrUnimplemented, "%s mounts are not supported", e.Type)
+	b, ok := m.backends[e.Type]
+	if !ok {
+		return nil, errkind.Errorf(errkind.ErrUnimplemented, "mount %s: %s mounts are not supported: this harness has no backend for them (mount.Config.Backends)", p, e.Type)
 	}
+	req := &Request{Path: p, Entry: e, HTTPClient: m.cfg.HTTPClient, MaxAttempts: m.cfg.MaxAttempts, Log: m.log, resolver: m.cfg.Secrets}
+	sto, err := b.Open(ctx, req)
 	if err != nil {
 		return nil, err
 	}
-	return st, nil
-}
-
-// resolveCredentials resolves the secrets a mount names and records the
-// values to redact.
-func (m *Mounter) resolveCredentials(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) (map[string]string, error) {
-	vals := map[string]string{}
-	for k, ref := range e.Mount.Credentials {
-		v, ok := ref.Value()
-		if !ok {
-			if m.cfg.Secrets == nil {
-				return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credential %s (%s) is not resolved and the harness has no secret resolver (mount.Config.Secrets)", p, k, ref.String())
-			}
-			var err error
-			if v, err = m.cfg.Secrets.ResolveSecret(ctx, ref.Name); err != nil {
-				return nil, fmt.Errorf("mount %s: credential %s (%s): %w", p, k, ref.String(), err)
-			}
-		}
-		vals[k] = v
-		if len(v) >= 4 {
-			st.secrets = append(st.secrets, v)
-		}
+	if sto == nil || sto.Objects == nil {
+		return nil, errkind.Errorf(errkind.ErrInternal, "mount %s: the %s backend opened no storage", p, e.Type)
 	}
-	return vals, nil
+	if sto.Prefix != "" && !strings.HasSuffix(sto.Prefix, "/") {
+		return nil, errkind.Errorf(errkind.ErrInternal, "mount %s: the %s backend gave the key prefix %q, which does not end in /", p, e.Type, sto.Prefix)
+	}
+	return &bucketStore{objects: sto.Objects, bucket: sto.Bucket, prefix: sto.Prefix, desc: sto.Description, secrets: req.secrets}, nil
 }
 
 // mounted is what one mount of one session downloaded.

@@ -12,6 +12,8 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/gcsmount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/s3mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
@@ -22,7 +24,7 @@ import (
 // whole, and a change to one of them syncs only that one.
 func TestMountManyObjects(t *testing.T) {
 	testenv.Require(t, testenv.Root)
-	e := newEnv(t, func(c *mount.Config) { c.PageSize = 37; c.Concurrency = 4 })
+	e := newEnv(t, func(c *testConfig) { c.PageSize = 37; c.Concurrency = 4 })
 	ctx := ctxT(t)
 	const n = 1000
 	name := func(i int) string { return fmt.Sprintf("d%02d/f%04d.txt", i%10, i) }
@@ -59,13 +61,13 @@ func TestMountManyObjects(t *testing.T) {
 // without credentials are each refused with a clear error before a
 // sandbox is touched.
 func TestOtherMountTypesRefused(t *testing.T) {
-	m, err := mount.New(mount.Config{})
+	m, err := mount.New(withAll(mount.Config{}))
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, err = m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: manifest.TypeAzureBlobMount,
 		Mount: &manifest.Mount{Account: "a", Container: "c"}}})
-	if !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "AzureCredential") {
+	if !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "azuremount.Config.Credential") {
 		t.Fatalf("azure_blob_mount: %v", err)
 	}
 	_, err = m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: manifest.TypeS3FilesMount,
@@ -75,8 +77,35 @@ func TestOtherMountTypesRefused(t *testing.T) {
 	}
 	_, err = m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: manifest.TypeGCSMount,
 		Mount: &manifest.Mount{Bucket: "b"}}})
-	if !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "GCSTokens") {
+	if !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "gcsmount.Config.Tokens") {
 		t.Fatalf("gcs_mount without credentials: %v", err)
+	}
+}
+
+// TestBackendsChooseTheMountTypes: a Mounter serves the mount types of
+// the backends it was given and refuses the others (Unimplemented, naming
+// the type) before a sandbox is touched; two backends for one type are a
+// configuration error.
+func TestBackendsChooseTheMountTypes(t *testing.T) {
+	m, err := mount.New(mount.Config{Backends: []mount.Backend{gcsmount.New(gcsmount.Config{})}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: manifest.TypeS3Mount,
+		Mount: &manifest.Mount{Bucket: "b"}}})
+	if !errors.Is(err, errkind.ErrUnimplemented) || !strings.Contains(err.Error(), "s3_mount") || !strings.Contains(err.Error(), "mount.Config.Backends") {
+		t.Fatalf("s3_mount without its backend: %v", err)
+	}
+	_, err = m.PlanMount(context.Background(), materializer.MountRequest{Path: "data", Entry: &manifest.Entry{Type: manifest.TypeGCSMount,
+		Mount: &manifest.Mount{Bucket: "b"}}})
+	if !errors.Is(err, errkind.ErrFailedPrecondition) { // served: refused for its missing credentials
+		t.Fatalf("gcs_mount: %v", err)
+	}
+	if _, err := mount.New(mount.Config{Backends: []mount.Backend{s3mount.New(s3mount.Config{}), s3mount.New(s3mount.Config{})}}); !errors.Is(err, errkind.ErrInvalidArgument) {
+		t.Fatalf("two backends for s3_mount: %v", err)
+	}
+	if _, err := mount.New(mount.Config{Backends: []mount.Backend{nil}}); !errors.Is(err, errkind.ErrInvalidArgument) {
+		t.Fatalf("a nil backend: %v", err)
 	}
 }
 
@@ -87,12 +116,12 @@ func TestMountCredentialsRedacted(t *testing.T) {
 	srv := s3server.Start(t)
 	bucket := srv.Bucket(t)
 	const wrong = "wrong-secret-value-0123456789"
-	m, err := mount.New(mount.Config{MaxAttempts: 1, Secrets: manifest.SecretResolverFunc(func(_ context.Context, name string) (string, error) {
+	m, err := mount.New(withAll(mount.Config{MaxAttempts: 1, Secrets: manifest.SecretResolverFunc(func(_ context.Context, name string) (string, error) {
 		if name == "ID" {
 			return srv.AccessKey, nil
 		}
 		return wrong, nil
-	})})
+	})}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -104,7 +104,7 @@ func (m *Mounter) list(ctx context.Context, mountPath string, st *bucketStore) (
 	dirSet := map[string]bool{}
 	var total int64
 	skipped := 0
-	err := st.be.list(ctx, st.prefix, m.cfg.PageSize, func(key, version string, size int64) error {
+	err := st.objects.List(ctx, st.prefix, m.cfg.PageSize, func(key, version string, size int64) error {
 		rel := strings.TrimPrefix(key, st.prefix)
 		if rel == "" {
 			return nil
@@ -292,9 +292,9 @@ func (f *fetcher) startThrough(j int) {
 // object replaced since the listing is a conflict rather than bytes of
 // another size.
 func (st *bucketStore) get(ctx context.Context, o *objectRef) (io.ReadCloser, error) {
-	body, n, err := st.be.get(ctx, o.key, o.etag)
+	body, n, err := st.objects.Get(ctx, o.key, o.etag)
 	if err != nil {
-		if errors.Is(err, errChanged) {
+		if errors.Is(err, ErrChanged) {
 			return nil, errkind.MarkRetryable(errkind.Errorf(errkind.ErrConflict, "object %s changed while it was being mounted; start again", o.key))
 		}
 		return nil, st.classify(ctx, "read", o.key, err)

@@ -15,7 +15,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
@@ -98,7 +97,7 @@ func countOf(log []string, entry string) int {
 func startDeleteSession(t *testing.T, st *storage, rt *deleteTransport, names ...string) (*env, *compute.Session) {
 	t.Helper()
 	rt.base = http.DefaultTransport
-	e := newEnvOn(t, st, func(c *mount.Config) { c.HTTPClient = &http.Client{Transport: rt} }, nil)
+	e := newEnvOn(t, st, func(c *testConfig) { c.HTTPClient = &http.Client{Transport: rt} }, nil)
 	for _, k := range names {
 		e.put(t, k+".txt", k)
 	}

@@ -14,7 +14,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3/types"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
@@ -101,7 +100,7 @@ func TestS3LostUploadAnswer(t *testing.T) {
 					return err
 				}
 			}
-			e := newEnvOn(t, st, func(c *mount.Config) { c.HTTPClient = &http.Client{Transport: rt} }, nil)
+			e := newEnvOn(t, st, func(c *testConfig) { c.HTTPClient = &http.Client{Transport: rt} }, nil)
 			e.put(t, "f.txt", "v1")
 			s := e.started(t, map[string]*manifest.Entry{"w": e.entry(false)})
 			asRunAs(t, s, "printf v2 > w/f.txt")

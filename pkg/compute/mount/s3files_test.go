@@ -10,6 +10,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/s3mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
@@ -59,7 +60,7 @@ func TestS3FilesMountReadOnly(t *testing.T) {
 // configuration does not root, and an NFS option contradicting read_only
 // are refused before anything is written, each naming what to fix.
 func TestS3FilesMountRefused(t *testing.T) {
-	m, err := mount.New(mount.Config{S3FileSystems: map[string]mount.S3FileSystem{testFS: {Bucket: "b"}}})
+	m, err := mount.New(testConfig{S3: s3mount.Config{FileSystems: map[string]s3mount.FileSystem{testFS: {Bucket: "b"}}}}.build())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +70,7 @@ func TestS3FilesMountRefused(t *testing.T) {
 	}
 	unknown := s3FilesEntry(true, "")
 	unknown.Mount.FileSystemID = "fs-00000000000000000"
-	if err := plan(unknown); !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "fs-00000000000000000") || !strings.Contains(err.Error(), "S3FileSystems") {
+	if err := plan(unknown); !errors.Is(err, errkind.ErrFailedPrecondition) || !strings.Contains(err.Error(), "fs-00000000000000000") || !strings.Contains(err.Error(), "s3mount.Config.FileSystems") {
 		t.Fatalf("unknown file system: %v", err)
 	}
 	ap := s3FilesEntry(true, "")
@@ -82,7 +83,7 @@ func TestS3FilesMountRefused(t *testing.T) {
 	if err := plan(ro); !errors.Is(err, errkind.ErrInvalidArgument) || !strings.Contains(err.Error(), "read_only") {
 		t.Fatalf("ro on a writable mount: %v", err)
 	}
-	noBucket, err := mount.New(mount.Config{S3FileSystems: map[string]mount.S3FileSystem{testFS: {}}})
+	noBucket, err := mount.New(testConfig{S3: s3mount.Config{FileSystems: map[string]s3mount.FileSystem{testFS: {}}}}.build())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,6 +33,9 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/azuremount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/gcsmount"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/s3mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
@@ -68,7 +71,7 @@ type storage struct {
 	// config is what the backend needs of the Mounter's configuration (an
 	// HTTP client, a region, file systems), before Secrets and a test's
 	// changes.
-	config mount.Config
+	config testConfig
 	// secrets are the Mounter's secrets; hidden the credential values
 	// that must reach neither a sandbox nor a session's state, and
 	// secretName the name of one the state keeps ("": the manifest names
@@ -120,7 +123,7 @@ func s3Storage(t *testing.T, typ manifest.EntryType) *storage {
 	client := srv.Client()
 	st := &storage{root: "team/data/", outside: []string{"team/elsewhere.txt"},
 		srv: srv, bucket: bucket, s3: client,
-		config:     mount.Config{R2Region: srv.Region},
+		config:     testConfig{S3: s3mount.Config{R2Region: srv.Region}},
 		secrets:    map[string]string{"MOUNT_KEY_ID": srv.AccessKey, "MOUNT_SECRET": srv.SecretKey},
 		hidden:     []string{srv.SecretKey, srv.AccessKey},
 		secretName: "MOUNT_SECRET",
@@ -180,7 +183,7 @@ func s3FilesStorage(t *testing.T) *storage {
 	st.root = "fsroot/teams/a/work/"
 	st.secretName = "" // the credentials are the harness's configuration, not the manifest's
 	st.outside = []string{"fsroot/teams/b/work/elsewhere.txt", "fsroot/teams/a/elsewhere.txt", "teams/a/work/elsewhere.txt"}
-	st.config.S3FileSystems = map[string]mount.S3FileSystem{testFS: {
+	st.config.S3.FileSystems = map[string]s3mount.FileSystem{testFS: {
 		Bucket: st.bucket, Prefix: "/fsroot/", Endpoint: st.srv.Endpoint, Region: st.srv.Region,
 		Credentials:  map[string]manifest.SecretRef{"access_key_id": manifest.Secret("MOUNT_KEY_ID"), "secret_access_key": manifest.Secret("MOUNT_SECRET")},
 		AccessPoints: map[string]string{testAP: "/teams/a"},
@@ -252,7 +255,7 @@ func azureStorage(t *testing.T, sas bool) *storage {
 			return etag, nil
 		},
 		entry:      func(readOnly bool) *manifest.Entry { return azureEntry(srv, readOnly, creds) },
-		config:     mount.Config{HTTPClient: srv.Client()},
+		config:     testConfig{Config: mount.Config{HTTPClient: srv.Client()}},
 		secrets:    map[string]string{"AZ_KEY": srv.KeyB64, "AZ_SAS": srv.SAS},
 		hidden:     []string{srv.KeyB64, srv.SASSig, srv.Bearer},
 		secretName: secretName,
@@ -279,7 +282,7 @@ func azureEntry(srv *azureserver.Server, readOnly bool, creds map[string]manifes
 
 // mountConfig is the storage's Mounter configuration with its secrets,
 // two attempts per request and the test's log, changed by mutate.
-func (st *storage) mountConfig(t *testing.T, mutate func(*mount.Config)) mount.Config {
+func (st *storage) mountConfig(t *testing.T, mutate func(*testConfig)) mount.Config {
 	cfg := st.config
 	cfg.Secrets = manifest.SecretMap(st.secrets)
 	cfg.MaxAttempts = 2
@@ -287,11 +290,30 @@ func (st *storage) mountConfig(t *testing.T, mutate func(*mount.Config)) mount.C
 	if mutate != nil {
 		mutate(&cfg)
 	}
+	return cfg.build()
+}
+
+// testConfig is a Mounter's configuration with its backends'.
+type testConfig struct {
+	mount.Config
+	S3    s3mount.Config
+	GCS   gcsmount.Config
+	Azure azuremount.Config
+}
+
+// build is the Mounter's configuration with every backend, each with its
+// configuration.
+func (c testConfig) build() mount.Config {
+	cfg := c.Config
+	cfg.Backends = []mount.Backend{s3mount.New(c.S3), gcsmount.New(c.GCS), azuremount.New(c.Azure)}
 	return cfg
 }
 
+// withAll is cfg with every backend, unconfigured.
+func withAll(cfg mount.Config) mount.Config { return testConfig{Config: cfg}.build() }
+
 // transportOf is the transport a configuration's HTTP client uses.
-func transportOf(c *mount.Config) http.RoundTripper {
+func transportOf(c *testConfig) http.RoundTripper {
 	if c.HTTPClient != nil && c.HTTPClient.Transport != nil {
 		return c.HTTPClient.Transport
 	}
@@ -308,14 +330,14 @@ type env struct {
 }
 
 // newEnv is an env on a Versity gateway (s3_mount) and the local provider.
-func newEnv(t *testing.T, mutate func(*mount.Config)) *env {
+func newEnv(t *testing.T, mutate func(*testConfig)) *env {
 	t.Helper()
 	return newEnvOn(t, s3Storage(t, manifest.TypeS3Mount), mutate, nil)
 }
 
 // newEnvOn is an env on st whose client newClient makes (nil: the local
 // provider, without isolation).
-func newEnvOn(t *testing.T, st *storage, mutate func(*mount.Config), newClient func(compute.ClientOptions) (*compute.Client, error)) *env {
+func newEnvOn(t *testing.T, st *storage, mutate func(*testConfig), newClient func(compute.ClientOptions) (*compute.Client, error)) *env {
 	t.Helper()
 	m, err := mount.New(st.mountConfig(t, mutate))
 	if err != nil {
@@ -749,7 +771,7 @@ func scenarioConflictRace(t *testing.T, st *storage) {
 		}
 	}
 	var races []*raceTransport
-	e := newEnvOn(t, st, func(c *mount.Config) {
+	e := newEnvOn(t, st, func(c *testConfig) {
 		races = append(races, race(transportOf(c), "race.txt", "remote wins"))
 		if !st.deletesUnconditionally {
 			races = append(races, race(races[0], "doomed.txt", "remote keeps it"))
@@ -824,7 +846,7 @@ func (lt *lostAnswer) RoundTrip(req *http.Request) (*http.Response, error) {
 // nothing to do and a further change syncs without a conflict.
 func scenarioLostUploadAnswer(t *testing.T, st *storage) {
 	lt := &lostAnswer{uploads: st.uploads}
-	e := newEnvOn(t, st, func(c *mount.Config) {
+	e := newEnvOn(t, st, func(c *testConfig) {
 		lt.base = transportOf(c)
 		c.HTTPClient = &http.Client{Transport: lt}
 		c.MaxAttempts = 3
@@ -857,9 +879,9 @@ func scenarioSizeLimit(t *testing.T, st *storage) {
 		st.putObject(ctxT(t), st.root+"b.txt", strings.Repeat("b", 60)), st.putObject(ctxT(t), st.root+"c.txt", "c")); err != nil {
 		t.Fatal(err)
 	}
-	for name, mutate := range map[string]func(*mount.Config){
-		"bytes":   func(c *mount.Config) { c.MaxBytes = 100 },
-		"objects": func(c *mount.Config) { c.MaxObjects = 2 },
+	for name, mutate := range map[string]func(*testConfig){
+		"bytes":   func(c *testConfig) { c.MaxBytes = 100 },
+		"objects": func(c *testConfig) { c.MaxObjects = 2 },
 	} {
 		t.Run(name, func(t *testing.T) {
 			e := newEnvOn(t, st, mutate, nil)
@@ -890,7 +912,7 @@ func scenarioResumedElsewhere(t *testing.T, st *storage) {
 	newLocal := func(opts compute.ClientOptions) (*compute.Client, error) {
 		return local.NewClient(local.Config{StateDir: stateDir, AgentdPath: agentdtest.Binaries(t).Agentd, Isolation: local.IsolationNone}, opts)
 	}
-	withStore := func(c *mount.Config) { c.Baselines = mount.DirBaselines(baselineDir) }
+	withStore := func(c *testConfig) { c.Baselines = mount.DirBaselines(baselineDir) }
 	e := newEnvOn(t, st, withStore, newLocal)
 	e.putAll(t, map[string]string{"edit.txt": "before", "theirs.txt": "t1", "same.txt": "same"})
 	sA := e.started(t, map[string]*manifest.Entry{"w": e.entry(false)})
@@ -910,7 +932,7 @@ func scenarioResumedElsewhere(t *testing.T, st *storage) {
 
 	// Another process: its own Mounter and client over the same provider
 	// state, resuming from the saved session state.
-	resume := func(cfg func(*mount.Config)) (*mount.Mounter, *compute.Session) {
+	resume := func(cfg func(*testConfig)) (*mount.Mounter, *compute.Session) {
 		m, err := mount.New(st.mountConfig(t, cfg))
 		if err != nil {
 			t.Fatal(err)

@@ -210,10 +210,10 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 		// A backend whose remove checks the version itself (S3's
 		// conditional delete) needs no HEAD first; for the others the HEAD
 		// is the check for a server that would ignore the condition.
-		if _, own := st.be.(interface{ checksOwnDeletes() }); !own {
+		if own, ok := st.objects.(SelfCheckingRemover); !ok || !own.RemoveChecksVersion() {
 			cur, err := st.head(ctx, w.o.key)
 			switch {
-			case errors.Is(err, errGone):
+			case errors.Is(err, ErrGone):
 				return "deleted", nil, nil // gone already
 			case err != nil:
 				return "", nil, err
@@ -221,11 +221,11 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 				return "conflict", nil, nil
 			}
 		}
-		err := st.be.remove(ctx, w.o.key, w.o.etag)
+		err := st.objects.Remove(ctx, w.o.key, w.o.etag)
 		switch {
-		case errors.Is(err, errChanged):
+		case errors.Is(err, ErrChanged):
 			return "conflict", nil, nil
-		case err != nil && !errors.Is(err, errGone):
+		case err != nil && !errors.Is(err, ErrGone):
 			return "", nil, st.classify(ctx, "delete", w.o.key, err)
 		}
 		return "deleted", nil, nil
@@ -248,7 +248,7 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 	// conditional write closes it where supported).
 	cur, err := st.head(ctx, key)
 	switch {
-	case err != nil && !errors.Is(err, errGone):
+	case err != nil && !errors.Is(err, ErrGone):
 		return "", nil, err
 	case w.o == nil && err == nil, w.o != nil && (err != nil || cur != w.o.etag):
 		return "conflict", nil, nil
@@ -257,9 +257,9 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 	if w.o != nil {
 		ifVersion = w.o.etag
 	}
-	version, err := st.be.put(ctx, key, body, fi.GetSize(), sum, ifVersion)
+	version, err := st.objects.Put(ctx, key, body, fi.GetSize(), sum, ifVersion)
 	if err != nil {
-		if errors.Is(err, errChanged) {
+		if errors.Is(err, ErrChanged) {
 			return "conflict", nil, nil
 		}
 		return "", nil, st.classify(ctx, "upload", key, err)
@@ -267,12 +267,12 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 	return "uploaded", &objectRef{rel: w.rel, key: key, etag: version, size: fi.GetSize(), sha: sum, mtime: mtime}, nil
 }
 
-// head returns an object's version; errGone (unclassified) when there is
+// head returns an object's version; ErrGone (unclassified) when there is
 // none.
 func (st *bucketStore) head(ctx context.Context, key string) (string, error) {
-	v, err := st.be.head(ctx, key)
+	v, err := st.objects.Head(ctx, key)
 	if err != nil {
-		if errors.Is(err, errGone) {
+		if errors.Is(err, ErrGone) {
 			return "", err
 		}
 		return "", st.classify(ctx, "look up", key, err)

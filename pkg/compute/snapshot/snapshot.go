@@ -1,12 +1,14 @@
 // Package snapshot stores workspace archives between sandbox lifetimes. A
 // Store keeps opaque byte streams (the daemon's Archive output) under
 // caller-chosen ids; the local-directory store is the reference
-// implementation, and remote stores (S3-compatible) implement the same
-// interface so callers do not change.
+// implementation, and remote stores implement the same interface so
+// callers do not change: the S3-compatible one is package s3store, apart
+// so that a program using only local snapshots links no AWS code.
 package snapshot
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"regexp"
@@ -30,6 +32,12 @@ type Store interface {
 	// Delete removes the snapshot; deleting an absent one is not an error.
 	Delete(ctx context.Context, id string) error
 }
+
+// ErrCorrupt reports stored snapshot data that fails its checks: a chunk
+// whose content does not match its SHA-256, a missing chunk, a manifest
+// that does not decode. Retrying does not help; the snapshot must be taken
+// again.
+var ErrCorrupt = errors.New("snapshot data is corrupt")
 
 // Info describes a stored snapshot.
 type Info struct {

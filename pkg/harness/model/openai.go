@@ -10,7 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/openai/openai-go/v3/responses"
@@ -35,9 +34,12 @@ type Config struct {
 	Organization string
 	Project      string
 	// Headers are sent with every request (e.g. Azure's api-key, a gateway's
-	// routing header).
+	// routing header), after those of $OPENAI_CUSTOM_HEADERS ("Name: value"
+	// lines), which they override.
 	Headers map[string]string
-	// HTTPClient replaces the SDK's default HTTP client.
+	// HTTPClient replaces the default HTTP client (http.DefaultTransport's
+	// settings with a 10 minute limit on the wait for response headers; the
+	// body of a stream has none).
 	HTTPClient *http.Client
 	// Retry is the retry policy; the SDK's own retries are always disabled.
 	Retry RetryPolicy
@@ -49,11 +51,14 @@ type Config struct {
 // OpenAI is a [Model] on the OpenAI Responses API. It is safe for concurrent
 // use.
 type OpenAI struct {
-	client openai.Client
-	model  string
-	apiKey string
-	retry  RetryPolicy
-	log    *zap.Logger
+	// responses is the SDK's Responses service alone: the SDK's root client
+	// (openai.NewClient) would link every other API's types and their JSON
+	// code into every binary embedding the harness.
+	responses responses.ResponseService
+	model     string
+	apiKey    string
+	retry     RetryPolicy
+	log       *zap.Logger
 }
 
 var _ Model = (*OpenAI)(nil)
@@ -67,9 +72,16 @@ func NewOpenAI(cfg Config) (*OpenAI, error) {
 		return nil, errors.New("model: no OpenAI API key: set Config.APIKey or OPENAI_API_KEY")
 	}
 	base := firstNonEmpty(cfg.BaseURL, os.Getenv("OPENAI_BASE_URL"), DefaultBaseURL)
+	httpClient := cfg.HTTPClient
+	if httpClient == nil {
+		httpClient = defaultHTTPClient()
+	}
+	// The options openai.NewClient would add from the environment are
+	// resolved here: Config's fields first, then the OPENAI_* variables.
 	opts := []option.RequestOption{
-		option.WithAPIKey(key),
+		option.WithHTTPClient(httpClient),
 		option.WithBaseURL(base),
+		option.WithAPIKey(key),
 		option.WithMaxRetries(0),
 	}
 	if org := firstNonEmpty(cfg.Organization, os.Getenv("OPENAI_ORG_ID")); org != "" {
@@ -78,23 +90,57 @@ func NewOpenAI(cfg Config) (*OpenAI, error) {
 	if proj := firstNonEmpty(cfg.Project, os.Getenv("OPENAI_PROJECT_ID")); proj != "" {
 		opts = append(opts, option.WithProject(proj))
 	}
-	for k, v := range cfg.Headers {
+	for k, v := range customHeaders(os.Getenv("OPENAI_CUSTOM_HEADERS")) {
 		opts = append(opts, option.WithHeader(k, v))
 	}
-	if cfg.HTTPClient != nil {
-		opts = append(opts, option.WithHTTPClient(cfg.HTTPClient))
+	for k, v := range cfg.Headers { // set after: they win
+		opts = append(opts, option.WithHeader(k, v))
 	}
 	log := cfg.Logger
 	if log == nil {
 		log = zap.NewNop()
 	}
 	return &OpenAI{
-		client: openai.NewClient(opts...),
-		model:  cfg.Model,
-		apiKey: key,
-		retry:  cfg.Retry.withDefaults(),
-		log:    log.With(zap.String("component", "model.openai")),
+		responses: responses.NewResponseService(opts...),
+		model:     cfg.Model,
+		apiKey:    key,
+		retry:     cfg.Retry.withDefaults(),
+		log:       log.With(zap.String("component", "model.openai")),
 	}, nil
+}
+
+// defaultResponseHeaderTimeout bounds the wait between a written request and
+// the response headers (what the SDK's own default client does): a server
+// that accepts the connection and never answers fails the attempt, which is
+// retried. The body of a stream has no limit.
+const defaultResponseHeaderTimeout = 10 * time.Minute
+
+// defaultHTTPClient is the client used when Config.HTTPClient is nil:
+// http.DefaultTransport's settings plus defaultResponseHeaderTimeout, or
+// http.DefaultTransport itself when something replaced it (otelhttp).
+func defaultHTTPClient() *http.Client {
+	if t, ok := http.DefaultTransport.(*http.Transport); ok {
+		t = t.Clone()
+		t.ResponseHeaderTimeout = defaultResponseHeaderTimeout
+		return &http.Client{Transport: t}
+	}
+	return &http.Client{Transport: http.DefaultTransport}
+}
+
+// customHeaders parses $OPENAI_CUSTOM_HEADERS the way the SDK's root client
+// does: one "Name: value" per line; lines without a colon are ignored.
+func customHeaders(env string) map[string]string {
+	if env == "" {
+		return nil
+	}
+	h := map[string]string{}
+	for line := range strings.SplitSeq(env, "\n") {
+		name, value, ok := strings.Cut(line, ":")
+		if name = strings.TrimSpace(name); ok && name != "" {
+			h[name] = strings.TrimSpace(value)
+		}
+	}
+	return h
 }
 
 func firstNonEmpty(vs ...string) string {
@@ -174,7 +220,7 @@ func (m *OpenAI) Stream(ctx context.Context, req *Request) iter.Seq2[Event, erro
 func (m *OpenAI) attempt(ctx context.Context, params responses.ResponseNewParams,
 	yield func(Event, error) bool) (res *Response, delivered bool, failure *APIError, stopped bool) {
 	var httpRes *http.Response
-	stream := m.client.Responses.NewStreaming(ctx, params, option.WithResponseInto(&httpRes))
+	stream := m.responses.NewStreaming(ctx, params, option.WithResponseInto(&httpRes))
 	defer func() { _ = stream.Close() }()
 
 	emit := func(ev Event) bool {
@@ -256,7 +302,7 @@ func requestID(r *http.Response) string {
 
 // classify turns the error that ended a stream into a failure.
 func classify(err error, httpRes *http.Response) *APIError {
-	var apiErr *openai.Error
+	var apiErr *responses.Error
 	var streamErr *ssestream.StreamError
 	switch {
 	case err == nil:

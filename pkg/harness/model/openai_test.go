@@ -614,6 +614,7 @@ func TestEnvironmentFallback(t *testing.T) {
 	t.Setenv("OPENAI_API_KEY", "sk-from-env")
 	t.Setenv("OPENAI_ORG_ID", "org-env")
 	t.Setenv("OPENAI_PROJECT_ID", "proj-env")
+	t.Setenv("OPENAI_CUSTOM_HEADERS", "X-Gateway: env\nX-Route:  r1 \nno colon here")
 	m, err := model.NewOpenAI(model.Config{Model: "gpt-test"})
 	if err != nil {
 		t.Fatal(err)
@@ -622,7 +623,8 @@ func TestEnvironmentFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := srv.Requests()[0].Header
-	if h.Get("Authorization") != "Bearer sk-from-env" || h.Get("OpenAI-Organization") != "org-env" || h.Get("OpenAI-Project") != "proj-env" {
+	if h.Get("Authorization") != "Bearer sk-from-env" || h.Get("OpenAI-Organization") != "org-env" || h.Get("OpenAI-Project") != "proj-env" ||
+		h.Get("X-Gateway") != "env" || h.Get("X-Route") != "r1" {
 		t.Errorf("headers from env = %v", h)
 	}
 
@@ -638,7 +640,7 @@ func TestEnvironmentFallback(t *testing.T) {
 	}
 	h = srv.Requests()[1].Header
 	if h.Get("Authorization") != "Bearer sk-explicit" || h.Get("OpenAI-Organization") != "org-x" ||
-		h.Get("OpenAI-Project") != "proj-x" || h.Get("X-Gateway") != "g1" {
+		h.Get("OpenAI-Project") != "proj-x" || len(h.Values("X-Gateway")) != 1 || h.Get("X-Gateway") != "g1" || h.Get("X-Route") != "r1" {
 		t.Errorf("explicit headers = %v", h)
 	}
 }

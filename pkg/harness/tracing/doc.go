@@ -1,7 +1,9 @@
 // Package tracing gives the harness OpenTelemetry spans for runs, turns,
-// model calls, tool calls, handoffs and approvals, and builds trace
-// providers that export them (OTLP over HTTP, or stdout for local
-// debugging).
+// model calls, tool calls, handoffs and approvals. It uses the
+// OpenTelemetry API only: the trace providers that export spans (OTLP over
+// HTTP, or stdout for local debugging) are built by package traceexport,
+// apart so that a program embedding the harness links no exporter unless
+// it asks for one.
 //
 // A Tracer is made from a trace.TracerProvider; nil (or a nil *Tracer)
 // means the global OpenTelemetry provider, which records nothing unless the

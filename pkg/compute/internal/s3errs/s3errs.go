@@ -2,20 +2,19 @@
 // for every harness-side user of S3-compatible storage (the snapshot store
 // and the mounts): the service's error code and HTTP status, which of them
 // mean refused credentials, a missing key, a failed precondition or an
-// outage worth retrying, and how to keep credentials out of error text.
-// Each user still words its own messages.
+// outage worth retrying. Each user still words its own messages; what
+// holds for any storage (broken connections, redaction) is package
+// storeerr.
 package s3errs
 
 import (
 	"errors"
-	"io"
-	"net"
-	"strings"
-	"syscall"
 
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
 	"github.com/aws/smithy-go"
 	smithyhttp "github.com/aws/smithy-go/transport/http"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/storeerr"
 )
 
 // Code returns the S3 error code and HTTP status of err, when it has them.
@@ -82,17 +81,5 @@ func IsUnavailable(err error) bool {
 		return true
 	}
 	var send *smithyhttp.RequestSendError
-	var nerr net.Error
-	return errors.As(err, &send) || errors.As(err, &nerr) || errors.Is(err, io.ErrUnexpectedEOF) ||
-		errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
-}
-
-// Redact replaces every secret in text with [REDACTED].
-func Redact(text string, secrets []string) string {
-	for _, v := range secrets {
-		if v != "" {
-			text = strings.ReplaceAll(text, v, "[REDACTED]")
-		}
-	}
-	return text
+	return errors.As(err, &send) || storeerr.Transient(err)
 }

@@ -1,4 +1,4 @@
-package snapshot
+package s3store
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package snapshot
+package s3store
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 )
 
 // GCOptions tune a garbage collection.
@@ -41,7 +42,7 @@ type GCStats struct {
 // upload reuses is touched by it (see Put) and so is young; and each
 // candidate is looked at again just before it is deleted, so one touched
 // since the listing is kept. Memory grows with the number of old chunks.
-func (s *S3) GC(ctx context.Context, opts GCOptions) (GCStats, error) {
+func (s *Store) GC(ctx context.Context, opts GCOptions) (GCStats, error) {
 	grace := opts.Grace
 	if grace <= 0 {
 		grace = s.grace
@@ -67,7 +68,7 @@ func (s *S3) GC(ctx context.Context, opts GCOptions) (GCStats, error) {
 	// Every manifest is read: a chunk is garbage only if none names it.
 	referenced := make(map[string]bool)
 	var ids []string
-	if err := s.List(ctx, func(in Info) error { ids = append(ids, in.ID); return nil }); err != nil {
+	if err := s.List(ctx, func(in snapshot.Info) error { ids = append(ids, in.ID); return nil }); err != nil {
 		return st, fmt.Errorf("gc: %w", err)
 	}
 	var (
@@ -142,7 +143,7 @@ func (s *S3) GC(ctx context.Context, opts GCOptions) (GCStats, error) {
 }
 
 // collect deletes chunk h if it is still older than cutoff.
-func (s *S3) collect(ctx context.Context, h string, cutoff time.Time, dryRun bool) (bool, error) {
+func (s *Store) collect(ctx context.Context, h string, cutoff time.Time, dryRun bool) (bool, error) {
 	key := s.chunkKey(h)
 	mod, err := s.statObject(ctx, key)
 	if s3errs.IsNotFound(err) {

@@ -1,4 +1,4 @@
-package snapshot_test
+package s3store_test
 
 import (
 	"bytes"
@@ -23,6 +23,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testservers/s3server"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot/s3store"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -35,15 +36,15 @@ func ctxT(t *testing.T) context.Context {
 
 // newS3 opens a store on srv's bucket with quick retries. Each call stands
 // for another harness: nothing is shared but the bucket.
-func newS3(t *testing.T, srv *s3server.Server, bucket string, mutate func(*snapshot.S3Config)) *snapshot.S3 {
+func newS3(t *testing.T, srv *s3server.Server, bucket string, mutate func(*s3store.Config)) *s3store.Store {
 	t.Helper()
-	cfg := snapshot.S3Config{Bucket: bucket, Prefix: "team/snaps", Endpoint: srv.Endpoint, Region: srv.Region, UsePathStyle: true,
+	cfg := s3store.Config{Bucket: bucket, Prefix: "team/snaps", Endpoint: srv.Endpoint, Region: srv.Region, UsePathStyle: true,
 		AccessKeyID: srv.AccessKey, SecretAccessKey: srv.SecretKey, MaxAttempts: 3,
 		RetryBaseDelay: 10 * time.Millisecond, RetryMaxDelay: 50 * time.Millisecond, Log: zaptest.NewLogger(t)}
 	if mutate != nil {
 		mutate(&cfg)
 	}
-	s, err := snapshot.NewS3(cfg)
+	s, err := s3store.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -191,7 +192,7 @@ func TestS3SnapshotMovesBetweenHarnesses(t *testing.T) {
 // TestS3RawStream: bytes that are not zstd come back exactly.
 func TestS3RawStream(t *testing.T) {
 	srv := s3server.Start(t)
-	s := newS3(t, srv, srv.Bucket(t), func(c *snapshot.S3Config) { c.Prefix = "" })
+	s := newS3(t, srv, srv.Bucket(t), func(c *s3store.Config) { c.Prefix = "" })
 	ctx := ctxT(t)
 	rng := rand.New(rand.NewPCG(7, 7))
 	data := make([]byte, 3<<20)
@@ -324,7 +325,7 @@ func TestS3ServerStopsMidRestore(t *testing.T) {
 	ctx := ctxT(t)
 	a := agentdtest.Start(t, nil)
 	fillWorkspace(t, a.Workspace, 60, 64<<10, 5)
-	s := newS3(t, srv, bucket, func(c *snapshot.S3Config) { c.Concurrency = 1 })
+	s := newS3(t, srv, bucket, func(c *s3store.Config) { c.Concurrency = 1 })
 	if _, err := archive(ctx, t, a, s, "s"); err != nil {
 		t.Fatal(err)
 	}
@@ -385,9 +386,9 @@ func TestS3WrongCredentials(t *testing.T) {
 	bucket := srv.Bucket(t)
 	ctx := ctxT(t)
 	wrongSecret := "wrong-secret-" + srv.SecretKey[:8]
-	for name, mutate := range map[string]func(*snapshot.S3Config){
-		"secret": func(c *snapshot.S3Config) { c.SecretAccessKey = wrongSecret },
-		"key":    func(c *snapshot.S3Config) { c.AccessKeyID = "AKIAWRONGKEY000001"; c.SecretAccessKey = wrongSecret },
+	for name, mutate := range map[string]func(*s3store.Config){
+		"secret": func(c *s3store.Config) { c.SecretAccessKey = wrongSecret },
+		"key":    func(c *s3store.Config) { c.AccessKeyID = "AKIAWRONGKEY000001"; c.SecretAccessKey = wrongSecret },
 	} {
 		t.Run(name, func(t *testing.T) {
 			s := newS3(t, srv, bucket, mutate)
@@ -407,7 +408,7 @@ func TestS3WrongCredentials(t *testing.T) {
 			t.Logf("wrong %s: %v", name, perr)
 		})
 	}
-	if _, err := snapshot.NewS3(snapshot.S3Config{Bucket: bucket, Endpoint: srv.Endpoint}); !errors.Is(err, errkind.ErrInvalidArgument) {
+	if _, err := s3store.New(s3store.Config{Bucket: bucket, Endpoint: srv.Endpoint}); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("no credentials: %v", err)
 	}
 	s := newS3(t, srv, "no-such-bucket", nil)
@@ -424,8 +425,8 @@ func TestS3ListPagesAndGC(t *testing.T) {
 	bucket := srv.Bucket(t)
 	ctx := ctxT(t)
 	// A page of 3 keys: 25 snapshots take 9 listing requests.
-	small := snapshot.Chunking{Min: 1 << 10, Avg: 4 << 10, Max: 16 << 10}
-	s := newS3(t, srv, bucket, func(c *snapshot.S3Config) { c.PageSize = 3; c.Chunking = small; c.GCGrace = 4 * time.Second })
+	small := s3store.Chunking{Min: 1 << 10, Avg: 4 << 10, Max: 16 << 10}
+	s := newS3(t, srv, bucket, func(c *s3store.Config) { c.PageSize = 3; c.Chunking = small; c.GCGrace = 4 * time.Second })
 	rng := rand.New(rand.NewPCG(9, 9))
 	contents := map[string][]byte{}
 	for i := range 25 {
@@ -461,7 +462,7 @@ func TestS3ListPagesAndGC(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	st, err := s.GC(ctx, snapshot.GCOptions{Grace: time.Hour})
+	st, err := s.GC(ctx, s3store.GCOptions{Grace: time.Hour})
 	if err != nil || st.Deleted != 0 || st.Snapshots != 15 {
 		t.Fatalf("gc within the grace period: %+v %v", st, err)
 	}
@@ -472,12 +473,12 @@ func TestS3ListPagesAndGC(t *testing.T) {
 	if err != nil || again.Reused != again.Chunks {
 		t.Fatalf("put again: %+v %v", again, err)
 	}
-	st, err = s.GC(ctx, snapshot.GCOptions{Grace: 2 * time.Second, DryRun: true})
+	st, err = s.GC(ctx, s3store.GCOptions{Grace: 2 * time.Second, DryRun: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	dry := st.Deleted
-	st, err = s.GC(ctx, snapshot.GCOptions{Grace: 2 * time.Second})
+	st, err = s.GC(ctx, s3store.GCOptions{Grace: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -503,7 +504,7 @@ func TestS3ListPagesAndGC(t *testing.T) {
 		}
 	}
 	// Nothing is left to collect.
-	if st, err := s.GC(ctx, snapshot.GCOptions{Grace: time.Nanosecond}); err != nil || st.Deleted != 0 {
+	if st, err := s.GC(ctx, s3store.GCOptions{Grace: time.Nanosecond}); err != nil || st.Deleted != 0 {
 		t.Fatalf("second gc: %+v %v", st, err)
 	}
 }
@@ -517,8 +518,8 @@ func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
 // are younger than the grace period; the upload then completes whole.
 func TestS3GCBesideAnUpload(t *testing.T) {
 	srv := s3server.Start(t)
-	s := newS3(t, srv, srv.Bucket(t), func(c *snapshot.S3Config) {
-		c.Chunking = snapshot.Chunking{Min: 1 << 10, Avg: 4 << 10, Max: 16 << 10}
+	s := newS3(t, srv, srv.Bucket(t), func(c *s3store.Config) {
+		c.Chunking = s3store.Chunking{Min: 1 << 10, Avg: 4 << 10, Max: 16 << 10}
 	})
 	ctx := ctxT(t)
 	rng := rand.New(rand.NewPCG(11, 11))
@@ -550,7 +551,7 @@ func TestS3GCBesideAnUpload(t *testing.T) {
 	go func() { _, err := s.Put(ctx, "up", src); done <- err }()
 	<-paused
 	time.Sleep(500 * time.Millisecond) // let the uploads of the chunks read so far finish
-	st, err := s.GC(ctx, snapshot.GCOptions{})
+	st, err := s.GC(ctx, s3store.GCOptions{})
 	close(resume)
 	if err != nil || st.Deleted != 0 || st.Chunks == 0 || st.Snapshots != 0 {
 		t.Fatalf("gc beside an upload: %+v %v", st, err)

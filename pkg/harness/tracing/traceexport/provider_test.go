@@ -1,4 +1,4 @@
-package tracing_test
+package traceexport_test
 
 import (
 	"bytes"
@@ -11,11 +11,12 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/tracing/traceexport"
 )
 
 func TestNewProviderNone(t *testing.T) {
 	for _, exp := range []string{"", "none", " None "} {
-		tp, shutdown, err := tracing.NewProvider(context.Background(), tracing.Config{Exporter: exp})
+		tp, shutdown, err := traceexport.NewProvider(context.Background(), traceexport.Config{Exporter: exp})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -32,7 +33,7 @@ func TestNewProviderNone(t *testing.T) {
 
 func TestNewProviderStdout(t *testing.T) {
 	var buf bytes.Buffer
-	tp, shutdown, err := tracing.NewProvider(context.Background(), tracing.Config{Exporter: "stdout", Writer: &buf, ServiceName: "svc-test"})
+	tp, shutdown, err := traceexport.NewProvider(context.Background(), traceexport.Config{Exporter: "stdout", Writer: &buf, ServiceName: "svc-test"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -65,18 +66,18 @@ func TestNewProviderOTLP(t *testing.T) {
 	}))
 	defer srv.Close()
 	for _, c := range []struct {
-		cfg  tracing.Config
+		cfg  traceexport.Config
 		path string
 	}{
-		{tracing.Config{Endpoint: srv.URL}, "/v1/traces"},
-		{tracing.Config{Endpoint: srv.URL + "/custom/traces"}, "/custom/traces"},
-		{tracing.Config{Endpoint: strings.TrimPrefix(srv.URL, "http://"), Insecure: true}, "/v1/traces"},
+		{traceexport.Config{Endpoint: srv.URL}, "/v1/traces"},
+		{traceexport.Config{Endpoint: srv.URL + "/custom/traces"}, "/custom/traces"},
+		{traceexport.Config{Endpoint: strings.TrimPrefix(srv.URL, "http://"), Insecure: true}, "/v1/traces"},
 	} {
 		paths, auth = nil, nil
 		c.cfg.Exporter = "otlp"
 		c.cfg.Headers = map[string]string{"X-Api-Key": "collector-key"}
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		tp, shutdown, err := tracing.NewProvider(ctx, c.cfg)
+		tp, shutdown, err := traceexport.NewProvider(ctx, c.cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -95,12 +96,12 @@ func TestNewProviderOTLP(t *testing.T) {
 }
 
 func TestNewProviderErrors(t *testing.T) {
-	for _, cfg := range []tracing.Config{
+	for _, cfg := range []traceexport.Config{
 		{Exporter: "jaeger"},
 		{Exporter: "otlp", Endpoint: "ftp://collector:21"},
 		{Exporter: "otlp", Endpoint: "http://"},
 	} {
-		if _, _, err := tracing.NewProvider(context.Background(), cfg); err == nil {
+		if _, _, err := traceexport.NewProvider(context.Background(), cfg); err == nil {
 			t.Errorf("%+v: no error", cfg)
 		}
 	}

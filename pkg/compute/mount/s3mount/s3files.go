@@ -1,4 +1,4 @@
-package mount
+package s3mount
 
 // s3_files_mount through its backing bucket.
 //
@@ -11,7 +11,7 @@ package mount
 // only receives bytes, and no credential enters the sandbox.
 //
 // Which bucket backs a file system is configuration
-// (Config.S3FileSystems), not a lookup: asking AWS's control plane
+// (Config.FileSystems), not a lookup: asking AWS's control plane
 // (describing the file system) cannot be tested without AWS, and a
 // harness usually knows its file systems. An unknown file_system_id is
 // refused before anything is written.
@@ -20,7 +20,7 @@ package mount
 // reach) is ignored, as no NFS connection is made. access_point confines
 // an NFS client to a directory of the file system; it is honoured only
 // when the configuration says which directory that is
-// (S3FileSystem.AccessPoints), and refused otherwise (ignoring it would
+// (FileSystem.AccessPoints), and refused otherwise (ignoring it would
 // widen the mount). extra_options are NFS mount options: "ro" or "rw"
 // contradicting read_only is refused, others are ignored (logged).
 //
@@ -36,13 +36,14 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
-// S3FileSystem is where an S3 Files file system keeps its data, for
+// FileSystem is where an S3 Files file system keeps its data, for
 // s3_files_mount entries naming it.
-type S3FileSystem struct {
+type FileSystem struct {
 	// Bucket is the backing bucket (required).
 	Bucket string
 	// Prefix is the key prefix of the file system's root in the bucket;
@@ -54,7 +55,7 @@ type S3FileSystem struct {
 	Endpoint string
 	// Credentials name the secrets signing the requests (the keys of an
 	// s3_mount: access_key_id, secret_access_key, session_token),
-	// resolved through Config.Secrets; none means
+	// resolved through mount.Config.Secrets; none means
 	// Config.DefaultCredentials.
 	Credentials map[string]manifest.SecretRef
 	// AccessPoints maps the file system's access points (fsap-...) to
@@ -63,23 +64,23 @@ type S3FileSystem struct {
 	AccessPoints map[string]string
 }
 
-// s3FilesStore builds the store of an s3_files_mount entry: an s3_mount
+// openFiles opens the storage of an s3_files_mount entry: an s3_mount
 // on the backing bucket, at the configured prefix joined with the access
 // point's root directory and the entry's subpath.
-func (m *Mounter) s3FilesStore(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) error {
-	mt := e.Mount
-	fs, ok := m.cfg.S3FileSystems[mt.FileSystemID]
+func (b *Backend) openFiles(ctx context.Context, req *mount.Request) (*mount.Storage, error) {
+	p, mt := req.Path, req.Entry.Mount
+	fs, ok := b.cfg.FileSystems[mt.FileSystemID]
 	if !ok {
-		return errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: the harness does not know where S3 Files file system %s keeps its data (mount.Config.S3FileSystems); nothing was written", p, mt.FileSystemID)
+		return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: the harness does not know where S3 Files file system %s keeps its data (s3mount.Config.FileSystems); nothing was written", p, mt.FileSystemID)
 	}
 	if fs.Bucket == "" {
-		return errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: the configuration of S3 Files file system %s names no bucket", p, mt.FileSystemID)
+		return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: the configuration of S3 Files file system %s names no bucket", p, mt.FileSystemID)
 	}
 	dir := "/"
 	if mt.AccessPoint != "" {
 		root, ok := fs.AccessPoints[mt.AccessPoint]
 		if !ok {
-			return errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: access point %s of file system %s is not configured (S3FileSystem.AccessPoints): without its root directory the mount would show more of the file system than the access point does; nothing was written", p, mt.AccessPoint, mt.FileSystemID)
+			return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: access point %s of file system %s is not configured (FileSystem.AccessPoints): without its root directory the mount would show more of the file system than the access point does; nothing was written", p, mt.AccessPoint, mt.FileSystemID)
 		}
 		dir = path.Join("/", root)
 	}
@@ -88,29 +89,28 @@ func (m *Mounter) s3FilesStore(ctx context.Context, p string, e *manifest.Entry,
 		name, _, _ := strings.Cut(o, "=")
 		switch {
 		case name == "ro" && !mt.IsReadOnly(), name == "rw" && mt.IsReadOnly():
-			return errkind.Errorf(errkind.ErrInvalidArgument, "mount %s: extra option %q contradicts read_only; set read_only instead (extra_options are NFS mount options, which this bucket-backed mount does not use)", p, o)
+			return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount %s: extra option %q contradicts read_only; set read_only instead (extra_options are NFS mount options, which this bucket-backed mount does not use)", p, o)
 		}
 	}
 	if len(mt.ExtraOptions) > 0 || mt.MountTargetIP != "" {
-		m.log.Info("mount: NFS-only settings of an s3_files_mount ignored (it is read through its backing bucket)", zap.String("mount", p),
+		req.Log.Info("mount: NFS-only settings of an s3_files_mount ignored (it is read through its backing bucket)", zap.String("mount", p),
 			zap.Strings("extra_options", mt.ExtraOptions), zap.Bool("mount_target_ip", mt.MountTargetIP != ""))
 	}
 	region := fs.Region
 	if region == "" {
 		region = mt.Region
 	}
-	// An s3_mount of the backing bucket, for the S3 client construction
-	// (s3Store) and its credentials.
-	s3e := &manifest.Entry{Type: manifest.TypeS3Mount, Mount: &manifest.Mount{Bucket: fs.Bucket, Region: region, Endpoint: fs.Endpoint,
-		Prefix: path.Join(strings.Trim(fs.Prefix, "/"), strings.TrimPrefix(dir, "/")), ReadOnly: mt.ReadOnly, Credentials: fs.Credentials}}
-	st.bucket, st.prefix = fs.Bucket, trimSlash(s3e.Mount.Prefix)
-	if err := m.s3Store(ctx, p, s3e, st); err != nil {
-		return err
+	// An s3_mount of the backing bucket, signed with the file system's
+	// configured credentials.
+	objs, err := b.bucketObjects(ctx, req, fs.Bucket, region, fs.Endpoint, fs.Credentials)
+	if err != nil {
+		return nil, err
 	}
-	st.desc = "s3files://" + mt.FileSystemID + dir + " (s3://" + fs.Bucket + "/" + st.prefix
+	prefix := mount.KeyPrefix(path.Join(strings.Trim(fs.Prefix, "/"), strings.TrimPrefix(dir, "/")))
+	desc := "s3files://" + mt.FileSystemID + dir + " (s3://" + fs.Bucket + "/" + prefix
 	if fs.Endpoint != "" {
-		st.desc += " at " + fs.Endpoint
+		desc += " at " + fs.Endpoint
 	}
-	st.desc += ")"
-	return nil
+	desc += ")"
+	return &mount.Storage{Objects: objs, Bucket: fs.Bucket, Prefix: prefix, Description: desc}, nil
 }

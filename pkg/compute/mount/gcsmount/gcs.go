@@ -1,4 +1,4 @@
-package mount
+package gcsmount
 
 import (
 	"bytes"
@@ -19,13 +19,14 @@ import (
 	"golang.org/x/oauth2"
 	"golang.org/x/oauth2/jwt"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/storeerr"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
-// DefaultGCSEndpoint is where gcs_mount entries without an endpoint go.
-const DefaultGCSEndpoint = "https://storage.googleapis.com"
+// DefaultEndpoint is where gcs_mount entries without an endpoint go.
+const DefaultEndpoint = "https://storage.googleapis.com"
 
 // defaultGoogleTokenURL is the token endpoint of a service-account key
 // that names none.
@@ -41,7 +42,29 @@ const (
 	gcsScopeReadWrite = "https://www.googleapis.com/auth/devstorage.read_write"
 )
 
-// gcsBackend is a Google Cloud Storage bucket through the JSON API, by
+// Config configures the GCS backend.
+type Config struct {
+	// Tokens authorize the requests of gcs_mount entries that name no
+	// credentials (for example a workload identity's tokens); nil refuses
+	// such mounts.
+	Tokens oauth2.TokenSource
+}
+
+// Backend is the mount.Backend of gcs_mount entries. It is safe for
+// concurrent use.
+type Backend struct {
+	cfg Config
+}
+
+var _ mount.Backend = (*Backend)(nil)
+
+// New returns the backend.
+func New(cfg Config) *Backend { return &Backend{cfg: cfg} }
+
+// Types returns gcs_mount.
+func (b *Backend) Types() []manifest.EntryType { return []manifest.EntryType{manifest.TypeGCSMount} }
+
+// objects is a Google Cloud Storage bucket through the JSON API, by
 // hand (a few requests do not warrant cloud.google.com/go/storage's
 // dependency tree in the harness). Versions are object generations.
 //
@@ -51,7 +74,7 @@ const (
 // with ifGenerationMatch (0: the object must not exist), and a delete with
 // ifGenerationMatch. Requests failing with 429, a 5xx or a broken
 // connection are retried with backoff.
-type gcsBackend struct {
+type objects struct {
 	hc       *http.Client
 	base     string // endpoint, no trailing slash
 	bucket   string
@@ -59,59 +82,61 @@ type gcsBackend struct {
 	attempts int
 }
 
-var _ backend = (*gcsBackend)(nil)
+var _ mount.Objects = (*objects)(nil)
 
-// gcsStore builds the store of a gcs_mount entry. Credentials (see
+// Open returns the storage of a gcs_mount entry. Credentials (see
 // manifest.CredentialKeys): access_token, a bearer token used as is; or
 // service_account_key, a service account's JSON key, exchanged for tokens
 // (a signed JWT to the key's token_uri) scoped read-only or read-write as
 // the mount is. HMAC keys (access_id, secret_access_key) belong to the XML
-// API and are refused. A mount naming none uses Config.GCSTokens.
-func (m *Mounter) gcsStore(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) error {
-	mt := e.Mount
+// API and are refused. A mount naming none uses Config.Tokens.
+func (b *Backend) Open(ctx context.Context, req *mount.Request) (*mount.Storage, error) {
+	p, mt := req.Path, req.Entry.Mount
 	base := strings.TrimRight(mt.Endpoint, "/")
 	if base == "" {
-		base = DefaultGCSEndpoint
+		base = DefaultEndpoint
 	}
-	st.describe("gs", mt.Endpoint)
-	hc := m.cfg.HTTPClient
+	prefix := mount.KeyPrefix(mt.Prefix)
+	desc := "gs://" + mt.Bucket + "/" + prefix
+	if mt.Endpoint != "" {
+		desc += " at " + mt.Endpoint
+	}
+	hc := req.HTTPClient
 	if hc == nil {
 		hc = http.DefaultClient
 	}
-	b := &gcsBackend{hc: hc, base: base, bucket: mt.Bucket, attempts: m.cfg.MaxAttempts}
+	objs := &objects{hc: hc, base: base, bucket: mt.Bucket, attempts: req.MaxAttempts}
 	if len(mt.Credentials) == 0 {
-		if m.cfg.GCSTokens == nil {
-			return errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default GCS token source (mount.Config.GCSTokens)", p)
+		if b.cfg.Tokens == nil {
+			return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default GCS token source (gcsmount.Config.Tokens)", p)
 		}
-		b.tokens = m.cfg.GCSTokens
-		st.be = b
-		return nil
-	}
-	vals, err := m.resolveCredentials(ctx, p, e, st)
-	if err != nil {
-		return err
-	}
-	switch {
-	case vals["access_token"] != "":
-		b.tokens = oauth2.StaticTokenSource(&oauth2.Token{AccessToken: vals["access_token"], TokenType: "Bearer"})
-	case vals["service_account_key"] != "":
-		scope := gcsScopeReadWrite
-		if mt.IsReadOnly() {
-			scope = gcsScopeReadOnly
-		}
-		ts, pk, err := serviceAccountTokens([]byte(vals["service_account_key"]), scope, hc)
+		objs.tokens = b.cfg.Tokens
+	} else {
+		vals, err := req.Credentials(ctx, mt.Credentials)
 		if err != nil {
-			return fmt.Errorf("mount %s: credential service_account_key: %w", p, err)
+			return nil, err
 		}
-		st.secrets = append(st.secrets, pk) // the key alone too, not only the whole JSON
-		b.tokens = ts
-	case vals["access_id"] != "" || vals["secret_access_key"] != "":
-		return errkind.Errorf(errkind.ErrUnimplemented, "mount %s: GCS HMAC keys (access_id, secret_access_key) are for the XML API, which gcs_mount does not use; name a service_account_key or an access_token", p)
-	default:
-		return errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credentials need a service_account_key or an access_token", p)
+		switch {
+		case vals["access_token"] != "":
+			objs.tokens = oauth2.StaticTokenSource(&oauth2.Token{AccessToken: vals["access_token"], TokenType: "Bearer"})
+		case vals["service_account_key"] != "":
+			scope := gcsScopeReadWrite
+			if mt.IsReadOnly() {
+				scope = gcsScopeReadOnly
+			}
+			ts, pk, err := serviceAccountTokens([]byte(vals["service_account_key"]), scope, hc)
+			if err != nil {
+				return nil, fmt.Errorf("mount %s: credential service_account_key: %w", p, err)
+			}
+			req.Redact(pk) // the key alone too, not only the whole JSON
+			objs.tokens = ts
+		case vals["access_id"] != "" || vals["secret_access_key"] != "":
+			return nil, errkind.Errorf(errkind.ErrUnimplemented, "mount %s: GCS HMAC keys (access_id, secret_access_key) are for the XML API, which gcs_mount does not use; name a service_account_key or an access_token", p)
+		default:
+			return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credentials need a service_account_key or an access_token", p)
+		}
 	}
-	st.be = b
-	return nil
+	return &mount.Storage{Objects: objs, Bucket: mt.Bucket, Prefix: prefix, Description: desc}, nil
 }
 
 // serviceAccountKey is the part of a service account's JSON key that the
@@ -170,28 +195,32 @@ func (e *gcsError) Error() string {
 	return s
 }
 
-func (b *gcsBackend) errCode(err error) (string, int) {
+// Inspect reads an error of the JSON API or of the token exchange; a
+// broken connection is Unavailable.
+func (b *objects) Inspect(err error) mount.ErrorInfo {
+	in := mount.ErrorInfo{Unavailable: storeerr.Transient(err)}
 	var ge *gcsError
-	if errors.As(err, &ge) {
-		return ge.code, ge.status
-	}
 	var re *oauth2.RetrieveError
-	if errors.As(err, &re) {
+	switch {
+	case errors.As(err, &ge):
+		in.Code, in.Status = ge.code, ge.status
+	case errors.As(err, &re):
 		// The token endpoint refused the key: the mount's credentials.
-		return "TokenExchangeFailed", http.StatusUnauthorized
+		in.Code, in.Status = "TokenExchangeFailed", http.StatusUnauthorized
 	}
-	return "", 0
+	in.NoBucket = in.Code == "NoSuchBucket"
+	return in
 }
 
 // objectURL is the JSON API resource of an object.
-func (b *gcsBackend) objectURL(key string) string {
+func (b *objects) objectURL(key string) string {
 	return b.base + "/storage/v1/b/" + url.PathEscape(b.bucket) + "/o/" + url.PathEscape(key)
 }
 
 // do sends a request, retrying what retrying can cure. body, when not
 // nil, makes a fresh body for each attempt. A 2xx answer is returned
 // open; any other is a *gcsError.
-func (b *gcsBackend) do(ctx context.Context, method, u string, hdr http.Header, body func() (io.Reader, int64, error)) (*http.Response, error) {
+func (b *objects) do(ctx context.Context, method, u string, hdr http.Header, body func() (io.Reader, int64, error)) (*http.Response, error) {
 	var last error
 	for attempt := 0; attempt < max(b.attempts, 1); attempt++ {
 		if attempt > 0 {
@@ -227,7 +256,7 @@ func (b *gcsBackend) do(ctx context.Context, method, u string, hdr http.Header, 
 		tok.SetAuthHeader(req)
 		resp, err := b.hc.Do(req)
 		if err != nil {
-			if ctx.Err() != nil || !s3errs.IsUnavailable(err) {
+			if ctx.Err() != nil || !storeerr.Transient(err) {
 				return nil, err
 			}
 			last = err
@@ -282,7 +311,8 @@ type gcsObject struct {
 	MD5Hash    string `json:"md5Hash"`
 }
 
-func (b *gcsBackend) list(ctx context.Context, prefix string, pageSize int32, fn func(key, version string, size int64) error) error {
+// List pages through the objects under prefix.
+func (b *objects) List(ctx context.Context, prefix string, pageSize int32, fn func(key, version string, size int64) error) error {
 	token := ""
 	for {
 		q := url.Values{"prefix": {prefix}, "maxResults": {strconv.Itoa(int(pageSize))}, "projection": {"noAcl"},
@@ -323,11 +353,11 @@ func (b *gcsBackend) list(ctx context.Context, prefix string, pageSize int32, fn
 	}
 }
 
-// get reads the generation listed: an object replaced since (and not kept
+// Get reads the generation listed: an object replaced since (and not kept
 // as a noncurrent version) is a 404, and so a conflict. The stored bytes
 // are asked for as they are (no transparent decompression of objects
 // stored gzip-encoded), so that their length is the listed size.
-func (b *gcsBackend) get(ctx context.Context, key, version string) (io.ReadCloser, int64, error) {
+func (b *objects) Get(ctx context.Context, key, version string) (io.ReadCloser, int64, error) {
 	q := url.Values{"alt": {"media"}}
 	if version != "" {
 		q.Set("generation", version)
@@ -336,14 +366,15 @@ func (b *gcsBackend) get(ctx context.Context, key, version string) (io.ReadClose
 	if err != nil {
 		var ge *gcsError
 		if errors.As(err, &ge) && (ge.status == http.StatusNotFound || ge.status == http.StatusPreconditionFailed) {
-			return nil, 0, fmt.Errorf("%w: %w", errChanged, err)
+			return nil, 0, fmt.Errorf("%w: %w", mount.ErrChanged, err)
 		}
 		return nil, 0, err
 	}
 	return resp.Body, resp.ContentLength, nil
 }
 
-func (b *gcsBackend) head(ctx context.Context, key string) (string, error) {
+// Head returns the object's current generation.
+func (b *objects) Head(ctx context.Context, key string) (string, error) {
 	o, err := b.meta(ctx, key)
 	if err != nil {
 		return "", err
@@ -354,13 +385,13 @@ func (b *gcsBackend) head(ctx context.Context, key string) (string, error) {
 	return o.Generation, nil
 }
 
-// meta reads an object's generation and MD5; errGone if there is none.
-func (b *gcsBackend) meta(ctx context.Context, key string) (*gcsObject, error) {
+// meta reads an object's generation and MD5; mount.ErrGone if there is none.
+func (b *objects) meta(ctx context.Context, key string) (*gcsObject, error) {
 	resp, err := b.do(ctx, http.MethodGet, b.objectURL(key)+"?"+url.Values{"fields": {"generation,md5Hash"}}.Encode(), nil, nil)
 	if err != nil {
 		var ge *gcsError
 		if errors.As(err, &ge) && ge.status == http.StatusNotFound {
-			return nil, fmt.Errorf("%w: %w", errGone, err)
+			return nil, fmt.Errorf("%w: %w", mount.ErrGone, err)
 		}
 		return nil, err
 	}
@@ -372,10 +403,10 @@ func (b *gcsBackend) meta(ctx context.Context, key string) (*gcsObject, error) {
 	return &o, nil
 }
 
-// put is a multipart upload: the object's metadata (name, MD5, which GCS
+// Put is a multipart upload: the object's metadata (name, MD5, which GCS
 // checks against the bytes) and its bytes in one request, conditional on
 // the generation.
-func (b *gcsBackend) put(ctx context.Context, key string, body io.ReadSeeker, size int64, _ string, ifVersion string) (string, error) {
+func (b *objects) Put(ctx context.Context, key string, body io.ReadSeeker, size int64, _ string, ifVersion string) (string, error) {
 	h := md5.New() //nolint:gosec // see the import
 	if _, err := body.Seek(0, io.SeekStart); err != nil {
 		return "", err
@@ -412,7 +443,7 @@ func (b *gcsBackend) put(ctx context.Context, key string, body io.ReadSeeker, si
 			if cur, merr := b.meta(ctx, key); merr == nil && cur.MD5Hash == base64.StdEncoding.EncodeToString(h.Sum(nil)) && cur.Generation != "" {
 				return cur.Generation, nil
 			}
-			return "", fmt.Errorf("%w: %w", errChanged, err)
+			return "", fmt.Errorf("%w: %w", mount.ErrChanged, err)
 		}
 		return "", err
 	}
@@ -428,9 +459,9 @@ func (b *gcsBackend) put(ctx context.Context, key string, body io.ReadSeeker, si
 	return o.Generation, nil
 }
 
-// remove deletes the live object only if it is still at the generation
+// Remove deletes the live object only if it is still at the generation
 // (on a bucket with versioning it becomes noncurrent, as any delete).
-func (b *gcsBackend) remove(ctx context.Context, key, version string) error {
+func (b *objects) Remove(ctx context.Context, key, version string) error {
 	u := b.objectURL(key)
 	if version != "" {
 		u += "?" + url.Values{"ifGenerationMatch": {version}}.Encode()
@@ -440,9 +471,9 @@ func (b *gcsBackend) remove(ctx context.Context, key, version string) error {
 		var ge *gcsError
 		switch {
 		case errors.As(err, &ge) && ge.status == http.StatusNotFound:
-			return fmt.Errorf("%w: %w", errGone, err)
+			return fmt.Errorf("%w: %w", mount.ErrGone, err)
 		case errors.As(err, &ge) && ge.status == http.StatusPreconditionFailed:
-			return fmt.Errorf("%w: %w", errChanged, err)
+			return fmt.Errorf("%w: %w", mount.ErrChanged, err)
 		}
 		return err
 	}

@@ -1,17 +1,4 @@
-package mount
-
-// Azure Blob Storage (azure_blob_mount) through the official SDK
-// (github.com/Azure/azure-sdk-for-go/sdk/storage/azblob): the SDK signs
-// the requests (Shared Key, a SAS token in the URL, or an Entra ID bearer
-// token), pages the listing and retries what retrying can cure; this file
-// maps its answers onto the backend interface. Versions are ETags.
-//
-// Tested at the unit level only (azure_test.go): no Azure Blob server can
-// run here (Azurite is an npm package, and neither the Go module proxy nor
-// Debian has an emulator), so the tests run the SDK against an in-test
-// server implementing the subset of the Blob REST API used below, which
-// checks each request's Shared Key signature with its own implementation
-// of Microsoft's canonicalization (so a wrongly signed request fails).
+package azuremount
 
 import (
 	"bytes"
@@ -32,24 +19,51 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/blockblob"
 	"github.com/Azure/azure-sdk-for-go/sdk/storage/azblob/container"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/storeerr"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
-// AzureMaxPutBlobBytes is the largest file a writable azure_blob_mount
+// MaxPutBlobBytes is the largest file a writable azure_blob_mount
 // uploads: one Put Blob request (the service's limit for a single Put
 // Blob, 5000 MiB). A larger file is an error naming it, never a partial
 // upload.
-const AzureMaxPutBlobBytes = 5000 << 20
+const MaxPutBlobBytes = 5000 << 20
 
-// azureBackend is an Azure Blob Storage container.
-type azureBackend struct {
+// Config configures the Azure Blob backend.
+type Config struct {
+	// Credential authorizes the requests of azure_blob_mount entries that
+	// name no credentials (an Entra ID identity of the harness, for
+	// example azidentity's managed identity or workload identity); nil
+	// refuses such mounts.
+	Credential azcore.TokenCredential
+}
+
+// Backend is the mount.Backend of azure_blob_mount entries. It is safe
+// for concurrent use.
+type Backend struct {
+	cfg Config
+}
+
+var _ mount.Backend = (*Backend)(nil)
+
+// New returns the backend.
+func New(cfg Config) *Backend { return &Backend{cfg: cfg} }
+
+// Types returns azure_blob_mount.
+func (b *Backend) Types() []manifest.EntryType {
+	return []manifest.EntryType{manifest.TypeAzureBlobMount}
+}
+
+// objects is an Azure Blob Storage container.
+type objects struct {
 	cc *container.Client
 }
 
-var _ backend = (*azureBackend)(nil)
+var _ mount.Objects = (*objects)(nil)
 
-// azureStore builds the store of an azure_blob_mount entry. The container
+// Open returns the storage of an azure_blob_mount entry. The container
 // is at ENDPOINT/CONTAINER, where ENDPOINT is the manifest's (an emulator
 // or sovereign cloud, path-style: http://host:port/ACCOUNT) or
 // https://ACCOUNT.blob.core.windows.net.
@@ -57,29 +71,29 @@ var _ backend = (*azureBackend)(nil)
 // Credentials (see manifest.CredentialKeys): account_key, the storage
 // account's base64 key, signed with Shared Key; or sas_token, a shared
 // access signature ("sv=...&sig=...", with or without "?") appended to
-// every request. A mount naming none uses Config.AzureCredential (an
-// Entra ID identity of the harness: the manifest has no field to choose
-// one, so the harness does).
-func (m *Mounter) azureStore(ctx context.Context, p string, e *manifest.Entry, st *bucketStore) error {
-	mt := e.Mount
+// every request. A mount naming none uses Config.Credential (an Entra ID
+// identity of the harness: the manifest has no field to choose one, so
+// the harness does).
+func (b *Backend) Open(ctx context.Context, req *mount.Request) (*mount.Storage, error) {
+	p, mt := req.Path, req.Entry.Mount
 	endpoint := strings.TrimRight(mt.Endpoint, "/")
 	if endpoint == "" {
 		endpoint = "https://" + mt.Account + ".blob.core.windows.net"
 	}
-	st.bucket = mt.Container
-	st.desc = "azblob://" + mt.Account + "/" + mt.Container + "/" + st.prefix
+	prefix := mount.KeyPrefix(mt.Prefix)
+	desc := "azblob://" + mt.Account + "/" + mt.Container + "/" + prefix
 	if mt.Endpoint != "" {
-		st.desc += " at " + mt.Endpoint
+		desc += " at " + mt.Endpoint
 	}
 	u := endpoint + "/" + mt.Container
-	hc := m.cfg.HTTPClient
+	hc := req.HTTPClient
 	if hc == nil {
 		hc = http.DefaultClient
 	}
 	opts := &container.ClientOptions{ClientOptions: azcore.ClientOptions{
 		Transport: hc,
 		Retry: policy.RetryOptions{
-			MaxRetries:    int32(m.cfg.MaxAttempts - 1),
+			MaxRetries:    int32(req.MaxAttempts - 1),
 			RetryDelay:    100 * time.Millisecond,
 			MaxRetryDelay: 5 * time.Second,
 		},
@@ -93,36 +107,35 @@ func (m *Mounter) azureStore(ctx context.Context, p string, e *manifest.Entry, s
 		err error
 	)
 	if len(mt.Credentials) == 0 {
-		if m.cfg.AzureCredential == nil {
-			return errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default Azure credential (mount.Config.AzureCredential)", p)
+		if b.cfg.Credential == nil {
+			return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s names no credentials and the harness has no default Azure credential (azuremount.Config.Credential)", p)
 		}
-		cc, err = container.NewClient(u, m.cfg.AzureCredential, opts)
+		cc, err = container.NewClient(u, b.cfg.Credential, opts)
 	} else {
-		vals, rerr := m.resolveCredentials(ctx, p, e, st)
+		vals, rerr := req.Credentials(ctx, mt.Credentials)
 		if rerr != nil {
-			return rerr
+			return nil, rerr
 		}
 		switch key, sas := vals["account_key"], strings.TrimPrefix(vals["sas_token"], "?"); {
 		case key != "" && sas != "":
-			return errkind.Errorf(errkind.ErrInvalidArgument, "mount %s: credentials name both account_key and sas_token; name one", p)
+			return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount %s: credentials name both account_key and sas_token; name one", p)
 		case key != "":
 			cred, kerr := container.NewSharedKeyCredential(mt.Account, key)
 			if kerr != nil {
 				// The SDK's text may quote the key: never pass it on.
-				return errkind.Errorf(errkind.ErrInvalidArgument, "mount %s: credential account_key (%s) is not a base64 storage account key", p, mt.Credentials["account_key"].String())
+				return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount %s: credential account_key (%s) is not a base64 storage account key", p, mt.Credentials["account_key"].String())
 			}
 			cc, err = container.NewClientWithSharedKeyCredential(u, cred, opts)
 		case sas != "":
 			cc, err = container.NewClientWithNoCredential(u+"?"+sas, opts)
 		default:
-			return errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credentials need an account_key or a sas_token", p)
+			return nil, errkind.Errorf(errkind.ErrFailedPrecondition, "mount %s: credentials need an account_key or a sas_token", p)
 		}
 	}
 	if err != nil {
-		return errkind.Errorf(errkind.ErrInvalidArgument, "mount %s: Azure client for %s: %s", p, st.desc, st.redact(err.Error()))
+		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "mount %s: Azure client for %s: %s", p, desc, req.Redacted(err.Error()))
 	}
-	st.be = &azureBackend{cc: cc}
-	return nil
+	return &mount.Storage{Objects: &objects{cc: cc}, Bucket: mt.Container, Prefix: prefix, Description: desc}, nil
 }
 
 // azureError is an error answer of the Blob service, worded short (the
@@ -154,23 +167,26 @@ func azureErr(err error) error {
 	return err
 }
 
-// errCode words the Blob service's codes the way classify reads them: a
-// missing container is "NoSuchBucket"; a refused signature or token (the
-// service answers 403 AuthenticationFailed) counts as a 401.
-func (b *azureBackend) errCode(err error) (string, int) {
+// Inspect reads the Blob service's codes: a missing container is
+// NoBucket (its code shown as "NoSuchBucket"); a refused signature or
+// token (the service answers 403 AuthenticationFailed) counts as a 401;
+// a refused permission is PermissionDenied (shown as "AccessDenied"). A
+// broken connection is Unavailable.
+func (b *objects) Inspect(err error) mount.ErrorInfo {
 	var ae *azureError
 	if !errors.As(err, &ae) {
-		return "", 0
+		return mount.ErrorInfo{Unavailable: storeerr.Transient(err)}
 	}
+	in := mount.ErrorInfo{Code: ae.code, Status: ae.status, Unavailable: storeerr.Transient(err)}
 	switch bloberror.Code(ae.code) {
 	case bloberror.ContainerNotFound:
-		return "NoSuchBucket", ae.status
+		in.Code, in.NoBucket = "NoSuchBucket", true
 	case bloberror.AuthenticationFailed, bloberror.InvalidAuthenticationInfo, bloberror.NoAuthenticationInformation:
-		return ae.code, http.StatusUnauthorized
+		in.Status = http.StatusUnauthorized
 	case bloberror.AuthorizationFailure, bloberror.AuthorizationPermissionMismatch, bloberror.InsufficientAccountPermissions:
-		return "AccessDenied", ae.status
+		in.Code, in.PermissionDenied = "AccessDenied", true
 	}
-	return ae.code, ae.status
+	return in
 }
 
 // quoteETag and unquoteETag: the listing gives ETags bare (0x8D...), the
@@ -190,7 +206,8 @@ func etagOf(e *azcore.ETag) string {
 	return unquoteETag(string(*e))
 }
 
-func (b *azureBackend) list(ctx context.Context, prefix string, pageSize int32, fn func(key, version string, size int64) error) error {
+// List pages through the blobs under prefix.
+func (b *objects) List(ctx context.Context, prefix string, pageSize int32, fn func(key, version string, size int64) error) error {
 	opts := &container.ListBlobsFlatOptions{MaxResults: &pageSize}
 	if prefix != "" {
 		opts.Prefix = &prefix
@@ -220,9 +237,9 @@ func (b *azureBackend) list(ctx context.Context, prefix string, pageSize int32, 
 	return nil
 }
 
-// get is If-Match the listed ETag: a blob replaced (412) or removed (404)
-// since the listing is errChanged.
-func (b *azureBackend) get(ctx context.Context, key, version string) (io.ReadCloser, int64, error) {
+// Get is If-Match the listed ETag: a blob replaced (412) or removed (404)
+// since the listing is mount.ErrChanged.
+func (b *objects) Get(ctx context.Context, key, version string) (io.ReadCloser, int64, error) {
 	opts := &blob.DownloadStreamOptions{}
 	if version != "" {
 		opts.AccessConditions = &blob.AccessConditions{ModifiedAccessConditions: &blob.ModifiedAccessConditions{IfMatch: quoteETag(version)}}
@@ -231,7 +248,7 @@ func (b *azureBackend) get(ctx context.Context, key, version string) (io.ReadClo
 	if err != nil {
 		err = azureErr(err)
 		if st := statusOf(err); st == http.StatusPreconditionFailed || st == http.StatusNotFound && !bloberror.HasCode(err, bloberror.ContainerNotFound) {
-			return nil, 0, fmt.Errorf("%w: %w", errChanged, err)
+			return nil, 0, fmt.Errorf("%w: %w", mount.ErrChanged, err)
 		}
 		return nil, 0, err
 	}
@@ -251,12 +268,13 @@ func statusOf(err error) int {
 	return 0
 }
 
-func (b *azureBackend) head(ctx context.Context, key string) (string, error) {
+// Head returns the blob's current ETag.
+func (b *objects) Head(ctx context.Context, key string) (string, error) {
 	props, err := b.cc.NewBlobClient(key).GetProperties(ctx, nil)
 	if err != nil {
 		err = azureErr(err)
 		if statusOf(err) == http.StatusNotFound && !bloberror.HasCode(err, bloberror.ContainerNotFound) {
-			return "", fmt.Errorf("%w: %w", errGone, err)
+			return "", fmt.Errorf("%w: %w", mount.ErrGone, err)
 		}
 		return "", err
 	}
@@ -267,14 +285,14 @@ func (b *azureBackend) head(ctx context.Context, key string) (string, error) {
 	return v, nil
 }
 
-// put is one Put Blob carrying the bytes' MD5 (which the service checks,
+// Put is one Put Blob carrying the bytes' MD5 (which the service checks,
 // and keeps as the blob's Content-MD5), If-Match the ETag downloaded, or
 // If-None-Match * for a new blob. A failed condition whose blob holds
 // these very bytes is a retried upload whose first answer was lost, not a
 // conflict.
-func (b *azureBackend) put(ctx context.Context, key string, body io.ReadSeeker, size int64, _ string, ifVersion string) (string, error) {
-	if size > AzureMaxPutBlobBytes {
-		return "", errkind.Errorf(errkind.ErrResourceExhausted, "%d bytes is more than one Put Blob takes (%d); not uploaded", size, int64(AzureMaxPutBlobBytes))
+func (b *objects) Put(ctx context.Context, key string, body io.ReadSeeker, size int64, _ string, ifVersion string) (string, error) {
+	if size > MaxPutBlobBytes {
+		return "", errkind.Errorf(errkind.ErrResourceExhausted, "%d bytes is more than one Put Blob takes (%d); not uploaded", size, int64(MaxPutBlobBytes))
 	}
 	h := md5.New() //nolint:gosec // see the import
 	if _, err := body.Seek(0, io.SeekStart); err != nil {
@@ -307,7 +325,7 @@ func (b *azureBackend) put(ctx context.Context, key string, body io.ReadSeeker, 
 			if perr == nil && bytes.Equal(props.ContentMD5, sum) && etagOf(props.ETag) != "" {
 				return etagOf(props.ETag), nil
 			}
-			return "", fmt.Errorf("%w: %w", errChanged, err)
+			return "", fmt.Errorf("%w: %w", mount.ErrChanged, err)
 		}
 		return "", err
 	}
@@ -318,9 +336,9 @@ func (b *azureBackend) put(ctx context.Context, key string, body io.ReadSeeker, 
 	return v, nil
 }
 
-// remove is a Delete Blob If-Match the ETag downloaded (and its snapshots
-// with it): a blob replaced since is errChanged, one gone already errGone.
-func (b *azureBackend) remove(ctx context.Context, key, version string) error {
+// Remove is a Delete Blob If-Match the ETag downloaded (and its snapshots
+// with it): a blob replaced since is mount.ErrChanged, one gone already mount.ErrGone.
+func (b *objects) Remove(ctx context.Context, key, version string) error {
 	include := blob.DeleteSnapshotsOptionTypeInclude
 	opts := &blob.DeleteOptions{DeleteSnapshots: &include}
 	if version != "" {
@@ -330,9 +348,9 @@ func (b *azureBackend) remove(ctx context.Context, key, version string) error {
 		err = azureErr(err)
 		switch st := statusOf(err); {
 		case st == http.StatusPreconditionFailed:
-			return fmt.Errorf("%w: %w", errChanged, err)
+			return fmt.Errorf("%w: %w", mount.ErrChanged, err)
 		case st == http.StatusNotFound && !bloberror.HasCode(err, bloberror.ContainerNotFound):
-			return fmt.Errorf("%w: %w", errGone, err)
+			return fmt.Errorf("%w: %w", mount.ErrGone, err)
 		}
 		return err
 	}

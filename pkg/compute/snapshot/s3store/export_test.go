@@ -1,10 +1,10 @@
-package snapshot
+package s3store
 
 import "context"
 
 // ChunkKeys returns the object keys of snapshot id's chunks, for tests
 // that damage them.
-func (s *S3) ChunkKeys(ctx context.Context, id string) ([]string, error) {
+func (s *Store) ChunkKeys(ctx context.Context, id string) ([]string, error) {
 	doc, _, err := s.readManifest(ctx, id)
 	if err != nil {
 		return nil, err
@@ -17,4 +17,4 @@ func (s *S3) ChunkKeys(ctx context.Context, id string) ([]string, error) {
 }
 
 // Encode compresses b as the store compresses chunks.
-func (s *S3) Encode(b []byte) []byte { return s.enc.EncodeAll(b, nil) }
+func (s *Store) Encode(b []byte) []byte { return s.enc.EncodeAll(b, nil) }

@@ -1,4 +1,4 @@
-package snapshot
+package s3store
 
 import (
 	"bufio"
@@ -26,13 +26,14 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3client"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
-// S3Config configures an S3 store. Credentials are used to sign requests
+// Config configures an S3 store. Credentials are used to sign requests
 // and are never logged, put in an error or a snapshot id; String redacts
 // them.
-type S3Config struct {
+type Config struct {
 	// Bucket is the bucket holding the store (required).
 	Bucket string
 	// Prefix is the key prefix under which the store keeps its objects
@@ -79,7 +80,7 @@ type S3Config struct {
 }
 
 // String describes the store without its credentials.
-func (c S3Config) String() string {
+func (c Config) String() string {
 	s := "s3://" + c.Bucket
 	if p := strings.Trim(c.Prefix, "/"); p != "" {
 		s += "/" + p
@@ -91,9 +92,9 @@ func (c S3Config) String() string {
 }
 
 // GoString is String, so that %#v does not print credentials either.
-func (c S3Config) GoString() string { return "snapshot.S3Config(" + c.String() + ")" }
+func (c Config) GoString() string { return "s3store.Config(" + c.String() + ")" }
 
-// Defaults applied by NewS3.
+// Defaults applied by New.
 const (
 	defaultConcurrency = 8
 	defaultMaxAttempts = 5
@@ -116,7 +117,7 @@ const (
 	encodingRaw  = "raw"  // Put read other bytes; Get returns them as they were
 )
 
-// S3 is a content-addressed Store in an S3-compatible bucket.
+// Store is a content-addressed snapshot.Store in an S3-compatible bucket.
 //
 // Put decompresses a zstd archive (the daemon's default) and cuts the
 // plain tar stream into content-defined chunks (see Chunking); a chunk is
@@ -132,7 +133,7 @@ const (
 // server's SHA-256 checksum is asked for and checked too). A zstd archive
 // comes back as a zstd stream of one frame per chunk: the same tar, not
 // the same compressed bytes.
-type S3 struct {
+type Store struct {
 	client  *s3.Client
 	bucket  string
 	prefix  string // "" or ending in "/"
@@ -156,11 +157,11 @@ type S3 struct {
 	inflight sync.WaitGroup
 }
 
-var _ Store = (*S3)(nil)
+var _ snapshot.Lister = (*Store)(nil)
 
-// NewS3 makes an S3 store. It does not contact the server: the first
+// New makes an S3 store. It does not contact the server: the first
 // operation reports a wrong endpoint, bucket or credentials.
-func NewS3(cfg S3Config) (*S3, error) {
+func New(cfg Config) (*Store, error) {
 	if cfg.Bucket == "" || strings.ContainsAny(cfg.Bucket, "/ ") {
 		return nil, fmt.Errorf("%w: S3 snapshot store: bucket %q: want a bucket name", errkind.ErrInvalidArgument, cfg.Bucket)
 	}
@@ -180,7 +181,7 @@ func NewS3(cfg S3Config) (*S3, error) {
 	if err := chunk.validate(); err != nil {
 		return nil, fmt.Errorf("%w: S3 snapshot store: %w", errkind.ErrInvalidArgument, err)
 	}
-	s := &S3{bucket: cfg.Bucket, prefix: prefix, desc: cfg.String(), chunk: chunk,
+	s := &Store{bucket: cfg.Bucket, prefix: prefix, desc: cfg.String(), chunk: chunk,
 		conc: orDefault(cfg.Concurrency, defaultConcurrency), tries: orDefault(cfg.MaxAttempts, defaultMaxAttempts),
 		page: int32(orDefault(int(cfg.PageSize), defaultPageSize)), grace: cfg.GCGrace, log: cfg.Log}
 	if s.grace <= 0 {
@@ -243,7 +244,7 @@ func orDefault(v, def int) int {
 
 // Close ends the Gets still streaming, waits for their fetches, and
 // releases the store's compressors. The store is unusable after.
-func (s *S3) Close() error {
+func (s *Store) Close() error {
 	s.stop()
 	s.inflight.Wait()
 	s.enc.Close()
@@ -253,14 +254,14 @@ func (s *S3) Close() error {
 
 // String describes the store (s3://bucket/prefix at endpoint), without
 // credentials.
-func (s *S3) String() string { return s.desc }
+func (s *Store) String() string { return s.desc }
 
 // GoString is String, so that %#v does not print credentials either.
-func (s *S3) GoString() string { return "snapshot.S3(" + s.desc + ")" }
+func (s *Store) GoString() string { return "s3store.Store(" + s.desc + ")" }
 
-func (s *S3) manifestKey(id string) string { return s.prefix + "snapshots/" + id }
-func (s *S3) chunkPrefix() string          { return s.prefix + "chunks/" }
-func (s *S3) chunkKey(h string) string     { return s.chunkPrefix() + h[:2] + "/" + h }
+func (s *Store) manifestKey(id string) string { return s.prefix + "snapshots/" + id }
+func (s *Store) chunkPrefix() string          { return s.prefix + "chunks/" }
+func (s *Store) chunkKey(h string) string     { return s.chunkPrefix() + h[:2] + "/" + h }
 
 // manifest is the object that makes a snapshot: written last, read first.
 type manifest struct {
@@ -293,11 +294,11 @@ const manifestVersion = 1
 // uploaded with bounded concurrency; chunks the bucket holds already are
 // not uploaded again. The manifest is written last, and only when the
 // upload finished within half of the GC grace period (so that no chunk it
-// references was collected meanwhile). Info.Uploaded and Info.Reused say
+// references was collected meanwhile). snapshot.Info.Uploaded and snapshot.Info.Reused say
 // what the upload cost.
-func (s *S3) Put(ctx context.Context, id string, r io.Reader) (Info, error) {
-	if err := ValidateID(id); err != nil {
-		return Info{}, err
+func (s *Store) Put(ctx context.Context, id string, r io.Reader) (snapshot.Info, error) {
+	if err := snapshot.ValidateID(id); err != nil {
+		return snapshot.Info{}, err
 	}
 	start := time.Now()
 	in := &hashingReader{r: ctxReader{ctx: ctx, r: r}, h: sha256.New()}
@@ -307,7 +308,7 @@ func (s *S3) Put(ctx context.Context, id string, r io.Reader) (Info, error) {
 	if magic, _ := br.Peek(4); isZstdMagic(magic) {
 		dec, err := zstd.NewReader(br, zstd.WithDecoderMaxWindow(maxWindow), zstd.WithDecoderMaxMemory(maxWindow), zstd.WithDecoderConcurrency(1))
 		if err != nil {
-			return Info{}, fmt.Errorf("snapshot %s: put: zstd decoder: %w", id, err)
+			return snapshot.Info{}, fmt.Errorf("snapshot %s: put: zstd decoder: %w", id, err)
 		}
 		defer dec.Close()
 		src, encoding = dec, encodingZstd
@@ -376,25 +377,25 @@ read:
 	}
 	wg.Wait()
 	if firstErr != nil {
-		return Info{}, fmt.Errorf("snapshot %s: put: %w", id, firstErr)
+		return snapshot.Info{}, fmt.Errorf("snapshot %s: put: %w", id, firstErr)
 	}
 	if err := context.Cause(ctx); err != nil {
-		return Info{}, s.classify(ctx, "put", id, err)
+		return snapshot.Info{}, s.classify(ctx, "put", id, err)
 	}
 	if took := time.Since(start); took > s.grace/2 {
-		return Info{}, errkind.MarkRetryable(fmt.Errorf("snapshot %s: put: %w: the upload took %s, more than half the GC grace period (%s); its chunks may have been collected, so no snapshot was written",
+		return snapshot.Info{}, errkind.MarkRetryable(fmt.Errorf("snapshot %s: put: %w: the upload took %s, more than half the GC grace period (%s); its chunks may have been collected, so no snapshot was written",
 			id, errkind.ErrDeadlineExceeded, took.Round(time.Second), s.grace))
 	}
 	doc.Size, doc.SHA256, doc.Created = in.n, hex.EncodeToString(in.h.Sum(nil)), time.Now().UTC()
 	body, err := json.Marshal(&doc)
 	if err != nil {
-		return Info{}, fmt.Errorf("snapshot %s: put: encode manifest: %w", id, err)
+		return snapshot.Info{}, fmt.Errorf("snapshot %s: put: encode manifest: %w", id, err)
 	}
 	if err := s.putObject(ctx, s.manifestKey(id), body, "application/json"); err != nil {
-		return Info{}, s.classify(ctx, "put manifest of", id, err)
+		return snapshot.Info{}, s.classify(ctx, "put manifest of", id, err)
 	}
 	uploaded += int64(len(body))
-	info := Info{ID: id, Size: doc.Size, SHA256: doc.SHA256, Modified: doc.Created, Chunks: len(doc.Chunks),
+	info := snapshot.Info{ID: id, Size: doc.Size, SHA256: doc.SHA256, Modified: doc.Created, Chunks: len(doc.Chunks),
 		Uploaded: uploaded, Reused: reused}
 	s.log.Info("snapshot stored", zap.String("store", s.desc), zap.String("snapshot", id), zap.Int64("size", info.Size),
 		zap.Int("chunks", info.Chunks), zap.Int("reused", reused), zap.Int64("uploaded", uploaded), zap.Duration("took", time.Since(start)))
@@ -403,7 +404,7 @@ read:
 
 // sourceError classifies a failure to read what Put stores: the producer's
 // error (an archive that failed), or a zstd stream that does not decode.
-func (s *S3) sourceError(ctx context.Context, id string, in *hashingReader, encoding string, err error) error {
+func (s *Store) sourceError(ctx context.Context, id string, in *hashingReader, encoding string, err error) error {
 	if in.err != nil && !errors.Is(in.err, io.EOF) {
 		if ctx.Err() != nil {
 			return s.classify(ctx, "read the archive of", id, ctx.Err())
@@ -420,7 +421,7 @@ func (s *S3) sourceError(ctx context.Context, id string, in *hashingReader, enco
 // the bytes uploaded for it and whether it was there already. A chunk that
 // is there but older than half the grace period is touched (copied onto
 // itself, server side) so that GC keeps it while this upload runs.
-func (s *S3) storeChunk(ctx context.Context, h string, data []byte) (uploaded int64, reused bool, err error) {
+func (s *Store) storeChunk(ctx context.Context, h string, data []byte) (uploaded int64, reused bool, err error) {
 	key := s.chunkKey(h)
 	mod, err := s.statObject(ctx, key)
 	if err == nil {
@@ -451,7 +452,7 @@ func (s *S3) storeChunk(ctx context.Context, h string, data []byte) (uploaded in
 // object's first byte rather than asking HEAD, whose errors carry no code:
 // a GET tells a missing key from a missing bucket or wrong credentials on
 // every server.
-func (s *S3) statObject(ctx context.Context, key string) (time.Time, error) {
+func (s *Store) statObject(ctx context.Context, key string) (time.Time, error) {
 	out, err := s.client.GetObject(ctx, &s3.GetObjectInput{Bucket: &s.bucket, Key: &key, Range: aws.String("bytes=0-0")})
 	if err != nil {
 		return time.Time{}, err
@@ -462,7 +463,7 @@ func (s *S3) statObject(ctx context.Context, key string) (time.Time, error) {
 }
 
 // putObject uploads body with its SHA-256 for the server to check.
-func (s *S3) putObject(ctx context.Context, key string, body []byte, contentType string) error {
+func (s *Store) putObject(ctx context.Context, key string, body []byte, contentType string) error {
 	sum := sha256.Sum256(body)
 	_, err := s.client.PutObject(ctx, &s3.PutObjectInput{Bucket: &s.bucket, Key: &key, Body: bytes.NewReader(body),
 		ContentLength: aws.Int64(int64(len(body))), ContentType: aws.String(contentType),
@@ -471,7 +472,7 @@ func (s *S3) putObject(ctx context.Context, key string, body []byte, contentType
 }
 
 // readManifest fetches and checks the manifest of id.
-func (s *S3) readManifest(ctx context.Context, id string) (*manifest, time.Time, error) {
+func (s *Store) readManifest(ctx context.Context, id string) (*manifest, time.Time, error) {
 	key := s.manifestKey(id)
 	body, mod, err := s.getObject(ctx, key, maxManifestBytes)
 	if err != nil {
@@ -479,17 +480,17 @@ func (s *S3) readManifest(ctx context.Context, id string) (*manifest, time.Time,
 	}
 	var doc manifest
 	if err := json.Unmarshal(body, &doc); err != nil {
-		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest does not decode: %w", id, ErrCorrupt, err)
+		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest does not decode: %w", id, snapshot.ErrCorrupt, err)
 	}
 	if doc.Version != manifestVersion {
 		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest version %d (this harness reads %d)", id, errkind.ErrUnimplemented, doc.Version, manifestVersion)
 	}
 	if doc.Encoding != encodingZstd && doc.Encoding != encodingRaw {
-		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest encoding %q", id, ErrCorrupt, doc.Encoding)
+		return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest encoding %q", id, snapshot.ErrCorrupt, doc.Encoding)
 	}
 	for i, c := range doc.Chunks {
 		if b, err := hex.DecodeString(c.Hash); err != nil || len(b) != sha256.Size || c.Size <= 0 || c.Size > maxChunkSize {
-			return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest chunk %d is malformed", id, ErrCorrupt, i)
+			return nil, time.Time{}, fmt.Errorf("snapshot %s: %w: manifest chunk %d is malformed", id, snapshot.ErrCorrupt, i)
 		}
 	}
 	return &doc, mod, nil
@@ -497,7 +498,7 @@ func (s *S3) readManifest(ctx context.Context, id string) (*manifest, time.Time,
 
 // getObject reads an object whole (at most limit bytes), asking the server
 // for its checksum, and retries a body that broke off.
-func (s *S3) getObject(ctx context.Context, key string, limit int64) ([]byte, time.Time, error) {
+func (s *Store) getObject(ctx context.Context, key string, limit int64) ([]byte, time.Time, error) {
 	var lastErr error
 	for attempt := range s.tries {
 		if attempt > 0 {
@@ -512,7 +513,7 @@ func (s *S3) getObject(ctx context.Context, key string, limit int64) ([]byte, ti
 		body, err := io.ReadAll(io.LimitReader(out.Body, limit+1))
 		out.Body.Close()
 		if err == nil && int64(len(body)) > limit {
-			return nil, time.Time{}, fmt.Errorf("%w: object %s is larger than %d bytes", ErrCorrupt, key, limit)
+			return nil, time.Time{}, fmt.Errorf("%w: object %s is larger than %d bytes", snapshot.ErrCorrupt, key, limit)
 		}
 		if err == nil {
 			return body, aws.ToTime(out.LastModified), nil
@@ -530,8 +531,8 @@ func (s *S3) getObject(ctx context.Context, key string, limit int64) ([]byte, ti
 // the reader with the classified error (retryable when the store was
 // unreachable); the consumer sees a read error, never a short stream that
 // ends cleanly.
-func (s *S3) Get(ctx context.Context, id string) (io.ReadCloser, error) {
-	if err := ValidateID(id); err != nil {
+func (s *Store) Get(ctx context.Context, id string) (io.ReadCloser, error) {
+	if err := snapshot.ValidateID(id); err != nil {
 		return nil, err
 	}
 	doc, _, err := s.readManifest(ctx, id)
@@ -605,21 +606,21 @@ func (g *getReader) Close() error {
 // fetchChunk downloads a chunk and checks it against its name. It returns
 // the bytes Get writes: the compressed frame for a zstd snapshot, the
 // plain bytes otherwise.
-func (s *S3) fetchChunk(ctx context.Context, encoding string, c chunkRef) ([]byte, error) {
+func (s *Store) fetchChunk(ctx context.Context, encoding string, c chunkRef) ([]byte, error) {
 	z, _, err := s.getObject(ctx, s.chunkKey(c.Hash), c.Size+c.Size/8+(64<<10))
 	if err != nil {
 		if s3errs.IsNotFound(err) {
-			return nil, fmt.Errorf("chunk %s: %w: the chunk is missing from the store", c.Hash, ErrCorrupt)
+			return nil, fmt.Errorf("chunk %s: %w: the chunk is missing from the store", c.Hash, snapshot.ErrCorrupt)
 		}
 		return nil, s.classify(ctx, "download chunk", c.Hash, err)
 	}
 	plain, err := s.dec.DecodeAll(z, make([]byte, 0, c.Size))
 	if err != nil {
-		return nil, fmt.Errorf("chunk %s: %w: does not decompress: %w", c.Hash, ErrCorrupt, err)
+		return nil, fmt.Errorf("chunk %s: %w: does not decompress: %w", c.Hash, snapshot.ErrCorrupt, err)
 	}
 	sum := sha256.Sum256(plain)
 	if int64(len(plain)) != c.Size || hex.EncodeToString(sum[:]) != c.Hash {
-		return nil, fmt.Errorf("chunk %s: %w: its content does not match its SHA-256", c.Hash, ErrCorrupt)
+		return nil, fmt.Errorf("chunk %s: %w: its content does not match its SHA-256", c.Hash, snapshot.ErrCorrupt)
 	}
 	if encoding == encodingZstd {
 		return z, nil
@@ -628,8 +629,8 @@ func (s *S3) fetchChunk(ctx context.Context, encoding string, c chunkRef) ([]byt
 }
 
 // Exists reports whether a snapshot (its manifest) is stored under id.
-func (s *S3) Exists(ctx context.Context, id string) (bool, error) {
-	if err := ValidateID(id); err != nil {
+func (s *Store) Exists(ctx context.Context, id string) (bool, error) {
+	if err := snapshot.ValidateID(id); err != nil {
 		return false, err
 	}
 	_, err := s.statObject(ctx, s.manifestKey(id))
@@ -644,8 +645,8 @@ func (s *S3) Exists(ctx context.Context, id string) (bool, error) {
 
 // Delete removes the snapshot's manifest; its chunks stay until GC finds
 // them unreferenced. Deleting an absent snapshot is not an error.
-func (s *S3) Delete(ctx context.Context, id string) error {
-	if err := ValidateID(id); err != nil {
+func (s *Store) Delete(ctx context.Context, id string) error {
+	if err := snapshot.ValidateID(id); err != nil {
 		return err
 	}
 	key := s.manifestKey(id)
@@ -656,32 +657,32 @@ func (s *S3) Delete(ctx context.Context, id string) error {
 }
 
 // Stat describes a stored snapshot from its manifest.
-func (s *S3) Stat(ctx context.Context, id string) (Info, error) {
-	if err := ValidateID(id); err != nil {
-		return Info{}, err
+func (s *Store) Stat(ctx context.Context, id string) (snapshot.Info, error) {
+	if err := snapshot.ValidateID(id); err != nil {
+		return snapshot.Info{}, err
 	}
 	doc, mod, err := s.readManifest(ctx, id)
 	if err != nil {
-		return Info{}, err
+		return snapshot.Info{}, err
 	}
-	return Info{ID: id, Size: doc.Size, SHA256: doc.SHA256, Modified: mod, Chunks: len(doc.Chunks)}, nil
+	return snapshot.Info{ID: id, Size: doc.Size, SHA256: doc.SHA256, Modified: mod, Chunks: len(doc.Chunks)}, nil
 }
 
 // List calls fn for each stored snapshot, in key order, one listing page
-// at a time (Info has ID and Modified; Stat gives the rest).
-func (s *S3) List(ctx context.Context, fn func(Info) error) error {
+// at a time (snapshot.Info has ID and Modified; Stat gives the rest).
+func (s *Store) List(ctx context.Context, fn func(snapshot.Info) error) error {
 	prefix := s.prefix + "snapshots/"
 	return s.listObjects(ctx, prefix, func(o types.Object) error {
 		id := strings.TrimPrefix(aws.ToString(o.Key), prefix)
-		if ValidateID(id) != nil {
+		if snapshot.ValidateID(id) != nil {
 			return nil // not ours
 		}
-		return fn(Info{ID: id, Modified: aws.ToTime(o.LastModified)})
+		return fn(snapshot.Info{ID: id, Modified: aws.ToTime(o.LastModified)})
 	})
 }
 
 // listObjects pages through the keys under prefix.
-func (s *S3) listObjects(ctx context.Context, prefix string, fn func(types.Object) error) error {
+func (s *Store) listObjects(ctx context.Context, prefix string, fn func(types.Object) error) error {
 	p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: &prefix, MaxKeys: aws.Int32(s.page)})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
@@ -719,4 +720,17 @@ func (h *hashingReader) Read(p []byte) (int, error) {
 // isZstdMagic reports whether b starts a zstd frame.
 func isZstdMagic(b []byte) bool {
 	return len(b) >= 4 && b[0] == 0x28 && b[1] == 0xb5 && b[2] == 0x2f && b[3] == 0xfd
+}
+
+// ctxReader stops a copy when ctx ends.
+type ctxReader struct {
+	ctx context.Context
+	r   io.Reader
+}
+
+func (c ctxReader) Read(p []byte) (int, error) {
+	if err := c.ctx.Err(); err != nil {
+		return 0, err
+	}
+	return c.r.Read(p)
 }

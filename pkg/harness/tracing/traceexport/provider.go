@@ -1,4 +1,4 @@
-package tracing
+package traceexport
 
 import (
 	"context"
@@ -59,9 +59,9 @@ type Config struct {
 // NewProvider builds the trace provider cfg describes, and the function
 // that flushes and stops it (call it before the program exits; it is safe
 // to call more than once). With "none" the provider records nothing. The
-// provider is not installed globally: pass it to New, to
-// compute.ClientOptions.TracerProvider and agentclient.Options, or call
-// otel.SetTracerProvider yourself.
+// provider is not installed globally: pass it to tracing.New (or
+// harness.Runner.TracerProvider), to compute.ClientOptions.TracerProvider
+// and agentclient.Options, or call otel.SetTracerProvider yourself.
 func NewProvider(ctx context.Context, cfg Config) (trace.TracerProvider, func(context.Context) error, error) {
 	var exp sdktrace.SpanExporter
 	var err error

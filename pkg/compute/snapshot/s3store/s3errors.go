@@ -1,4 +1,4 @@
-package snapshot
+package s3store
 
 import (
 	"context"
@@ -8,14 +8,10 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/s3errs"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/storeerr"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
-
-// ErrCorrupt reports stored snapshot data that fails its checks: a chunk
-// whose content does not match its SHA-256, a missing chunk, a manifest
-// that does not decode. Retrying does not help; the snapshot must be taken
-// again.
-var ErrCorrupt = errors.New("snapshot data is corrupt")
 
 // storeError is an error of a remote store: its text is made here, with
 // credentials redacted; errors.Is matches its sentinels and the backend
@@ -31,7 +27,7 @@ func (e *storeError) Unwrap() []error { return append(append([]error(nil), e.sen
 
 // classify turns a backend error into one that says what failed and
 // whether retrying can help, with no credential in its text.
-func (s *S3) classify(ctx context.Context, op, target string, err error) error {
+func (s *Store) classify(ctx context.Context, op, target string, err error) error {
 	var (
 		sentinel  error
 		detail    string
@@ -43,8 +39,8 @@ func (s *S3) classify(ctx context.Context, op, target string, err error) error {
 		sentinel, detail = errkind.ErrDeadlineExceeded, "the deadline passed"
 	case ctx.Err() != nil || errors.Is(err, context.Canceled):
 		sentinel, detail = errkind.ErrCanceled, "canceled"
-	case errors.Is(err, ErrCorrupt):
-		sentinel, detail = ErrCorrupt, ""
+	case errors.Is(err, snapshot.ErrCorrupt):
+		sentinel, detail = snapshot.ErrCorrupt, ""
 	case code == "NoSuchBucket":
 		sentinel, detail = errkind.ErrNotFound, "bucket "+s.bucket+" does not exist"
 	case s3errs.IsNotFound(err):
@@ -56,7 +52,7 @@ func (s *S3) classify(ctx context.Context, op, target string, err error) error {
 	case s3errs.IsUnavailable(err):
 		sentinel, detail, retryable = errkind.ErrUnavailable, "snapshot store unavailable", true
 	case isChecksumMismatch(err):
-		sentinel, detail = ErrCorrupt, "the server's checksum does not match the data"
+		sentinel, detail = snapshot.ErrCorrupt, "the server's checksum does not match the data"
 	}
 	msg := "snapshot store " + s.desc + ": " + op + " " + target + ": "
 	if sentinel == nil {
@@ -78,7 +74,7 @@ func (s *S3) classify(ctx context.Context, op, target string, err error) error {
 }
 
 // redact removes the credentials from text.
-func (s *S3) redact(text string) string { return s3errs.Redact(text, s.secrets) }
+func (s *Store) redact(text string) string { return storeerr.Redact(text, s.secrets) }
 
 // isChecksumMismatch reports the SDK's failed response checksum check.
 func isChecksumMismatch(err error) bool {
