@@ -46,9 +46,13 @@ build: ## build static binaries (CGO_ENABLED=0, -trimpath, version stamped) into
 EXAMPLE       := examples/coding-task
 TASK          ?= Open repo/task.md, fix the bug it describes, run sh tests/test_credit_note.sh from repo/ until it passes, and summarize the change.
 
+# Local sandboxes are isolated with bubblewrap, and --isolation auto never
+# falls back to plain processes: on a machine without bwrap, run asks for
+# them by name (--isolation none) and says so.
 run: build ## build, then run an agent on the example coding task in a local sandbox (a recorded replay without OPENAI_API_KEY)
-	$(BIN)/harness run --manifest $(EXAMPLE)/manifest.yaml --replay-without-key $(EXAMPLE)/replay.json \
-		--export $(CURDIR)/.run/workspace-$$(date +%s) "$(TASK)"
+	@command -v bwrap >/dev/null 2>&1 || echo "make run: no bubblewrap (bwrap) here, so --isolation none: the sandbox runs as plain processes that see this machine's files and network; install bubblewrap to isolate it" >&2
+	$(BIN)/harness run $$(command -v bwrap >/dev/null 2>&1 || echo --isolation none) --manifest $(EXAMPLE)/manifest.yaml \
+		--replay-without-key $(EXAMPLE)/replay.json --export $(CURDIR)/.run/workspace-$$(date +%s) "$(TASK)"
 
 .PHONY: demo
 demo: build ## build, then tour the daemon's API step by step (harness demo)
@@ -100,6 +104,14 @@ image-sandbox: build ## build only the small image bulkhead/sandbox:dev
 
 image-sandbox-full: build ## build only the debootstrap image bulkhead/sandbox-full:dev
 	./images/build.sh sandbox-full
+
+# The small image's root filesystem (busybox-static, git, etc/passwd and
+# group; no daemon, no Docker) as a directory: local sandboxes' own root
+# (harness --sandbox-rootfs bin/rootfs). bin/rootfs is a symbolic link to
+# bin/.rootfs-HASH, named by its contents, and changes only when they do.
+.PHONY: rootfs
+rootfs: ## write the sandbox root filesystem into bin/rootfs (for --sandbox-rootfs; needs busybox-static, no Docker)
+	./images/build.sh rootfs $(BIN)/rootfs
 
 # The Kubernetes cluster the kubernetes provider's tests run against
 # (internal/testservers/kube): kube-apiserver, kube-controller-manager,

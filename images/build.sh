@@ -9,6 +9,17 @@
 #                              sandbox-agentd.
 #
 # usage: images/build.sh [sandbox|sandbox-full|all]...
+#        images/build.sh rootfs DIR
+#
+# `rootfs DIR` writes the small image's root filesystem, without the daemon
+# (the local provider binds its own) and without Docker: the root filesystem
+# of the local provider's sandboxes (local.Config.RootFS, `harness
+# --sandbox-rootfs DIR`). The tree is staged beside DIR and hashed (as a
+# deterministic tar), kept as .NAME-HASH beside DIR, and DIR is made a
+# symbolic link to it (replaced atomically); when DIR already points at
+# that hash nothing changes. A harness resolves the link when it starts, so
+# the sandboxes of one that is running keep their tree: an earlier tree is
+# left in place (the script says so) for its owner to remove.
 #
 # Each image is imported (`docker import`) from a tarball written with a
 # sorted file order, numeric owners and every mtime set to SOURCE_DATE_EPOCH,
@@ -99,7 +110,11 @@ copy_with_libs() {
 }
 
 # ---------------------------------------------------------------- sandbox
-build_small() {
+# stage_small STAGE: writes the small image's tree, without the daemon,
+# into the new directory STAGE: busybox and its applet links, git with its
+# libraries and helpers, and etc/passwd and etc/group.
+stage_small() {
+	local stage="$1"
 	command -v busybox >/dev/null || [ -x /bin/busybox ] || die "busybox not found: apt-get install busybox-static"
 	local busybox
 	busybox="$(command -v busybox || echo /bin/busybox)"
@@ -108,11 +123,8 @@ build_small() {
 	local git=/usr/bin/git gitcore=/usr/lib/git-core
 	[ -x "$git" ] || die "$git not found: apt-get install git"
 
-	local work stage
-	work="$(mktemp -d "${TMPDIR:-/tmp}/bulkhead-image.XXXXXX")"
-	CLEANUP+=("$work")
-	stage="$work/rootfs"
 	mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,dev,proc,sys,run/bulkhead,var/tmp,workspace}
+	chmod 0755 "$stage"
 	install -d -m 0700 "$stage/root"
 	install -d -m 1777 "$stage/tmp"
 	chmod 1777 "$stage/var/tmp"
@@ -131,21 +143,34 @@ build_small() {
 	copy_with_libs "$git" "$stage"
 	mkdir -p "$stage$gitcore"
 	ln -s "$git" "$stage$gitcore/git"
-	local f name
+	# (Few processes per helper: on a busy machine each one costs.)
+	local f name first builtins=() scripts=()
 	for f in "$gitcore"/*; do
-		name="$(basename "$f")"
+		name="${f##*/}"
 		if [ -L "$f" ]; then
-			case "$(readlink "$f")" in git | "$gitcore/git" | /usr/bin/git) ln -s git "$stage$gitcore/$name" ;; esac
-		elif [ -f "$f" ] && head -c 64 "$f" | head -1 | grep -q '^#!/bin/sh'; then
-			install -m "$(stat -c %a "$f")" "$f" "$stage$gitcore/$name"
+			case "$(readlink "$f")" in git | "$gitcore/git" | /usr/bin/git) builtins+=("$name") ;; esac
+		elif [ -f "$f" ]; then
+			first=""
+			IFS= read -r -n 64 first <"$f" || true
+			[[ "$first" == '#!/bin/sh'* ]] && scripts+=("$f")
 		fi
 	done
+	for name in "${builtins[@]}"; do ln -s git "$stage$gitcore/$name"; done
+	[ ${#scripts[@]} -eq 0 ] || cp --preserve=mode -t "$stage$gitcore/" "${scripts[@]}"
 	[ -x "$gitcore/git-sh-i18n--envsubst" ] && copy_with_libs "$gitcore/git-sh-i18n--envsubst" "$stage"
 	[ -d "$gitcore/mergetools" ] && cp -a "$gitcore/mergetools" "$stage$gitcore/"
 	[ -d /usr/share/git-core/templates ] && mkdir -p "$stage/usr/share/git-core" &&
 		cp -a /usr/share/git-core/templates "$stage/usr/share/git-core/"
 
 	install -m 0644 "$here/sandbox/etc/passwd" "$here/sandbox/etc/group" "$stage/etc/"
+}
+
+build_small() {
+	local work stage
+	work="$(mktemp -d "${TMPDIR:-/tmp}/bulkhead-image.XXXXXX")"
+	CLEANUP+=("$work")
+	stage="$work/rootfs"
+	stage_small "$stage"
 	install -m 0755 "$AGENTD" "$stage$AGENTD_IN_IMAGE"
 
 	deterministic_tar "$stage" "$work/rootfs.tar" --owner=0 --group=0
@@ -223,7 +248,61 @@ build_full() {
 	import_image "$work/rootfs.tar" "$FULL_IMAGE" "$inputs"
 }
 
+# ---------------------------------------------------------------- rootfs
+# build_rootfs DIR: the small image's tree, without the daemon, at DIR
+# (see the header). Runs without Docker and without the daemon.
+build_rootfs() {
+	[ -n "${1:-}" ] || die "usage: images/build.sh rootfs DIR"
+	# DIR itself is (or becomes) a symbolic link: resolve its parent only.
+	local parent name dest
+	parent="$(realpath -m "$(dirname "$1")")"
+	name="$(basename "$1")"
+	case "$name" in / | . | ..) die "rootfs: DIR must name a directory to make, not $1" ;; esac
+	dest="$parent/$name"
+	mkdir -p "$parent"
+	# One build of DIR at a time (parallel test binaries share a cache).
+	exec 8>"$parent/.$name.lock"
+	flock 8
+	local stage work inputs tree
+	stage="$(mktemp -d "$parent/.$name.new.XXXXXX")"
+	CLEANUP+=("$stage")
+	stage_small "$stage"
+	work="$(mktemp -d "${TMPDIR:-/tmp}/bulkhead-rootfs.XXXXXX")"
+	CLEANUP+=("$work")
+	deterministic_tar "$stage" "$work/rootfs.tar" --owner=0 --group=0
+	inputs="$(sha "$work/rootfs.tar")"
+	tree=".$name-${inputs:0:16}"
+	if [ "$FORCE" != 1 ] && [ -L "$dest" ] && [ "$(readlink "$dest")" = "$tree" ] && [ -d "$parent/$tree" ]; then
+		log "$dest is up to date ($tree)"
+		return
+	fi
+	if [ -d "$parent/$tree" ]; then
+		rm -rf "$stage"
+	else
+		mv -T "$stage" "$parent/$tree"
+	fi
+	if [ -e "$dest" ] && [ ! -L "$dest" ]; then
+		local aside
+		aside="$(mktemp -d "$parent/.$name.old.XXXXXX")"
+		mv -T "$dest" "$aside/tree"
+		log "moved the directory that was at $dest to $aside/tree"
+	fi
+	local previous=""
+	[ -L "$dest" ] && previous="$(readlink "$dest")"
+	ln -sfn "$tree" "$parent/.$name.link"
+	mv -T "$parent/.$name.link" "$dest"
+	log "$dest -> $tree: root filesystem written ($(du -sh "$parent/$tree" | cut -f1))"
+	if [ -n "$previous" ] && [ "$previous" != "$tree" ]; then
+		log "the previous tree $parent/$previous stays for the sandboxes that use it: remove it once none does"
+	fi
+}
+
 main() {
+	if [ "${1:-}" = rootfs ]; then
+		[ $# -le 2 ] || die "usage: images/build.sh rootfs DIR"
+		build_rootfs "${2:-}"
+		return
+	fi
 	[ -x "$AGENTD" ] || die "$AGENTD not found: run \`make build\` first"
 	! ldd "$AGENTD" >/dev/null 2>&1 || die "$AGENTD is not static (build it with CGO_ENABLED=0: make build)"
 	"$DOCKER" version --format '{{.Server.Version}}' >/dev/null || die "docker does not answer"
@@ -240,7 +319,7 @@ main() {
 		sandbox) build_small ;;
 		sandbox-full) build_full ;;
 		all) build_small && build_full ;;
-		*) die "unknown image $t (want sandbox, sandbox-full or all)" ;;
+		*) die "unknown image $t (want sandbox, sandbox-full or all; or rootfs DIR)" ;;
 		esac
 		log "$t: done in $((SECONDS - start))s"
 	done

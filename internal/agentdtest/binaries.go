@@ -49,6 +49,12 @@ var builds struct {
 	inMain bool
 	dir    string
 	done   map[string]error // by command name
+	// RootFS's build: the temporary directory holding it, the tree, and
+	// whether (and how) it was built.
+	rootfsDir   string
+	rootfs      string
+	rootfsErr   error
+	rootfsTried bool
 }
 
 // Binaries returns sandbox-agentd built from this checkout with the
@@ -106,6 +112,13 @@ func buildLocked(command string) (Bin, error) {
 		if err != nil {
 			return Bin{}, fmt.Errorf("agentdtest: %w", err)
 		}
+		// Searchable by every user (MkdirTemp makes it 0700): a root
+		// harness's bubblewrap sandboxes are set up by their own
+		// unprivileged root, which binds the daemon from here.
+		if err := os.Chmod(dir, 0o711); err != nil {
+			_ = os.RemoveAll(dir)
+			return Bin{}, fmt.Errorf("agentdtest: %w", err)
+		}
 		builds.dir, builds.done = dir, map[string]error{}
 	}
 	err, tried := builds.done[command]
@@ -130,15 +143,14 @@ func goBuild(dir, command string) error {
 	if err != nil {
 		return fmt.Errorf("build %s: no go command on PATH: %w", command, err)
 	}
-	// Tests run in their package's directory, inside the module.
-	gomod, err := exec.Command(goBin, "env", "GOMOD").Output()
-	if err != nil || strings.TrimSpace(string(gomod)) == "" || strings.TrimSpace(string(gomod)) == os.DevNull {
-		return fmt.Errorf("build %s: the test does not run inside the module (go env GOMOD: %q, %v)", command, gomod, err)
+	root, err := moduleRoot()
+	if err != nil {
+		return fmt.Errorf("build %s: %w", command, err)
 	}
 	args := append([]string{"build"}, buildFlags()...)
 	args = append(args, "-o", filepath.Join(dir, command), "./cmd/"+command)
 	cmd := exec.Command(goBin, args...)
-	cmd.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
+	cmd.Dir = root
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("go %s: %w\n%s", strings.Join(args, " "), err, out)
@@ -163,5 +175,11 @@ func Run(m *testing.M) int {
 		}
 		builds.dir, builds.done = "", nil
 	}
+	if builds.rootfsDir != "" {
+		if err := os.RemoveAll(builds.rootfsDir); err != nil {
+			fmt.Fprintf(os.Stderr, "agentdtest: removing the sandbox root file system: %v\n", err)
+		}
+	}
+	builds.rootfsDir, builds.rootfs, builds.rootfsErr, builds.rootfsTried = "", "", nil, false
 	return code
 }

@@ -97,8 +97,6 @@ type globals struct {
 	// announce makes the local provider say on stderr which isolation its
 	// sandboxes get (harness run sets it).
 	announce bool
-	// modelKey is set when the command calls a model with an API key.
-	modelKey bool
 	// mountMaxBytes bounds one mount entry's objects (0: the default).
 	mountMaxBytes int64
 	// mounter is the Mounter of the last client made (sandbox sync and rm
@@ -115,6 +113,9 @@ type globals struct {
 	// observer, when set, is the Observer of the compute clients client
 	// makes (harness serve sets it to its metrics).
 	observer compute.Observer
+	// sandboxRootFS (--sandbox-rootfs) is the local sandboxes' own root
+	// file system (local.Config.RootFS).
+	sandboxRootFS string
 }
 
 // allowDomainUsage documents --allow-domain.
@@ -140,31 +141,11 @@ func (g *globals) egressOptions() (*egress.Options, error) {
 	return &egress.Options{Policy: pol}, nil
 }
 
-// credentialEnv are environment variables whose presence means the harness
-// process holds a credential a sandbox must not reach.
-var credentialEnv = []string{"OPENAI_API_KEY", "AZURE_OPENAI_API_KEY", "ANTHROPIC_API_KEY", "AWS_SECRET_ACCESS_KEY",
-	"AWS_SESSION_TOKEN", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_KEY", "GITHUB_TOKEN", "GH_TOKEN", "GIT_TOKEN"}
-
-// credentials says which credentials this harness process carries ("" for
-// none): a model API key it uses, or a credential in its environment.
-func (g *globals) credentials() string {
-	var have []string
-	if g.modelKey {
-		have = append(have, "a model API key")
-	}
-	for _, k := range credentialEnv {
-		if os.Getenv(k) != "" {
-			have = append(have, "$"+k)
-		}
-	}
-	return strings.Join(have, ", ")
-}
-
 // localProvider makes the local provider --isolation asks for. auto takes
-// the strongest isolation available; with none available it falls back to
-// plain processes only for a command that carries no credentials (and
-// says so), and refuses otherwise: plain processes must then be chosen
-// with --isolation none, which warns.
+// bubblewrap, and never falls back to plain processes: without it, it
+// fails (local.ErrNoIsolation), and plain processes must be chosen by
+// name with --isolation none, which warns. --sandbox-rootfs gives the
+// sandboxes a root file system of their own.
 func (g *globals) localProvider(dir string, log *zap.Logger) (*local.Provider, error) {
 	iso, err := local.ParseIsolation(g.isolation)
 	if err != nil {
@@ -174,16 +155,10 @@ func (g *globals) localProvider(dir string, log *zap.Logger) (*local.Provider, e
 	if err != nil {
 		return nil, err
 	}
-	cfg := local.Config{StateDir: dir, AgentdPath: g.agentd, Isolation: iso, Egress: eg}
+	cfg := local.Config{StateDir: dir, AgentdPath: g.agentd, Isolation: iso, Egress: eg, RootFS: g.sandboxRootFS}
 	p, err := local.New(cfg, log)
-	fellBack := false
 	if errors.Is(err, local.ErrNoIsolation) {
-		if creds := g.credentials(); creds != "" {
-			return nil, fmt.Errorf("%w; this harness carries credentials (%s) that a plain sandbox process could reach: "+
-				"install bubblewrap, or pass --isolation none to accept that", err, creds)
-		}
-		cfg.Isolation, fellBack = local.IsolationNone, true
-		p, err = local.New(cfg, log)
+		return nil, fmt.Errorf("%w (--isolation none)", err)
 	}
 	if err != nil {
 		return nil, err
@@ -193,14 +168,11 @@ func (g *globals) localProvider(dir string, log *zap.Logger) (*local.Provider, e
 		if g.announce {
 			fmt.Fprintf(g.streams.Err, "harness: local sandboxes isolated with %s\n", p.Isolation())
 		}
-	case !g.announce:
+	case g.announce:
+		fmt.Fprintln(g.streams.Err, "harness: WARNING: --isolation none: the sandbox runs as plain processes that see this host's files and network")
+	default:
 		// Commands on existing sandboxes (exec, cp, ls ...) pass their
 		// output through: the warning came when the sandbox was made.
-	case fellBack:
-		fmt.Fprintln(g.streams.Err, "harness: WARNING: no sandbox isolation is available here (install bubblewrap): the sandbox runs as plain processes "+
-			"that see this host's files and network (allowed because this run carries no credentials)")
-	default:
-		fmt.Fprintln(g.streams.Err, "harness: WARNING: --isolation none: the sandbox runs as plain processes that see this host's files and network")
 	}
 	return p, nil
 }
@@ -218,7 +190,8 @@ func newRoot(s Streams) *cobra.Command {
 	pf.StringVar(&g.provider, "provider", "local", "sandbox provider: local, docker, remote or kubernetes")
 	pf.StringVar(&g.stateDir, "state-dir", "", "where sandboxes, session states and snapshots are kept (default: user cache dir/bulkhead; /var/lib/bulkhead for root)")
 	pf.StringVar(&g.agentd, "agentd", "", "sandbox-agentd binary for local sandboxes (default: next to harness, then PATH)")
-	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: auto (the strongest available; refuses to run plain processes for a run that carries credentials), bubblewrap, gvisor (runsc on PATH), or none (plain processes, explicitly)")
+	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: auto (bubblewrap; fails where bwrap is missing, never falling back to plain processes), bubblewrap, gvisor (runsc on PATH), or none (plain processes that see this host's files and network: only by name)")
+	pf.StringVar(&g.sandboxRootFS, "sandbox-rootfs", "", "local sandboxes: a directory holding their root file system (make rootfs writes one: bin/rootfs), shared read-only, in place of this host's /; needs bubblewrap or gvisor isolation")
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
 	pf.StringVar(&g.dockerRuntime, "docker-runtime", "", "docker sandboxes: the engine's OCI runtime to use, e.g. runsc for gVisor (registered in the engine's daemon.json)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")

@@ -159,7 +159,6 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 	if label != "" {
 		fmt.Fprintln(cmd.ErrOrStderr(), label)
 	}
-	g.modelKey = label == "" // a real model, called with an API key
 	g.announce = true
 	client, release, err := g.client(materializer.Options{BaseDir: baseDir})
 	if err != nil {

@@ -166,7 +166,6 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if err != nil {
 		return fmt.Errorf("%w (set OPENAI_API_KEY; OPENAI_BASE_URL for another endpoint)", err)
 	}
-	g.modelKey = true
 	st, err := f.openStore(ctx, g)
 	if err != nil {
 		return err

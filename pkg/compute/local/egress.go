@@ -66,12 +66,12 @@ func (p *Provider) startEgress(dir string) ([]string, error) {
 		return nil, err
 	}
 	socket := filepath.Join(dir, runDir, egress.SocketName)
-	// The daemon (root, or the harness's user in a user namespace) is the
-	// one that connects.
+	// The daemon (root, the sandbox's root in its user namespace, or the
+	// harness's user) is the one that connects: see giveEgressSocket.
 	if err := p.egressServers().Start(dir, socket, p.cfg.Egress.Policy, 0o600); err != nil {
 		return nil, err
 	}
-	if err := p.egressForGVisor(dir, socket); err != nil {
+	if err := p.giveEgressSocket(dir, socket); err != nil {
 		return nil, err
 	}
 	return egress.RelayArgs(socket), nil
@@ -89,15 +89,23 @@ func (p *Provider) resumeEgress(dir string) error {
 	if err := p.egressServers().Start(dir, socket, pol, 0o600); err != nil {
 		return err
 	}
-	return p.egressForGVisor(dir, socket)
+	return p.giveEgressSocket(dir, socket)
 }
 
-// egressForGVisor gives the proxy's socket to the gVisor sandbox account
-// recorded in dir, if any: that account's daemon is the one that connects.
-// Only earlier versions ran the daemon as such an account; Launch drops
-// the record (gvisorForgetAccount) before it starts the proxy.
-func (p *Provider) egressForGVisor(dir, socket string) error {
-	if uid, ok := gvisorOwner(dir); ok {
+// giveEgressSocket gives the proxy's socket to the account whose daemon
+// connects to it when that is not root: the sandbox's root in a sandbox
+// with a user namespace of its own (the host id base recorded in dir, see
+// userns.go), or the gVisor sandbox account recorded in dir. Only earlier
+// versions ran a gVisor daemon as such an account; Launch drops the record
+// (gvisorForgetAccount) before it starts the proxy.
+func (p *Provider) giveEgressSocket(dir, socket string) error {
+	uid, ok := gvisorOwner(dir)
+	if base, has, err := readIDBase(dir); err != nil {
+		return fmt.Errorf("egress proxy socket: %w", err)
+	} else if has {
+		uid, ok = int(base), true
+	}
+	if ok {
 		if err := os.Lchown(socket, uid, uid); err != nil {
 			return fmt.Errorf("egress proxy socket: %w", err)
 		}

@@ -174,7 +174,7 @@ func TestEgressRefusedWithoutIsolation(t *testing.T) {
 		t.Fatalf("New with isolation none and an allow list: %v", err)
 	}
 	if _, lerr := exec.LookPath("bwrap"); lerr == nil {
-		_, err = New(Config{StateDir: t.TempDir(), AgentdPath: agentdBin, Isolation: IsolationBubblewrap, Network: true,
+		_, err = New(Config{StateDir: testenv.SearchableTempDir(t), AgentdPath: agentdBin, Isolation: IsolationBubblewrap, Network: true,
 			Egress: &egress.Options{}}, zap.NewNop())
 		if !errors.Is(err, compute.ErrInvalidArgument) {
 			t.Fatalf("New with Network and an allow list: %v", err)

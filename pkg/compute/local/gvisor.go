@@ -19,9 +19,10 @@ import (
 // (`runsc run` of an OCI bundle written into the sandbox's private
 // directory), so every system call of the sandbox's processes is served
 // by gVisor's user-space kernel, not the host's. The sandbox sees the
-// same file system as under bubblewrap (the host's read-only, its own
-// workspace, socket directory, accounts and homes writable, the rest of
-// the state directory hidden) and, by default, no network but loopback.
+// same file system as under bubblewrap (the host's read-only, or
+// Config.RootFS laid out on an empty root, its own workspace, socket
+// directory, accounts and homes writable, the rest of the state directory
+// hidden) and, by default, no network but loopback.
 //
 // The daemon's socket lives in the bound run directory: runsc's
 // --host-uds=create lets the daemon create it as a host socket the
@@ -136,15 +137,28 @@ func (p *Provider) gvisorPrepare(dir string, daemonArgv []string) error {
 	if err := os.RemoveAll(g.root); err != nil {
 		return fmt.Errorf("gvisor: drop stale runsc state: %w", err)
 	}
+	if err := os.RemoveAll(g.rootfs); err != nil {
+		return fmt.Errorf("gvisor: drop the old root: %w", err)
+	}
 	for _, d := range []string{g.root, g.bundle, g.rootfs} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return fmt.Errorf("gvisor: %w", err)
 		}
 	}
-	if err := gvisorEtc(g.etcView, dir); err != nil {
+	baseEtc := "/etc"
+	if p.rootFS != "" {
+		baseEtc = filepath.Join(p.rootFS, "etc")
+		if err := p.gvisorRoot(dir, daemonArgv[0]); err != nil {
+			return err
+		}
+	}
+	if err := gvisorEtc(g.etcView, dir, baseEtc); err != nil {
 		return err
 	}
-	spec := p.gvisorSpec(dir, daemonArgv)
+	spec, err := p.gvisorSpec(dir, daemonArgv)
+	if err != nil {
+		return err
+	}
 	data, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {
 		return fmt.Errorf("gvisor: OCI spec: %w", err)
@@ -156,12 +170,12 @@ func (p *Provider) gvisorPrepare(dir string, daemonArgv []string) error {
 }
 
 // gvisorEtc makes view the sandbox's /etc: a symbolic link per entry of
-// the host's /etc to the same entry below /etc/.host (where the host's
-// /etc is bound read-only), and passwd and group linked to the sandbox's
-// private copies in dir/etc, which the daemon edits by rename (as
-// privateEtc does for bubblewrap, with links made on the host since an
-// OCI spec cannot make them).
-func gvisorEtc(view, dir string) error {
+// the base /etc (the host's, or the sandbox root file system's) to the
+// same entry below /etc/.host (where the base is bound read-only), and
+// passwd and group linked to the sandbox's private copies in dir/etc,
+// which the daemon edits by rename (as privateEtc does for bubblewrap,
+// with links made on the host since an OCI spec cannot make them).
+func gvisorEtc(view, dir, base string) error {
 	if err := os.RemoveAll(view); err != nil {
 		return fmt.Errorf("gvisor: /etc view: %w", err)
 	}
@@ -171,7 +185,7 @@ func gvisorEtc(view, dir string) error {
 	if err := os.Chmod(view, 0o755); err != nil {
 		return fmt.Errorf("gvisor: /etc view: %w", err)
 	}
-	entries, err := os.ReadDir("/etc")
+	entries, err := os.ReadDir(base)
 	if err != nil {
 		return fmt.Errorf("gvisor: /etc view: %w", err)
 	}
@@ -182,7 +196,7 @@ func gvisorEtc(view, dir string) error {
 		}
 		target := hostEtc + "/" + name
 		if e.Type()&fs.ModeSymlink != 0 {
-			if target, err = os.Readlink(filepath.Join("/etc", name)); err != nil {
+			if target, err = os.Readlink(filepath.Join(base, name)); err != nil {
 				continue // gone meanwhile
 			}
 		}
@@ -259,7 +273,7 @@ type ociNamespace struct {
 // gvisorSpec is the sandbox in dir as an OCI spec running daemonArgv as
 // root of the sandbox (inside gVisor) with the capabilities the daemon
 // needs and no more.
-func (p *Provider) gvisorSpec(dir string, daemonArgv []string) ociSpec {
+func (p *Provider) gvisorSpec(dir string, daemonArgv []string) (ociSpec, error) {
 	g := gvisorPathsOf(dir)
 	bind := func(src, dst string, rw bool) ociMount {
 		mode := "ro"
@@ -273,28 +287,48 @@ func (p *Provider) gvisorSpec(dir string, daemonArgv []string) ociSpec {
 	}
 	// The host's file system read-only, bound over an empty root (runsc
 	// mishandles later binds below a root path of / itself: they come out
-	// read-only), then gVisor's own /proc, /dev and /sys.
-	mounts := []ociMount{
-		bind("/", "/", false),
+	// read-only), or the sandbox root file system's entries bound on a root
+	// holding their mount points (see gvisorRoot); then gVisor's own
+	// /proc, /dev and /sys.
+	var mounts []ociMount
+	if p.rootFS == "" {
+		mounts = append(mounts, bind("/", "/", false))
+	} else {
+		layout, err := rootLayout(p.rootFS, gvisorKeep(dir, daemonArgv[0]))
+		if err != nil {
+			return ociSpec{}, err
+		}
+		for _, e := range layout {
+			if e.src != "" && !e.link {
+				mounts = append(mounts, bind(e.src, e.dest, false))
+			}
+		}
+	}
+	mounts = append(mounts, []ociMount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs"},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs", Options: []string{"nosuid", "noexec", "nodev", "ro"}},
 		tmpfs("/tmp", "1777"),
 		tmpfs("/run", "0755"),
-	}
+	}...)
 	// As under bubblewrap: the state directory hidden from its highest
-	// directory that needs hiding, then the sandbox's own parts.
-	if top := hiddenTop(p.cfg.StateDir, dir); top != "/tmp" {
+	// directory that needs hiding (on a root file system of the sandbox's
+	// own, there is nothing to hide), then the sandbox's own parts.
+	if top := hiddenTop(p.cfg.StateDir, dir); top != "/tmp" && p.rootFS == "" {
 		mounts = append(mounts, tmpfs(top, "0711"))
 	}
 	home := filepath.Join(dir, homeDir)
 	for _, d := range []string{filepath.Join(dir, "workspace"), filepath.Join(dir, runDir), filepath.Join(dir, "etc"), home} {
 		mounts = append(mounts, bind(d, d, true))
 	}
-	if fi, err := os.Stat("/home"); err == nil && fi.IsDir() {
+	baseEtc := "/etc"
+	if p.rootFS != "" {
+		baseEtc = filepath.Join(p.rootFS, "etc")
+	}
+	if fi, err := os.Stat("/home"); p.rootFS != "" || err == nil && fi.IsDir() {
 		mounts = append(mounts, bind(home, "/home", true))
 	}
-	mounts = append(mounts, bind(g.etcView, "/etc", false), bind("/etc", "/etc/"+hostEtc, false),
+	mounts = append(mounts, bind(g.etcView, "/etc", false), bind(baseEtc, "/etc/"+hostEtc, false),
 		// Last, after every tmpfs: the daemon binary may live below /tmp
 		// or below the hidden directory.
 		bind(daemonArgv[0], daemonArgv[0], false))
@@ -325,7 +359,61 @@ func (p *Provider) gvisorSpec(dir string, daemonArgv []string) ociSpec {
 		Hostname: "sandbox",
 		Mounts:   mounts,
 		Linux:    ociLinux{Namespaces: namespaces},
+	}, nil
+}
+
+// gvisorKeep are the paths a gVisor sandbox on a root file system of its
+// own needs at their host paths (see rootLayout): the private directory
+// in dir and the daemon binary.
+func gvisorKeep(dir, agentd string) []string { return []string{dir, agentd} }
+
+// gvisorRoot makes the OCI root of the gVisor sandbox in dir on a root
+// file system of its own: an empty tree holding the mount points of the
+// root file system's entries (see rootLayout), of the sandbox's own
+// parts, of the daemon binary agentd and of gVisor's /proc, /dev, /sys,
+// /tmp, /run, /etc and /home, which gvisorSpec mounts there.
+func (p *Provider) gvisorRoot(dir, agentd string) error {
+	root := gvisorPathsOf(dir).rootfs
+	layout, err := rootLayout(p.rootFS, gvisorKeep(dir, agentd))
+	if err != nil {
+		return err
 	}
+	fail := func(err error) error { return fmt.Errorf("gvisor: sandbox root: %w", err) }
+	mkdir := func(path string, perm fs.FileMode) error {
+		if err := os.MkdirAll(filepath.Join(root, path), 0o755); err != nil {
+			return err
+		}
+		return os.Chmod(filepath.Join(root, path), perm)
+	}
+	for _, e := range layout {
+		at := filepath.Join(root, e.dest)
+		switch {
+		case e.link:
+			err = os.Symlink(e.src, at)
+		case e.src == "":
+			err = mkdir(e.dest, e.perm)
+		case e.dir:
+			err = mkdir(e.dest, 0o755)
+		default:
+			err = os.WriteFile(at, nil, 0o644)
+		}
+		if err != nil {
+			return fail(err)
+		}
+	}
+	for _, d := range []string{"/proc", "/dev", "/sys", "/tmp", "/run", "/etc", "/home",
+		filepath.Join(dir, "workspace"), filepath.Join(dir, runDir), filepath.Join(dir, "etc"), filepath.Join(dir, homeDir)} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return fail(err)
+		}
+	}
+	if err := os.MkdirAll(filepath.Join(root, filepath.Dir(agentd)), 0o755); err != nil {
+		return fail(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, agentd), nil, 0o755); err != nil {
+		return fail(err)
+	}
+	return nil
 }
 
 // unmountNullNetNS unmounts the empty network namespace runsc

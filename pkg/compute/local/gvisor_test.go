@@ -77,7 +77,10 @@ func TestGVisorSpec(t *testing.T) {
 	}
 	dir := filepath.Join(state, "sess-1")
 	argv := []string{"/opt/bin/sandbox-agentd", "--listen", "unix://" + filepath.Join(dir, runDir, socketName)}
-	spec := p.gvisorSpec(dir, argv)
+	spec, err := p.gvisorSpec(dir, argv)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !slices.Equal(spec.Process.Args, argv) || spec.Process.User.UID != 0 || !spec.Process.NoNewPrivileges {
 		t.Errorf("process %+v, want the daemon as root inside, without set-uid escalation", spec.Process)
 	}

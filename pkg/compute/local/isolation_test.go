@@ -62,7 +62,7 @@ func TestAutoNeverFallsBackSilently(t *testing.T) {
 
 func TestAutoPicksBubblewrap(t *testing.T) {
 	testenv.Require(t, testenv.Bubblewrap)
-	p, err := New(Config{StateDir: t.TempDir(), AgentdPath: "/bin/true"}, zap.NewNop())
+	p, err := New(Config{StateDir: testenv.SearchableTempDir(t), AgentdPath: "/bin/true"}, zap.NewNop())
 	if err != nil {
 		t.Fatal(err)
 	}

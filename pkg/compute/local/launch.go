@@ -69,6 +69,10 @@ type Options struct {
 	// the cgroup...), the daemon is started outside it: Sandbox.Cgroup is
 	// then empty and CgroupErr says why.
 	Cgroup string
+	// UserNS, when set, starts the daemon (or its wrapper) as root of a new
+	// user namespace mapping the ids it describes (see userns.go). Only a
+	// root harness may map ids other than its own.
+	UserNS *UserNS
 }
 
 // Sandbox is a running local daemon and a client connected to it.
@@ -186,6 +190,9 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		// sandbox, and Close can kill the whole group. No Pdeathsig: a local
 		// sandbox may outlive the harness, to be resumed by the next one.
 		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		if opts.UserNS != nil {
+			opts.UserNS.sysProcAttr(cmd.SysProcAttr)
+		}
 		if cgroup != nil {
 			cmd.SysProcAttr.UseCgroupFD = true
 			cmd.SysProcAttr.CgroupFD = int(cgroup.Fd())

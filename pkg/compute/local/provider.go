@@ -38,7 +38,9 @@ const ProviderName = "local"
 type Config struct {
 	// StateDir holds one private directory per sandbox (socket, token,
 	// workspace); "" means <user cache dir>/bulkhead/local, or
-	// /var/lib/bulkhead/local for root.
+	// /var/lib/bulkhead/local for root. A root harness's bubblewrap
+	// sandboxes need every directory above it searchable by other users
+	// (see userns.go); New says so otherwise.
 	StateDir string
 	// AgentdPath is the daemon binary; "" means FindAgentd.
 	AgentdPath string
@@ -62,7 +64,8 @@ type Config struct {
 	// otherwise runs under (package seccomp: ptrace, mounts, namespaces,
 	// kernel modules, the keyring... are refused). For debugging a
 	// program the filter stops, never in production: processes that run
-	// as root in the sandbox of a root harness keep every capability.
+	// as root in the sandbox of a root harness keep the daemon's
+	// capabilities (in the sandbox's user namespace).
 	NoSeccomp bool
 	// Runsc is gVisor's runsc binary for IsolationGVisor; "" means runsc
 	// on PATH.
@@ -70,6 +73,15 @@ type Config struct {
 	// GVisorFlags are extra runsc flags for every gVisor sandboxes
 	// (--platform=kvm, --debug-log=DIR/ ...).
 	GVisorFlags []string
+	// RootFS, when set, is a directory holding the sandboxes' root file
+	// system (`make rootfs` writes one: the small sandbox image's tree),
+	// shared read-only by every sandbox in place of the host's /: a
+	// sandbox then sees nothing of the host, its /etc is the tree's
+	// (with passwd and group the sandbox's own), and the daemon binary is
+	// bound in (see rootfs.go). It must be owned by root (or the
+	// harness's user), not writable by others, and hold bin/sh. Needs
+	// bubblewrap or gVisor isolation. A service (`harness serve`) sets it.
+	RootFS string
 }
 
 // Isolation is how a local sandbox is confined.
@@ -90,10 +102,13 @@ const (
 	// (DefaultRunAs), so they cannot read the harness's memory or
 	// environment; they still see the host's file system and network.
 	IsolationNone Isolation = "none"
-	// IsolationBubblewrap runs it under bubblewrap: new pid, mount, ipc,
-	// uts and network namespaces (and a user namespace when the harness is
-	// not root), the host file system read-only, the workspace the only
-	// writable path besides a private /tmp, no network unless asked.
+	// IsolationBubblewrap runs it under bubblewrap: new user, pid, mount,
+	// ipc, uts and network namespaces, the host file system (or
+	// Config.RootFS) read-only, the workspace the only writable path
+	// besides a private /tmp, no network unless asked. A root harness
+	// gives each sandbox a user namespace whose root is an unprivileged
+	// host uid of the sandbox's own (see userns.go); otherwise bwrap maps
+	// the harness's user.
 	IsolationBubblewrap Isolation = "bubblewrap"
 	// IsolationGVisor runs it in a gVisor sandbox (runsc): the same file
 	// system view and network as bubblewrap, but the sandbox's system
@@ -138,6 +153,11 @@ type Provider struct {
 	runsc string // runsc binary when they are isolated with gVisor
 	// isolation is the mode in effect (never IsolationAuto).
 	isolation Isolation
+	// rootFS is Config.RootFS, checked and resolved ("" for the host's /).
+	rootFS string
+	// userns: this root harness starts its bubblewrap sandboxes in user
+	// namespaces of their own (see userns.go).
+	userns bool
 	// noCgroup logs, once, why a sandbox runs without a cgroup.
 	noCgroup sync.Once
 	// egress are the egress proxies this provider serves (egressServers).
@@ -230,6 +250,28 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 	default:
 		return nil, fmt.Errorf("%w: unknown isolation %q", compute.ErrInvalidArgument, cfg.Isolation)
 	}
+	p.userns = p.bwrap != "" && os.Geteuid() == 0
+	if cfg.RootFS != "" {
+		if p.isolation == IsolationNone {
+			return nil, fmt.Errorf("%w: a sandbox root file system (%s) needs bubblewrap or gVisor isolation: a plain local sandbox sees the host's", compute.ErrInvalidArgument, cfg.RootFS)
+		}
+		if p.rootFS, err = checkRootFS(cfg.RootFS); err != nil {
+			return nil, err
+		}
+	}
+	if p.userns {
+		// bwrap sets the sandbox up as root of its user namespace, no
+		// host root: what it binds must be reachable by any user.
+		for what, path := range map[string]string{"state directory": cfg.StateDir, "sandbox root file system": p.rootFS} {
+			if blocked := unsearchableAncestor(path); path != "" && blocked != "" {
+				return nil, fmt.Errorf("%w: the %s %s is below %s, which other users may not search: a root harness's bubblewrap sandboxes are set up by their own unprivileged root, which must reach it; "+
+					"choose one other users may pass through (e.g. below /var/lib)", compute.ErrFailedPrecondition, what, path, blocked)
+			}
+		}
+		if p.cfg.AgentdPath, err = reachableAgentd(cfg.StateDir, cfg.AgentdPath); err != nil {
+			return nil, err
+		}
+	}
 	if p.isolation == IsolationNone {
 		// Plain sandboxes share the host's process table: keep this
 		// process's environment, memory and descriptors (the model API key
@@ -266,17 +308,29 @@ func MakeNonDumpable() error {
 }
 
 // DefaultRunAs gives a session whose manifest names no run_as user an
-// account of its own, with a uid drawn at random from a range far above
-// the host's accounts (2^24 to 2^31), so that processes of two plain
-// sandboxes on one host never share a uid (one could otherwise signal,
-// trace or read the other's processes and files). Only a root harness can
-// make accounts; otherwise it returns nil and work runs as the harness's
-// user (inside bubblewrap's user namespace, or plainly with IsolationNone).
+// account of its own. In a root harness's bubblewrap sandbox, whose user
+// namespace maps ids of its own (see userns.go), its uid is drawn at
+// random from [minRunAsUID, maxRunAsUID) (ids the sandbox's base accounts
+// and most manifests leave free): no other sandbox shares its host uid
+// whatever it is. Otherwise (plain or gVisor sandboxes of a root harness)
+// the uid is drawn from a range far above the host's accounts (2^24 to
+// 2^31), so that processes of two such sandboxes on one host never share
+// a uid (one could otherwise signal, trace or read the other's processes
+// and files). Only a root harness can make accounts; otherwise it returns
+// nil and work runs as the harness's user (inside bubblewrap's user
+// namespace, or plainly with IsolationNone).
 func (p *Provider) DefaultRunAs() *manifest.User {
 	if os.Geteuid() != 0 {
 		return nil
 	}
-	uid, err := randomUID()
+	lo, hi, etc := uint32(minSandboxUID), uint32(maxSandboxUID), "/etc"
+	if p.userns {
+		lo, hi = minRunAsUID, maxRunAsUID
+		if p.rootFS != "" {
+			etc = filepath.Join(p.rootFS, "etc")
+		}
+	}
+	uid, err := randomUID(lo, hi, etc)
 	if err != nil {
 		p.log.Warn("no uid for the sandbox's own account", zap.Error(err))
 		return nil
@@ -284,17 +338,29 @@ func (p *Provider) DefaultRunAs() *manifest.User {
 	return &manifest.User{Name: compute.DefaultRunAsName, UID: &uid}
 }
 
-// Sandbox accounts' uids are drawn from [minSandboxUID, maxSandboxUID).
+// Sandbox accounts' uids are drawn from [minSandboxUID, maxSandboxUID)
+// (plain and gVisor sandboxes of a root harness); the host id blocks of
+// bubblewrap sandboxes' user namespaces too (see userns.go).
 const (
 	minSandboxUID = 1 << 24
 	maxSandboxUID = 1 << 31
 )
 
-// randomUID draws a uid that the host's passwd and group do not use.
-func randomUID() (uint32, error) {
+// In a sandbox with a user namespace of its own, the default account's
+// uid is drawn from [minRunAsUID, maxRunAsUID): above the ids account
+// tools hand out first (1000 on), below nobody's (65534).
+const (
+	minRunAsUID = 10000
+	maxRunAsUID = 60000
+)
+
+// randomUID draws a uid in [lo, hi) that the passwd and group files of
+// the directory etc (the host's /etc, or the one the sandbox's accounts
+// are seeded from) do not use.
+func randomUID(lo, hi uint32, etc string) (uint32, error) {
 	taken := map[uint32]bool{}
-	for _, name := range []string{"/etc/passwd", "/etc/group"} {
-		data, err := os.ReadFile(name)
+	for _, name := range []string{"passwd", "group"} {
+		data, err := os.ReadFile(filepath.Join(etc, name))
 		if err != nil {
 			continue
 		}
@@ -311,7 +377,7 @@ func randomUID() (uint32, error) {
 		if _, err := rand.Read(b[:]); err != nil {
 			return 0, fmt.Errorf("random uid: %w", err)
 		}
-		uid := minSandboxUID + binary.LittleEndian.Uint32(b[:])%(maxSandboxUID-minSandboxUID)
+		uid := lo + binary.LittleEndian.Uint32(b[:])%(hi-lo)
 		if !taken[uid] {
 			return uid, nil
 		}
@@ -358,8 +424,15 @@ const (
 
 // Launch starts a daemon for a session.
 func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute.Sandbox, error) {
+	if p.userns {
+		if err := checkIDs(spec.Manifest); err != nil {
+			return nil, err
+		}
+	}
 	dir := filepath.Join(p.cfg.StateDir, spec.SessionID)
-	if filepath.Dir(dir) != filepath.Clean(p.cfg.StateDir) || filepath.Base(dir) != spec.SessionID {
+	// Names starting with a dot are the state directory's own (see
+	// agentdCopyPrefix).
+	if filepath.Dir(dir) != filepath.Clean(p.cfg.StateDir) || filepath.Base(dir) != spec.SessionID || strings.HasPrefix(spec.SessionID, ".") {
 		return nil, fmt.Errorf("%w: session id %q cannot name a local sandbox directory", compute.ErrInvalidArgument, spec.SessionID)
 	}
 	if spec.Prior != nil {
@@ -393,6 +466,30 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	if err := os.Chmod(dir, 0o711); err != nil {
 		return nil, fmt.Errorf("create sandbox directory: %w", err)
 	}
+	var idBase uint32
+	if p.userns {
+		if _, ok, err := readIDBase(dir); err == nil && !ok && kept {
+			// Made before sandboxes had user namespaces: its files
+			// belong to host ids the new namespace cannot map. The
+			// session restores its workspace from its snapshot instead.
+			p.log.Warn("the sandbox being replaced predates user namespaces: its workspace and accounts are not kept",
+				zap.String("dir", dir))
+			for _, d := range []string{"workspace", "etc", homeDir} {
+				if err := removeTree(filepath.Join(dir, d)); err != nil {
+					return nil, fmt.Errorf("replace the sandbox of session %s: %w", spec.SessionID, err)
+				}
+			}
+			kept = false
+		}
+		base, err := p.idBase(dir)
+		if err != nil {
+			if !kept {
+				_ = removeTree(dir)
+			}
+			return nil, err
+		}
+		idBase = base
+	}
 	token, err := NewToken()
 	if err != nil {
 		return nil, err
@@ -403,10 +500,14 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	// The sandbox's accounts live in a private etc (seeded from the host's
 	// passwd and group), so materializing users never edits the host's.
 	etc := filepath.Join(dir, "etc")
-	if err := seedEtc(etc); err != nil {
+	baseEtc := "/etc"
+	if p.rootFS != "" {
+		baseEtc = filepath.Join(p.rootFS, "etc")
+	}
+	if err := seedEtc(etc, baseEtc); err != nil {
 		return nil, err
 	}
-	if err := seedRunAs(dir, spec.Manifest); err != nil {
+	if err := seedRunAs(dir, spec.Manifest, idBase); err != nil {
 		return nil, err
 	}
 	args := []string{"--etc-root", dir}
@@ -422,8 +523,23 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			return nil, fmt.Errorf("create sandbox directory: %w", err)
 		}
 	}
+	if p.userns {
+		// The daemon is root of the sandbox's user namespace, host uid
+		// idBase: what it writes must be its own (a kept workspace
+		// already is, and its files are their users').
+		own := []string{run, etc, filepath.Join(etc, "passwd"), filepath.Join(etc, "group"), filepath.Join(dir, homeDir)}
+		if !kept {
+			own = append(own, ws)
+		}
+		if err := chownToSandbox(idBase, own...); err != nil {
+			if !kept {
+				_ = removeTree(dir)
+			}
+			return nil, err
+		}
+	}
 	if p.runsc != "" {
-		// Before the egress proxy (see egressForGVisor).
+		// Before the egress proxy (see giveEgressSocket).
 		if err = gvisorForgetAccount(dir); err != nil {
 			if !kept {
 				_ = removeTree(dir)
@@ -448,18 +564,30 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	}
 	opts := Options{AgentdPath: p.cfg.AgentdPath, Dir: run, Workspace: ws, Token: token, Args: args,
 		Stderr: p.cfg.Stderr, ReadyTimeout: p.cfg.ReadyTimeout}
+	var rewound []*os.File // what a restart must rewind (see rewind)
 	if p.bwrap != "" {
-		seccompFD := 0
+		var filter *os.File
 		if !p.cfg.NoSeccomp {
-			filter, err := seccomp.File()
-			if err != nil {
+			if filter, err = seccomp.File(); err != nil {
 				return nil, fmt.Errorf("sandbox seccomp filter (Config.NoSeccomp turns it off for debugging): %w", err)
 			}
 			defer filter.Close() // bwrap holds its own copy once started
-			opts.ExtraFiles = append(opts.ExtraFiles, filter)
-			seccompFD = 3 + len(opts.ExtraFiles)
+			rewound = append(rewound, filter)
 		}
-		opts.Wrap = func(argv []string) []string { return p.bubblewrap(dir, argv, seccompFD) }
+		bw, err := p.bubblewrap(dir, filter)
+		if err != nil {
+			if !kept {
+				_ = removeTree(dir)
+			}
+			return nil, err
+		}
+		opts.ExtraFiles = bw.files
+		opts.Wrap = func(argv []string) []string {
+			return append(append(append([]string{p.bwrap}, bw.args...), "--"), argv...)
+		}
+		if p.userns {
+			opts.UserNS = &UserNS{HostID: idBase, Size: idBlockSize}
+		}
 	} else if p.runsc != "" {
 		opts.Prepare = func(argv []string) error { return p.gvisorPrepare(dir, argv) }
 		opts.Wrap = func([]string) []string { return p.gvisorArgv(dir) }
@@ -492,7 +620,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 				opts.Cgroup = ""
 			}
 		}
-		if err = rewind(opts.ExtraFiles); err != nil {
+		if err = rewind(rewound); err != nil {
 			break
 		}
 		sb, err = Start(ctx, opts, p.log)
@@ -615,7 +743,7 @@ func (p *Provider) dirOf(prior json.RawMessage) (string, error) {
 		return "", fmt.Errorf("%w: local provider state: %v", compute.ErrInvalidArgument, err)
 	}
 	dir := filepath.Clean(ps.Dir)
-	if filepath.Dir(dir) != filepath.Clean(p.cfg.StateDir) {
+	if filepath.Dir(dir) != filepath.Clean(p.cfg.StateDir) || strings.HasPrefix(filepath.Base(dir), ".") {
 		return "", fmt.Errorf("%w: local sandbox directory %s is not in this provider's state directory", compute.ErrInvalidArgument, dir)
 	}
 	return dir, nil
@@ -870,119 +998,107 @@ func rewind(files []*os.File) error {
 // process exits before its daemon serves.
 const bwrapStartAttempts = 3
 
-// bubblewrap wraps the daemon's argv: the host file system read-only, the
-// workspace, the socket directory and the private etc writable, fresh
-// /dev, /proc, /tmp and (without the host network) /run, and new
-// namespaces. A root harness keeps real root for the daemon (no user
-// namespace), so run_as accounts work; otherwise a user namespace maps the
-// harness user. With seccompFD > 0, bwrap reads
-// the seccomp filter (package seccomp) from that inherited descriptor and
-// installs it on the daemon, and so on everything the sandbox runs.
-func (p *Provider) bubblewrap(dir string, argv []string, seccompFD int) []string {
-	out := []string{p.bwrap,
-		// The daemon is the pid namespace's init (it reaps like one): when
-		// it dies, for whatever reason, the kernel ends everything inside.
-		"--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
-		"--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"}
-	if !p.cfg.Network {
-		// The host's /run holds its daemons' sockets (Docker's among
-		// them): a root harness's daemon runs as root, so hide them
-		// behind a fresh tmpfs. (A sandbox on the host network keeps
-		// /run: its resolver configuration may live there.)
-		out = append(out, "--perms", "0755", "--tmpfs", "/run")
+// bubblewrap returns bwrap's arguments for the sandbox in dir (those
+// after the bwrap binary, up to "--"), with the descriptors they name: the
+// host file system read-only, or, with Config.RootFS, the sandbox root
+// file system instead (see rootfs.go); the workspace, the socket directory
+// and the private etc writable; fresh /dev, /proc, /tmp and (without the
+// host network) /run; and new namespaces. A root harness starts bwrap as
+// root of a user namespace of the sandbox's own (Options.UserNS, see
+// userns.go), which bwrap does not make itself; otherwise bwrap makes one
+// mapping the harness user. With filter set, bwrap reads the seccomp
+// filter (package seccomp) from it and installs it on the daemon, and so
+// on everything the sandbox runs.
+func (p *Provider) bubblewrap(dir string, filter *os.File) (*bwrapArgs, error) {
+	b := &bwrapArgs{}
+	// The daemon is the pid namespace's init (it reaps like one): when
+	// it dies, for whatever reason, the kernel ends everything inside.
+	b.add("--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+	agentd := p.cfg.AgentdPath
+	if p.rootFS != "" {
+		// bwrap's own tmpfs root, with the root file system on it; the
+		// private directory and the daemon binary are made at their host
+		// paths.
+		if err := b.rootFS(p.rootFS, []string{dir, agentd}); err != nil {
+			return nil, err
+		}
+	} else {
+		b.add("--ro-bind", "/", "/")
 	}
-	out = append(out, privateEtc(dir)...)
+	b.add("--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp")
+	if !p.cfg.Network || p.rootFS != "" {
+		// The host's /run holds its daemons' sockets (Docker's among
+		// them): hide them behind a fresh tmpfs. (A sandbox on the host
+		// network keeps /run: its resolver configuration may live there.)
+		b.add("--perms", "0755", "--tmpfs", "/run")
+	}
+	if err := b.privateEtc(dir, p.rootFS); err != nil {
+		return nil, err
+	}
 	// The sandbox sees of the state directory only its own workspace,
 	// socket directory, accounts and homes: a fresh tmpfs hides the rest
 	// (its token, other sandboxes and theirs) from the highest directory
 	// that needs hiding (see hiddenTop), and the directories on the way
 	// down are made 0711, so run_as accounts pass through to the workspace
-	// even below a 0700 home.
-	top := hiddenTop(p.cfg.StateDir, dir)
-	if top != "/tmp" {
-		out = append(out, "--perms", "0711", "--tmpfs", top)
+	// even below a 0700 home. On a root file system of the sandbox's own,
+	// nothing of the state directory is there to hide: the directories
+	// are made from / down.
+	top := "/"
+	if p.rootFS == "" {
+		if top = hiddenTop(p.cfg.StateDir, dir); top != "/tmp" {
+			b.add("--perms", "0711", "--tmpfs", top)
+		}
 	}
 	var chain []string
 	for a := dir; a != top && a != filepath.Dir(a); a = filepath.Dir(a) {
 		chain = append([]string{a}, chain...)
 	}
 	for _, a := range chain {
-		out = append(out, "--perms", "0711", "--dir", a)
+		b.add("--perms", "0711", "--dir", a)
 	}
 	home := filepath.Join(dir, homeDir)
-	out = append(out,
-		"--bind", filepath.Join(dir, "workspace"), filepath.Join(dir, "workspace"),
-		"--bind", filepath.Join(dir, runDir), filepath.Join(dir, runDir),
-		"--bind", filepath.Join(dir, "etc"), filepath.Join(dir, "etc"),
-		// Homes: where the daemon creates them (below its etc root) and
-		// where the accounts say they are; the host's /home is hidden.
-		"--bind", home, home, "--bind", home, "/home",
-		// Last, after every tmpfs: the daemon binary may live below /tmp
-		// or below the hidden directory (a root harness's ~/go/bin).
-		"--ro-bind", argv[0], argv[0],
-		// No --die-with-parent: the sandbox outlives the harness process so
-		// a later one can resume it; stopSandbox ends it explicitly.
-		"--new-session")
+	for _, d := range []string{filepath.Join(dir, "workspace"), filepath.Join(dir, runDir), filepath.Join(dir, "etc"), home} {
+		b.bind(d, d, false)
+	}
+	// Homes: where the daemon creates them (below its etc root) and where
+	// the accounts say they are; the host's /home is hidden.
+	b.bind(home, "/home", false)
+	// Last, after every tmpfs: the daemon binary may live below /tmp
+	// or below the hidden directory (a root harness's ~/go/bin).
+	b.bind(agentd, agentd, true)
+	if p.rootFS != "" {
+		b.add("--remount-ro", "/")
+	}
+	// No --die-with-parent: the sandbox outlives the harness process so
+	// a later one can resume it; stopSandbox ends it explicitly.
+	b.add("--new-session")
 	if !p.cfg.Network {
-		out = append(out, "--unshare-net")
+		b.add("--unshare-net")
 	}
 	if os.Geteuid() != 0 {
-		out = append(out, "--unshare-user")
+		b.add("--unshare-user")
 	} else {
-		// A root harness's sandbox would otherwise keep every capability
-		// (bwrap drops none for a real root caller): keep only what the
-		// daemon needs to act as run_as users, as the Docker provider does.
-		out = append(out, "--cap-drop", "ALL")
+		// Root of the sandbox's user namespace has every capability
+		// there (none on the host): keep only what the daemon needs to
+		// act as run_as users, as the Docker provider does.
+		b.add("--cap-drop", "ALL")
 		for _, c := range daemonCapabilities {
-			out = append(out, "--cap-add", c)
+			b.add("--cap-add", c)
 		}
 	}
-	if seccompFD > 0 {
-		out = append(out, "--seccomp", strconv.Itoa(seccompFD))
+	if filter != nil {
+		b.add("--seccomp", strconv.Itoa(b.inherit(filter)))
 	}
-	return append(append(out, "--"), argv...)
+	return b, nil
 }
 
 // daemonCapabilities are what a root harness's isolated sandbox keeps:
 // the daemon runs processes as other users (SETUID, SETGID), creates and
 // chowns their files (CHOWN, DAC_OVERRIDE, FOWNER, FSETID) and signals
 // their process groups (KILL); the same set as docker.DefaultCapabilities.
+// Under bubblewrap they are capabilities of the sandbox's user namespace,
+// over its own ids only.
 var daemonCapabilities = []string{"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FOWNER", "CAP_FSETID", "CAP_KILL", "CAP_SETGID", "CAP_SETUID"}
-
-// privateEtc returns the bwrap arguments that give the sandbox an /etc of
-// its own, on a tmpfs made read-only once filled: passwd and group are
-// symbolic links to the sandbox's private copies (<dir>/etc, which the
-// daemon edits by rename, so a bind of the files themselves would go
-// stale), and every other entry is the host's, through one read-only bind
-// of the host's /etc at /etc/.host and a symbolic link per entry (a bind
-// per entry costs a mount each: about 20 ms more per sandbox). Processes
-// then resolve the sandbox's accounts by name, as in a container.
-func privateEtc(dir string) []string {
-	entries, err := os.ReadDir("/etc")
-	if err != nil {
-		return nil // keep the host's /etc (read-only) rather than fail
-	}
-	out := []string{"--perms", "0755", "--tmpfs", "/etc", "--ro-bind", "/etc", "/etc/" + hostEtc}
-	for _, e := range entries {
-		name := e.Name()
-		if name == "passwd" || name == "group" || name == hostEtc {
-			continue
-		}
-		target := hostEtc + "/" + name
-		if e.Type()&fs.ModeSymlink != 0 {
-			// The host's own link, so that a relative target still
-			// resolves from /etc.
-			if target, err = os.Readlink(filepath.Join("/etc", name)); err != nil {
-				continue // gone meanwhile
-			}
-		}
-		out = append(out, "--symlink", target, filepath.Join("/etc", name))
-	}
-	for _, name := range []string{"passwd", "group"} {
-		out = append(out, "--symlink", filepath.Join(dir, "etc", name), filepath.Join("/etc", name))
-	}
-	return append(out, "--remount-ro", "/etc")
-}
 
 // hiddenTop returns the directory an isolated sandbox's view of the state
 // directory is rebuilt from: /tmp (already a fresh tmpfs) when dir lies
@@ -1005,9 +1121,10 @@ func hiddenTop(stateDir, dir string) string {
 // bound (see privateEtc).
 const hostEtc = ".host"
 
-// seedEtc creates a private etc with copies of the host's account files,
+// seedEtc creates a private etc with copies of the account files of the
+// directory base (the host's /etc, or the sandbox root file system's),
 // keeping an existing one (a replacement sandbox keeps its accounts).
-func seedEtc(etc string) error {
+func seedEtc(etc, base string) error {
 	if err := os.MkdirAll(etc, 0o755); err != nil {
 		return fmt.Errorf("sandbox accounts: %w", err)
 	}
@@ -1016,7 +1133,7 @@ func seedEtc(etc string) error {
 		if _, err := os.Stat(dst); err == nil {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join("/etc", name))
+		data, err := os.ReadFile(filepath.Join(base, name))
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return fmt.Errorf("sandbox accounts: %w", err)
 		}
@@ -1032,8 +1149,9 @@ func seedEtc(etc string) error {
 // no groups for it (the account DefaultRunAs gives): requests that name no
 // user run as it from the first one, even before the session materializes
 // its manifest (which then finds the account there). Only a root harness
-// can give the account's home to it.
-func seedRunAs(dir string, m *manifest.Manifest) error {
+// can give the account's home to it: with idBase (a sandbox with a user
+// namespace of its own), to the host ids its ids map to.
+func seedRunAs(dir string, m *manifest.Manifest, idBase uint32) error {
 	if m == nil || m.RunAs == "" || m.RunAs == "root" || os.Geteuid() != 0 {
 		return nil
 	}
@@ -1045,8 +1163,14 @@ func seedRunAs(dir string, m *manifest.Manifest) error {
 	if _, err := db.Lookup(m.RunAs); err == nil {
 		return nil // a replacement sandbox keeps its accounts
 	}
-	if _, err := db.AddUser(userdb.NewUser{Name: m.RunAs, UID: m.Users[i].UID}); err != nil {
+	u, err := db.AddUser(userdb.NewUser{Name: m.RunAs, UID: m.Users[i].UID})
+	if err != nil {
 		return fmt.Errorf("sandbox account %s: %w", m.RunAs, err)
+	}
+	if idBase != 0 {
+		if err := os.Lchown(filepath.Join(dir, u.Home), int(idBase+u.UID), int(idBase+u.GID)); err != nil {
+			return fmt.Errorf("sandbox account %s: home: %w", m.RunAs, err)
+		}
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -258,7 +257,7 @@ func TestCreateRefusesARunningSessionID(t *testing.T) {
 // names a directory outside the provider's state directory is refused:
 // nothing is created there, and nothing removed.
 func TestLaunchRefusesForeignDirectories(t *testing.T) {
-	stateDir, elsewhere := t.TempDir(), t.TempDir()
+	stateDir, elsewhere := testenv.SearchableTempDir(t), t.TempDir()
 	p, err := New(Config{StateDir: stateDir, AgentdPath: agentdBin}, zaptest.NewLogger(t))
 	if err != nil {
 		t.Fatal(err)
@@ -269,6 +268,9 @@ func TestLaunchRefusesForeignDirectories(t *testing.T) {
 		"prior elsewhere": {SessionID: "s1", Prior: prior},
 		"id with a slash": {SessionID: "../" + filepath.Base(elsewhere) + "/victim"},
 		"dot dot":         {SessionID: ".."},
+		// Names starting with a dot are the state directory's own.
+		"dot name":       {SessionID: agentdCopyPrefix + "0123456789abcdef"},
+		"prior dot name": {SessionID: "s2", Prior: json.RawMessage(`{"dir":"` + filepath.Join(stateDir, agentdCopyPrefix+"0123456789abcdef") + `"}`)},
 	} {
 		if _, err := p.Launch(t.Context(), spec); !errors.Is(err, compute.ErrInvalidArgument) {
 			t.Errorf("%s: Launch error %v, want ErrInvalidArgument", name, err)
@@ -303,86 +305,6 @@ func TestUnsearchableAncestor(t *testing.T) {
 	}
 	if got := unsearchableAncestor(deep); got != a {
 		t.Fatalf("unsearchableAncestor = %q, want %s", got, a)
-	}
-}
-
-// TestIsolatedStateDirBelowAPrivateHome: the CLI's default state directory
-// for a root harness is below /root (0700). An isolated sandbox there
-// still creates its accounts (their homes are the sandbox's own, at
-// /home), its run_as user reaches the workspace, and the sandbox sees
-// nothing else of the state directory: not its token, not other sandboxes.
-func TestIsolatedStateDirBelowAPrivateHome(t *testing.T) {
-	testenv.Require(t, testenv.Bubblewrap)
-	testenv.Require(t, testenv.Root) // creating sandbox accounts needs a root harness
-	// Not below /tmp, which isolated sandboxes see as a fresh tmpfs anyway.
-	private, err := os.MkdirTemp("/var/tmp", "bulkhead-home-")
-	if err != nil {
-		testenv.Skip(t, fmt.Sprintf("no /var/tmp here: %v", err))
-	}
-	t.Cleanup(func() { _ = os.RemoveAll(private) })
-	if err := os.Chmod(private, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	stateDir := filepath.Join(private, ".cache", "bulkhead", "local")
-	// The daemon binary below the hidden home too (a root harness's
-	// ~/go/bin): it must still be reachable inside.
-	bin := filepath.Join(private, "go", "bin", AgentdBinary)
-	data, err := os.ReadFile(agentdBin)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.MkdirAll(filepath.Dir(bin), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(bin, data, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	c, err := NewClient(Config{StateDir: stateDir, AgentdPath: bin, Isolation: IsolationBubblewrap},
-		compute.ClientOptions{Log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := &manifest.Manifest{Users: []manifest.User{{Name: "mate"}}, RunAs: "mate"}
-	var sessions []*compute.Session
-	for range 2 {
-		s, err := c.Create(ctx, compute.CreateOptions{Manifest: m})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
-		if err := s.Start(ctx); err != nil {
-			t.Fatalf("start (accounts below a read-only root): %v", err)
-		}
-		sessions = append(sessions, s)
-	}
-	s, other := sessions[0], sessions[1]
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{User: "mate",
-		Command: `id -un; echo ws > ws.txt && echo ws-ok; echo "$HOME"; echo h > "$HOME/h" && echo home-ok`}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := string(res.Stdout); got != "mate\nws-ok\n/home/mate\nhome-ok\n" {
-		t.Errorf("as the run_as user: %q (stderr %q)", got, res.Stderr)
-	}
-	// As root inside: the state directory holds only this sandbox's
-	// directory, and that only what the sandbox needs.
-	res, err = s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{User: "root",
-		Command: "ls -A " + stateDir + "; ls -A " + filepath.Join(stateDir, s.ID()) + "; ls -A " + private}}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	want := s.ID() + "\netc\nhome\nrun\nworkspace\n.cache\ngo\n"
-	if got := string(res.Stdout); got != want {
-		t.Errorf("as root inside, the state directory shows %q, want %q (stderr %q)", got, want, res.Stderr)
-	}
-	if strings.Contains(string(res.Stdout), other.ID()) {
-		t.Error("another sandbox is visible")
-	}
-	// On the host, the home is the sandbox's own.
-	if b, err := os.ReadFile(filepath.Join(stateDir, s.ID(), "home", "mate", "h")); err != nil || string(b) != "h\n" {
-		t.Errorf("home file on the host: %q, %v", b, err)
 	}
 }
 
