@@ -323,7 +323,9 @@ func startServe(ctx context.Context, binDir, dir, tokens, storeSpec, modelURL st
 	}
 	cmd := exec.Command(harness, "--provider", "local", "--isolation", "none", "--agentd", agentd, "--state-dir", filepath.Join(dir, "state"),
 		"serve", "--listen", "127.0.0.1:0", "--tokens-file", tokens, "--store", storeSpec, "--model", "scripted",
-		"--sandbox-retention", "0", "--drain-timeout", "10s")
+		"--sandbox-retention", "0", "--drain-timeout", "10s",
+		// One tenant runs all n runs at once: no per-tenant quotas.
+		"--max-runs-per-tenant", "-1", "--max-sandboxes-per-tenant", "-1")
 	cmd.Env = append(os.Environ(), "OPENAI_API_KEY=bench", "OPENAI_BASE_URL="+modelURL)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {

@@ -2,12 +2,14 @@ package cli
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +19,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/kubernetes"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
@@ -30,18 +35,37 @@ import (
 
 // serveFlags are the flags of `harness serve`.
 type serveFlags struct {
-	listen       string
-	tokensFile   string
-	jwksFile     string
-	jwtIssuer    string
-	jwtAudience  string
-	tenantClaim  string
-	store        string
-	model        string
-	instructions string
-	maxTurns     int
-	retention    time.Duration
-	drain        time.Duration
+	listen         string
+	tlsCert        string
+	tlsKey         string
+	insecureListen bool
+	metricsListen  string
+	models         []string
+	gitHosts       []string
+	gitCredentials []string
+	quotas         quotaFlags
+	tokensFile     string
+	jwksFile       string
+	jwtIssuer      string
+	jwtAudience    string
+	tenantClaim    string
+	store          string
+	model          string
+	instructions   string
+	maxTurns       int
+	retention      time.Duration
+	drain          time.Duration
+}
+
+// quotaFlags are serve's per-tenant quotas and per-sandbox caps (see
+// service.Quotas); sizes are text ("512MiB", "2G", bytes).
+type quotaFlags struct {
+	runs, sandboxes int
+	cpus            float64
+	memory, disk    string
+	fetchPerSandbox string
+	fetchPerTenant  string
+	fetchWindow     time.Duration
 }
 
 func newServeCmd(g *globals) *cobra.Command {
@@ -55,8 +79,20 @@ browse sandboxes and open terminals. One port speaks gRPC, gRPC-Web and JSON ove
 
 Every request needs "Authorization: Bearer ..." with a token from --tokens-file (lines "TOKEN TENANT")
 or a JWT verified against --jwks-file (with --jwt-issuer and --jwt-audience; the tenant comes from
---tenant-claim). The model is called with $OPENAI_API_KEY and $OPENAI_BASE_URL, which stay in this
-process: no request carries or receives a key.
+--tenant-claim). Tenants are namespaced by source: the token tenant alice is token:alice, a JWT's
+is jwt:ISSUER:CLAIM, so a JWT with sub "alice" is another tenant. The model is called with
+$OPENAI_API_KEY and $OPENAI_BASE_URL, which stay in this process: no request carries or receives a key,
+and a request may name only the default model or one --allow-model lists.
+
+A non-loopback --listen needs --tls-cert and --tls-key (HTTP/2 and HTTP/1.1 over TLS, so gRPC clients
+work), or --insecure-listen to serve plain HTTP anyway (behind a TLS-terminating proxy). Prometheus
+metrics show every tenant's activity: they are served only on --metrics-listen (off by default; keep
+it on loopback or a private network), never on the API's port.
+
+Each tenant has quotas: active runs (--max-runs-per-tenant), live sandboxes, its runs' and those kept
+for finished runs (--max-sandboxes-per-tenant), bytes its git checkouts bring in (per sandbox, and per
+tenant over --fetch-window); over a quota a request fails with ResourceExhausted naming it. Every
+sandbox gets --sandbox-cpus and --sandbox-memory (docker and kubernetes providers) and --sandbox-disk.
 
 Runs are kept in --store (bolt:PATH, the default under the state directory, or postgres://...). A
 restarted service resumes runs that wait for approval; on SIGTERM running runs stop at the end of
@@ -65,7 +101,22 @@ their turn, their sandboxes are persisted, and the next start continues them.`,
 		RunE: func(cmd *cobra.Command, _ []string) error { return serve(cmd, g, f) },
 	}
 	fl := cmd.Flags()
-	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to listen on (HTTP/1.1 and h2c; put TLS in front outside a trusted network)")
+	fl.StringVar(&f.listen, "listen", "127.0.0.1:8080", "address to listen on; a non-loopback address needs --tls-cert and --tls-key, or --insecure-listen")
+	fl.StringVar(&f.tlsCert, "tls-cert", "", "TLS certificate chain (PEM): serve HTTP/2 and HTTP/1.1 over TLS (with --tls-key)")
+	fl.StringVar(&f.tlsKey, "tls-key", "", "TLS private key (PEM) of --tls-cert")
+	fl.BoolVar(&f.insecureListen, "insecure-listen", false, "serve plain HTTP (and h2c) on a non-loopback --listen: bearer tokens cross the network unencrypted (for a TLS-terminating proxy in front)")
+	fl.StringVar(&f.metricsListen, "metrics-listen", "", "serve Prometheus metrics at /metrics on this address, e.g. 127.0.0.1:9464; unauthenticated and every tenant's: bind it to loopback or a private network (default: off)")
+	fl.StringArrayVar(&f.gitHosts, "git-host", nil, "a git host (a DNS name, e.g. github.com) tenants' git_repo entries may fetch from over https (repeatable; default: none, every git_repo entry is refused)")
+	fl.StringArrayVar(&f.gitCredentials, "git-credential", nil, "HOST=FILE: fetch from --git-host HOST with the token in FILE (its first line, read at each fetch), sent to that host only (repeatable)")
+	fl.StringArrayVar(&f.models, "allow-model", nil, "a model name requests may choose besides the default (repeatable; default: the default model only)")
+	fl.IntVar(&f.quotas.runs, "max-runs-per-tenant", service.DefaultRuns, "most active runs (pending, running, waiting for approval) of one tenant (-1: no limit)")
+	fl.IntVar(&f.quotas.sandboxes, "max-sandboxes-per-tenant", service.DefaultSandboxes, "most live sandboxes of one tenant, those kept for finished runs included (-1: no limit)")
+	fl.Float64Var(&f.quotas.cpus, "sandbox-cpus", 0, "CPU limit of every sandbox, e.g. 0.5 (docker, kubernetes; default: the provider's, one CPU)")
+	fl.StringVar(&f.quotas.memory, "sandbox-memory", "", "memory limit of every sandbox, e.g. 2GiB (docker, kubernetes; default: the provider's, 1 GiB)")
+	fl.StringVar(&f.quotas.disk, "sandbox-disk", "", "most bytes a snapshot restore may write into a sandbox, e.g. 10GiB (default: the daemon's limit); no provider caps what a sandbox's processes write yet")
+	fl.StringVar(&f.quotas.fetchPerSandbox, "max-fetch-bytes-per-sandbox", "1GiB", "most bytes the git checkouts of one sandbox bring in (none: no limit)")
+	fl.StringVar(&f.quotas.fetchPerTenant, "max-fetch-bytes-per-tenant", "10GiB", "most bytes one tenant's git checkouts bring in per --fetch-window (none: no limit)")
+	fl.DurationVar(&f.quotas.fetchWindow, "fetch-window", service.DefaultFetchWindow, "the window of --max-fetch-bytes-per-tenant (its budget refills evenly over it)")
 	fl.StringVar(&f.tokensFile, "tokens-file", "", `bearer tokens: one "TOKEN TENANT" per line`)
 	fl.StringVar(&f.jwksFile, "jwks-file", "", "JSON Web Key Set verifying JWT bearer credentials")
 	fl.StringVar(&f.jwtIssuer, "jwt-issuer", "", "with --jwks-file: the required iss")
@@ -137,6 +188,130 @@ func (f *serveFlags) openStore(ctx context.Context, g *globals) (store.Store, er
 	return nil, usageErr(compute.ErrInvalidArgument, "--store %q: want bolt:PATH or postgres://...", spec)
 }
 
+// tlsConfig loads --tls-cert and --tls-key (nil when neither is given).
+func (f *serveFlags) tlsConfig() (*tls.Config, error) {
+	if f.tlsCert == "" && f.tlsKey == "" {
+		return nil, nil
+	}
+	if f.tlsCert == "" || f.tlsKey == "" {
+		return nil, usageErr(compute.ErrInvalidArgument, "--tls-cert and --tls-key go together")
+	}
+	if f.insecureListen {
+		return nil, usageErr(compute.ErrInvalidArgument, "--insecure-listen serves plain HTTP; it does not go with --tls-cert")
+	}
+	cert, err := tls.LoadX509KeyPair(f.tlsCert, f.tlsKey)
+	if err != nil {
+		return nil, usageErr(compute.ErrInvalidArgument, "--tls-cert, --tls-key: %v", err)
+	}
+	return &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}, nil
+}
+
+// loopback reports whether a listener's address is a loopback one.
+func loopback(a net.Addr) bool {
+	ta, ok := a.(*net.TCPAddr)
+	return ok && ta.IP.IsLoopback()
+}
+
+// listenAPI listens on --listen and refuses to serve bearer tokens in the
+// clear beyond loopback: a non-loopback address needs TLS, or
+// --insecure-listen (which warns).
+func (f *serveFlags) listenAPI(g *globals, tlsCfg *tls.Config) (net.Listener, error) {
+	ln, err := net.Listen("tcp", f.listen)
+	if err != nil {
+		return nil, usageErr(compute.ErrInvalidArgument, "--listen %s: %v", f.listen, err)
+	}
+	switch {
+	case tlsCfg != nil || loopback(ln.Addr()):
+	case f.insecureListen:
+		fmt.Fprintf(g.streams.Err, "harness: WARNING: --insecure-listen: serving plain HTTP on %s, which is not a loopback address: "+
+			"bearer tokens, run inputs and files cross the network unencrypted unless a TLS-terminating proxy is in front\n", ln.Addr())
+	default:
+		_ = ln.Close()
+		return nil, usageErr(compute.ErrInvalidArgument, "--listen %s is not a loopback address, and bearer tokens must not cross the network in the clear: "+
+			"give --tls-cert and --tls-key, or --insecure-listen to serve plain HTTP anyway (behind a TLS-terminating proxy)", f.listen)
+	}
+	return ln, nil
+}
+
+// parseSize reads a byte size: a number with an optional unit (K, M, G,
+// T with or without "i"/"iB"/"B", all powers of 1024), or "none" (-1, no
+// limit) when none is allowed.
+func parseSize(flag, v string, none bool) (int64, error) {
+	t := strings.TrimSpace(v)
+	if t == "" {
+		return 0, nil
+	}
+	if none && strings.EqualFold(t, "none") {
+		return -1, nil
+	}
+	num := strings.TrimRightFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	unit := strings.ToUpper(strings.TrimSpace(t[len(num):]))
+	unit = strings.TrimSuffix(strings.TrimSuffix(unit, "B"), "I")
+	shift := map[string]uint{"": 0, "K": 10, "M": 20, "G": 30, "T": 40}
+	sh, ok := shift[unit]
+	n, err := strconv.ParseFloat(num, 64)
+	if !ok || err != nil || n < 0 || n*float64(uint64(1)<<sh) >= 1<<62 {
+		return 0, usageErr(compute.ErrInvalidArgument, "%s %q: want a size such as 512MiB, 2G or 1048576", flag, v)
+	}
+	return int64(n * float64(uint64(1)<<sh)), nil
+}
+
+// serviceQuotas turns the quota flags into service.Quotas.
+func (q *quotaFlags) serviceQuotas() (service.Quotas, error) {
+	out := service.Quotas{Runs: q.runs, Sandboxes: q.sandboxes, FetchWindow: q.fetchWindow}
+	for name, v := range map[string]int{"--max-runs-per-tenant": q.runs, "--max-sandboxes-per-tenant": q.sandboxes} {
+		if v == 0 || v < -1 {
+			return out, usageErr(compute.ErrInvalidArgument, "%s must be positive (or -1: no limit)", name)
+		}
+	}
+	if q.fetchWindow <= 0 {
+		return out, usageErr(compute.ErrInvalidArgument, "--fetch-window must be positive")
+	}
+	if q.cpus < 0 || q.cpus > 1024 {
+		return out, usageErr(compute.ErrInvalidArgument, "--sandbox-cpus %v: want a number of CPUs, e.g. 0.5", q.cpus)
+	}
+	out.Sandbox.MilliCPU = int64(q.cpus*1000 + 0.5)
+	if q.cpus > 0 && out.Sandbox.MilliCPU == 0 {
+		return out, usageErr(compute.ErrInvalidArgument, "--sandbox-cpus %v: at least 0.001", q.cpus)
+	}
+	var err error
+	if out.Sandbox.MemoryBytes, err = parseSize("--sandbox-memory", q.memory, false); err != nil {
+		return out, err
+	}
+	if out.Sandbox.DiskBytes, err = parseSize("--sandbox-disk", q.disk, false); err != nil {
+		return out, err
+	}
+	if out.FetchBytesPerSandbox, err = parseSize("--max-fetch-bytes-per-sandbox", q.fetchPerSandbox, true); err != nil {
+		return out, err
+	}
+	if out.FetchBytes, err = parseSize("--max-fetch-bytes-per-tenant", q.fetchPerTenant, true); err != nil {
+		return out, err
+	}
+	if out.FetchBytesPerSandbox == 0 || out.FetchBytes == 0 {
+		return out, usageErr(compute.ErrInvalidArgument, "--max-fetch-bytes-per-sandbox and --max-fetch-bytes-per-tenant must be positive (or none)")
+	}
+	return out, nil
+}
+
+// sandboxOptions carries the per-sandbox caps to the provider's
+// per-sandbox options (service.Config.ProviderOptions). Only docker and
+// kubernetes can cap a sandbox's CPU and memory; for the others a cap is
+// refused rather than dropped.
+func sandboxOptions(provider string) func(service.SandboxResources) (any, error) {
+	return func(r service.SandboxResources) (any, error) {
+		if r.MilliCPU == 0 && r.MemoryBytes == 0 {
+			return nil, nil
+		}
+		switch provider {
+		case "docker":
+			return &docker.CreateOptions{Memory: r.MemoryBytes, NanoCPUs: r.MilliCPU * 1_000_000}, nil
+		case "kubernetes":
+			return &kubernetes.CreateOptions{Memory: r.MemoryBytes, MilliCPU: r.MilliCPU}, nil
+		}
+		return nil, usageErr(compute.ErrInvalidArgument, "--sandbox-cpus, --sandbox-memory: the %s provider cannot cap a sandbox's CPU or memory (docker and kubernetes can)", provider)
+	}
+}
+
 func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -146,16 +321,38 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if f.retention < 0 || f.drain <= 0 {
 		return usageErr(compute.ErrInvalidArgument, "--sandbox-retention must not be negative and --drain-timeout must be positive")
 	}
+	quotas, err := f.quotas.serviceQuotas()
+	if err != nil {
+		return err
+	}
+	popts := sandboxOptions(g.provider)
+	if _, err := popts(quotas.Sandbox); err != nil {
+		return err
+	}
 	authn, err := f.authenticator()
 	if err != nil {
 		return err
 	}
-	// Listen before anything slow, so a taken port fails at once.
-	ln, err := net.Listen("tcp", f.listen)
+	tlsCfg, err := f.tlsConfig()
 	if err != nil {
-		return usageErr(compute.ErrInvalidArgument, "--listen %s: %v", f.listen, err)
+		return err
+	}
+	// Listen before anything slow, so a taken port fails at once.
+	ln, err := f.listenAPI(g, tlsCfg)
+	if err != nil {
+		return err
 	}
 	defer ln.Close()
+	var mln net.Listener
+	if f.metricsListen != "" {
+		if mln, err = net.Listen("tcp", f.metricsListen); err != nil {
+			return usageErr(compute.ErrInvalidArgument, "--metrics-listen %s: %v", f.metricsListen, err)
+		}
+		defer mln.Close()
+		if !loopback(mln.Addr()) {
+			fmt.Fprintf(g.streams.Err, "harness: WARNING: --metrics-listen %s is not a loopback address: the metrics are unauthenticated and show every tenant's activity\n", mln.Addr())
+		}
+	}
 	flush, err := g.setupTracing(ctx)
 	if err != nil {
 		return err
@@ -178,11 +375,24 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		return err
 	}
 	g.observer = m
-	client, release, err := g.client(materializer.Options{})
+	if err := serveSandboxRoot(g); err != nil {
+		return err
+	}
+	// Tenants' git_repo entries: only from the hosts the operator allows,
+	// with the operator's credential for each (materializer.GitPolicy),
+	// charged to the tenants' fetch quotas while git writes them.
+	gitPolicy, err := materializer.ParseGitPolicy(f.gitHosts, f.gitCredentials)
+	if err != nil {
+		return usageErr(compute.ErrInvalidArgument, "--git-host/--git-credential: %v", err)
+	}
+	client, release, err := g.client(materializer.Options{Git: service.MeteredGit(nil), Untrusted: true, GitPolicy: gitPolicy})
 	if err != nil {
 		return err
 	}
 	defer release()
+	if g.provider == "local" && quotas.Sandbox.IsZero() {
+		log.Warn("local sandboxes run without CPU or memory caps: one tenant's sandbox can take the host's (use the docker or kubernetes provider for caps)")
+	}
 	m.WatchSandboxes(client)
 	modelName := f.model
 	if modelName == "" {
@@ -195,25 +405,48 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if instructions == "" {
 		instructions = defaultInstructions
 	}
-	svc, err := service.New(ctx, service.Config{Store: st, Compute: client, Model: mdl, DefaultModel: modelName, Auth: authn, Log: log,
+	svc, err := service.New(ctx, service.Config{Store: st, Compute: client, Model: mdl, DefaultModel: modelName, Models: f.models, Auth: authn, Log: log,
 		DefaultInstructions: instructions, MaxTurns: f.maxTurns, SandboxRetention: f.retention, DrainTimeout: f.drain,
-		Console: console.Handler(), Metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), Observer: m, Runs: m})
+		Console: console.Handler(), Observer: m, Runs: m, Quotas: quotas, ProviderOptions: popts, CheckManifest: gitPolicy.CheckManifest})
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(g.streams.Err, "harness: serving on http://%s (gRPC, Connect/JSON, SSE; console at %s)\n", ln.Addr(), console.MountPath)
-	serveErr := service.Serve(ctx, ln, svc.Handler(), 5*time.Second)
+	// The metrics listener outlives the API's, so the drain can be watched.
+	metricsDone := make(chan error, 1)
+	mctx, mstop := context.WithCancel(context.WithoutCancel(ctx))
+	defer mstop()
+	if mln != nil {
+		go func() {
+			metricsDone <- service.Serve(mctx, mln, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}), time.Second)
+		}()
+		fmt.Fprintf(g.streams.Err, "harness: metrics on http://%s/metrics\n", mln.Addr())
+	} else {
+		metricsDone <- nil
+	}
+	var serveErr error
+	if tlsCfg != nil {
+		fmt.Fprintf(g.streams.Err, "harness: serving on https://%s (gRPC, Connect/JSON, SSE over TLS; console at %s)\n", ln.Addr(), console.MountPath)
+		serveErr = service.ServeTLS(ctx, ln, svc.Handler(), tlsCfg, 5*time.Second)
+	} else {
+		fmt.Fprintf(g.streams.Err, "harness: serving on http://%s (gRPC, Connect/JSON, SSE; console at %s)\n", ln.Addr(), console.MountPath)
+		serveErr = service.Serve(ctx, ln, svc.Handler(), 5*time.Second)
+	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), f.drain+2*time.Minute)
 	defer cancel()
 	fmt.Fprintln(g.streams.Err, "harness: shutting down: checkpointing running runs")
 	if err := svc.Shutdown(sctx); err != nil {
 		serveErr = errors.Join(serveErr, err)
 	}
+	mstop()
+	if err := <-metricsDone; err != nil {
+		serveErr = errors.Join(serveErr, fmt.Errorf("metrics: %w", err))
+	}
 	return serveErr
 }
 
 // serveMetrics makes the service's Prometheus metrics (pkg/harness/metrics)
-// in their own registry, served at /metrics. The metrics are the observer
+// in their own registry, served at /metrics on --metrics-listen (never on
+// the API's port: they show every tenant's activity). The metrics are the observer
 // of every run (RunConfig.Observer), of the compute client's sandbox
 // operations (ClientOptions.Observer) and the service's runs gauge
 // (service.Config.Runs); the compute client's sandboxes are counted by
@@ -225,4 +458,34 @@ func serveMetrics() (*prometheus.Registry, *metrics.Harness, error) {
 		return nil, nil, fmt.Errorf("metrics: %w", err)
 	}
 	return reg, m, nil
+}
+
+// serveSandboxRoot makes sure the local sandboxes of a service see
+// nothing of this host: isolated (bubblewrap or gVisor), they run on a
+// root file system of their own (--sandbox-rootfs; without the flag, the
+// rootfs directory next to the harness binary, which `make rootfs`
+// writes), never the host's /. Plain processes (--isolation none) see
+// the host whatever is given: they are allowed only by name, with a
+// warning. Other providers bring their own root file system (an image).
+func serveSandboxRoot(g *globals) error {
+	if g.provider != "local" {
+		return nil
+	}
+	if g.isolation == string(local.IsolationNone) {
+		fmt.Fprintln(g.streams.Err, "harness: WARNING: --isolation none in a service: every tenant's sandbox runs as plain processes that see this host's files")
+		return nil
+	}
+	if g.sandboxRootFS != "" {
+		return nil
+	}
+	if exe, err := os.Executable(); err == nil {
+		dir := filepath.Join(filepath.Dir(exe), "rootfs")
+		if fi, err := os.Stat(filepath.Join(dir, "bin", "sh")); err == nil && !fi.IsDir() {
+			g.sandboxRootFS = dir
+			fmt.Fprintf(g.streams.Err, "harness: local sandboxes run on the root file system %s\n", dir)
+			return nil
+		}
+	}
+	return usageErr(compute.ErrInvalidArgument, "harness serve runs local sandboxes on a root file system of their own, never this host's /: "+
+		"give --sandbox-rootfs DIR (`make rootfs` writes bin/rootfs), or run plain processes that see this host with --isolation none")
 }

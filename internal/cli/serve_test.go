@@ -2,8 +2,17 @@ package cli
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/json"
+	"encoding/pem"
 	"io"
+	"math/big"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -36,6 +45,18 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "--tokens-file", tokens, "--store", "mysql://x"}, "want bolt:PATH or postgres://"},
 		{[]string{"serve", "--tokens-file", tokens, "--listen", "nonsense"}, "--listen nonsense"},
 		{[]string{"serve", "--tokens-file", tokens, "--max-turns", "0"}, "--max-turns must be positive"},
+		// Bearer tokens never cross the network in the clear unless asked.
+		{[]string{"serve", "--tokens-file", tokens, "--listen", "0.0.0.0:0"}, "--tls-cert and --tls-key, or --insecure-listen"},
+		{[]string{"serve", "--tokens-file", tokens, "--listen", ":0"}, "is not a loopback address"},
+		{[]string{"serve", "--tokens-file", tokens, "--tls-cert", tokens}, "--tls-cert and --tls-key go together"},
+		{[]string{"serve", "--tokens-file", tokens, "--tls-cert", tokens, "--tls-key", tokens}, "--tls-cert, --tls-key"},
+		{[]string{"serve", "--tokens-file", tokens, "--metrics-listen", "nonsense"}, "--metrics-listen nonsense"},
+		// Quotas.
+		{[]string{"serve", "--tokens-file", tokens, "--max-runs-per-tenant", "0"}, "--max-runs-per-tenant must be positive"},
+		{[]string{"serve", "--tokens-file", tokens, "--max-sandboxes-per-tenant", "-2"}, "--max-sandboxes-per-tenant must be positive"},
+		{[]string{"serve", "--tokens-file", tokens, "--sandbox-memory", "lots"}, "--sandbox-memory"},
+		{[]string{"serve", "--tokens-file", tokens, "--max-fetch-bytes-per-tenant", "0"}, "must be positive (or none)"},
+		{[]string{"serve", "--tokens-file", tokens, "--sandbox-cpus", "1"}, "the local provider cannot cap"},
 	} {
 		_, errOut, code := runCLI(t, append([]string{"--state-dir", dir}, c.args...)...)
 		if code == 0 || !strings.Contains(errOut, c.want) {
@@ -45,26 +66,31 @@ func TestServeBadFlags(t *testing.T) {
 }
 
 // served is a `harness serve` started by startServe on a free loopback
-// port, with a local provider, a tokens file and a scripted model.
+// port, with a local provider, a tokens file and a scripted model, and its
+// metrics on a loopback listener of their own.
 type served struct {
-	t     *testing.T
-	ctx   context.Context
-	url   string
-	token string
-	errb  *syncbuf.Buffer
-	done  chan int
-	stop  context.CancelFunc
+	t          *testing.T
+	ctx        context.Context
+	url        string
+	metricsURL string
+	token      string
+	client     *http.Client // trusts the service's certificate, if any
+	errb       *syncbuf.Buffer
+	done       chan int
+	stop       context.CancelFunc
 }
 
 // startServe starts `harness serve` whose scripted model asks for the
 // shell command cmd and then answers final; modelKey is the service's
-// model key (which must never reach a client or the output).
-func startServe(t *testing.T, cmd, final, modelKey string) *served {
+// model key (which must never reach a client or the output). extra are
+// further serve flags.
+func startServe(t *testing.T, cmd, final, modelKey string, extra ...string) *served {
 	t.Helper()
 	testenv.Require(t, testenv.Linux)
 	bin := agentdtest.Binaries(t).Agentd
 	state := testenv.SearchableTempDir(t)
-	s := &served{t: t, token: "tok-" + strings.ToLower(t.Name()) + "-0123456789", errb: &syncbuf.Buffer{}, done: make(chan int, 1)}
+	s := &served{t: t, token: "tok-" + strings.ToLower(t.Name()) + "-0123456789", errb: &syncbuf.Buffer{}, done: make(chan int, 1),
+		client: http.DefaultClient}
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte(s.token+" acme\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -85,14 +111,18 @@ func startServe(t *testing.T, cmd, final, modelKey string) *served {
 	sctx, stop := context.WithCancel(ctx)
 	s.stop = stop
 	go func() {
-		s.done <- Execute(sctx, []string{"--state-dir", state, "--agentd", bin, "--isolation", "none", "serve",
-			"--listen", "127.0.0.1:0", "--tokens-file", tokens, "--model", "scripted", "--sandbox-retention", "0"},
-			Streams{In: strings.NewReader(""), Out: io.Discard, Err: s.errb})
+		s.done <- Execute(sctx, append([]string{"--state-dir", state, "--agentd", bin, "--isolation", "none", "serve",
+			"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--tokens-file", tokens, "--model", "scripted", "--sandbox-retention", "0"},
+			extra...), Streams{In: strings.NewReader(""), Out: io.Discard, Err: s.errb})
 	}()
-	addr := regexp.MustCompile(`serving on (http://\S+)`)
+	addr := regexp.MustCompile(`serving on (https?://\S+)`)
+	metrics := regexp.MustCompile(`metrics on (http://\S+)`)
 	for {
 		if m := addr.FindStringSubmatch(s.errb.String()); m != nil {
 			s.url = m[1]
+			if mm := metrics.FindStringSubmatch(s.errb.String()); mm != nil {
+				s.metricsURL = mm[1]
+			}
 			return s
 		}
 		select {
@@ -111,7 +141,7 @@ func (s *served) post(method, body string) map[string]any {
 	req, _ := http.NewRequestWithContext(s.ctx, http.MethodPost, s.url+"/bulkhead.harness.v1.RunService/"+method, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Authorization", "Bearer "+s.token)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := s.client.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -143,10 +173,13 @@ func (s *served) waitFor(id, status string) map[string]any {
 	}
 }
 
-// scrape reads /metrics.
+// scrape reads /metrics from the metrics listener.
 func (s *served) scrape() string {
 	s.t.Helper()
-	req, _ := http.NewRequestWithContext(s.ctx, http.MethodGet, s.url+"/metrics", nil)
+	if s.metricsURL == "" {
+		s.t.Fatalf("no metrics listener: %s", s.errb.String())
+	}
+	req, _ := http.NewRequestWithContext(s.ctx, http.MethodGet, s.metricsURL, nil)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
@@ -186,5 +219,105 @@ func TestServeRunsAndDrains(t *testing.T) {
 	}
 	if out := s.shutdown(); strings.Contains(out, "sk-test-serve") {
 		t.Errorf("the model key reached the output: %s", out)
+	}
+}
+
+// writeSelfSigned writes a self-signed certificate for 127.0.0.1 and its
+// key as PEM files, and returns their paths and a pool trusting it.
+func writeSelfSigned(t *testing.T) (certFile, keyFile string, pool *x509.CertPool) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(2), Subject: pkix.Name{CommonName: "harness serve test"},
+		NotBefore: time.Now().Add(-time.Minute), NotAfter: time.Now().Add(time.Hour),
+		IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	certFile, keyFile = filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	if err := os.WriteFile(certFile, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: keyDER}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cert, _ := x509.ParseCertificate(der)
+	pool = x509.NewCertPool()
+	pool.AddCert(cert)
+	return certFile, keyFile, pool
+}
+
+// TestServeTLSAndMetrics: with --tls-cert and --tls-key the service speaks
+// HTTPS (HTTP/2 by ALPN, so gRPC clients work), plain HTTP to its port
+// reaches nothing, and /metrics is not on the API's port but on
+// --metrics-listen.
+func TestServeTLSAndMetrics(t *testing.T) {
+	certFile, keyFile, pool := writeSelfSigned(t)
+	s := startServe(t, "echo secure", "Done.", "sk-test-tls", "--tls-cert", certFile, "--tls-key", keyFile)
+	if !strings.HasPrefix(s.url, "https://") {
+		t.Fatalf("serving on %s", s.url)
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
+	s.client = &http.Client{Transport: tr}
+	started := s.post("StartRun", `{"input": "run it", "agent": {"name": "a"}}`)
+	id := started["run"].(map[string]any)["runId"].(string)
+	s.waitFor(id, "RUN_STATUS_SUCCEEDED")
+
+	// HTTP/2 was negotiated.
+	resp, err := s.client.Get(s.url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.ProtoMajor != 2 || resp.TLS == nil || resp.TLS.NegotiatedProtocol != "h2" {
+		t.Errorf("/healthz over TLS: %s, ALPN %v", resp.Proto, resp.TLS)
+	}
+	// The API's port has no metrics, with or without a token.
+	for _, bearer := range []string{"", s.token} {
+		req, _ := http.NewRequestWithContext(s.ctx, http.MethodGet, s.url+"/metrics", nil)
+		if bearer != "" {
+			req.Header.Set("Authorization", "Bearer "+bearer)
+		}
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusOK || strings.Contains(string(b), "bulkhead_") {
+			t.Errorf("/metrics on the API's port (bearer %v): %d %.100q", bearer != "", resp.StatusCode, b)
+		}
+	}
+	if text := s.scrape(); !strings.Contains(text, `bulkhead_harness_tool_calls_total{`) {
+		t.Errorf("--metrics-listen:\n%.300s", text)
+	}
+	// Plain HTTP to the TLS port gets nothing.
+	plain := strings.Replace(s.url, "https://", "http://", 1)
+	if resp, err := http.Post(plain+"/bulkhead.harness.v1.RunService/GetRun", "application/json", strings.NewReader(`{"runId": "`+id+`"}`)); err == nil {
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || strings.Contains(string(b), id) {
+			t.Errorf("plain HTTP to the TLS port: %d %q", resp.StatusCode, b)
+		}
+	}
+	s.shutdown()
+}
+
+// TestServeInsecureListenWarns: --insecure-listen serves plain HTTP on a
+// non-loopback address, and says loudly that it does.
+func TestServeInsecureListenWarns(t *testing.T) {
+	s := startServe(t, "echo x", "Done.", "sk-test-insecure", "--listen", "0.0.0.0:0", "--insecure-listen")
+	out := s.shutdown()
+	if !strings.Contains(out, "WARNING: --insecure-listen") || !strings.Contains(out, "not a loopback address") {
+		t.Errorf("no warning:\n%s", out)
 	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
 )
 
@@ -30,16 +31,22 @@ func tenantOf(ctx context.Context) (string, error) {
 }
 
 // apiError maps an error to a Connect error: absent (or another tenant's)
-// runs are NotFound, bad input InvalidArgument, the rest Internal with the
-// error's text (which never holds a secret).
+// runs are NotFound, bad input InvalidArgument, a tenant over a quota
+// ResourceExhausted, the rest Internal with the error's text (which never
+// holds a secret).
 func apiError(err error) error {
 	if err == nil {
 		return nil
 	}
 	var ce *connect.Error
+	var fe *fieldError
 	switch {
 	case errors.As(err, &ce):
 		return err
+	case errors.As(err, &fe):
+		return connect.NewError(connect.CodeInvalidArgument, err)
+	case errors.Is(err, ErrQuotaExceeded):
+		return connect.NewError(connect.CodeResourceExhausted, err)
 	case errors.Is(err, store.ErrNotFound), errors.Is(err, harness.ErrUnknownCall):
 		return connect.NewError(connect.CodeNotFound, err)
 	case errors.Is(err, compute.ErrNotFound):
@@ -133,8 +140,10 @@ func (s *Service) active(ctx context.Context, tenant, id string) (*liveRun, erro
 	return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("run %s has ended (%s)", id, strings.ToLower(strings.TrimPrefix(r.Status, "RUN_STATUS_"))))
 }
 
-// newRun stores a new run and starts driving it.
-func (s *Service) newRun(ctx context.Context, tenant string, spec *harnessv1.StartRunRequest, st *harness.RunState, cause string) (*harnessv1.Run, error) {
+// newRun stores a new run and starts driving it. m is its sandbox's
+// manifest (validateSpec's); the run takes a run slot and a sandbox slot
+// of its tenant first (ResourceExhausted when either is full), atomically.
+func (s *Service) newRun(ctx context.Context, tenant string, spec *harnessv1.StartRunRequest, m *manifest.Manifest, st *harness.RunState, cause string) (*harnessv1.Run, error) {
 	data, err := specJSON(spec)
 	if err != nil {
 		return nil, err
@@ -152,7 +161,15 @@ func (s *Service) newRun(ctx context.Context, tenant string, spec *harnessv1.Sta
 	if closing {
 		return nil, connect.NewError(connect.CodeUnavailable, errors.New("the service is shutting down"))
 	}
+	if hasGit(m) && s.usage.fetchLeft(tenant) <= 0 {
+		return nil, s.usage.errFetchBudget()
+	}
+	if err := s.usage.reserve(tenant, rec.ID, true); err != nil {
+		return nil, err
+	}
 	if err := s.cfg.Store.CreateRun(ctx, rec); err != nil {
+		s.usage.releaseRun(tenant, rec.ID)
+		s.usage.releaseSandbox(tenant, rec.ID)
 		return nil, err
 	}
 	s.moved("", rec.Status)
@@ -163,6 +180,8 @@ func (s *Service) newRun(ctx context.Context, tenant string, spec *harnessv1.Sta
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	if err := s.startDriveLocked(lr, st, cause); err != nil {
+		// Only a shutdown refuses: the next service recovers the
+		// pending run.
 		return nil, err
 	}
 	return s.withModel(runProto(lr.rec, nil, lr.lastSeq())), nil
@@ -173,10 +192,11 @@ func (a *runAPI) StartRun(ctx context.Context, req *connect.Request[harnessv1.St
 	if err != nil {
 		return nil, err
 	}
-	if err := a.s.validateSpec(req.Msg, true); err != nil {
-		return nil, invalid("%v", err)
+	m, err := a.s.validateSpec(req.Msg, true)
+	if err != nil {
+		return nil, apiError(err)
 	}
-	run, err := a.s.newRun(ctx, tenant, req.Msg, nil, "")
+	run, err := a.s.newRun(ctx, tenant, req.Msg, m, nil, "")
 	if err != nil {
 		return nil, apiError(err)
 	}
@@ -187,6 +207,9 @@ func (a *runAPI) GetRun(ctx context.Context, req *connect.Request[harnessv1.GetR
 	tenant, err := tenantOf(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if err := checkRunID("run_id", req.Msg.GetRunId()); err != nil {
+		return nil, apiError(err)
 	}
 	run, err := a.s.view(ctx, tenant, req.Msg.GetRunId())
 	if err != nil {
@@ -204,8 +227,16 @@ func (a *runAPI) ListRuns(ctx context.Context, req *connect.Request[harnessv1.Li
 	if size < 0 || size > 500 {
 		return nil, invalid("page_size must be between 0 and 500")
 	}
+	if tok := req.Msg.GetPageToken(); len(tok) > maxPageTokenBytes || strings.ContainsFunc(tok, func(r rune) bool {
+		return !(r == '.' || r == '-' || r == '_' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'))
+	}) {
+		return nil, apiError(badField("page_token", "not a page token of this service"))
+	}
 	status := ""
 	if st := req.Msg.GetStatus(); st != harnessv1.RunStatus_RUN_STATUS_UNSPECIFIED {
+		if _, known := harnessv1.RunStatus_name[int32(st)]; !known {
+			return nil, apiError(badField("status", "unknown run status %d", st))
+		}
 		status = st.String()
 	}
 	runs, next, err := a.s.cfg.Store.ListRuns(ctx, tenant, store.ListOptions{Status: status, Limit: size, After: req.Msg.GetPageToken()})
@@ -228,6 +259,9 @@ func (a *runAPI) StreamRunEvents(ctx context.Context, req *connect.Request[harne
 	if err != nil {
 		return err
 	}
+	if err := checkRunID("run_id", req.Msg.GetRunId()); err != nil {
+		return apiError(err)
+	}
 	err = a.s.streamEvents(ctx, tenant, req.Msg.GetRunId(), req.Msg.GetAfterSequence(), func(ev *harnessv1.RunEvent) error {
 		return stream.Send(&harnessv1.StreamRunEventsResponse{Event: ev})
 	})
@@ -240,6 +274,18 @@ func (a *runAPI) ApproveToolCall(ctx context.Context, req *connect.Request[harne
 		return nil, err
 	}
 	m := req.Msg
+	if err := checkRunID("run_id", m.GetRunId()); err != nil {
+		return nil, apiError(err)
+	}
+	if m.GetCallId() == "" {
+		return nil, apiError(badField("call_id", "missing"))
+	}
+	if err := checkName("call_id", m.GetCallId()); err != nil || len(m.GetCallId()) > maxCallIDBytes {
+		return nil, apiError(badField("call_id", "not a call id"))
+	}
+	if err := checkText("reason", m.GetReason(), maxReasonBytes); err != nil {
+		return nil, apiError(err)
+	}
 	lr, err := a.s.active(ctx, tenant, m.GetRunId())
 	if err != nil {
 		return nil, apiError(err)
@@ -296,6 +342,12 @@ func (a *runAPI) CancelRun(ctx context.Context, req *connect.Request[harnessv1.C
 	if err != nil {
 		return nil, err
 	}
+	if err := checkRunID("run_id", req.Msg.GetRunId()); err != nil {
+		return nil, apiError(err)
+	}
+	if err := checkText("reason", req.Msg.GetReason(), maxReasonBytes); err != nil {
+		return nil, apiError(err)
+	}
 	lr, err := a.s.active(ctx, tenant, req.Msg.GetRunId())
 	if err != nil {
 		return nil, apiError(err)
@@ -333,10 +385,10 @@ func (a *runAPI) ResumeRun(ctx context.Context, req *connect.Request[harnessv1.R
 		return nil, err
 	}
 	m := req.Msg
+	if err := checkResumeRequest(m); err != nil {
+		return nil, apiError(err)
+	}
 	if m.GetRunId() != "" {
-		if len(m.GetRunState()) > 0 {
-			return nil, invalid("give run_id or run_state, not both")
-		}
 		run, err := a.s.resumeStored(ctx, tenant, m.GetRunId())
 		if err != nil {
 			return nil, apiError(err)
@@ -348,18 +400,19 @@ func (a *runAPI) ResumeRun(ctx context.Context, req *connect.Request[harnessv1.R
 	}
 	st, err := harness.DecodeRunState(m.GetRunState())
 	if err != nil {
-		return nil, invalid("%v", err)
+		return nil, apiError(badField("run_state", "%v", err))
 	}
 	// A client's state cannot name sandboxes: the run gets a fresh one.
 	st.Sessions = nil
 	spec := &harnessv1.StartRunRequest{Agent: m.GetAgent(), Manifest: m.GetManifest(), Approvals: m.GetApprovals(), MaxTurns: m.GetMaxTurns()}
-	if err := a.s.validateSpec(spec, false); err != nil {
-		return nil, invalid("%v", err)
+	sm, err := a.s.validateSpec(spec, false)
+	if err != nil {
+		return nil, apiError(err)
 	}
 	if st.Agent != agentName(spec) {
-		return nil, invalid("the run state is for agent %q; the request's agent is %q", st.Agent, agentName(spec))
+		return nil, invalid("agent.name: the run state is for agent %q; the request's agent is %q", clip(st.Agent), agentName(spec))
 	}
-	run, err := a.s.newRun(ctx, tenant, spec, st, "resume")
+	run, err := a.s.newRun(ctx, tenant, spec, sm, st, "resume")
 	if err != nil {
 		return nil, apiError(err)
 	}
@@ -400,22 +453,34 @@ func (s *Service) resumeStored(ctx context.Context, tenant, id string) (*harness
 		s.mu.Unlock()
 		return nil, connect.NewError(connect.CodeFailedPrecondition, fmt.Errorf("run %s is being resumed", id))
 	}
+	// The run is active again: a run slot, and a sandbox slot unless its
+	// retained sandbox is still held (it keeps that one).
+	_, heldSandbox := s.sessions[id]
+	if err := s.usage.reserve(tenant, id, !heldSandbox); err != nil {
+		s.mu.Unlock()
+		return nil, err
+	}
 	s.runs[id] = lr
 	if t := s.timers[id]; t != nil {
 		t.Stop() // the retained sandbox is the run's again
 		delete(s.timers, id)
 	}
 	s.mu.Unlock()
+	undo := func() {
+		// Finished again: its sandbox (slot) goes as a finished run's.
+		s.forget(lr)
+		s.letSandboxGo(*r)
+	}
 	lr.mu.Lock()
 	defer lr.mu.Unlock()
 	if err := lr.updateLocked(ctx, func(r *store.Run) {
 		r.Status, r.Error, r.SandboxExpires = statusPending, "", time.Time{}
 	}); err != nil {
-		s.forget(lr)
+		undo()
 		return nil, err
 	}
 	if err := s.startDriveLocked(lr, st, "resume"); err != nil {
-		s.forget(lr)
+		undo()
 		return nil, err
 	}
 	return s.withModel(runProto(lr.rec, nil, lr.lastSeq())), nil

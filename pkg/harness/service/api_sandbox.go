@@ -26,8 +26,12 @@ type sandboxAPI struct{ s *Service }
 var errNoSandbox = fmt.Errorf("sandbox: %w", store.ErrNotFound)
 
 // sandbox returns the live session of a tenant's sandbox. Another tenant's
-// sandbox, a malformed id and a deleted sandbox all answer NotFound.
+// sandbox and a deleted sandbox answer NotFound; a malformed id
+// InvalidArgument.
 func (s *Service) sandbox(ctx context.Context, tenant, id string) (*compute.Session, error) {
+	if err := checkSandboxID("sandbox_id", id); err != nil {
+		return nil, err
+	}
 	runID := runIDOf(id)
 	if runID == "" {
 		return nil, errNoSandbox
@@ -61,6 +65,9 @@ func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[har
 	}
 	var runs []*store.Run
 	if id := req.Msg.GetRunId(); id != "" {
+		if err := checkRunID("run_id", id); err != nil {
+			return nil, apiError(err)
+		}
 		r, err := a.s.cfg.Store.GetRun(ctx, tenant, id)
 		if err != nil {
 			return nil, apiError(err)
@@ -112,9 +119,12 @@ func fileType(t agentdv1.FileType) harnessv1.FileType {
 // cleanPath checks a workspace-relative path from a request ("" is the
 // root). The daemon confines paths itself; this gives a clear error first.
 func cleanPath(p string) (string, error) {
+	if err := checkText("path", p, maxPathBytes); err != nil {
+		return "", apiError(err)
+	}
 	p = strings.TrimPrefix(p, "/")
 	if slices.Contains(strings.Split(p, "/"), "..") {
-		return "", invalid("path %q: .. is not allowed", p)
+		return "", invalid("path %q: .. is not allowed", clip(p))
 	}
 	if p == "" {
 		return ".", nil
@@ -194,7 +204,7 @@ func (a *sandboxAPI) ReadSandboxFile(ctx context.Context, req *connect.Request[h
 		return err
 	}
 	if m.GetOffset() < 0 || m.GetLimit() < 0 {
-		return invalid("offset and limit must not be negative")
+		return invalid("offset, limit: must not be negative")
 	}
 	w := &chunkWriter{offset: m.GetOffset(), send: func(data []byte, off int64) error {
 		return stream.Send(&harnessv1.ReadSandboxFileResponse{Data: data, Offset: off})
@@ -249,6 +259,10 @@ func (s *Service) runTerminal(ctx context.Context, sess *compute.Session, start 
 				return
 			}
 			if rs != nil {
+				if err := checkTerminalSize(rs); err != nil {
+					inDone <- apiError(err)
+					return
+				}
 				if _, err := agent.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: pid, Size: &agentdv1.TerminalSize{Rows: rs.GetRows(), Cols: rs.GetCols()}}); err != nil {
 					inDone <- err
 					return
@@ -323,7 +337,10 @@ func (a *sandboxAPI) OpenTerminal(ctx context.Context, stream *connect.BidiStrea
 	}
 	start := first.GetStart()
 	if start == nil {
-		return invalid("the first message must be a start")
+		return invalid("start: the first message must be a start")
+	}
+	if err := checkTerminalStart(start); err != nil {
+		return apiError(err)
 	}
 	sess, err := a.s.sandbox(ctx, tenant, start.GetSandboxId())
 	if err != nil {

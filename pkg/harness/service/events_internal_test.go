@@ -30,7 +30,8 @@ func TestSlowSubscriberReadsTheStore(t *testing.T) {
 	defer st.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := &Service{cfg: Config{Store: st, EventBuffer: 2, Now: time.Now}, log: zap.NewNop(), base: ctx, runs: map[string]*liveRun{}, sessions: map[string]*held{}}
+	s := &Service{cfg: Config{Store: st, EventBuffer: 2, Now: time.Now}, log: zap.NewNop(), base: ctx, runs: map[string]*liveRun{}, sessions: map[string]*held{},
+		usage: newUsage(Quotas{}, time.Now)}
 	rec := &store.Run{ID: "run-slow", Tenant: "acme", Status: statusRunning, Created: s.now(), Updated: s.now(), Spec: []byte(`{}`)}
 	if err := st.CreateRun(ctx, rec); err != nil {
 		t.Fatal(err)
@@ -137,7 +138,7 @@ func TestEventsReachClientsOnlyOnceStored(t *testing.T) {
 	defer cancel()
 	newService := func() *Service {
 		return &Service{cfg: Config{Store: st, EventBuffer: 64, Now: time.Now}, log: zap.NewNop(), base: ctx,
-			runs: map[string]*liveRun{}, sessions: map[string]*held{}, counts: map[string]int{}}
+			runs: map[string]*liveRun{}, sessions: map[string]*held{}, counts: map[string]int{}, usage: newUsage(Quotas{}, time.Now)}
 	}
 	s := newService()
 	rec := &store.Run{ID: "run-crash", Tenant: "acme", Status: statusRunning, Created: s.now(), Updated: s.now(), Spec: []byte(`{}`)}
@@ -238,7 +239,7 @@ func BenchmarkPublishBurst(b *testing.B) {
 	defer db.Close()
 	ctx := context.Background()
 	s := &Service{cfg: Config{Store: db, EventBuffer: 256, Now: time.Now}, log: zap.NewNop(), base: ctx,
-		runs: map[string]*liveRun{}, sessions: map[string]*held{}, counts: map[string]int{}}
+		runs: map[string]*liveRun{}, sessions: map[string]*held{}, counts: map[string]int{}, usage: newUsage(Quotas{}, time.Now)}
 	var (
 		mu  sync.Mutex
 		lat []time.Duration

@@ -64,7 +64,8 @@ func (i *authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc
 func httpError(w http.ResponseWriter, err error) {
 	code := connect.CodeOf(apiError(err))
 	status := map[connect.Code]int{connect.CodeUnauthenticated: 401, connect.CodeNotFound: 404, connect.CodeInvalidArgument: 400,
-		connect.CodePermissionDenied: 403, connect.CodeFailedPrecondition: 412, connect.CodeUnavailable: 503}[code]
+		connect.CodePermissionDenied: 403, connect.CodeFailedPrecondition: 412, connect.CodeUnavailable: 503,
+		connect.CodeResourceExhausted: 429}[code]
 	if status == 0 {
 		status = 500
 	}
@@ -151,6 +152,10 @@ func (s *Service) serveSSE(w http.ResponseWriter, r *http.Request) {
 		after = n
 	}
 	runID := r.PathValue("run_id")
+	if err := checkRunID("run_id", runID); err != nil {
+		httpError(w, err)
+		return
+	}
 	if _, err := s.cfg.Store.GetRun(r.Context(), tenant, runID); err != nil {
 		httpError(w, err)
 		return
@@ -264,9 +269,22 @@ func (s *Service) serveTerminalWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	cols, _ := strconv.ParseUint(q.Get("cols"), 10, 32)
-	rows, _ := strconv.ParseUint(q.Get("rows"), 10, 32)
-	start := &harnessv1.TerminalStart{SandboxId: r.PathValue("sandbox_id"), Command: q["command"], Cols: uint32(cols), Rows: uint32(rows)}
+	var size [2]uint64
+	for i, k := range []string{"cols", "rows"} {
+		if v := q.Get(k); v != "" {
+			n, err := strconv.ParseUint(v, 10, 32)
+			if err != nil {
+				httpError(w, badField(k, "%q is not a number", clip(v)))
+				return
+			}
+			size[i] = n
+		}
+	}
+	start := &harnessv1.TerminalStart{SandboxId: r.PathValue("sandbox_id"), Command: q["command"], Cols: uint32(size[0]), Rows: uint32(size[1])}
+	if err := checkTerminalStart(start); err != nil {
+		httpError(w, err)
+		return
+	}
 	conn, err := websocket.Accept(w, r, &websocket.AcceptOptions{Subprotocols: []string{wsProtocol}})
 	if err != nil {
 		return

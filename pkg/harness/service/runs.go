@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -22,6 +21,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/compaction"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/filesystem"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/shell"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
@@ -150,63 +150,38 @@ func capabilitiesOf(names []string) ([]capability.Capability, error) {
 }
 
 // parseManifest reads a request's manifest with the rules for untrusted
-// documents: no host sources, grants, mounts or secret references.
+// documents (no host sources, grants, mounts or secret references; no
+// root) and the service's account policy (see validate.go).
 func parseManifest(text string) (*manifest.Manifest, error) {
 	if strings.TrimSpace(text) == "" {
 		return &manifest.Manifest{}, nil
 	}
 	m, err := manifest.LoadUntrusted([]byte(text), manifest.FormatAuto, manifest.UntrustedOptions{})
 	if err != nil {
-		return nil, fmt.Errorf("manifest: %w", err)
+		return nil, &fieldError{field: "manifest", err: err}
+	}
+	if err := checkAccounts(m); err != nil {
+		return nil, err
 	}
 	return m, nil
 }
 
+// userPolicies are the approval policies a request asks for.
 func userPolicies(p *harnessv1.ApprovalPolicy) (map[string]harness.ApprovalPolicy, error) {
+	res, err := checkApprovals(p)
+	if err != nil {
+		return nil, err
+	}
 	out := map[string]harness.ApprovalPolicy{}
 	for _, name := range p.GetRequireApproval() {
-		if name == "" {
-			return nil, errors.New("approvals: empty tool name")
-		}
 		out[name] = harness.AlwaysApprove()
 	}
-	if cmds := p.GetAllowedCommands(); len(cmds) > 0 {
-		var res []*regexp.Regexp
-		for _, c := range cmds {
-			re, err := regexp.Compile(c)
-			if err != nil {
-				return nil, fmt.Errorf("approvals: allowed command %q: %w", c, err)
-			}
-			res = append(res, re)
-		}
+	if len(res) > 0 {
 		if _, always := out["exec_command"]; !always {
 			out["exec_command"] = harness.CommandsOutside(res...)
 		}
 	}
 	return out, nil
-}
-
-// validateSpec checks a run's request before anything is created.
-func (s *Service) validateSpec(spec *harnessv1.StartRunRequest, needInput bool) error {
-	if needInput && strings.TrimSpace(spec.GetInput()) == "" {
-		return errors.New("input: the run needs a task")
-	}
-	if spec.GetMaxTurns() < 0 {
-		return errors.New("max_turns must not be negative")
-	}
-	if _, err := capabilitiesOf(spec.GetAgent().GetCapabilities()); err != nil {
-		return err
-	}
-	if _, err := parseManifest(spec.GetManifest()); err != nil {
-		return err
-	}
-	if _, err := userPolicies(spec.GetApprovals()); err != nil {
-		return err
-	}
-	if strings.HasPrefix(spec.GetWorkdir(), "/") || strings.Contains("/"+spec.GetWorkdir()+"/", "/../") {
-		return errors.New("workdir must be relative to the workspace root and must not contain \"..\"")
-	}
-	return nil
 }
 
 func agentName(spec *harnessv1.StartRunRequest) string {
@@ -216,10 +191,12 @@ func agentName(spec *harnessv1.StartRunRequest) string {
 	return "agent"
 }
 
-// buildAgent makes the run's agent. Every tool of the agent gets a policy:
-// the request's approval rule first, then, while the service drains, a
-// checkpoint that holds the call so the run stops at the end of its turn.
-func (s *Service) buildAgent(lr *liveRun) (*harness.Agent, error) {
+// buildAgent makes the run's agent, working as runAs (its sandbox's
+// account, never the request's text: see resolveRunAs). Every tool of the
+// agent gets a policy: the request's approval rule first, then, while the
+// service drains, a checkpoint that holds the call so the run stops at the
+// end of its turn.
+func (s *Service) buildAgent(lr *liveRun, runAs string) (*harness.Agent, error) {
 	spec := lr.spec
 	caps, err := capabilitiesOf(spec.GetAgent().GetCapabilities())
 	if err != nil {
@@ -234,7 +211,7 @@ func (s *Service) buildAgent(lr *liveRun) (*harness.Agent, error) {
 		instr = s.cfg.DefaultInstructions
 	}
 	a := &harness.Agent{Name: agentName(spec), Instructions: instr, ModelName: spec.GetAgent().GetModel(),
-		Capabilities: caps, RunAs: spec.GetAgent().GetRunAs(), Approvals: map[string]harness.ApprovalPolicy{}}
+		Capabilities: caps, RunAs: runAs, Approvals: map[string]harness.ApprovalPolicy{}}
 	modelName := a.ModelName
 	if modelName == "" {
 		modelName = s.cfg.DefaultModel
@@ -274,7 +251,8 @@ func (s *Service) buildAgent(lr *liveRun) (*harness.Agent, error) {
 }
 
 // sandboxManifest is the manifest of a run's fresh sandbox, prepared by the
-// agent's capabilities the way the runner prepares the sandboxes it makes.
+// agent's capabilities the way the runner prepares the sandboxes it makes,
+// with the account the request's agent.run_as may choose (resolveRunAs).
 func sandboxManifest(spec *harnessv1.StartRunRequest) (*manifest.Manifest, error) {
 	m, err := parseManifest(spec.GetManifest())
 	if err != nil {
@@ -292,26 +270,17 @@ func sandboxManifest(spec *harnessv1.StartRunRequest) (*manifest.Manifest, error
 			return nil, fmt.Errorf("capability %s: %w", c.Name(), err)
 		}
 	}
-	if ra := spec.GetAgent().GetRunAs(); ra != "" && ra != "root" {
-		declared := false
-		for _, u := range m.Users {
-			declared = declared || u.Name == ra
-		}
-		if !declared {
-			m = m.Clone()
-			m.Users = append(m.Users, manifest.User{Name: ra})
-			if m.RunAs == "" {
-				m.RunAs = ra
-			}
-		}
-	}
-	return m, nil
+	return resolveRunAs(m, spec.GetAgent().GetRunAs())
 }
 
 // acquireSession returns the run's live sandbox session: the one held, the
 // one its stored state names (reattached or rebuilt from its snapshot), or
-// a fresh one.
-func (s *Service) acquireSession(ctx context.Context, tenant string, rec *store.Run, spec *harnessv1.StartRunRequest) (*compute.Session, error) {
+// a fresh one. Sandboxes it makes get the operator's resource caps, and
+// their git checkouts are charged to the tenant (MeteredGit). The run holds
+// its tenant's sandbox slot already (newRun, resumeStored, recover).
+func (s *Service) acquireSession(ctx context.Context, tenant string, rec *store.Run, spec *harnessv1.StartRunRequest) (_ *compute.Session, err error) {
+	ctx = withFetchAccount(ctx, s.usage.fetchAccount(tenant))
+	defer func() { err = quotaCause(ctx, err) }()
 	s.mu.Lock()
 	if h := s.sessions[rec.ID]; h != nil {
 		s.mu.Unlock()
@@ -324,7 +293,7 @@ func (s *Service) acquireSession(ctx context.Context, tenant string, rec *store.
 		if err != nil {
 			return nil, fmt.Errorf("sandbox state of run %s: %w", rec.ID, err)
 		}
-		if sess, err = s.cfg.Compute.Resume(ctx, st); err != nil {
+		if sess, err = s.cfg.Compute.Resume(ctx, st, compute.WithLimits(s.limits), compute.WithProviderOptions(s.providerOpts)); err != nil {
 			return nil, err
 		}
 	} else {
@@ -336,7 +305,7 @@ func (s *Service) acquireSession(ctx context.Context, tenant string, rec *store.
 			return nil, err
 		}
 		sess, err = s.cfg.Compute.Create(ctx, compute.CreateOptions{Manifest: m, SessionID: sandboxID(rec.ID),
-			Labels: map[string]string{"bulkhead.run": rec.ID}})
+			Labels: map[string]string{"bulkhead.run": rec.ID}, ProviderOptions: s.providerOpts, Limits: s.limits})
 		if err != nil {
 			return nil, err
 		}
@@ -404,7 +373,7 @@ func (s *Service) drive(lr *liveRun, st *harness.RunState, cause string) {
 		s.settle(lr, nil, fmt.Errorf("sandbox: %w", err))
 		return
 	}
-	agent, err := s.buildAgent(lr)
+	agent, err := s.buildAgent(lr, sess.Manifest().RunAs)
 	if err != nil {
 		s.settle(lr, nil, err)
 		return
@@ -556,37 +525,61 @@ func (s *Service) endRun(lr *liveRun, status string, res *harness.Result, runErr
 	s.letSandboxGo(rec)
 }
 
-// forget drops an ended (or cut) run from the active set.
+// forget drops an ended (or cut) run from the active set and gives its
+// run slot back.
 func (s *Service) forget(lr *liveRun) {
 	s.mu.Lock()
 	if s.runs[lr.id] == lr {
 		delete(s.runs, lr.id)
+		s.usage.releaseRun(lr.tenant, lr.id)
 	}
 	s.mu.Unlock()
 }
 
 // letSandboxGo deletes a finished run's sandbox now, or when its retention
-// ends.
+// ends; a run that holds none gives its sandbox slot back now.
 func (s *Service) letSandboxGo(rec store.Run) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.sessions[rec.ID] == nil || s.closing {
+	if s.sessions[rec.ID] == nil {
+		if _, active := s.runs[rec.ID]; !active {
+			s.usage.releaseSandbox(rec.Tenant, rec.ID)
+		}
+		return
+	}
+	if s.closing {
 		return
 	}
 	if d := s.cfg.SandboxRetention; d > 0 {
 		s.timers[rec.ID] = time.AfterFunc(d, func() { s.deleteSandbox(rec.Tenant, rec.ID) })
 		return
 	}
-	go s.deleteSandbox(rec.Tenant, rec.ID)
+	s.wg.Add(1) // not closing: Shutdown's wait has not begun
+	go func() {
+		defer s.wg.Done()
+		s.deleteSandbox(rec.Tenant, rec.ID)
+	}()
 }
 
-// deleteSandbox deletes the sandbox held for a run.
+// deleteSandbox deletes the sandbox held for a finished run (not when the
+// run became active again: ResumeRun took it back) and gives its sandbox
+// slot back.
 func (s *Service) deleteSandbox(tenant, runID string) {
 	s.mu.Lock()
+	if _, active := s.runs[runID]; active {
+		delete(s.timers, runID)
+		s.mu.Unlock()
+		return
+	}
 	h := s.sessions[runID]
 	delete(s.sessions, runID)
 	delete(s.timers, runID)
 	closing := s.closing
+	if h != nil {
+		// Released with the session: the sandbox is going (deleted now,
+		// or released at a shutdown, whose next service does not hold it).
+		s.usage.releaseSandbox(tenant, runID)
+	}
 	s.mu.Unlock()
 	if h == nil || closing {
 		if h != nil {
@@ -619,12 +612,21 @@ func specOf(data []byte) (*harnessv1.StartRunRequest, error) {
 	return spec, nil
 }
 
-// recover takes over the active runs of the store (see New).
+// recover takes over the active runs of the store (see New). Each holds
+// its tenant's run and sandbox slots, whatever the quotas are now, so the
+// quotas count from the store's state.
+//
+// Runs of tenant ids from before tenants were namespaced (auth's
+// LegacyTenant: "alice" rather than "token:alice") are recovered like the
+// others, but no credential reaches them through the API any more; they
+// are counted in a warning. Nothing is migrated: a bare name does not say
+// whether a static token or a JWT made the run.
 func (s *Service) recover(ctx context.Context) error {
 	runs, err := s.cfg.Store.ActiveRuns(ctx, activeStatuses...)
 	if err != nil {
 		return fmt.Errorf("recover runs: %w", err)
 	}
+	legacy := 0
 	for _, rec := range runs {
 		spec, err := specOf(rec.Spec)
 		if err != nil {
@@ -634,9 +636,13 @@ func (s *Service) recover(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("recover run %s: %w", rec.ID, err)
 		}
+		if auth.LegacyTenant(rec.Tenant) {
+			legacy++
+		}
 		lr := s.newLiveRun(rec, spec, seq)
 		s.mu.Lock()
 		s.runs[rec.ID] = lr
+		s.usage.hold(rec.Tenant, rec.ID, true)
 		s.mu.Unlock()
 		var st *harness.RunState
 		if len(rec.RunState) > 0 {
@@ -686,6 +692,7 @@ func (s *Service) recover(ctx context.Context) error {
 			s.log.Warn("run lost in a turn by the previous service", zap.String("run", rec.ID))
 			s.endRun(lr, statusFailed, nil, errors.New(errLost))
 			if len(rec.SessionState) > 0 && !rec.SandboxGone {
+				s.usage.holdSandbox(rec.Tenant, rec.ID) // until it is reaped
 				s.wg.Add(1)
 				go func() {
 					defer s.wg.Done()
@@ -694,12 +701,19 @@ func (s *Service) recover(ctx context.Context) error {
 			}
 		}
 	}
+	if legacy > 0 {
+		s.log.Warn("active runs of tenant ids from before tenants were namespaced (token:NAME, jwt:ISSUER:CLAIM): no credential reaches them; cancel them in the store or re-tenant them",
+			zap.Int("runs", legacy))
+	}
 	// Sandboxes kept for finished runs by the previous service.
 	return nil
 }
 
-// reapSandbox deletes the sandbox of a run lost by an earlier service.
+// reapSandbox deletes the sandbox of a run lost by an earlier service and
+// gives its sandbox slot back (whether or not the delete worked: a
+// sandbox that cannot be found or deleted is not counted for ever).
 func (s *Service) reapSandbox(rec *store.Run) {
+	defer s.usage.releaseSandbox(rec.Tenant, rec.ID)
 	ctx, cancel := context.WithTimeout(s.base, 2*time.Minute)
 	defer cancel()
 	st, err := s.cfg.Compute.DecodeState(rec.SessionState)

@@ -6,19 +6,28 @@
 // (connectrpc.com/connect): one handler speaks gRPC, gRPC-Web and Connect's
 // own protocol, whose unary calls are plain JSON POSTs over HTTP/1.1. So gRPC
 // clients, browsers and curl use the same port and the same contract with no
-// gateway process and no google.api.http annotations to keep in step. The
-// server runs HTTP/2 without TLS (h2c) next to HTTP/1.1, so gRPC clients work
-// on a plain listener; put TLS in front (or use a TLS listener) outside a
-// trusted network. Run events are also served as Server-Sent Events
+// gateway process and no google.api.http annotations to keep in step.
+// ServeTLS serves HTTP/2 and HTTP/1.1 over TLS (ALPN h2 and http/1.1), the
+// way to serve anything but a loopback address; Serve runs HTTP/2 without
+// TLS (h2c) next to HTTP/1.1 on a plain listener, for loopback or behind a
+// TLS-terminating proxy. Metrics are not served on the API's port (they
+// show every tenant's activity): serve them on a listener of their own.
+// Run events are also served as Server-Sent Events
 // (GET /v1/runs/{id}/events), the form browsers and simple HTTP clients read
 // natively; files download with a plain GET, and the terminal is offered as
 // a WebSocket, because browsers cannot open bidirectional gRPC streams.
 //
 // Tenancy. Every request is authenticated (see package auth) and bound to a
-// tenant; a tenant sees only its own runs and sandboxes, and another
-// tenant's id answers NotFound exactly like an unknown one. Model endpoints
-// and their API keys are the service's configuration: no request names or
-// carries one and no response echoes one.
+// tenant, whose id is namespaced by its source (token:alice,
+// jwt:<issuer>:<sub>); a tenant sees only its own runs and sandboxes, and
+// another tenant's id answers NotFound exactly like an unknown one. Every
+// field of a request is untrusted input, checked like an untrusted manifest
+// (see validate.go: accounts, paths, sizes, patterns, models). Each tenant
+// has quotas (Quotas): active runs, live sandboxes, git fetch bytes; every
+// sandbox gets the operator's resource caps. Model endpoints and their API
+// keys are the service's configuration: no request names or carries one
+// and no response echoes one; a request may choose a model name among
+// Config.Models only.
 //
 // Runs. A run is driven by the harness Runner in the service's process. The
 // service owns each run's sandbox session (created before the first turn and
@@ -44,6 +53,7 @@ package service
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -59,6 +69,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	"github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1/harnessv1connect"
 )
 
@@ -73,6 +84,10 @@ type Config struct {
 	Model model.Model
 	// DefaultModel is the model name of runs that name none (required).
 	DefaultModel string
+	// Models are the other model names a request may choose (agent.model);
+	// none: DefaultModel only. A tenant cannot pick an arbitrary model the
+	// service's key pays for.
+	Models []string
 	// Auth binds requests to tenants (required).
 	Auth auth.Authenticator
 	// Log receives the service's logs (nil: none).
@@ -92,9 +107,26 @@ type Config struct {
 	// the end of their turn (0: 30s); runs still in a turn then are lost and
 	// reported failed after the restart.
 	DrainTimeout time.Duration
-	// Metrics, when set, is served at /metrics (without authentication:
-	// bind the listener accordingly).
-	Metrics http.Handler
+	// Quotas bound what each tenant may hold (zero fields: the defaults
+	// of Quotas).
+	Quotas Quotas
+	// CheckManifest, when set, is asked about every request's manifest
+	// after the untrusted-manifest rules, before anything is created: the
+	// operator's policy for what a tenant's manifest may name (serve sets
+	// it to the git policy's CheckManifest, so a git host that is not
+	// allowed is refused at StartRun instead of when the sandbox is
+	// made). The materializer enforces the same policy at fetch time.
+	CheckManifest func(*manifest.Manifest) error
+	// ProviderOptions, when set, makes the provider options
+	// (compute.CreateOptions.ProviderOptions, e.g. *docker.CreateOptions)
+	// that carry Quotas.Sandbox to the provider; New calls it once and
+	// every sandbox the service makes or replaces gets its result. It is
+	// required when Quotas.Sandbox caps CPU or memory, so a cap is never
+	// silently dropped.
+	ProviderOptions func(SandboxResources) (any, error)
+	// MaxRequestBytes bounds one request message, after decompression
+	// (0: 16 MiB).
+	MaxRequestBytes int
 	// Observer, when set, is told how every run goes (RunConfig.Observer;
 	// pkg/harness/metrics implements it).
 	Observer harness.RunObserver
@@ -146,6 +178,12 @@ type Service struct {
 	// counts are the runs by stored status (see RunGauge).
 	countMu sync.Mutex
 	counts  map[string]int
+
+	// usage is every tenant's quota use.
+	usage *usage
+	// providerOpts and limits go with every sandbox the service makes.
+	providerOpts any
+	limits       compute.Limits
 }
 
 // New makes a service and recovers the runs the store holds from an earlier
@@ -179,14 +217,38 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.MaxRequestBytes <= 0 {
+		cfg.MaxRequestBytes = DefaultMaxRequestBytes
+	}
+	for _, m := range cfg.Models {
+		if m == "" {
+			return nil, errors.New("service: an empty model name in Models")
+		}
+	}
+	q, err := cfg.Quotas.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("service: %w", err)
+	}
+	cfg.Quotas = q
+	var popts any
+	if cfg.ProviderOptions != nil {
+		if popts, err = cfg.ProviderOptions(q.Sandbox); err != nil {
+			return nil, fmt.Errorf("service: sandbox resources: %w", err)
+		}
+	} else if q.Sandbox.MilliCPU > 0 || q.Sandbox.MemoryBytes > 0 {
+		return nil, errors.New("service: Quotas.Sandbox caps CPU or memory but no ProviderOptions carries them to the provider")
+	}
 	base, stop := context.WithCancel(context.WithoutCancel(ctx))
 	s := &Service{cfg: cfg, log: cfg.Log, base: base, stop: stop,
-		runner:   &harness.Runner{Model: cfg.Model, ModelName: cfg.DefaultModel, Log: cfg.Log.Named("runner")},
-		runs:     map[string]*liveRun{},
-		sessions: map[string]*held{},
-		timers:   map[string]*time.Timer{},
-		stopped:  make(chan struct{}),
-		counts:   map[string]int{},
+		runner:       &harness.Runner{Model: cfg.Model, ModelName: cfg.DefaultModel, Log: cfg.Log.Named("runner")},
+		runs:         map[string]*liveRun{},
+		sessions:     map[string]*held{},
+		timers:       map[string]*time.Timer{},
+		stopped:      make(chan struct{}),
+		counts:       map[string]int{},
+		usage:        newUsage(q, cfg.Now),
+		providerOpts: popts,
+		limits:       compute.Limits{Archive: compute.ArchiveLimits{MaxExtractedBytes: q.Sandbox.DiskBytes}},
 	}
 	if err := s.countRuns(ctx); err != nil {
 		stop()
@@ -203,37 +265,71 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 // keeps).
 func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
 
+// DefaultMaxRequestBytes is Config.MaxRequestBytes' default.
+const DefaultMaxRequestBytes = 16 << 20
+
 // Handler returns the HTTP handler of the whole API: Connect services, SSE
-// events, file downloads, the terminal WebSocket, /healthz, and the metrics
-// and console handlers when configured. Serve it with HTTP/2 without TLS
-// (see Serve) for gRPC clients.
+// events, file downloads, the terminal WebSocket, /healthz, and the console
+// when configured. No metrics: they are every tenant's, served apart. Serve
+// it with ServeTLS, or Serve on loopback (both speak HTTP/2 for gRPC
+// clients).
 func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
-	opts := []connect.HandlerOption{connect.WithInterceptors(&authInterceptor{auth: s.cfg.Auth})}
+	opts := []connect.HandlerOption{connect.WithInterceptors(&authInterceptor{auth: s.cfg.Auth}),
+		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)}
 	mux.Handle(harnessv1connect.NewRunServiceHandler(&runAPI{s: s}, opts...))
 	mux.Handle(harnessv1connect.NewSandboxServiceHandler(&sandboxAPI{s: s}, opts...))
 	mux.Handle("GET /v1/runs/{run_id}/events", s.httpAuth(http.HandlerFunc(s.serveSSE)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/files/{path...}", s.httpAuth(http.HandlerFunc(s.serveFile)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/terminal", s.wsAuth(http.HandlerFunc(s.serveTerminalWS)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
-	// Hook for the Prometheus handler (pkg/harness/metrics) when it is set.
-	if s.cfg.Metrics != nil {
-		mux.Handle("GET /metrics", s.cfg.Metrics)
-	}
 	if s.cfg.Console != nil {
 		mux.Handle("/", s.cfg.Console)
 	}
 	return mux
 }
 
-// Serve serves h on ln with HTTP/1.1 and unencrypted HTTP/2 until ctx is done, then shuts
-// the HTTP server down (streams are cut after grace).
+// Serve serves h on ln with HTTP/1.1 and unencrypted HTTP/2 until ctx is
+// done, then shuts the HTTP server down (streams are cut after grace).
+// Bearer credentials cross the listener in the clear: use it on loopback,
+// behind a TLS-terminating proxy, or for the metrics listener; ServeTLS
+// otherwise.
 func Serve(ctx context.Context, ln net.Listener, h http.Handler, grace time.Duration) error {
+	return serve(ctx, ln, h, nil, grace)
+}
+
+// ServeTLS serves h on ln over TLS with cfg (its certificates) until ctx
+// is done, like Serve: HTTP/2 for clients that negotiate "h2" with ALPN
+// (gRPC clients) and HTTP/1.1 for the others. A client speaking plain
+// HTTP to it gets nothing but a 400 (no request reaches h). TLS 1.2 is the
+// least version accepted.
+func ServeTLS(ctx context.Context, ln net.Listener, h http.Handler, cfg *tls.Config, grace time.Duration) error {
+	if cfg == nil || (len(cfg.Certificates) == 0 && cfg.GetCertificate == nil && cfg.GetConfigForClient == nil) {
+		return errors.New("serve TLS: no certificate")
+	}
+	return serve(ctx, ln, h, cfg, grace)
+}
+
+func serve(ctx context.Context, ln net.Listener, h http.Handler, tlsCfg *tls.Config, grace time.Duration) error {
 	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)}
 	hs.Protocols.SetHTTP1(true)
-	hs.Protocols.SetUnencryptedHTTP2(true) // gRPC clients without TLS (prior knowledge)
+	if tlsCfg != nil {
+		cfg := tlsCfg.Clone()
+		cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS12)
+		cfg.NextProtos = []string{"h2", "http/1.1"}
+		hs.TLSConfig = cfg
+		hs.Protocols.SetHTTP2(true)
+	} else {
+		hs.Protocols.SetUnencryptedHTTP2(true) // gRPC clients without TLS (prior knowledge)
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- hs.Serve(ln) }()
+	go func() {
+		if tlsCfg != nil {
+			errc <- hs.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- hs.Serve(ln)
+	}()
 	select {
 	case err := <-errc:
 		return err
@@ -301,6 +397,7 @@ func (s *Service) Shutdown(ctx context.Context) error {
 		if !active {
 			// A finished run's retained sandbox: nothing to resume.
 			err := s.cfg.Compute.Delete(ctx, h.sess)
+			s.usage.releaseSandbox(h.tenant, runID)
 			if err == nil {
 				err = s.updateStored(ctx, h.tenant, runID, func(r *store.Run) { r.SandboxGone = true })
 			}

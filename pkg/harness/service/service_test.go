@@ -25,6 +25,7 @@ import (
 	pgserver "github.com/bulkhead-dev/bulkhead/internal/testservers/postgres"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
@@ -34,6 +35,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store/bolt"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store/postgres"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
 	"github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1/harnessv1connect"
 )
@@ -58,6 +60,8 @@ type env struct {
 	store  store.Store
 	log    *zap.Logger
 	cfg    func(*service.Config)
+	// auth, when set, replaces the static tokens of acme and evil.
+	auth auth.Authenticator
 
 	svc  *service.Service
 	url  string
@@ -78,6 +82,24 @@ func agentScript(cmd string) replay.Responder {
 
 func newEnv(t *testing.T, st store.Store, cfg func(*service.Config)) *env {
 	t.Helper()
+	return newEnvWith(t, envOptions{store: st, cfg: cfg})
+}
+
+// envOptions shape an env beyond its service's Config.
+type envOptions struct {
+	store store.Store
+	cfg   func(*service.Config)
+	// git fetches the sandboxes' git_repo entries (nil: none may be).
+	git materializer.GitFetcher
+	// auth replaces the static tokens of acme and evil.
+	auth auth.Authenticator
+	// wrap, when set, wraps the local provider (to watch its launches).
+	wrap func(compute.Provider) compute.Provider
+}
+
+func newEnvWith(t *testing.T, o envOptions) *env {
+	t.Helper()
+	st, cfg := o.store, o.cfg
 	dir, err := os.MkdirTemp("", "bh-svc-") // short: unix socket paths are short
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +108,7 @@ func newEnv(t *testing.T, st store.Store, cfg func(*service.Config)) *env {
 	if err := os.Chmod(dir, 0o711); err != nil {
 		t.Fatal(err)
 	}
-	e := &env{t: t, dir: dir, log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), cfg: cfg}
+	e := &env{t: t, dir: dir, log: zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)), cfg: cfg, auth: o.auth}
 	e.script = replay.NewServer()
 	e.script.SetFallback(agentScript("echo hi > out.txt && cat out.txt"))
 	t.Cleanup(e.script.Close)
@@ -98,7 +120,15 @@ func newEnv(t *testing.T, st store.Store, cfg func(*service.Config)) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.client = compute.NewClient(e.prov, compute.ClientOptions{Log: e.log, Snapshots: snaps})
+	var prov compute.Provider = e.prov
+	if o.wrap != nil {
+		prov = o.wrap(prov)
+	}
+	mat := materializer.Options{Git: refuseGit{}}
+	if o.git != nil {
+		mat.Git = o.git
+	}
+	e.client = compute.NewClient(prov, compute.ClientOptions{Log: e.log, Snapshots: snaps, Materializer: mat})
 	// Whatever happens, no sandbox outlives the test.
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -128,11 +158,15 @@ func (e *env) start() {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens, err := auth.ParseTokens([]byte(acmeToken+" acme\n"+evilToken+" evil\n"), "tokens")
-	if err != nil {
-		t.Fatal(err)
+	var authn auth.Authenticator = e.auth
+	if authn == nil {
+		tokens, err := auth.ParseTokens([]byte(acmeToken+" acme\n"+evilToken+" evil\n"), "tokens")
+		if err != nil {
+			t.Fatal(err)
+		}
+		authn = tokens
 	}
-	cfg := service.Config{Store: e.store, Compute: e.client, Model: mdl, DefaultModel: "scripted", Auth: tokens, Log: e.log,
+	cfg := service.Config{Store: e.store, Compute: e.client, Model: mdl, DefaultModel: "scripted", Auth: authn, Log: e.log,
 		SandboxRetention: time.Minute, DrainTimeout: time.Minute}
 	if e.cfg != nil {
 		e.cfg(&cfg)
@@ -172,6 +206,14 @@ func (e *env) start() {
 func (e *env) restart() {
 	e.stop()
 	e.start()
+}
+
+// refuseGit is the env's git fetcher unless a test gives one: tests never
+// reach the network.
+type refuseGit struct{}
+
+func (refuseGit) Fetch(context.Context, *manifest.GitRepo, string) error {
+	return errors.New("this test fetches no git repository")
 }
 
 // bearer adds an Authorization header to every request.
@@ -613,7 +655,7 @@ func testRestart(t *testing.T, st store.Store) {
 	waitStatus(t, ctx, acme, run.GetRunId(), harnessv1.RunStatus_RUN_STATUS_WAITING_APPROVAL)
 	// A run recorded as mid-turn, as a crashed service leaves it.
 	now := time.Now().UTC().Truncate(time.Microsecond)
-	if err := e.store.CreateRun(ctx, &store.Run{ID: "run-lost00000000000000000000", Tenant: "acme", Status: "RUN_STATUS_RUNNING",
+	if err := e.store.CreateRun(ctx, &store.Run{ID: "run-lost00000000000000000000", Tenant: "token:acme", Status: "RUN_STATUS_RUNNING",
 		Created: now, Updated: now, Spec: []byte(`{"input":"x"}`)}); err != nil {
 		t.Fatal(err)
 	}
@@ -706,7 +748,7 @@ func TestShutdownCheckpointsRunningRun(t *testing.T) {
 	e.svc.Drain()
 	close(release)
 	e.stop()
-	rec, err := e.store.GetRun(ctx, "acme", run.GetRunId())
+	rec, err := e.store.GetRun(ctx, "token:acme", run.GetRunId())
 	if err != nil {
 		t.Fatal(err)
 	}

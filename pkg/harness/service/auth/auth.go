@@ -2,6 +2,18 @@
 // bearer tokens from a file, or OIDC-style JWTs verified against a JWKS file
 // (go-jose), with the issuer and audience checked and the tenant read from
 // a configured claim.
+//
+// Tenant ids are namespaced by where they come from, so that two sources
+// can never name the same tenant: a static token's tenant "alice" is
+// "token:alice", a JWT's is "jwt:<issuer>:<claim>" (TokenTenant,
+// JWTTenant). A JWT whose sub is "alice" is not the static tenant alice,
+// and JWTs of another issuer are not the same tenants either.
+//
+// Stores written before tenant ids were namespaced hold runs under bare
+// names ("alice"); no credential maps to those any more, so such runs are
+// not reachable through the API (the service is not told which source a
+// bare name came from, and guessing would hand one source's runs to the
+// other). See LegacyTenant.
 package auth
 
 import (
@@ -16,6 +28,8 @@ import (
 	"os"
 	"strings"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
@@ -27,8 +41,9 @@ var ErrUnauthenticated = errors.New("unauthenticated")
 
 // Authenticator maps a bearer credential to a tenant.
 type Authenticator interface {
-	// Authenticate returns the tenant of the bearer credential (the value
-	// after "Bearer ").
+	// Authenticate returns the tenant id of the bearer credential (the
+	// value after "Bearer "), namespaced by its source (see the package
+	// documentation).
 	Authenticate(ctx context.Context, bearer string) (tenant string, err error)
 }
 
@@ -40,6 +55,49 @@ func BearerFrom(header string) (string, bool) {
 	}
 	cred = strings.TrimSpace(cred)
 	return cred, cred != ""
+}
+
+// Tenant id prefixes (see the package documentation).
+const (
+	TokenPrefix = "token:"
+	JWTPrefix   = "jwt:"
+)
+
+// MaxTenantBytes bounds a tenant name (the tokens file's, or a JWT's
+// claim): tenant ids are store keys.
+const MaxTenantBytes = 256
+
+// TokenTenant is the tenant id of a static token's tenant name.
+func TokenTenant(name string) string { return TokenPrefix + name }
+
+// JWTTenant is the tenant id of a JWT's tenant claim under issuer.
+func JWTTenant(issuer, claim string) string { return JWTPrefix + issuer + ":" + claim }
+
+// LegacyTenant reports whether a stored tenant id predates namespacing
+// (no "token:" or "jwt:" prefix): no credential authenticates as it.
+func LegacyTenant(tenant string) bool {
+	return !strings.HasPrefix(tenant, TokenPrefix) && !strings.HasPrefix(tenant, JWTPrefix)
+}
+
+// checkTenantName refuses tenant names that could not be used as store
+// keys or shown safely: empty, too long, or holding control characters or
+// invalid UTF-8.
+func checkTenantName(name string) error {
+	if name == "" {
+		return errors.New("empty tenant name")
+	}
+	if len(name) > MaxTenantBytes {
+		return fmt.Errorf("the tenant name is longer than %d bytes", MaxTenantBytes)
+	}
+	if !utf8.ValidString(name) {
+		return errors.New("the tenant name is not valid UTF-8")
+	}
+	for _, r := range name {
+		if unicode.IsControl(r) {
+			return errors.New("the tenant name holds a control character")
+		}
+	}
+	return nil
 }
 
 type tenantKey struct{}
@@ -69,7 +127,8 @@ type tokenEntry struct {
 
 // LoadTokens reads a tokens file: one "TOKEN TENANT" pair per line, blank
 // lines and lines starting with # ignored. Tokens must be at least 16
-// characters and unique.
+// characters and unique. A token authenticates as the tenant id
+// TokenTenant(TENANT).
 func LoadTokens(path string) (*Tokens, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -100,7 +159,10 @@ func ParseTokens(data []byte, name string) (*Tokens, error) {
 			return nil, fmt.Errorf("%s:%d: a token appears twice", name, n)
 		}
 		seen[d] = true
-		t.entries = append(t.entries, tokenEntry{digest: d, tenant: f[1]})
+		if err := checkTenantName(f[1]); err != nil {
+			return nil, fmt.Errorf("%s:%d: %v", name, n, err)
+		}
+		t.entries = append(t.entries, tokenEntry{digest: d, tenant: TokenTenant(f[1])})
 	}
 	if err := sc.Err(); err != nil {
 		return nil, fmt.Errorf("%s: %w", name, err)
@@ -140,7 +202,10 @@ type JWTConfig struct {
 	Now func() time.Time
 }
 
-// JWT authenticates signed JWTs (RS256/384/512, PS*, ES*, EdDSA).
+// JWT authenticates signed JWTs (RS256/384/512, PS*, ES*, EdDSA; never
+// "none" nor an HMAC algorithm, so a verification key cannot be used as a
+// shared secret) that carry an expiry. A token authenticates as the
+// tenant id JWTTenant(Issuer, claim).
 type JWT struct {
 	cfg  JWTConfig
 	keys jose.JSONWebKeySet
@@ -221,7 +286,10 @@ func (j *JWT) Authenticate(_ context.Context, bearer string) (string, error) {
 	if tenant == "" {
 		return "", fmt.Errorf("%w: the JWT has no string claim %q", ErrUnauthenticated, j.cfg.TenantClaim)
 	}
-	return tenant, nil
+	if err := checkTenantName(tenant); err != nil {
+		return "", fmt.Errorf("%w: the JWT's claim %q: %v", ErrUnauthenticated, j.cfg.TenantClaim, err)
+	}
+	return JWTTenant(j.cfg.Issuer, tenant), nil
 }
 
 // Chain tries JWT verification for JWT-shaped credentials and the static

@@ -1,0 +1,441 @@
+package service
+
+// Request policy. Every field of every request is untrusted input, checked
+// before anything is created by the same policy as an untrusted manifest
+// (DESIGN: "Every field of a service request is untrusted input"). A
+// refusal is InvalidArgument and its message starts with the field's name
+// ("agent.run_as: ...", "workdir: ...", "manifest: users[0].uid: ...").
+//
+// Accounts. A request's agent runs as a sandbox account the request's own
+// manifest declares, or as the sandbox's own account (leave agent.run_as
+// and the manifest's run_as empty, or name compute.DefaultRunAsName): never
+// root, never an account the manifest does not declare (the service used to
+// declare it on the fly, so a tenant could pick any name, an image's system
+// accounts included), and never a system account's name (daemon, bin,
+// nobody, shadow, disk, ...: a sandbox image's existing account is reused
+// as it is, with its uid and its groups). A request's manifest cannot fix
+// numeric uids or gids (the sandbox picks them, so a tenant cannot take a
+// host or image id), and its users' homes are below /home or the workspace
+// (a home elsewhere would be made the user's: /etc, say).
+
+import (
+	"fmt"
+	"path"
+	"regexp"
+	"regexp/syntax"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
+	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
+)
+
+// Bounds of request fields.
+const (
+	// maxInputBytes bounds a run's task (StartRunRequest.input).
+	maxInputBytes = 1 << 20
+	// maxInstructionsBytes bounds agent.instructions.
+	maxInstructionsBytes = 256 << 10
+	// maxNameBytes bounds names: agent.name, agent.model, tool names,
+	// capability names, agent.run_as.
+	maxNameBytes = 128
+	// maxApprovalNames bounds approvals.require_approval.
+	maxApprovalNames = 64
+	// maxAllowedCommands bounds approvals.allowed_commands; each pattern
+	// is at most maxPatternBytes long and compiles to at most
+	// maxPatternInsts instructions (Go's regexp matches in linear time;
+	// this bounds the program it runs on every command).
+	maxAllowedCommands = 32
+	maxPatternBytes    = 1024
+	maxPatternInsts    = 5000
+	// maxWorkdirBytes bounds workdir; maxPathBytes sandbox file paths.
+	maxWorkdirBytes = 1024
+	maxPathBytes    = 4096
+	// maxCallIDBytes bounds an approval's call_id; maxReasonBytes its
+	// reason and a cancel's reason (shown to the model, kept in events).
+	maxCallIDBytes = 256
+	maxReasonBytes = 4096
+	// maxPageTokenBytes bounds ListRuns' page_token.
+	maxPageTokenBytes = 256
+	// maxIDDigits bounds the part of a run or sandbox id after its prefix.
+	maxIDDigits = 64
+	// maxTerminalSize bounds a terminal's rows and columns.
+	maxTerminalSize = 1000
+	// maxTerminalArgs and maxTerminalArgvBytes bound a terminal's command.
+	maxTerminalArgs      = 256
+	maxTerminalArgvBytes = 64 << 10
+)
+
+// fieldError is bad input in one field of a request.
+type fieldError struct {
+	field string
+	err   error
+}
+
+func (e *fieldError) Error() string {
+	msg := e.err.Error()
+	if strings.HasPrefix(msg, e.field+": ") {
+		return msg // named already (a manifest's ValidationError)
+	}
+	return e.field + ": " + msg
+}
+func (e *fieldError) Unwrap() error { return e.err }
+
+// badField returns a fieldError for field.
+func badField(field, format string, a ...any) error {
+	return &fieldError{field: field, err: fmt.Errorf(format, a...)}
+}
+
+// checkText refuses text that is too long or holds NUL bytes (protobuf
+// strings are UTF-8 already; NUL would be cut by C-string consumers).
+func checkText(field, s string, maxBytes int) error {
+	if len(s) > maxBytes {
+		return badField(field, "%d bytes; the limit is %d", len(s), maxBytes)
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		return badField(field, "contains a NUL byte")
+	}
+	if !utf8.ValidString(s) {
+		return badField(field, "is not valid UTF-8")
+	}
+	return nil
+}
+
+// checkName refuses a name that is too long or holds control characters.
+func checkName(field, s string) error {
+	if err := checkText(field, s, maxNameBytes); err != nil {
+		return err
+	}
+	for _, r := range s {
+		if unicode.IsControl(r) {
+			return badField(field, "contains a control character")
+		}
+	}
+	return nil
+}
+
+// checkID checks a run or sandbox id: prefix then 1 to maxIDDigits
+// lower-case letters and digits. Empty is refused as missing.
+func checkID(field, id, prefix string) error {
+	if id == "" {
+		return badField(field, "missing")
+	}
+	rest, ok := strings.CutPrefix(id, prefix)
+	if !ok || rest == "" || len(rest) > maxIDDigits {
+		return badField(field, "%q is not a %s id", clip(id), strings.TrimSuffix(prefix, "-"))
+	}
+	for _, c := range []byte(rest) {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'z') {
+			return badField(field, "%q is not a %s id", clip(id), strings.TrimSuffix(prefix, "-"))
+		}
+	}
+	return nil
+}
+
+// checkRunID checks a run id field.
+func checkRunID(field, id string) error { return checkID(field, id, "run-") }
+
+// checkSandboxID checks a sandbox id field.
+func checkSandboxID(field, id string) error { return checkID(field, id, "sbx-") }
+
+// clip shortens a value quoted in an error.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+// reservedAccounts are the names of the system users and groups of common
+// images (Debian and Ubuntu base-passwd, Alpine and busybox, RHEL and
+// Fedora): a request's manifest cannot declare them, nor run as them,
+// because a sandbox reuses an existing account as it is. Names starting
+// with "_" or "systemd-" are reserved as well.
+var reservedAccounts = map[string]bool{
+	"root": true, "daemon": true, "bin": true, "sys": true, "sync": true, "games": true, "man": true, "lp": true,
+	"mail": true, "news": true, "uucp": true, "proxy": true, "www-data": true, "backup": true, "list": true,
+	"irc": true, "gnats": true, "nobody": true, "nogroup": true, "adm": true, "tty": true, "disk": true,
+	"kmem": true, "dialout": true, "fax": true, "voice": true, "cdrom": true, "floppy": true, "tape": true,
+	"sudo": true, "audio": true, "dip": true, "operator": true, "src": true, "shadow": true, "utmp": true,
+	"video": true, "sasl": true, "plugdev": true, "staff": true, "users": true, "input": true, "kvm": true,
+	"render": true, "sgx": true, "crontab": true, "messagebus": true, "sshd": true, "ssh": true, "wheel": true,
+	"admin": true, "docker": true, "lxd": true, "halt": true, "shutdown": true, "ftp": true, "postfix": true,
+	"postdrop": true, "polkitd": true, "netdev": true, "ping": true, "abuild": true, "at": true, "cron": true,
+	"squid": true, "xfs": true, "smmsp": true, "mem": true, "guest": true, "ntp": true, "chrony": true,
+	"dbus": true, "tss": true, "libvirt": true, "lock": true,
+}
+
+// reservedAccount reports whether a request may not declare or run as name.
+func reservedAccount(name string) bool {
+	return reservedAccounts[name] || strings.HasPrefix(name, "_") || strings.HasPrefix(name, "systemd-")
+}
+
+// checkAccounts applies the service's account policy (see the top of this
+// file) to a request's parsed manifest.
+func checkAccounts(m *manifest.Manifest) error {
+	for i, g := range m.Groups {
+		fp := fmt.Sprintf("manifest: groups[%d]", i)
+		if reservedAccount(g.Name) {
+			return badField(fp+".name", "%q is a system account's name; declare a group of another name", g.Name)
+		}
+		if g.GID != nil {
+			return badField(fp+".gid", "a request's manifest cannot fix a group id (the sandbox picks it)")
+		}
+	}
+	for i, u := range m.Users {
+		fp := fmt.Sprintf("manifest: users[%d]", i)
+		if reservedAccount(u.Name) {
+			return badField(fp+".name", "%q is a system account's name; declare a user of another name", u.Name)
+		}
+		if u.UID != nil {
+			return badField(fp+".uid", "a request's manifest cannot fix a user id (uid %d): the sandbox picks it", *u.UID)
+		}
+		if u.Home != "" && !homeAllowed(u.Home, m.WorkspaceRoot()) {
+			return badField(fp+".home", "%q: a home must be below /home or the workspace %s", u.Home, m.WorkspaceRoot())
+		}
+	}
+	return nil
+}
+
+// homeAllowed reports whether home is strictly below /home or root.
+func homeAllowed(home, root string) bool {
+	h := path.Clean(home)
+	if h != home {
+		return false
+	}
+	for _, base := range []string{"/home", root} {
+		if strings.HasPrefix(h, strings.TrimSuffix(base, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// resolveRunAs applies a request's agent.run_as to its sandbox manifest m
+// and returns the manifest the sandbox is made from (see the top of this
+// file): "" keeps the manifest's run_as (or the sandbox's own account when
+// it names none), compute.DefaultRunAsName asks for the sandbox's own
+// account, any other name must be a user m declares.
+func resolveRunAs(m *manifest.Manifest, runAs string) (*manifest.Manifest, error) {
+	const field = "agent.run_as"
+	switch {
+	case runAs == "":
+		return m, nil
+	case runAs == "root":
+		return nil, badField(field, "a request's agent cannot run as root; leave run_as empty for the sandbox's own account")
+	case reservedAccount(runAs):
+		return nil, badField(field, "%q is a system account's name; run as a user the manifest declares, or leave run_as empty", clip(runAs))
+	}
+	if err := checkName(field, runAs); err != nil {
+		return nil, err
+	}
+	for _, u := range m.Users {
+		if u.Name == runAs {
+			if m.RunAs == runAs {
+				return m, nil
+			}
+			out := m.Clone()
+			out.RunAs = runAs
+			return out, nil
+		}
+	}
+	if runAs == compute.DefaultRunAsName {
+		// The sandbox's own account (the provider declares it).
+		out := m.Clone()
+		out.RunAs = ""
+		return out, nil
+	}
+	return nil, badField(field, "user %q is not declared in the manifest's users; declare it there, or leave run_as empty for the sandbox's own account", clip(runAs))
+}
+
+// checkWorkdir checks a workspace-relative directory.
+func checkWorkdir(field, wd string) error {
+	if err := checkText(field, wd, maxWorkdirBytes); err != nil {
+		return err
+	}
+	if strings.HasPrefix(wd, "/") {
+		return badField(field, "%q: must be relative to the workspace root", clip(wd))
+	}
+	for _, part := range strings.Split(wd, "/") {
+		if part == ".." {
+			return badField(field, "%q: must not contain \"..\"", clip(wd))
+		}
+	}
+	return nil
+}
+
+// checkApprovals checks an approval policy and compiles its patterns.
+func checkApprovals(p *harnessv1.ApprovalPolicy) ([]*regexp.Regexp, error) {
+	names := p.GetRequireApproval()
+	if len(names) > maxApprovalNames {
+		return nil, badField("approvals.require_approval", "%d names; the limit is %d", len(names), maxApprovalNames)
+	}
+	for i, n := range names {
+		field := fmt.Sprintf("approvals.require_approval[%d]", i)
+		if n == "" {
+			return nil, badField(field, "empty tool name")
+		}
+		if err := checkName(field, n); err != nil {
+			return nil, err
+		}
+	}
+	cmds := p.GetAllowedCommands()
+	if len(cmds) > maxAllowedCommands {
+		return nil, badField("approvals.allowed_commands", "%d patterns; the limit is %d", len(cmds), maxAllowedCommands)
+	}
+	var res []*regexp.Regexp
+	for i, c := range cmds {
+		field := fmt.Sprintf("approvals.allowed_commands[%d]", i)
+		if err := checkText(field, c, maxPatternBytes); err != nil {
+			return nil, err
+		}
+		re, err := compilePattern(c)
+		if err != nil {
+			return nil, badField(field, "%v", err)
+		}
+		res = append(res, re)
+	}
+	return res, nil
+}
+
+// compilePattern compiles a regular expression whose program is at most
+// maxPatternInsts instructions ((\w+\s+\w+){1000} is 17 bytes of text but
+// 8,000 instructions).
+func compilePattern(expr string) (*regexp.Regexp, error) {
+	re, err := syntax.Parse(expr, syntax.Perl)
+	if err != nil {
+		return nil, err
+	}
+	prog, err := syntax.Compile(re.Simplify())
+	if err != nil {
+		return nil, err
+	}
+	if n := len(prog.Inst); n > maxPatternInsts {
+		return nil, fmt.Errorf("the pattern compiles to %d instructions; the limit is %d", n, maxPatternInsts)
+	}
+	return regexp.Compile(expr)
+}
+
+// checkModel refuses a model the service does not offer.
+func (s *Service) checkModel(name string) error {
+	if name == "" || name == s.cfg.DefaultModel {
+		return nil
+	}
+	if err := checkName("agent.model", name); err != nil {
+		return err
+	}
+	for _, m := range s.cfg.Models {
+		if m == name {
+			return nil
+		}
+	}
+	offered := append([]string{s.cfg.DefaultModel}, s.cfg.Models...)
+	return badField("agent.model", "%q is not offered by this service (offered: %s)", clip(name), strings.Join(offered, ", "))
+}
+
+// checkAgent checks an AgentSpec (the model, names, sizes; run_as is
+// checked against the manifest by checkSpec).
+func (s *Service) checkAgent(a *harnessv1.AgentSpec) error {
+	if err := checkName("agent.name", a.GetName()); err != nil {
+		return err
+	}
+	if err := checkText("agent.instructions", a.GetInstructions(), maxInstructionsBytes); err != nil {
+		return err
+	}
+	if err := s.checkModel(a.GetModel()); err != nil {
+		return err
+	}
+	if len(a.GetCapabilities()) > len(capabilityNames) {
+		return badField("agent.capabilities", "%d names; there are %d capabilities", len(a.GetCapabilities()), len(capabilityNames))
+	}
+	if _, err := capabilitiesOf(a.GetCapabilities()); err != nil {
+		return &fieldError{field: "agent.capabilities", err: err}
+	}
+	return nil
+}
+
+// validateSpec checks a run's request before anything is created and
+// returns the manifest its sandbox is made from.
+func (s *Service) validateSpec(spec *harnessv1.StartRunRequest, needInput bool) (*manifest.Manifest, error) {
+	if err := checkText("input", spec.GetInput(), maxInputBytes); err != nil {
+		return nil, err
+	}
+	if needInput && strings.TrimSpace(spec.GetInput()) == "" {
+		return nil, badField("input", "the run needs a task")
+	}
+	if spec.GetMaxTurns() < 0 {
+		return nil, badField("max_turns", "must not be negative")
+	}
+	if err := s.checkAgent(spec.GetAgent()); err != nil {
+		return nil, err
+	}
+	if _, err := checkApprovals(spec.GetApprovals()); err != nil {
+		return nil, err
+	}
+	if err := checkWorkdir("workdir", spec.GetWorkdir()); err != nil {
+		return nil, err
+	}
+	m, err := sandboxManifest(spec)
+	if err != nil {
+		return nil, err
+	}
+	if s.cfg.CheckManifest != nil {
+		if err := s.cfg.CheckManifest(m); err != nil {
+			return nil, fmt.Errorf("manifest: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// checkResumeRequest checks the fields of a ResumeRunRequest that
+// validateSpec does not see.
+func checkResumeRequest(m *harnessv1.ResumeRunRequest) error {
+	if m.GetRunId() == "" {
+		return nil
+	}
+	if err := checkRunID("run_id", m.GetRunId()); err != nil {
+		return err
+	}
+	if len(m.GetRunState()) > 0 {
+		return badField("run_id", "give run_id or run_state, not both")
+	}
+	return nil
+}
+
+// checkTerminalStart checks a terminal's first message.
+func checkTerminalStart(st *harnessv1.TerminalStart) error {
+	if err := checkSandboxID("start.sandbox_id", st.GetSandboxId()); err != nil {
+		return err
+	}
+	if st.GetCols() > maxTerminalSize || st.GetRows() > maxTerminalSize {
+		return badField("start", "%dx%d: cols and rows are at most %d", st.GetCols(), st.GetRows(), maxTerminalSize)
+	}
+	argv := st.GetCommand()
+	if len(argv) > maxTerminalArgs {
+		return badField("start.command", "%d arguments; the limit is %d", len(argv), maxTerminalArgs)
+	}
+	total := 0
+	for i, a := range argv {
+		total += len(a)
+		if err := checkText(fmt.Sprintf("start.command[%d]", i), a, maxTerminalArgvBytes); err != nil {
+			return err
+		}
+	}
+	if total > maxTerminalArgvBytes {
+		return badField("start.command", "%d bytes; the limit is %d", total, maxTerminalArgvBytes)
+	}
+	if len(argv) > 0 && argv[0] == "" {
+		return badField("start.command[0]", "empty program")
+	}
+	return nil
+}
+
+// checkTerminalSize checks a resize.
+func checkTerminalSize(sz *harnessv1.TerminalSize) error {
+	if sz.GetCols() == 0 || sz.GetRows() == 0 || sz.GetCols() > maxTerminalSize || sz.GetRows() > maxTerminalSize {
+		return badField("resize", "%dx%d: cols and rows are between 1 and %d", sz.GetCols(), sz.GetRows(), maxTerminalSize)
+	}
+	return nil
+}
