@@ -15,3 +15,12 @@ func TestArchiveAndWorkspaceAgreeOnTempNames(t *testing.T) {
 		t.Fatalf("archive.TempPrefix = %q, workspace.TempPrefix = %q: they must be equal", archive.TempPrefix, workspace.TempPrefix)
 	}
 }
+
+// A restore keeps its journal, stage and backup in names with the
+// archive's reserved prefix; the workspace refuses requests that would
+// touch them, so both must mean the same names.
+func TestArchiveAndWorkspaceAgreeOnReservedNames(t *testing.T) {
+	if archive.ReservedPrefix != workspace.ReservedPrefix {
+		t.Fatalf("archive.ReservedPrefix = %q, workspace.ReservedPrefix = %q: they must be equal", archive.ReservedPrefix, workspace.ReservedPrefix)
+	}
+}

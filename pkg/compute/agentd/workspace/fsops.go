@@ -16,6 +16,20 @@ import (
 // of package agentd keeps equal); CleanupTemp removes them; ListDir hides them.
 const TempPrefix = ".bulkhead-tmp-"
 
+// ReservedPrefix starts the names of the daemon's own entries at the
+// workspace root: a restore's private directory (its journal, stage and
+// backup) and materialize's staging directory. Requests may not write,
+// move or remove them (pkg/archive keeps the same prefix,
+// archive.ReservedPrefix; a test checks that they agree).
+const ReservedPrefix = ".bulkhead-restore-"
+
+// IsReservedPath reports whether rel (clean, relative to the workspace
+// root) is, or lies below, a top-level entry named with ReservedPrefix.
+func IsReservedPath(rel string) bool {
+	top, _, _ := strings.Cut(rel, "/")
+	return strings.HasPrefix(top, ReservedPrefix)
+}
+
 // IsTempName reports whether a file name is one of the workspace's
 // temporary names.
 func IsTempName(name string) bool { return strings.HasPrefix(name, TempPrefix) }

@@ -64,10 +64,15 @@ func (l loc) dir() string { return filepath.Dir(l.rel) }
 
 func (l loc) base() string { return filepath.Base(l.rel) }
 
-// writable refuses changes in a read-only grant.
+// writable refuses changes in a read-only grant, and to the daemon's own
+// entries at the workspace root (ReservedPrefix: a restore's journal, stage
+// and backup), which no request may create, change, move or remove.
 func (l loc) writable() error {
 	if l.m.readOnly {
 		return errorf(errkind.ErrReadOnly, "the path lies in a read-only grant")
+	}
+	if !l.m.grant && IsReservedPath(l.rel) {
+		return errorf(errkind.ErrPermissionDenied, "names starting with %q at the workspace root are the daemon's own", ReservedPrefix)
 	}
 	return nil
 }
