@@ -21,9 +21,10 @@ const (
 
 // retry runs call until it succeeds, fails with an error that is not
 // retryable, ctx ends, or the retry budget is spent. When ctx ends while
-// it waits to try again, the error is the context's (canceled or
-// deadline exceeded, which is what the caller asked for), with the last
-// attempt's error in its text only: it must not read as retryable.
+// it waits to try again, the error is the context's first (canceled or
+// deadline exceeded: its class, what the caller asked for), wrapping the
+// last attempt's as its cause, so a caller still learns that the sandbox
+// was unreachable and that a call with a new context may succeed.
 func retry(ctx context.Context, call func() error) error {
 	deadline := time.Now().Add(retryBudget)
 	backoff := retryInitialBackoff
@@ -36,7 +37,7 @@ func retry(ctx context.Context, call func() error) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("%w (last attempt: %v)", errkind.ClassifyFS(ctx.Err()), err)
+			return fmt.Errorf("%w; last attempt: %w", errkind.ClassifyFS(ctx.Err()), err)
 		case <-t.C:
 		}
 		backoff = min(backoff*2, retryMaxBackoff)

@@ -11,8 +11,8 @@ import (
 )
 
 // When the caller's context ends while retry waits to try again, the
-// caller gets its context's error, not the last transport error (which is
-// retryable and would invite the caller to try once more).
+// caller gets its context's error (its class), with the last transport
+// error as its cause: still unavailable and retryable with a new context.
 func TestRetryReturnsTheContextsError(t *testing.T) {
 	transport := errkind.MarkRetryable(fmt.Errorf("dial: %w", errkind.ErrUnavailable))
 	for _, c := range []struct {
@@ -39,8 +39,8 @@ func TestRetryReturnsTheContextsError(t *testing.T) {
 			if !errors.Is(err, c.want) || !errors.Is(err, c.alias) {
 				t.Fatalf("err = %v, want %v", err, c.want)
 			}
-			if errors.Is(err, errkind.ErrUnavailable) || errkind.Retryable(err) {
-				t.Errorf("err = %v reads as the retryable transport error", err)
+			if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
+				t.Errorf("err = %v lost its cause (unavailable, retryable)", err)
 			}
 			if got := errkind.Name(err); got != c.reason {
 				t.Errorf("class %q, want %q", got, c.reason)

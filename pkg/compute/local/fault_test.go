@@ -155,9 +155,9 @@ func (f *faultSession) resume(t *testing.T, ctx context.Context) *compute.Sessio
 // streams output. Exec fails at once with ErrUnavailable, not retryable (the
 // command ran); Follow and Start, safe to repeat, are retried until their
 // context ends and then fail with its error, the last attempt's
-// (unavailable) in the text (no hang; see agentclient's retry); a resume
-// starts a new daemon on the kept workspace without restoring (nothing
-// changed since the snapshot).
+// (unavailable, retryable) as its cause (no hang; see agentclient's
+// retry); a resume starts a new daemon on the kept workspace without
+// restoring (nothing changed since the snapshot).
 func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 	forEachIsolation(t, func(t *testing.T, iso Isolation) {
 		ctx := testCtx(t)
@@ -218,14 +218,14 @@ func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 		_, err = agent.Follow(short, &agentdv1.AttachRequest{ProcessId: bg.GetProcess().GetProcessId()}, func(*agentdv1.AttachResponse) error { return nil })
 		cancel()
 		t.Logf("Follow after SIGKILL: %v", err)
-		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "unavailable") {
-			t.Errorf("Follow error %v: want its context's deadline, after unavailable attempts (it resumes from a cursor)", err)
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, compute.ErrUnavailable) || !compute.Retryable(err) {
+			t.Errorf("Follow error %v: want its context's deadline, caused by unavailable attempts (it resumes from a cursor)", err)
 		}
 		short, cancel = context.WithTimeout(ctx, time.Second)
 		_, err = agent.Start(short, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}})
 		cancel()
-		if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "unavailable") {
-			t.Errorf("Start error %v: want its context's deadline, after unavailable attempts (it carries a request id)", err)
+		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, compute.ErrUnavailable) || !compute.Retryable(err) {
+			t.Errorf("Start error %v: want its context's deadline, caused by unavailable attempts (it carries a request id)", err)
 		}
 
 		// The sandbox's processes die with the daemon where it has a pid
