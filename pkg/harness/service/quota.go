@@ -225,13 +225,6 @@ func (u *usage) releaseSandbox(tenant, runID string) {
 	remove(u.sandboxes, tenant, runID)
 }
 
-// counts returns a tenant's active runs and sandboxes (tests, logs).
-func (u *usage) counts(tenant string) (runs, sandboxes int) {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return len(u.runs[tenant]), len(u.sandboxes[tenant])
-}
-
 // bucket is a tenant's git fetch budget: up to Quotas.FetchBytes,
 // refilled at FetchBytes per FetchWindow.
 type bucket struct {
