@@ -65,7 +65,7 @@ const (
 	jwtAudience = "bulkhead-hostile"
 )
 
-// runMarker wraps a shell line into a run's input; the scripted model
+// runInput wraps a shell line into a run's input; the scripted model
 // runs it with exec_command and answers "OUT:" and the tool's output.
 func runInput(cmd string) string {
 	return "RUN[" + base64.StdEncoding.EncodeToString([]byte(cmd)) + "]"
@@ -349,9 +349,6 @@ func TestHostileTenant(t *testing.T) {
 		s.refused(bob, "RunService", "GetRun", `{"runId": "`+runID+`"}`, "not_found")
 		s.refused(bob, "SandboxService", "ListSandboxDir", `{"sandboxId": "`+sandboxID+`", "path": "."}`, "not_found")
 		s.refused(bob, "SandboxService", "ListSandboxes", `{"runId": "`+runID+`"}`, "not_found")
-		if code, _ := s.call(bob, "", "", ""); code == http.StatusOK {
-			t.Error("an empty method answered 200")
-		}
 		req, _ := http.NewRequest(http.MethodGet, s.url+"/v1/sandboxes/"+sandboxID+"/files/secret.txt", nil)
 		req.Header.Set("Authorization", "Bearer "+bob)
 		if resp, err := http.DefaultClient.Do(req); err != nil {
