@@ -38,8 +38,8 @@ build: ## build static binaries (CGO_ENABLED=0, -trimpath, version stamped) into
 	@mkdir -p $(BIN)
 	@tmp=$$(mktemp -d $(BIN)/.build.XXXXXX) && \
 	trap 'rm -rf "$$tmp"' EXIT && \
-	echo "CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/..." && \
-	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o "$$tmp/" ./cmd/... && \
+	echo "CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/harness ./cmd/sandbox-agentd" && \
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o "$$tmp/" ./cmd/harness ./cmd/sandbox-agentd && \
 	mv -f "$$tmp"/* $(BIN)/
 
 .PHONY: run
@@ -89,8 +89,8 @@ fuzz: ## run each fuzz target for FUZZTIME (default 30s)
 
 .PHONY: bench
 bench: build ## measure the daemon against same-run baselines; prints a table of ratios
-	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '-s -w' -o $(BIN)/grpcfloor ./internal/benchreport/grpcfloor
-	$(GO) run ./internal/benchreport -bin $(BIN)
+	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '-s -w' -o $(BIN)/grpcfloor ./cmd/bench/grpcfloor
+	$(GO) run ./cmd/bench -bin $(BIN)
 
 # Sandbox images, built locally with no registry (images/build.sh): the small
 # busybox + git image and the debootstrap-based full one. Each is rebuilt only
@@ -114,13 +114,13 @@ rootfs: ## write the sandbox root filesystem into bin/rootfs (for --sandbox-root
 	./images/build.sh rootfs $(BIN)/rootfs
 
 # The Kubernetes cluster the kubernetes provider's tests run against
-# (internal/testservers/kube): kube-apiserver, kube-controller-manager,
+# (internal/testing/testservers/kube): kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet, etcd and a NetworkPolicy enforcer built from the
 # Go module proxy in one go build into the user cache directory, as the
 # tests build them (about 12 CPU-minutes cold).
 .PHONY: kube-tools
 kube-tools: ## build the test cluster's Kubernetes, etcd and NetworkPolicy enforcer binaries into the user cache (as the tests do)
-	$(GO) run ./internal/testservers/kube/cmd/kubetools
+	$(GO) run ./internal/testing/testservers/kube/cmd/kubetools
 
 .PHONY: vet
 vet: ## go vet and gofmt

@@ -12,8 +12,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/gcsserver"
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/s3server"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/gcsserver"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/s3server"
 )
 
 // TestSecretCanaryMounts is the secret-canary attack of TestSecretCanary

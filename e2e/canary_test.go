@@ -20,8 +20,8 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/runsc"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/runsc"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 

@@ -20,8 +20,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/faultnet"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/faultnet"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"

@@ -11,9 +11,9 @@ package e2e
 // because nothing happened).
 //
 // Attacks covered at the level where they happen, in their own packages:
-// the daemon's header and stream limits (pkg/compute/agentd/server), the
-// crash-safe restore (pkg/archive, pkg/compute/agentd), PTY sizes
-// (pkg/compute/agentd/server), the git fetch policy and its environment
+// the daemon's header and stream limits (pkg/agentd/server), the
+// crash-safe restore (pkg/archive, pkg/agentd), PTY sizes
+// (pkg/agentd/server), the git fetch policy and its environment
 // (pkg/compute/materializer).
 
 import (
@@ -40,9 +40,9 @@ import (
 	"github.com/go-jose/go-jose/v4"
 	"github.com/go-jose/go-jose/v4/jwt"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 

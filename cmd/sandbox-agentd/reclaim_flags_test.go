@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/server"
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd/server"
 )
 
 // TestReclaimGrowthFlag checks that --reclaim-growth-bytes reaches the

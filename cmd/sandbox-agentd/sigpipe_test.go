@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"

@@ -19,7 +19,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
-	"github.com/bulkhead-dev/bulkhead/internal/demo"
+	"github.com/bulkhead-dev/bulkhead/internal/cli/demo"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testservers/kube"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/kube"
 )
 
 // TestKubernetesProviderFlags drives `harness sandbox` with --provider

@@ -12,10 +12,10 @@ import (
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/azureserver"
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/s3server"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/azureserver"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/s3server"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 )
 

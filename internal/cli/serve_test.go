@@ -21,9 +21,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 

@@ -55,8 +55,8 @@ func TestComputeAndManifestNeverImportHarness(t *testing.T) {
 
 func TestDaemonLogicHasNoGRPCOrProviders(t *testing.T) {
 	shimSeen := false
-	for _, p := range listDeps(t, module+"/pkg/compute/agentd/...") {
-		if strings.HasPrefix(p.ImportPath, module+"/pkg/compute/agentd/server") {
+	for _, p := range listDeps(t, module+"/pkg/agentd/...") {
+		if strings.HasPrefix(p.ImportPath, module+"/pkg/agentd/server") {
 			// The gRPC shim: it must show up with gRPC among its deps, or
 			// this test is not looking at real dependency data.
 			for _, d := range p.Deps {
@@ -197,16 +197,16 @@ func TestPureEnginesAreLeaves(t *testing.T) {
 	}
 }
 
-// The harness links nothing under pkg/compute/agentd: what it shares with
+// The harness links nothing under pkg/agentd: what it shares with
 // the daemon lives in the pure engines (pkg/archive, pkg/userdb, pkg/patch),
 // pkg/errkind and the wire contract (proto/bulkhead/agentd/v1, which is not
-// under pkg/compute/agentd).
+// under pkg/agentd).
 func TestHarnessLinksNoDaemonInternals(t *testing.T) {
 	for _, p := range listDeps(t, module+"/cmd/harness") {
 		if !slices.Contains(p.Deps, module+"/pkg/archive") {
 			t.Fatalf("%s does not list pkg/archive among its deps: this test is not looking at real dependency data", p.ImportPath)
 		}
-		forbid(t, p, "the harness links none of the daemon's internals", module+"/pkg/compute/agentd")
+		forbid(t, p, "the harness links none of the daemon's internals", module+"/pkg/agentd")
 	}
 }
 
@@ -227,5 +227,58 @@ func TestKubernetesProviderLinksItsAPIGroupsOnly(t *testing.T) {
 				t.Errorf("%s depends on %s: the provider links the API groups it uses only (%v)", p.ImportPath, d, groups)
 			}
 		}
+	}
+}
+
+// The daemon is the untrusted side: its binary links nothing of the
+// trusted side's tree (pkg/compute, pkg/harness), not even for a constant.
+func TestDaemonLinksNothingOfTheTrustedSide(t *testing.T) {
+	for _, p := range listDeps(t, module+"/cmd/sandbox-agentd") {
+		if !slices.Contains(p.Deps, module+"/pkg/agentd/server") {
+			t.Fatalf("%s does not list pkg/agentd/server among its deps: this test is not looking at real dependency data", p.ImportPath)
+		}
+		forbid(t, p, "the daemon links nothing of the trusted side", module+"/pkg/compute", module+"/pkg/harness", module+"/internal/cli")
+	}
+}
+
+// The wire helpers (pkg/internal/wire: error mapping, the codec, the
+// buffer pool) belong to the two ends of the daemon's wire: agentclient
+// and the daemon's server. Go's internal rule keeps them inside pkg/; this
+// keeps them to those two, tests included.
+func TestWireHelpersStayOnTheWire(t *testing.T) {
+	out, err := exec.Command("go", "list", "-test", "-json=ImportPath,Imports,TestImports,XTestImports", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	allowed := []string{module + "/pkg/compute/agentclient", module + "/pkg/agentd/server", module + "/pkg/internal/wire"}
+	wire := module + "/pkg/internal/wire/"
+	seen := false
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for dec.More() {
+		var p struct {
+			ImportPath                         string
+			Imports, TestImports, XTestImports []string
+		}
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		// go list -test adds "pkg [pkg.test]" variants; judge the package by its path.
+		path, _, _ := strings.Cut(p.ImportPath, " ")
+		path = strings.TrimSuffix(path, "_test")
+		path = strings.TrimSuffix(path, ".test")
+		for _, imp := range slices.Concat(p.Imports, p.TestImports, p.XTestImports) {
+			imp, _, _ = strings.Cut(imp, " ")
+			if !strings.HasPrefix(imp, wire) {
+				continue
+			}
+			ok := slices.ContainsFunc(allowed, func(a string) bool { return path == a || strings.HasPrefix(path, a+"/") })
+			seen = seen || path == module+"/pkg/compute/agentclient"
+			if !ok {
+				t.Errorf("%s imports %s: only agentclient and the daemon's server use the wire helpers", path, imp)
+			}
+		}
+	}
+	if !seen {
+		t.Fatal("agentclient was not seen importing the wire helpers: this test is not looking at real import data")
 	}
 }

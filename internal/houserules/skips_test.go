@@ -14,7 +14,7 @@ import (
 )
 
 // testenvPath is the one package allowed to skip a test itself.
-const testenvPath = module + "/internal/testenv"
+const testenvPath = module + "/internal/testing/testenv"
 
 // skipMethods are testing.TB's ways to skip a test.
 var skipMethods = map[string]bool{"Skip": true, "Skipf": true, "SkipNow": true}
@@ -85,7 +85,7 @@ func moduleRoot(t *testing.T) string {
 	return root
 }
 
-// TestEverySkipGoesThroughTestenv: no test outside internal/testenv calls
+// TestEverySkipGoesThroughTestenv: no test outside internal/testing/testenv calls
 // a testing Skip method (Skip, Skipf, SkipNow) itself. A missing part of the
 // machine goes through testenv.Require or testenv.Skip (a failure under
 // CI=true), an opt-in test through testenv.Optional or testenv.Short.
@@ -103,7 +103,7 @@ func TestEverySkipGoesThroughTestenv(t *testing.T) {
 			switch {
 			case rel == ".":
 				return nil
-			case rel == filepath.Join("internal", "testenv"), d.Name() == "testdata", d.Name() == "vendor",
+			case rel == filepath.Join("internal", "testing", "testenv"), d.Name() == "testdata", d.Name() == "vendor",
 				strings.HasPrefix(d.Name(), "."), d.Name() == "node_modules":
 				return filepath.SkipDir
 			}
@@ -144,7 +144,7 @@ func TestDirectSkipsFindsThem(t *testing.T) {
 import (
 	"testing"
 
-	te "github.com/bulkhead-dev/bulkhead/internal/testenv"
+	te "github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 )
 
 func TestA(t *testing.T) {

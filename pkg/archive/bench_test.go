@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 )
 
 // The benchmark tree: 100 directories of 100 files, ~200 MB in all: 9,900

@@ -6,7 +6,7 @@
 //
 // The package is a pure engine over a directory tree, like pkg/patch: it
 // knows nothing of the daemon (no workspace confinement, no accounts; owner
-// names come in as lookups), so the daemon (pkg/compute/agentd wraps it for
+// names come in as lookups), so the daemon (pkg/agentd wraps it for
 // the Archive, Restore and Fingerprint RPCs) and the harness (which restores
 // exported workspaces on the host) share it without either linking the
 // other's internals.

@@ -11,7 +11,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 )
 
 // fuzzSeeds are the archives FuzzRestore starts from, each raw and

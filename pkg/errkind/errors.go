@@ -7,13 +7,13 @@
 // the Docker provider also uses: hence a name of its own.)
 //
 // The errors are plain Go values. gRPC status codes are made only in
-// pkg/compute/agentd/server and read back only in pkg/compute/agentclient;
+// pkg/agentd/server and read back only in pkg/compute/agentclient;
 // everywhere else callers use errors.Is on the sentinels below and
 // Retryable(err) to decide whether trying again can help.
 //
 // Classes (registry.go) is the one list of the taxonomy: every sentinel,
 // its stable name and which class wins when an error matches several.
-// Spans (ErrorType), logs and the wire mapping (internal/errmap, which adds
+// Spans (ErrorType), logs and the wire mapping (pkg/internal/wire/errmap, which adds
 // the gRPC code and ErrorReason of each class) all read it; a new sentinel
 // gets a row there and a wire form in errmap, and tests fail until it has
 // both.

@@ -9,7 +9,7 @@ import (
 
 // Class is one kind of failure of the compute plane: a sentinel and the
 // stable name every layer uses for it. It says nothing about transport:
-// the gRPC code and ErrorReason of each class are kept in internal/errmap,
+// the gRPC code and ErrorReason of each class are kept in pkg/internal/wire/errmap,
 // which a test keeps complete against Classes.
 type Class struct {
 	// Err is the sentinel errors of the class wrap.

@@ -50,7 +50,7 @@ func TestRegistryIsWellFormed(t *testing.T) {
 		}
 	}
 	if len(sentinels) != 21 {
-		t.Errorf("%d classes; a new sentinel needs a class here and a wire form in internal/errmap", len(sentinels))
+		t.Errorf("%d classes; a new sentinel needs a class here and a wire form in pkg/internal/wire/errmap", len(sentinels))
 	}
 }
 

@@ -86,6 +86,6 @@
 // Outside this package, whatever acts on the field reads it from the model:
 // pkg/compute/materializer turns entries and accounts into the daemon's
 // Materialize plan (agentdv1.MaterializePlan: a field the daemon must act on
-// also needs its proto message and pkg/compute/agentd/materialize), and the
+// also needs its proto message and pkg/agentd/materialize), and the
 // providers and pkg/compute read environment and run_as.
 package manifest

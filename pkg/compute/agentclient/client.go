@@ -62,7 +62,7 @@ import (
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 
-	"github.com/bulkhead-dev/bulkhead/internal/errmap"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )

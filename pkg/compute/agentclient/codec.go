@@ -8,8 +8,8 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/bulkhead-dev/bulkhead/internal/bufpool"
-	"github.com/bulkhead-dev/bulkhead/internal/wirecodec"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/bufpool"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/wirecodec"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 

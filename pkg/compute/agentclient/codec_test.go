@@ -8,7 +8,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/bulkhead-dev/bulkhead/internal/wirecodec"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/wirecodec"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 

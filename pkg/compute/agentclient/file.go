@@ -8,7 +8,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/bulkhead-dev/bulkhead/internal/wirecodec"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/wirecodec"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )

@@ -15,7 +15,7 @@ import (
 
 	"github.com/moby/moby/client"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 )
 
 // testEnv is decided once by TestMain: what stops the Docker tests (each

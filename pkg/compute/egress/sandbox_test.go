@@ -3,7 +3,7 @@ package egress_test
 import (
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 )
 

@@ -25,8 +25,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
-	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testservers/kube"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
+	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/kube"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"

@@ -1,6 +1,6 @@
 package kubernetes
 
-// Tests against a real cluster (internal/testservers/kube: etcd,
+// Tests against a real cluster (internal/testing/testservers/kube: etcd,
 // kube-apiserver with RBAC, controller-manager, scheduler and a kubelet
 // with containerd, so Pods really run). The provider runs as a
 // ServiceAccount bound only to Config.RequiredRules.
@@ -28,8 +28,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testservers/kube"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/kube"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 )

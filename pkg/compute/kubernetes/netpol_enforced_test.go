@@ -2,7 +2,7 @@ package kubernetes
 
 // The sandbox's NetworkPolicy enforced, not only created: a cluster of its
 // own whose node runs a real NetworkPolicy enforcer (kube-network-policies,
-// see internal/testservers/kube/netpol.go), and TCP connects between real
+// see internal/testing/testservers/kube/netpol.go), and TCP connects between real
 // Pods (busybox nc in the sandbox image).
 
 import (
@@ -24,8 +24,8 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/remotecommand"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testservers/kube"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/kube"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )

@@ -2,7 +2,7 @@ package kubernetes
 
 // Reattach after an interrupted token rotation, at the unit level: the
 // fake clientset holds the Pod and its Secret, and the daemon is a real
-// one (internal/agentdtest) over real gRPC, reached as the Pod's IP
+// one (internal/testing/agentdtest) over real gRPC, reached as the Pod's IP
 // through a TCP relay to its socket. The same states are reached by real
 // crashes against a real cluster in TestRotationSurvivesACrash; this test
 // needs neither and runs everywhere.
@@ -19,7 +19,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"

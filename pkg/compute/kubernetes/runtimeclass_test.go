@@ -2,7 +2,7 @@ package kubernetes
 
 // Tests of the provider under a gVisor RuntimeClass: the test cluster's
 // node registers gVisor's containerd shim as the runtime handler "runsc"
-// and the RuntimeClass "gvisor" names it (internal/testservers/kube,
+// and the RuntimeClass "gvisor" names it (internal/testing/testservers/kube,
 // gvisor.go). The daemon is reached through the exec relay, the way the
 // README gives for gVisor; port-forward is tried too, to show what it does
 // there.
@@ -22,7 +22,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"

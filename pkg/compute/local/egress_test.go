@@ -20,8 +20,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/bulkhead-dev/bulkhead/internal/egresstest"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/egresstest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"

@@ -447,4 +447,4 @@ func hasMarker(cmdline []byte, markers [][]byte) bool {
 
 // errNoRunsc says how to get runsc.
 var errNoRunsc = errors.New("runsc (gVisor) is neither Config.Runsc nor on PATH; gVisor builds from the Go module proxy: " +
-	"`CGO_ENABLED=0 go install gvisor.dev/gvisor/runsc@go` (internal/testservers/runsc pins a pseudo-version of that branch)")
+	"`CGO_ENABLED=0 go install gvisor.dev/gvisor/runsc@go` (internal/testing/testservers/runsc pins a pseudo-version of that branch)")

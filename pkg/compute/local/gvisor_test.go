@@ -21,9 +21,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/internal/egresstest"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/runsc"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/egresstest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/runsc"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"

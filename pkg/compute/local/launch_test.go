@@ -26,9 +26,9 @@ import (
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
-	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd/workspace"
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )

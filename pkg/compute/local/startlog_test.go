@@ -13,9 +13,9 @@ import (
 
 	"go.uber.org/zap"
 
-	"github.com/bulkhead-dev/bulkhead/internal/syncbuf"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/runsc"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/runsc"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"

@@ -23,7 +23,7 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"

@@ -17,9 +17,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"

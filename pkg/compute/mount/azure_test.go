@@ -16,7 +16,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/azureserver"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/azureserver"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"

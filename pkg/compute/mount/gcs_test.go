@@ -22,8 +22,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/gcsserver"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/gcsserver"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"

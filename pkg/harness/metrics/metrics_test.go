@@ -16,7 +16,7 @@ import (
 	"github.com/prometheus/common/model"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"

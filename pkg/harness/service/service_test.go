@@ -21,8 +21,8 @@ import (
 	"go.uber.org/zap/zaptest"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	pgserver "github.com/bulkhead-dev/bulkhead/internal/testservers/postgres"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	pgserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/postgres"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"

@@ -8,7 +8,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/filesystem"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"

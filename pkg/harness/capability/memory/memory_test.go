@@ -13,7 +13,7 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"

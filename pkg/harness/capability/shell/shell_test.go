@@ -16,9 +16,9 @@ import (
 
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/bulkhead-dev/bulkhead/internal/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentd"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"

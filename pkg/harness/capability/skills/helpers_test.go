@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testenv"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability/skills"
 )
 

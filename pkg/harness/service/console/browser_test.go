@@ -12,7 +12,7 @@ import (
 
 	"github.com/chromedp/chromedp"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testservers/browser"
+	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/browser"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/console"
 )
 

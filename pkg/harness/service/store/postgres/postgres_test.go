@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	pgserver "github.com/bulkhead-dev/bulkhead/internal/testservers/postgres"
+	pgserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/postgres"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store/postgres"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store/storetest"

@@ -1,0 +1,227 @@
+package main
+
+// Kubernetes figures, through a real API server and kubelet
+// (internal/testing/testservers/kube): create-to-first-exec of a sandbox claimed
+// from a warm pool, beside a cold Pod and the Docker provider's container
+// (same run); and many sandboxes created, used and deleted, with the
+// provider's API requests per sandbox.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/kube"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/kubernetes"
+	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+)
+
+// countingTransport counts the requests of an API client.
+type countingTransport struct {
+	n    *atomic.Int64
+	next http.RoundTripper
+}
+
+func (c countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	c.n.Add(1)
+	return c.next.RoundTrip(r)
+}
+
+// kubeBench is a cluster and a namespace for the figures.
+type kubeBench struct {
+	c   *kubeserver.Cluster
+	ns  string
+	req atomic.Int64
+}
+
+func (k *kubeBench) provider(pools []kubernetes.Pool) (*kubernetes.Provider, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", k.c.AdminKubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper { return countingTransport{&k.req, rt} }
+	return kubernetes.New(kubernetes.Config{
+		Namespace: k.ns, ImagePullPolicy: corev1.PullNever, Connect: kubernetes.ConnectPodIP,
+		StopTimeout: 3 * time.Second, Pools: pools,
+		HarnessPeers: []networkingv1.NetworkPolicyPeer{{IPBlock: &networkingv1.IPBlock{CIDR: k.c.NodeIP + "/32"}}},
+	}, rc, zap.NewNop())
+}
+
+// benchKubernetes starts a cluster, loads the sandbox image and takes the
+// figures; many is the sandbox count of the create/use/delete figure.
+func benchKubernetes(ctx context.Context, rounds, many int) ([]row, error) {
+	const what = "kubernetes: "
+	if s := dockerStatus(ctx); s != "" {
+		return []row{{what + "figures", s, "", "", ""}}, nil
+	}
+	c, err := kubeserver.New(ctx, kubeserver.Options{Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
+	if err != nil {
+		if c != nil {
+			c.Stop()
+		}
+		return []row{{what + "figures", "skipped: the test cluster did not start: " + err.Error(), "", "", ""}}, nil
+	}
+	defer c.Stop()
+	if err := c.LoadDockerImage(ctx, kubernetes.DefaultImage); err != nil {
+		return nil, err
+	}
+	ns, err := c.CreateNamespace(ctx, "bench-")
+	if err != nil {
+		return nil, err
+	}
+	k := &kubeBench{c: c, ns: ns}
+	p, err := k.provider([]kubernetes.Pool{{Name: "bench", Size: rounds + 1}})
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	kc := compute.NewClient(p, compute.ClientOptions{Log: zap.NewNop()})
+	var rows []row
+
+	// Cold Pods first, then warm claims from a full pool (no refill while
+	// measuring: the pool holds a Pod per round).
+	fmt.Fprintln(os.Stderr, "kubernetes: cold create to first exec ...")
+	cold, err := medianOf(rounds, func() (time.Duration, error) { return createToFirstExec(ctx, kc, nil) })
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes cold: %w", err)
+	}
+	if _, err := p.FillPool(ctx, "bench"); err != nil {
+		return nil, err
+	}
+	wctx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+	err = p.WaitPoolReady(wctx, "bench", rounds+1)
+	cancel()
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintln(os.Stderr, "kubernetes: warm claim to first exec ...")
+	warm, err := medianOf(rounds, func() (time.Duration, error) {
+		return createToFirstExec(ctx, kc, &kubernetes.CreateOptions{Pool: "bench"})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes warm: %w", err)
+	}
+	_ = p.DrainPool(ctx, "bench")
+	dk := dockerKind()
+	dc, done, err := dk.client()
+	if err != nil {
+		return nil, err
+	}
+	fmt.Fprintln(os.Stderr, "kubernetes: docker baseline ...")
+	dockerD, err := medianOf(rounds, func() (time.Duration, error) { return createToFirstExec(ctx, dc, nil) })
+	done()
+	if err != nil {
+		return nil, fmt.Errorf("docker baseline: %w", err)
+	}
+	rows = append(rows,
+		row{what + "warm-pool claim to first exec's exit (median)", ms1(warm), "cold Pod " + ms(cold), ratio(warm, cold), "<= 50 ms"},
+		row{what + "cold Pod create to first exec's exit (median)", ms(cold), "docker " + ms(dockerD), ratio(cold, dockerD), ""},
+	)
+
+	if many > 0 {
+		fmt.Fprintf(os.Stderr, "kubernetes: %d sandboxes created, used, deleted ...\n", many)
+		r, err := k.benchMany(ctx, kc, many)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r...)
+	}
+	return rows, nil
+}
+
+// benchMany creates, uses (one exec) and deletes n sandboxes, a few at a
+// time, and reports the total, create p50/p99 and API requests per
+// sandbox.
+func (k *kubeBench) benchMany(ctx context.Context, c *compute.Client, n int) ([]row, error) {
+	const parallel = 8
+	before := k.req.Load()
+	start := time.Now()
+	creates := make([]time.Duration, n)
+	var (
+		mu   sync.Mutex
+		errs []error
+	)
+	fail := func(stage string, err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		errs = append(errs, fmt.Errorf("%s: %w", stage, err))
+	}
+	sem := make(chan struct{}, parallel)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			t0 := time.Now()
+			s, err := c.Create(ctx, compute.CreateOptions{})
+			if err != nil {
+				fail("create", err)
+				return
+			}
+			creates[i] = time.Since(t0)
+			defer func() {
+				if err := c.Delete(context.Background(), s); err != nil {
+					fail("delete", err)
+				}
+			}()
+			if err := s.Start(ctx); err != nil {
+				fail("start", err)
+				return
+			}
+			if _, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: firstCommand}}, nil); err != nil {
+				fail("exec", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if err := summarizeErrors(errs, 3); err != nil {
+		return nil, fmt.Errorf("kubernetes: many sandboxes: %w", err)
+	}
+	total := time.Since(start)
+	p50, p99 := percentiles(creates)
+	perSandbox := float64(k.req.Load()-before) / float64(n)
+	what := fmt.Sprintf("kubernetes: %d sandboxes created, used (one exec), deleted, %d at a time", n, parallel)
+	return []row{
+		{what + ": total", total.Round(time.Millisecond).String(), "", "", ""},
+		{what + ": create p50 / p99", ms(p50) + " / " + ms(p99), "", "", ""},
+		{what + ": API requests per sandbox (watches, not polls)", fmt.Sprintf("%.1f", perSandbox), "", "", ""},
+	}, nil
+}
+
+// summarizeErrors is nil for no errors; otherwise how many there were and
+// the first limit distinct ones (by message), joined: many sandboxes
+// failing the same way say it once, without hiding another failure.
+func summarizeErrors(errs []error, limit int) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	seen := make(map[string]bool)
+	var first []error
+	for _, err := range errs {
+		msg := err.Error()
+		if seen[msg] {
+			continue
+		}
+		seen[msg] = true
+		if len(first) < limit {
+			first = append(first, err)
+		}
+	}
+	if len(errs) == 1 {
+		return errs[0]
+	}
+	return fmt.Errorf("%d failures, %d distinct, the first %d:\n%w", len(errs), len(seen), len(first), errors.Join(first...))
+}
