@@ -3,8 +3,8 @@ package agentd
 import (
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/workspace"
+	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 )
 
 // The archive engine no longer imports the workspace, so it keeps its own

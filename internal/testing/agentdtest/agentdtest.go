@@ -13,9 +13,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/server"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 )
 
 // Token is the bearer token the test daemons accept.

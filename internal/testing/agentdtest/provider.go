@@ -7,9 +7,9 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 )
 
 // Provider is a compute.Provider whose sandboxes are in-process daemons

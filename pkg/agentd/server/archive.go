@@ -3,10 +3,10 @@ package server
 import (
 	"context"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
-	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/metrics"
+	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/archive"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )

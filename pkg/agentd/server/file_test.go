@@ -17,12 +17,12 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
-	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/workspace"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 

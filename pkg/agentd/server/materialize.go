@@ -1,12 +1,12 @@
 package server
 
 import (
-	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/materialize"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 

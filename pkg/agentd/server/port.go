@@ -4,9 +4,9 @@ import (
 	"errors"
 	"io"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 

@@ -5,9 +5,9 @@ import (
 	"errors"
 	"strings"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/metrics"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	"github.com/bulkhead-dev/bulkhead/pkg/patch"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )

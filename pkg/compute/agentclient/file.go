@@ -8,8 +8,8 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/wirecodec"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/wirecodec"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 

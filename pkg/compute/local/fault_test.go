@@ -21,9 +21,9 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/faultnet"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	"github.com/bulkhead-dev/bulkhead/pkg/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
