@@ -36,11 +36,23 @@ help: ## list targets
 # under a build using it.
 build: ## build static binaries (CGO_ENABLED=0, -trimpath, version stamped) into bin/
 	@mkdir -p $(BIN)
+	@[ -x $(BIN)/harness ] || echo "make build: harness and sandbox-agentd into $(BIN)/; a first build downloads the Go modules and compiles about 700 packages, a few minutes (progress below)"
 	@tmp=$$(mktemp -d $(BIN)/.build.XXXXXX) && \
 	trap 'rm -rf "$$tmp"' EXIT && \
 	echo "CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o $(BIN)/ ./cmd/harness ./cmd/sandbox-agentd" && \
-	CGO_ENABLED=0 $(GO) build -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o "$$tmp/" ./cmd/harness ./cmd/sandbox-agentd && \
+	{ CGO_ENABLED=0 $(GO) build -v -trimpath -tags '$(BUILD_TAGS)' -ldflags '$(LDFLAGS)' -o "$$tmp/" ./cmd/harness ./cmd/sandbox-agentd 2>&1; \
+	  echo $$? >"$$tmp/.rc"; } | $(BUILD_PROGRESS) && \
+	[ "$$(cat "$$tmp/.rc")" = 0 ] && rm -f "$$tmp/.rc" && \
 	mv -f "$$tmp"/* $(BIN)/
+
+# BUILD_PROGRESS turns go build -v's list of packages being compiled (none
+# when everything is cached) into one counting line on a terminal, or a
+# line per 100 packages otherwise; anything else (a compile error) passes
+# through as it is.
+BUILD_PROGRESS := awk -v tty=$$([ -t 1 ] && echo 1 || echo 0) \
+	'/^[A-Za-z0-9._~\/-]+$$/ { n++; if (tty) printf "\r  compiled %d packages", n > "/dev/stderr"; else if (n % 100 == 0) printf "  compiled %d packages\n", n > "/dev/stderr"; next } \
+	 { if (tty && n) printf "\n" > "/dev/stderr"; print } \
+	 END { if (n) printf "%s  compiled %d packages: done\n", (tty ? "\r" : ""), n > "/dev/stderr" }'
 
 .PHONY: run
 EXAMPLE       := examples/coding-task

@@ -188,7 +188,7 @@ func newRoot(s Streams) *cobra.Command {
 	}
 	pf := root.PersistentFlags()
 	pf.StringVar(&g.provider, "provider", "local", "sandbox provider: local, docker, remote or kubernetes")
-	pf.StringVar(&g.stateDir, "state-dir", "", "where sandboxes, session states and snapshots are kept (default: user cache dir/bulkhead; /var/lib/bulkhead for root)")
+	pf.StringVar(&g.stateDir, "state-dir", os.Getenv(stateDirEnv), "where sandboxes, session states and snapshots are kept (default: $"+stateDirEnv+", else the user cache dir/bulkhead; /var/lib/bulkhead for root)")
 	pf.StringVar(&g.agentd, "agentd", "", "sandbox-agentd binary for local sandboxes (default: next to harness, then PATH)")
 	pf.StringVar(&g.isolation, "isolation", "auto", "local sandboxes: auto (bubblewrap; fails where bwrap is missing, never falling back to plain processes), bubblewrap, gvisor (runsc on PATH), or none (plain processes that see this host's files and network: only by name)")
 	pf.StringVar(&g.sandboxRootFS, "sandbox-rootfs", "", "local sandboxes: a directory holding their root file system (make rootfs writes one: bin/rootfs), shared read-only, in place of this host's /; needs bubblewrap or gvisor isolation")
@@ -214,7 +214,82 @@ func newRoot(s Streams) *cobra.Command {
 			fmt.Fprintf(cmd.OutOrStdout(), "harness %s (%s)\n", buildinfo.Version(), buildinfo.Commit())
 		},
 	})
+	refuseUnknownSubcommands(root)
 	return root
+}
+
+// refuseUnknownSubcommands makes every command that only groups others
+// (harness, harness sandbox, ...) print its help when called alone and
+// fail with exit 2, "unknown command" and the nearest name, when called
+// with a word that names none of its subcommands: cobra's default prints
+// the help and exits 0, so a script calling a subcommand this version
+// lacks would go on as if it had worked.
+func refuseUnknownSubcommands(cmd *cobra.Command) {
+	for _, sub := range cmd.Commands() {
+		refuseUnknownSubcommands(sub)
+	}
+	if !cmd.HasSubCommands() || cmd.Run != nil || cmd.RunE != nil {
+		return
+	}
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(c *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return c.Help()
+		}
+		var names []string
+		for _, sub := range c.Commands() {
+			if sub.IsAvailableCommand() {
+				names = append(names, sub.Name())
+			}
+		}
+		msg := fmt.Sprintf("unknown command %q", args[0])
+		if near := nearestName(args[0], names); near != "" {
+			msg += fmt.Sprintf("; did you mean %q?", near)
+		}
+		return exitError{code: 2, msg: msg + fmt.Sprintf(" (commands: %s; see %s --help)", strings.Join(names, ", "), c.CommandPath())}
+	}
+}
+
+// nearestName returns the name closest to word by edit distance, when it
+// is close enough to be a plausible slip (at most half the word's length
+// away, at least 1), or a name that begins with word or that word begins
+// with; otherwise "".
+func nearestName(word string, names []string) string {
+	best, bestDist := "", max(1, len(word)/2)+1
+	for _, n := range names {
+		if d := editDistance(word, n); d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	if best == "" {
+		for _, n := range names {
+			if strings.HasPrefix(n, word) || strings.HasPrefix(word, n) {
+				return n
+			}
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // remoteFlags configure the remote provider.
@@ -242,15 +317,24 @@ func (g *globals) setupTracing(ctx context.Context) (func(), error) {
 	}, nil
 }
 
-// logger returns the command's logger.
+// logger returns the command's logger: everything with --verbose;
+// otherwise warnings and errors only (an egress refusal, a sandbox that
+// could not be cleaned up), one line each without time or caller, so
+// what went wrong inside a sandbox is never silent.
 func (g *globals) logger() *zap.Logger {
-	if !g.verbose {
-		return zap.NewNop()
-	}
 	cfg := zap.NewDevelopmentEncoderConfig()
-	core := zapcore.NewCore(zapcore.NewConsoleEncoder(cfg), zapcore.AddSync(g.streams.Err), zap.DebugLevel)
+	level := zap.DebugLevel
+	if !g.verbose {
+		level = zap.WarnLevel
+		cfg.TimeKey, cfg.CallerKey, cfg.StacktraceKey, cfg.NameKey = "", "", "", ""
+		cfg.EncodeLevel = zapcore.LowercaseLevelEncoder
+	}
+	core := zapcore.NewCore(zapcore.NewConsoleEncoder(cfg), zapcore.AddSync(g.streams.Err), level)
 	return zap.New(core)
 }
+
+// stateDirEnv names the state directory when --state-dir is not given.
+const stateDirEnv = "BULKHEAD_STATE_DIR"
 
 // defaultStateDir is where state lives without --state-dir: the user cache
 // directory, or /var/lib/bulkhead for root, whose home is not searchable by
