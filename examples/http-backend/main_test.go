@@ -206,7 +206,7 @@ func TestBackend(t *testing.T) {
 	if code, _ := post(t, srv.URL+"/runs", `{"task": ""}`); code != http.StatusBadRequest {
 		t.Errorf("empty task: %d", code)
 	}
-	if code, _ := post(t, srv.URL+"/runs/run_nope/approvals", `{"decisions": [{"call_id": "c1", "approve": true}]}`); code != http.StatusNotFound {
+	if code, _ := post(t, srv.URL+"/runs/run_nope/approvals", `{"decisions": [{"call_id": "c1", "approved": true}]}`); code != http.StatusNotFound {
 		t.Errorf("unknown run: %d", code)
 	}
 
@@ -229,12 +229,12 @@ func TestBackend(t *testing.T) {
 		t.Errorf("%d sandboxes while run 1 waits, want 1", n)
 	}
 	// Approve: the rest of the run streams in the approval's response.
-	code, events = post(t, srv.URL+"/runs/"+id+"/approvals", `{"decisions": [{"call_id": "c2", "approve": true}]}`)
+	code, events = post(t, srv.URL+"/runs/"+id+"/approvals", `{"decisions": [{"call_id": "c2", "approved": true}]}`)
 	done := last(t, events, "done")
 	if _, results := text(events); code != http.StatusOK || !strings.Contains(results["c2"], "hello") || done["final_output"] != "greeting.txt says hello." {
 		t.Fatalf("approved: %d %v", code, events)
 	}
-	if code, _ := post(t, srv.URL+"/runs/"+id+"/approvals", `{"decisions": [{"call_id": "c2", "approve": true}]}`); code != http.StatusNotFound {
+	if code, _ := post(t, srv.URL+"/runs/"+id+"/approvals", `{"decisions": [{"call_id": "c2", "approved": true}]}`); code != http.StatusNotFound {
 		t.Errorf("a finished run was resumed again: %d", code)
 	}
 	if n := sandboxes(); n != 0 {
@@ -246,10 +246,10 @@ func TestBackend(t *testing.T) {
 	_, events = post(t, srv.URL+"/runs", `{"task": "Tidy up."}`)
 	id = events[0].Data["run_id"].(string)
 	last(t, events, "approval_required")
-	if code, _ := post(t, srv.URL+"/runs/"+id+"/approvals", `{"decisions": [{"call_id": "nope", "approve": true}]}`); code != http.StatusBadRequest {
+	if code, _ := post(t, srv.URL+"/runs/"+id+"/approvals", `{"decisions": [{"call_id": "nope", "approved": true}]}`); code != http.StatusBadRequest {
 		t.Errorf("unknown call: %d", code)
 	}
-	_, events = post(t, srv.URL+"/runs/"+id+"/approvals", `{"decisions": [{"call_id": "c3", "approve": false, "message": "Keep the notes."}]}`)
+	_, events = post(t, srv.URL+"/runs/"+id+"/approvals", `{"decisions": [{"call_id": "c3", "approved": false, "message": "Keep the notes."}]}`)
 	if done := last(t, events, "done"); done["final_output"] != "Understood: I left notes/ alone." {
 		t.Errorf("rejected: %v", done)
 	}

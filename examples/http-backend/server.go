@@ -80,8 +80,8 @@ type startRunRequest struct {
 // per pending call.
 type decisionsRequest struct {
 	Decisions []struct {
-		CallID  string `json:"call_id"`
-		Approve bool   `json:"approve"`
+		CallID   string `json:"call_id"`
+		Approved bool   `json:"approved"`
 		// Message is shown to the model when the call is rejected.
 		Message string `json:"message,omitempty"`
 	} `json:"decisions"`
@@ -163,7 +163,7 @@ func apply(st *harness.RunState, req decisionsRequest) error {
 	}
 	for _, d := range req.Decisions {
 		var err error
-		if d.Approve {
+		if d.Approved {
 			err = st.Approve(d.CallID)
 		} else {
 			err = st.Reject(d.CallID, d.Message)

@@ -224,11 +224,25 @@ func (p *Proxy) begin() bool {
 	return true
 }
 
+// DeniedHeader carries the reason of a refused request or CONNECT, one
+// line, beside the same line in the body: a client that shows no body
+// (curl on a refused CONNECT says only "CONNECT tunnel failed, response
+// 403") still shows it with -v or -i.
+const DeniedHeader = "X-Bulkhead-Egress-Denied"
+
 // deny logs and counts a refusal.
 func (p *Proxy) deny(method, host string, port int, reason string) {
 	p.denied.Add(1)
 	p.log.Warn("egress denied", zap.String("host", host), zap.Int("port", port),
 		zap.String("method", method), zap.String("reason", reason))
+}
+
+// refuse logs and counts a refusal and answers it: status, the reason in
+// DeniedHeader and as the body's one line.
+func (p *Proxy) refuse(w http.ResponseWriter, method, host string, port, status int, reason, answer string) {
+	p.deny(method, host, port, reason)
+	w.Header().Set(DeniedHeader, reason)
+	http.Error(w, "egress proxy: "+answer, status)
 }
 
 // serveHTTP handles one proxy request: CONNECT, or an absolute-form HTTP
@@ -244,29 +258,27 @@ func (p *Proxy) serveHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !r.URL.IsAbs() || r.URL.Host == "" {
-		p.deny(r.Method, r.Host, 0, "not a proxy request (no absolute URL)")
-		http.Error(w, "egress proxy: send requests through this proxy with an absolute URL", http.StatusBadRequest)
+		p.refuse(w, r.Method, r.Host, 0, http.StatusBadRequest, "not a proxy request (no absolute URL)",
+			"send requests through this proxy with an absolute URL")
 		return
 	}
 	if r.URL.Scheme != "http" {
-		p.deny(r.Method, r.URL.Hostname(), 0, "scheme "+r.URL.Scheme+" (use CONNECT for https)")
-		http.Error(w, "egress proxy: only http:// URLs are forwarded; use CONNECT for https", http.StatusBadRequest)
+		p.refuse(w, r.Method, r.URL.Hostname(), 0, http.StatusBadRequest, "scheme "+r.URL.Scheme+" (use CONNECT for https)",
+			"only http:// URLs are forwarded; use CONNECT for https")
 		return
 	}
 	port := 80
 	if ps := r.URL.Port(); ps != "" {
 		n, err := strconv.Atoi(ps)
 		if err != nil || n < 1 || n > 65535 {
-			p.deny(r.Method, r.URL.Hostname(), 0, "invalid port "+ps)
-			http.Error(w, "egress proxy: invalid port", http.StatusBadRequest)
+			p.refuse(w, r.Method, r.URL.Hostname(), 0, http.StatusBadRequest, "invalid port "+ps, "invalid port")
 			return
 		}
 		port = n
 	}
 	host, addrs, status, reason := p.check(r.Context(), r.URL.Hostname(), port)
 	if reason != "" {
-		p.deny(r.Method, host, port, reason)
-		http.Error(w, "egress proxy: "+reason, status)
+		p.refuse(w, r.Method, host, port, status, reason, reason)
 		return
 	}
 	p.allowed.Add(1)
@@ -352,14 +364,12 @@ func (p *Proxy) serveConnect(w http.ResponseWriter, r *http.Request) {
 	hostStr, portStr, err := net.SplitHostPort(r.Host)
 	port, perr := strconv.Atoi(portStr)
 	if err != nil || perr != nil || port < 1 || port > 65535 {
-		p.deny(r.Method, r.Host, 0, "CONNECT target is not host:port")
-		http.Error(w, "egress proxy: CONNECT needs host:port", http.StatusBadRequest)
+		p.refuse(w, r.Method, r.Host, 0, http.StatusBadRequest, "CONNECT target is not host:port", "CONNECT needs host:port")
 		return
 	}
 	host, addrs, status, reason := p.check(r.Context(), hostStr, port)
 	if reason != "" {
-		p.deny(r.Method, host, port, reason)
-		http.Error(w, "egress proxy: "+reason, status)
+		p.refuse(w, r.Method, host, port, status, reason, reason)
 		return
 	}
 	up, err := p.dial(r.Context(), addrs, port)

@@ -127,6 +127,14 @@ func (f *fixture) httpClient() *http.Client {
 // connect sends CONNECT target and returns the connection and the status.
 func (f *fixture) connect(t *testing.T, target string) (net.Conn, *bufio.Reader, int) {
 	t.Helper()
+	c, br, resp := f.connectResponse(t, target)
+	return c, br, resp.StatusCode
+}
+
+// connectResponse sends CONNECT target and returns the proxy's answer (its
+// body closed unless it is 200).
+func (f *fixture) connectResponse(t *testing.T, target string) (net.Conn, *bufio.Reader, *http.Response) {
+	t.Helper()
 	c, err := net.Dial("unix", f.socket)
 	if err != nil {
 		t.Fatal(err)
@@ -142,7 +150,7 @@ func (f *fixture) connect(t *testing.T, target string) (net.Conn, *bufio.Reader,
 	if resp.StatusCode != http.StatusOK {
 		_ = resp.Body.Close()
 	}
-	return c, br, resp.StatusCode
+	return c, br, resp
 }
 
 // deniedHosts returns the hosts of the "egress denied" log entries.
@@ -221,9 +229,13 @@ func TestRefused(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name+" CONNECT", func(t *testing.T) {
-			_, _, status := f.connect(t, tc.target)
-			if status != http.StatusForbidden {
-				t.Errorf("CONNECT %s: status %d, want 403", tc.target, status)
+			_, _, resp := f.connectResponse(t, tc.target)
+			if resp.StatusCode != http.StatusForbidden {
+				t.Errorf("CONNECT %s: status %d, want 403", tc.target, resp.StatusCode)
+			}
+			// curl shows no body of a refused CONNECT: the reason is in a header too.
+			if h := resp.Header.Get(DeniedHeader); !strings.Contains(h, tc.reason) {
+				t.Errorf("CONNECT %s: %s %q, want the reason %q", tc.target, DeniedHeader, h, tc.reason)
 			}
 			if r, ok := f.denied()[tc.logHost]; !ok || !strings.Contains(r, tc.reason) {
 				t.Errorf("no denial of %s logged with reason %q; logged: %v", tc.logHost, tc.reason, f.denied())
@@ -234,9 +246,13 @@ func TestRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			body, _ := io.ReadAll(resp.Body)
 			resp.Body.Close()
 			if resp.StatusCode != http.StatusForbidden {
 				t.Errorf("GET %s: status %d, want 403", tc.target, resp.StatusCode)
+			}
+			if h := resp.Header.Get(DeniedHeader); !strings.Contains(h, tc.reason) || !strings.Contains(string(body), tc.reason) {
+				t.Errorf("GET %s: %s %q, body %q; want the reason %q in both", tc.target, DeniedHeader, h, body, tc.reason)
 			}
 		})
 	}

@@ -21,7 +21,8 @@
 // # Metrics
 //
 //	bulkhead_harness_runs{state}                                         gauge      runs by state: "running" (counted here); pending, waiting_approval, checkpointed, succeeded, failed, canceled set by the service (SetRuns, service.Config.Runs)
-//	bulkhead_harness_runs_finished_total{outcome}                        counter    completed, interrupted, max_turns, cancelled, timed_out, failed
+//	bulkhead_harness_runs_finished_total{outcome}                        counter    runs that ended for good: completed, max_turns, cancelled, timed_out, failed (a run paused for approval and resumed counts once)
+//	bulkhead_harness_run_interruptions_total                             counter    runs (or resumptions) that stopped to wait for an approval
 //	bulkhead_harness_run_duration_seconds{outcome}                       histogram  one run (or resumption) from start to end
 //	bulkhead_harness_model_request_duration_seconds{model,outcome}       histogram  one model request, retries included; outcome ok or error
 //	bulkhead_harness_model_tokens_total{model,type}                      counter    tokens from the Responses usage; type input or output
@@ -80,6 +81,7 @@ var (
 type Harness struct {
 	runs         *prometheus.GaugeVec
 	finished     *prometheus.CounterVec
+	interrupted  prometheus.Counter
 	runDuration  *prometheus.HistogramVec
 	modelLatency *prometheus.HistogramVec
 	tokens       *prometheus.CounterVec
@@ -101,7 +103,9 @@ func New(reg prometheus.Registerer) (*Harness, error) {
 		runs: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: Namespace, Name: "runs",
 			Help: "Runs by state: running (in this process), and states the service reports."}, []string{"state"}),
 		finished: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "runs_finished_total",
-			Help: "Runs (or resumptions) that ended, by outcome."}, []string{"outcome"}),
+			Help: "Runs that ended for good, by outcome; a run that waited for an approval and was resumed counts once, when it ends."}, []string{"outcome"}),
+		interrupted: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "run_interruptions_total",
+			Help: "Runs (or resumptions) that stopped to wait for an approval: not finished, they go on when resumed."}),
 		runDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "run_duration_seconds",
 			Help: "Duration of a run (or resumption), by outcome.", Buckets: RunBuckets}, []string{"outcome"}),
 		modelLatency: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: Namespace, Name: "model_request_duration_seconds",
@@ -122,7 +126,7 @@ func New(reg prometheus.Registerer) (*Harness, error) {
 				Help: "Scrapes whose listing of a watched provider's sandboxes failed (those scrapes leave the provider out of bulkhead_harness_sandboxes)."},
 				[]string{"provider"})},
 	}
-	for _, c := range []prometheus.Collector{h.runs, h.finished, h.runDuration, h.modelLatency, h.tokens, h.toolCalls, h.toolDuration, h.sandboxOps, h.sandboxes} {
+	for _, c := range []prometheus.Collector{h.runs, h.finished, h.interrupted, h.runDuration, h.modelLatency, h.tokens, h.toolCalls, h.toolDuration, h.sandboxOps, h.sandboxes} {
 		if err := reg.Register(c); err != nil {
 			return nil, fmt.Errorf("register harness metrics: %w", err)
 		}
@@ -139,7 +143,12 @@ func (h *Harness) RunStarted(_ context.Context, _ harness.RunInfo) {
 // RunEnded implements harness.RunObserver.
 func (h *Harness) RunEnded(_ context.Context, _ harness.RunInfo, outcome harness.RunOutcome, d time.Duration) {
 	h.runs.WithLabelValues(StateRunning).Dec()
-	h.finished.WithLabelValues(string(outcome)).Inc()
+	if outcome == harness.OutcomeInterrupted {
+		// Not an end: the run goes on when resumed, and counts when it ends.
+		h.interrupted.Inc()
+	} else {
+		h.finished.WithLabelValues(string(outcome)).Inc()
+	}
 	h.runDuration.WithLabelValues(string(outcome)).Observe(d.Seconds())
 }
 

@@ -25,7 +25,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func ctxT(t *testing.T) context.Context {
@@ -53,7 +52,7 @@ func tools(during func()) []tool.Tool {
 	return []tool.Tool{
 		tool.Func{Def: hmodel.FunctionTool("write_note", "Write a note.", schema, true),
 			Fn: func(ctx context.Context, call tool.Context, input string) (tool.Result, error) {
-				if _, err := call.Agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "note.txt"}, strings.NewReader(input)); err != nil {
+				if _, err := call.Agent.WriteFile(ctx, "note.txt", compute.WriteFileOptions{}, strings.NewReader(input)); err != nil {
 					return tool.Result{}, err
 				}
 				return tool.Result{Output: "saved"}, nil
@@ -195,6 +194,7 @@ func TestRunMetrics(t *testing.T) {
 	types := map[string]dto.MetricType{
 		"bulkhead_harness_runs":                               dto.MetricType_GAUGE,
 		"bulkhead_harness_runs_finished_total":                dto.MetricType_COUNTER,
+		"bulkhead_harness_run_interruptions_total":            dto.MetricType_COUNTER,
 		"bulkhead_harness_run_duration_seconds":               dto.MetricType_HISTOGRAM,
 		"bulkhead_harness_model_request_duration_seconds":     dto.MetricType_HISTOGRAM,
 		"bulkhead_harness_model_tokens_total":                 dto.MetricType_COUNTER,
@@ -215,7 +215,9 @@ func TestRunMetrics(t *testing.T) {
 		{"runs running", value(fams, "bulkhead_harness_runs", "state", "running"), 0},
 		{"runs awaiting approval", value(fams, "bulkhead_harness_runs", "state", "awaiting_approval"), 2},
 		{"completed runs", value(fams, "bulkhead_harness_runs_finished_total", "outcome", "completed"), 2},
-		{"interrupted runs", value(fams, "bulkhead_harness_runs_finished_total", "outcome", "interrupted"), 1},
+		// The run that waited for an approval counts once, as completed, and its pause as an interruption.
+		{"interrupted runs counted as finished (-1: no such series)", value(fams, "bulkhead_harness_runs_finished_total", "outcome", "interrupted"), -1},
+		{"interruptions", value(fams, "bulkhead_harness_run_interruptions_total"), 1},
 		{"failed runs", value(fams, "bulkhead_harness_runs_finished_total", "outcome", "failed"), 1},
 		{"completed run durations", value(fams, "bulkhead_harness_run_duration_seconds", "outcome", "completed"), 2},
 		{"model requests ok", value(fams, "bulkhead_harness_model_request_duration_seconds", "model", "test-model", "outcome", "ok"), 4},
