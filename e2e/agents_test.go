@@ -19,7 +19,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Fixed account ids: a local sandbox's processes see the host's /etc, not
@@ -163,7 +162,7 @@ func TestAgentAsToolSharedSession(t *testing.T) {
 			agent := sess.Agent()
 			read := func(path string) string {
 				var b bytes.Buffer
-				if _, err := agent.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: path, User: "root"}, &b); err != nil {
+				if _, err := agent.ReadFile(ctx, path, compute.ReadFileOptions{User: "root"}, &b); err != nil {
 					t.Fatalf("read %s: %v", path, err)
 				}
 				return b.String()
@@ -174,32 +173,31 @@ func TestAgentAsToolSharedSession(t *testing.T) {
 			if got := read("dataroom/revenue.csv") + read("dataroom/costs.csv"); got != "quarter,revenue\nq3,1200\nquarter,costs\nq3,800\n" {
 				t.Errorf("the data room changed: %q", got)
 			}
-			ls, err := agent.ListDir(ctx, &agentdv1.ListDirRequest{Path: "output", User: "root"})
+			ls, err := agent.ListDir(ctx, "output", compute.ListDirOptions{User: "root"})
 			if err != nil {
 				t.Fatal(err)
 			}
 			var names []string
-			for _, e := range ls.GetEntries() {
-				names = append(names, e.GetName())
+			for _, e := range ls.Entries {
+				names = append(names, e.Name)
 			}
 			if strings.Join(names, ",") != "report.md" {
 				t.Errorf("output/ holds %v, want only report.md", names)
 			}
-			st, err := agent.Stat(ctx, &agentdv1.StatRequest{Path: "output/report.md"})
+			info, err := agent.Stat(ctx, "output/report.md", compute.StatOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			info := st.GetInfo()
-			ex, err := agent.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "stat -c %u output/report.md"}}, nil)
+			ex, err := agent.Exec(ctx, compute.ProcessSpec{Command: "stat -c %u output/report.md"}, compute.ExecOptions{}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if ex.Exit.GetExitCode() != 0 {
-				t.Fatalf("id/stat: exit %d: %s", ex.Exit.GetExitCode(), ex.Stderr)
+			if ex.Exit.ExitCode != 0 {
+				t.Fatalf("id/stat: exit %d: %s", ex.Exit.ExitCode, ex.Stderr)
 			}
-			if info.GetOwner() != "coordinator" || info.GetUid() != coordinatorUID || strings.TrimSpace(string(ex.Stdout)) != strconv.Itoa(coordinatorUID) {
+			if info.Owner != "coordinator" || info.UID != coordinatorUID || strings.TrimSpace(string(ex.Stdout)) != strconv.Itoa(coordinatorUID) {
 				t.Errorf("output/report.md is owned by %q (uid %d; stat -c %%u in the sandbox: %q), want coordinator (%d)",
-					info.GetOwner(), info.GetUid(), ex.Stdout, coordinatorUID)
+					info.Owner, info.UID, ex.Stdout, coordinatorUID)
 			}
 		})
 	}

@@ -15,7 +15,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // dataRoomManifest: accounts, a read-only data room shared with the
@@ -101,19 +100,18 @@ func TestDataRoomAnalyst(t *testing.T) {
 			// The data room is intact, the report is there and belongs to
 			// the analyst.
 			var b bytes.Buffer
-			if _, err := sess.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "dataroom/q3.csv"}, &b); err != nil || b.String() != "quarter,revenue\nQ3,1200\n" {
+			if _, err := sess.ReadFile(ctx, "dataroom/q3.csv", compute.ReadFileOptions{}, &b); err != nil || b.String() != "quarter,revenue\nQ3,1200\n" {
 				t.Errorf("data room changed: %q %v", b.String(), err)
 			}
-			st, err := sess.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "output/report.md"})
+			fi, err := sess.Stat(ctx, "output/report.md", compute.StatOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
-			fi := st.GetInfo()
-			if fi.GetOwner() != "analyst" {
-				t.Errorf("report owned by %q, want analyst", fi.GetOwner())
+			if fi.Owner != "analyst" {
+				t.Errorf("report owned by %q, want analyst", fi.Owner)
 			}
 			b.Reset()
-			if _, err := sess.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "output/report.md"}, &b); err != nil || !strings.Contains(b.String(), "Revenue was 1200.") {
+			if _, err := sess.ReadFile(ctx, "output/report.md", compute.ReadFileOptions{}, &b); err != nil || !strings.Contains(b.String(), "Revenue was 1200.") {
 				t.Errorf("report: %q %v", b.String(), err)
 			}
 		})

@@ -18,7 +18,6 @@ import (
 	mobyclient "github.com/moby/moby/client"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/faultnet"
@@ -29,7 +28,6 @@ import (
 	bh "github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // sandboxPlace is what a provider state says about where a sandbox's
@@ -263,7 +261,7 @@ func checkLines(t *testing.T, what, out string, n int) {
 // openGate creates gate-<n> in the workspace through agent.
 func openGate(t *testing.T, ctx context.Context, s *compute.Session, n int) {
 	t.Helper()
-	if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: fmt.Sprintf("gate-%d", n)}, strings.NewReader("")); err != nil {
+	if _, err := s.WriteFile(ctx, fmt.Sprintf("gate-%d", n), compute.WriteFileOptions{}, strings.NewReader("")); err != nil {
 		t.Fatalf("open gate %d: %v", n, err)
 	}
 }
@@ -371,11 +369,11 @@ func TestFaultConnectionCut(t *testing.T) {
 				ctx := ctxT(t)
 				dir := stateDir(t)
 				sess := ownedSession(t, ctx, p.client(t, dir, nil, materializer.Options{}), compute.CreateOptions{})
-				st, err := sess.Agent().Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: gatedLines(lines, 150)}})
+				st, err := sess.StartProcess(ctx, compute.ProcessSpec{Command: gatedLines(lines, 150)}, compute.StartOptions{})
 				if err != nil {
 					t.Fatal(err)
 				}
-				pid := st.GetProcess().GetProcessId()
+				pid := st.Process.ProcessID
 				var out bytes.Buffer
 				var cursor int64
 				// read reads from the cursor until the output holds want
@@ -383,23 +381,23 @@ func TestFaultConnectionCut(t *testing.T) {
 				read := func(s *compute.Session, want string) {
 					t.Helper()
 					for {
-						r, err := s.Agent().ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: pid, Cursor: cursor, YieldTime: durationpb.New(2 * time.Second)})
+						r, err := s.ReadOutput(ctx, pid, compute.ReadOutputOptions{Cursor: cursor, YieldTime: 2 * time.Second})
 						if err != nil {
 							t.Fatalf("read from %d: %v", cursor, err)
 						}
-						if r.GetDroppedBytes() != 0 {
-							t.Fatalf("%d bytes dropped", r.GetDroppedBytes())
+						if r.DroppedBytes != 0 {
+							t.Fatalf("%d bytes dropped", r.DroppedBytes)
 						}
-						for _, c := range r.GetChunks() {
-							out.Write(c.GetData())
+						for _, c := range r.Chunks {
+							out.Write(c.Data)
 						}
-						cursor = r.GetNextCursor()
+						cursor = r.NextCursor
 						if want != "" && strings.Contains(out.String(), want) {
 							return
 						}
-						if r.GetExit() != nil {
-							if want != "" || r.GetExit().GetExitCode() != 0 {
-								t.Fatalf("exit %v before %q:\n%s", r.GetExit(), want, out.String())
+						if r.Exit != nil {
+							if want != "" || r.Exit.ExitCode != 0 {
+								t.Fatalf("exit %v before %q:\n%s", r.Exit, want, out.String())
 							}
 							return
 						}

@@ -21,7 +21,6 @@ import (
 	bh "github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // newScriptedModel starts a scripted Responses server and returns it with a
@@ -308,11 +307,11 @@ func TestInteractive(t *testing.T) {
 					// The small image has only busybox; the full one has Python.
 					psess = ownedSession(t, ctx, client, compute.CreateOptions{ProviderOptions: &docker.CreateOptions{Image: "bulkhead/sandbox-full:dev"}})
 				}
-				res, err := psess.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "command -v python3", Login: true}}, nil)
+				res, err := psess.Exec(ctx, compute.ProcessSpec{Command: "command -v python3", Login: true}, compute.ExecOptions{}, nil)
 				if err != nil {
 					t.Fatal(err)
 				}
-				testenv.Require(t, testenv.Condition(res.Exit.GetExitCode() == 0, "python3 is not on this sandbox's PATH"))
+				testenv.Require(t, testenv.Condition(res.Exit.ExitCode == 0, "python3 is not on this sandbox's PATH"))
 				runRepl(t, ctx, psess, "python3 -q -i", []replStep{
 					{name: "start", want: regexp.MustCompile(`>>> $`)},
 					{name: "arithmetic", chars: "6*7\n", want: regexp.MustCompile(`(?m)^42\r?$`)},

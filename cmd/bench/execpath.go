@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -18,9 +16,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/metadata"
 
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+	"github.com/bulkhead-dev/bulkhead/cmd/bench/internal/wireexec"
 )
 
 // execPath is a sandbox-agentd and a grpcfloor, each serving on a unix
@@ -33,8 +30,9 @@ type execPath struct {
 	floor  *exec.Cmd
 	conns  []*grpc.ClientConn
 	token  string
-	// By transport ("unix", "tcp").
-	procs  map[string]agentdv1.ProcessServiceClient
+	// By transport ("unix", "tcp"). The daemon is reached through its raw
+	// generated client, as the floor is: see package wireexec.
+	procs  map[string]*wireexec.Client
 	health map[string]healthpb.HealthClient
 }
 
@@ -62,7 +60,7 @@ func startExecPath(ctx context.Context, binDir string) (_ *execPath, err error) 
 	if err != nil {
 		return nil, err
 	}
-	e := &execPath{dir: dir, procs: map[string]agentdv1.ProcessServiceClient{}, health: map[string]healthpb.HealthClient{}}
+	e := &execPath{dir: dir, procs: map[string]*wireexec.Client{}, health: map[string]healthpb.HealthClient{}}
 	defer func() {
 		if err != nil {
 			e.close()
@@ -93,7 +91,7 @@ func startExecPath(ctx context.Context, binDir string) (_ *execPath, err error) 
 			return nil, err
 		}
 		e.conns = append(e.conns, dc, fc)
-		e.procs[t] = agentdv1.NewProcessServiceClient(dc)
+		e.procs[t] = wireexec.New(dc, e.token)
 		e.health[t] = healthpb.NewHealthClient(fc)
 	}
 	deadline := time.Now().Add(10 * time.Second)
@@ -145,36 +143,7 @@ func startDaemonBoth(binDir, dir string) (_ *exec.Cmd, token string, addrs map[s
 // exec runs /bin/true through the daemon over transport t and times the
 // call, from the request to the message carrying the exit.
 func (e *execPath) exec(ctx context.Context, t string) (time.Duration, error) {
-	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+e.token)
-	start := time.Now()
-	st, err := e.procs[t].Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, grpc.WaitForReady(true))
-	if err != nil {
-		return 0, err
-	}
-	for {
-		m, err := st.Recv()
-		if err == io.EOF {
-			return 0, errors.New("exec ended without an exit status")
-		}
-		if err != nil {
-			return 0, err
-		}
-		if x := m.GetExit(); x != nil {
-			d := time.Since(start)
-			if x.GetExitCode() != 0 {
-				return 0, fmt.Errorf("/bin/true exited %d", x.GetExitCode())
-			}
-			// Drain the end of the stream (its status), as any client does.
-			for {
-				if _, err := st.Recv(); err != nil {
-					if err == io.EOF {
-						return d, nil
-					}
-					return 0, err
-				}
-			}
-		}
-	}
+	return e.procs[t].Exec(ctx, "/bin/true")
 }
 
 // floorRoundTrip times one grpcfloor health check over transport t.
@@ -288,19 +257,18 @@ func (e *execPath) threadsWhileRunning(ctx context.Context, n int) (_ [2]int, er
 	if out[0], err = threadCount(e.daemon.Process.Pid); err != nil {
 		return out, err
 	}
-	ctx = metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+e.token)
 	var ids []string
 	defer func() {
 		for _, id := range ids {
-			_, _ = e.procs["unix"].Signal(ctx, &agentdv1.SignalRequest{ProcessId: id, Signal: "KILL"})
+			_ = e.procs["unix"].Kill(ctx, id)
 		}
 	}()
 	for range n {
-		res, err := e.procs["unix"].Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/sleep", "30"}}})
+		id, err := e.procs["unix"].Start(ctx, "/bin/sleep", "30")
 		if err != nil {
 			return out, fmt.Errorf("start sleep: %w", err)
 		}
-		ids = append(ids, res.GetProcess().GetProcessId())
+		ids = append(ids, id)
 	}
 	time.Sleep(500 * time.Millisecond) // let the runtime settle
 	out[1], err = threadCount(e.daemon.Process.Pid)

@@ -17,7 +17,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // instantModel is a zero-latency model: it calls exec_command `true` (not
@@ -61,13 +60,13 @@ func benchHarnessOverhead(ctx context.Context, agentd string, n int) ([]row, err
 	}
 	// Warm up both paths.
 	for range 20 {
-		if _, err := sess.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}}, nil); err != nil {
+		if _, err := sess.Exec(ctx, compute.ProcessSpec{Command: "true"}, compute.ExecOptions{}, nil); err != nil {
 			return nil, err
 		}
 	}
 	t0 := time.Now()
 	for range n {
-		if _, err := sess.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}}, nil); err != nil {
+		if _, err := sess.Exec(ctx, compute.ProcessSpec{Command: "true"}, compute.ExecOptions{}, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -136,7 +135,7 @@ func scaleOnce(ctx context.Context, c *compute.Client, agentd string, k, perSand
 			defer wg.Done()
 			for range perSandbox {
 				t0 := time.Now()
-				if _, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}}, nil); err != nil {
+				if _, err := s.Exec(ctx, compute.ProcessSpec{Command: "true"}, compute.ExecOptions{}, nil); err != nil {
 					errs <- err
 					return
 				}

@@ -21,7 +21,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/runsc"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // isolationKind is a sandbox kind of the isolation figures, or why this
@@ -145,7 +144,7 @@ func execP50(ctx context.Context, k sandboxKind, n int) (ours, base time.Duratio
 	if err := s.Start(ctx); err != nil {
 		return 0, 0, err
 	}
-	req := &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: firstCommand}}
+	spec := compute.ProcessSpec{Argv: firstCommand}
 	bare := func() (time.Duration, error) {
 		start := time.Now()
 		err := exec.Command(firstCommand[0], firstCommand[1:]...).Run()
@@ -153,9 +152,9 @@ func execP50(ctx context.Context, k sandboxKind, n int) (ours, base time.Duratio
 	}
 	inSandbox := func() (time.Duration, error) {
 		start := time.Now()
-		res, err := s.Agent().Exec(ctx, req, nil)
-		if err == nil && res.Exit.GetExitCode() != 0 {
-			err = fmt.Errorf("%v exited %d", firstCommand, res.Exit.GetExitCode())
+		res, err := s.Exec(ctx, spec, compute.ExecOptions{}, nil)
+		if err == nil && res.Exit.ExitCode != 0 {
+			err = fmt.Errorf("%v exited %d", firstCommand, res.Exit.ExitCode)
 		}
 		return time.Since(start), err
 	}

@@ -24,7 +24,6 @@ import (
 	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/kube"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/kubernetes"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // countingTransport counts the requests of an API client.
@@ -181,7 +180,7 @@ func (k *kubeBench) benchMany(ctx context.Context, c *compute.Client, n int) ([]
 				fail("start", err)
 				return
 			}
-			if _, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: firstCommand}}, nil); err != nil {
+			if _, err := s.Exec(ctx, compute.ProcessSpec{Argv: firstCommand}, compute.ExecOptions{}, nil); err != nil {
 				fail("exec", err)
 			}
 		}()

@@ -25,7 +25,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 type config struct {
@@ -390,13 +389,13 @@ func benchExec(ctx context.Context, c *agentclient.Client, n int, fl *floor) ([]
 	var asUser, floorRT []time.Duration
 	for i := 0; i < n+20; i++ { // interleave, first 20 are warm-up
 		start := time.Now()
-		res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, nil)
+		res, err := c.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"/bin/true"}}, agentclient.ExecOptions{}, nil)
 		d := time.Since(start)
 		if err != nil {
 			return nil, err
 		}
-		if res.Exit.GetExitCode() != 0 {
-			return nil, fmt.Errorf("/bin/true exited %d", res.Exit.GetExitCode())
+		if res.Exit.ExitCode != 0 {
+			return nil, fmt.Errorf("/bin/true exited %d", res.Exit.ExitCode)
 		}
 		start = time.Now()
 		if err := exec.Command("/bin/true").Run(); err != nil {
@@ -407,7 +406,7 @@ func benchExec(ctx context.Context, c *agentclient.Client, n int, fl *floor) ([]
 		// in the daemon, right after a process ran (as cold as the Exec
 		// found the daemon).
 		start = time.Now()
-		if _, err := c.Stat(ctx, &agentdv1.StatRequest{Path: "."}); err != nil {
+		if _, err := c.Stat(ctx, ".", agentclient.StatOptions{}); err != nil {
 			return nil, err
 		}
 		u := time.Since(start)
@@ -420,13 +419,13 @@ func benchExec(ctx context.Context, c *agentclient.Client, n int, fl *floor) ([]
 		var du time.Duration
 		if withUser {
 			start = time.Now()
-			res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}, User: runAs}}, nil)
+			res, err := c.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"/bin/true"}, User: runAs}, agentclient.ExecOptions{}, nil)
 			du = time.Since(start)
 			if err != nil {
 				return nil, fmt.Errorf("exec as %s: %w", runAs, err)
 			}
-			if res.Exit.GetExitCode() != 0 {
-				return nil, fmt.Errorf("/bin/true as %s exited %d", runAs, res.Exit.GetExitCode())
+			if res.Exit.ExitCode != 0 {
+				return nil, fmt.Errorf("/bin/true as %s exited %d", runAs, res.Exit.ExitCode)
 			}
 		}
 		start = time.Now()
@@ -473,16 +472,16 @@ func benchExec(ctx context.Context, c *agentclient.Client, n int, fl *floor) ([]
 func benchStream(ctx context.Context, c *agentclient.Client, size int64) ([]row, error) {
 	cmd := "head -c " + strconv.FormatInt(size, 10) + " /dev/zero"
 	start := time.Now()
-	st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: cmd}})
+	st, err := c.Start(ctx, agentclient.ProcessSpec{Command: cmd}, agentclient.StartOptions{})
 	if err != nil {
 		return nil, err
 	}
 	var got, dropped int64
-	if _, err := c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
-		for _, ch := range m.GetChunks() {
-			got += int64(len(ch.GetData()))
+	if _, err := c.Follow(ctx, st.Process.ProcessID, agentclient.FollowOptions{}, func(m *agentclient.Output) error {
+		for _, ch := range m.Chunks {
+			got += int64(len(ch.Data))
 		}
-		dropped += m.GetDroppedBytes()
+		dropped += m.DroppedBytes
 		return nil
 	}); err != nil {
 		return nil, err
@@ -565,7 +564,7 @@ func benchFiles(ctx context.Context, c *agentclient.Client, workspace string, si
 		defer f.Close()
 		syscall.Sync()
 		start := time.Now()
-		if _, err := c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "big.bin"}, f); err != nil {
+		if _, err := c.WriteFile(ctx, "big.bin", agentclient.WriteFileOptions{}, f); err != nil {
 			return 0, err
 		}
 		return time.Since(start), nil
@@ -578,7 +577,7 @@ func benchFiles(ctx context.Context, c *agentclient.Client, workspace string, si
 		defer os.Remove(dst.Name())
 		syscall.Sync()
 		start := time.Now()
-		_, err = c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "big.bin"}, dst)
+		_, err = c.ReadFile(ctx, "big.bin", agentclient.ReadFileOptions{}, dst)
 		if cerr := dst.Close(); err == nil {
 			err = cerr
 		}
@@ -598,7 +597,7 @@ func benchFiles(ctx context.Context, c *agentclient.Client, workspace string, si
 			return nil, err
 		}
 		reads, cpReads = append(reads, ours), append(cpReads, base)
-		if _, err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "big.bin"}); err != nil {
+		if err := c.Remove(ctx, "big.bin", agentclient.RemoveOptions{}); err != nil {
 			return nil, err
 		}
 	}
@@ -632,7 +631,7 @@ func benchPatch(ctx context.Context, c *agentclient.Client, workspace string, n 
 	for i := 0; i < 10000; i++ {
 		fmt.Fprintf(&file, "line %d: the quick brown fox jumps over the lazy dog\n", i)
 	}
-	if _, err := c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "big.txt"}, strings.NewReader(file.String())); err != nil {
+	if _, err := c.WriteFile(ctx, "big.txt", agentclient.WriteFileOptions{}, strings.NewReader(file.String())); err != nil {
 		return nil, err
 	}
 	forward, backward := v4aPatches()
@@ -653,7 +652,7 @@ func benchPatch(ctx context.Context, c *agentclient.Client, workspace string, n 
 			p, u = backward, uniBackward
 		}
 		start := time.Now()
-		if _, err := c.ApplyPatch(ctx, &agentdv1.ApplyPatchRequest{Input: &agentdv1.ApplyPatchRequest_Patch{Patch: p}}); err != nil {
+		if _, err := c.ApplyPatch(ctx, p, agentclient.ApplyPatchOptions{}); err != nil {
 			return nil, fmt.Errorf("apply_patch round %d: %w", i, err)
 		}
 		ours = append(ours, time.Since(start))
@@ -698,7 +697,7 @@ func benchArchive(ctx context.Context, c *agentclient.Client, workspace string, 
 	}
 	syscall.Sync()
 	start := time.Now()
-	_, err = c.Archive(ctx, &agentdv1.ArchiveRequest{}, f)
+	_, err = c.Archive(ctx, agentclient.ArchiveOptions{}, f)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
@@ -730,7 +729,7 @@ func benchArchive(ctx context.Context, c *agentclient.Client, workspace string, 
 		defer f.Close()
 		syscall.Sync()
 		start := time.Now()
-		if _, err := c.Restore(ctx, &agentdv1.RestoreHeader{}, f); err != nil {
+		if _, err := c.Restore(ctx, agentclient.RestoreOptions{}, f); err != nil {
 			return 0, err
 		}
 		return time.Since(start), nil
@@ -745,7 +744,7 @@ func benchArchive(ctx context.Context, c *agentclient.Client, workspace string, 
 	}
 	var freshOurs, freshTar, overOurs, overTar []time.Duration
 	for round := 0; round < 4; round++ {
-		if _, err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "tree", Recursive: true}); err != nil {
+		if err := c.Remove(ctx, "tree", agentclient.RemoveOptions{Recursive: true}); err != nil {
 			return nil, err
 		}
 		extract := filepath.Join(out, fmt.Sprintf("extract%d", round))
@@ -765,7 +764,7 @@ func benchArchive(ctx context.Context, c *agentclient.Client, workspace string, 
 			return nil, err
 		}
 	}
-	_, _ = c.Remove(ctx, &agentdv1.RemoveRequest{Path: "tree", Recursive: true})
+	_ = c.Remove(ctx, "tree", agentclient.RemoveOptions{Recursive: true})
 	fo, _ := percentiles(freshOurs)
 	ft, _ := percentiles(freshTar)
 	oo, _ := percentiles(overOurs)

@@ -12,8 +12,8 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // burstSettle is how long after a burst the daemon's RSS is read: the
@@ -67,7 +67,7 @@ func benchMemoryBurst(ctx context.Context, bc burstConfig) ([]row, error) {
 	}
 	// Idle: one call made (a client is connected, as in the idle row),
 	// then a moment for start-up's garbage to settle.
-	if _, err := c.Stat(ctx, &agentdv1.StatRequest{Path: "."}); err != nil {
+	if _, err := c.Stat(ctx, ".", agentclient.StatOptions{}); err != nil {
 		return nil, err
 	}
 	time.Sleep(time.Second)
@@ -90,8 +90,8 @@ func benchMemoryBurst(ctx context.Context, bc burstConfig) ([]row, error) {
 	// Streamed by Exec, which frees the process's output once the exit is
 	// sent; a Start-ed process would keep its last --output-buffer-bytes
 	// (4 MiB) for the exit retention, by design, for later readers.
-	if _, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "head -c " + strconv.FormatInt(bc.streamSize, 10) + " /dev/zero"}},
-		func(*agentdv1.ExecResponse) error { return nil }); err != nil {
+	if _, err := c.Exec(ctx, agentclient.ProcessSpec{Command: "head -c " + strconv.FormatInt(bc.streamSize, 10) + " /dev/zero"}, agentclient.ExecOptions{},
+		func(*agentclient.ExecEvent) error { return nil }); err != nil {
 		return nil, fmt.Errorf("burst stream: %w", err)
 	}
 	phase("stream")
@@ -100,22 +100,22 @@ func benchMemoryBurst(ctx context.Context, bc burstConfig) ([]row, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, err = c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "burst.bin"}, f)
+	_, err = c.WriteFile(ctx, "burst.bin", agentclient.WriteFileOptions{}, f)
 	f.Close()
 	if err != nil {
 		return nil, fmt.Errorf("burst write: %w", err)
 	}
 	phase("write")
-	if _, err := c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "burst.bin"}, io.Discard); err != nil {
+	if _, err := c.ReadFile(ctx, "burst.bin", agentclient.ReadFileOptions{}, io.Discard); err != nil {
 		return nil, fmt.Errorf("burst read: %w", err)
 	}
 	phase("read")
-	if _, err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: "burst.bin"}); err != nil {
+	if err := c.Remove(ctx, "burst.bin", agentclient.RemoveOptions{}); err != nil {
 		return nil, err
 	}
 	fmt.Fprintln(os.Stderr, "memory burst: execs ...")
 	for i := 0; i < bc.execN; i++ {
-		if _, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, nil); err != nil {
+		if _, err := c.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"/bin/true"}}, agentclient.ExecOptions{}, nil); err != nil {
 			return nil, fmt.Errorf("burst exec %d: %w", i, err)
 		}
 	}

@@ -42,7 +42,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/gcsmount"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/s3mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // benchMounts measures an s3_mount and a gcs_mount of objects objects /
@@ -171,7 +170,7 @@ func timeMount(ctx context.Context, agentd, tmp string, m *mount.Mounter, entry 
 	if err := s.Start(ctx); err != nil {
 		return 0, err
 	}
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "find data -type f | wc -l"}}, nil)
+	res, err := s.Exec(ctx, compute.ProcessSpec{Command: "find data -type f | wc -l"}, compute.ExecOptions{}, nil)
 	if err != nil {
 		return 0, err
 	}

@@ -29,7 +29,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // firstCommand is the command every sandbox runs first, and every baseline.
@@ -116,12 +115,12 @@ func createToFirstExec(ctx context.Context, c *compute.Client, opts any) (time.D
 	if err := s.Start(ctx); err != nil {
 		return 0, err
 	}
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: firstCommand}}, nil)
+	res, err := s.Exec(ctx, compute.ProcessSpec{Argv: firstCommand}, compute.ExecOptions{}, nil)
 	if err != nil {
 		return 0, err
 	}
 	d := time.Since(start)
-	if code := res.Exit.GetExitCode(); code != 0 {
+	if code := res.Exit.ExitCode; code != 0 {
 		return 0, fmt.Errorf("%v exited %d", firstCommand, code)
 	}
 	return d, nil
@@ -260,7 +259,7 @@ func benchMany(ctx context.Context, k sandboxKind, n int, memory func(ctx contex
 	var rtts []time.Duration
 	for _, s := range sessions {
 		t0 := time.Now()
-		if _, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: firstCommand}}, nil); err != nil {
+		if _, err := s.Exec(ctx, compute.ProcessSpec{Argv: firstCommand}, compute.ExecOptions{}, nil); err != nil {
 			return nil, fmt.Errorf("%s: exec with %d alive: %w", k.name, n, err)
 		}
 		rtts = append(rtts, time.Since(t0))

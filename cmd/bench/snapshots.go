@@ -23,7 +23,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot/s3store"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // benchSnapshotStore measures snapshots of a tree of files files / total
@@ -79,7 +78,7 @@ func benchSnapshotStore(ctx context.Context, c *agentclient.Client, workspace st
 		pr, pw := io.Pipe()
 		done := make(chan error, 1)
 		go func() {
-			_, err := c.Archive(ctx, &agentdv1.ArchiveRequest{Exclude: exclude}, pw)
+			_, err := c.Archive(ctx, agentclient.ArchiveOptions{Exclude: exclude}, pw)
 			pw.CloseWithError(err)
 			done <- err
 		}()

@@ -25,7 +25,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 const (
@@ -294,14 +293,14 @@ func soakOne(ctx context.Context, c *agentclient.Client, i int, data []byte, sem
 		var err error
 		t0 := time.Now()
 		if isWrite {
-			_, err = c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: path}, bytes.NewReader(data))
+			_, err = c.WriteFile(ctx, path, compute.WriteFileOptions{}, bytes.NewReader(data))
 			d = time.Since(t0)
 		} else {
 			var res *agentclient.ExecResult
-			res, err = c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, nil)
+			res, err = c.Exec(ctx, compute.ProcessSpec{Argv: []string{"/bin/true"}}, compute.ExecOptions{}, nil)
 			d = time.Since(t0)
-			if err == nil && res.Exit.GetExitCode() != 0 {
-				err = fmt.Errorf("/bin/true exited %d", res.Exit.GetExitCode())
+			if err == nil && res.Exit.ExitCode != 0 {
+				err = fmt.Errorf("/bin/true exited %d", res.Exit.ExitCode)
 			}
 		}
 		<-sem

@@ -22,7 +22,6 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // socketCopyEnv, when set in this program's environment, makes it the
@@ -237,7 +236,7 @@ func startTransferBench(ctx context.Context, binDir string, size int64) (_ *tran
 // discarding destination.
 func (b *transferBench) download(ctx context.Context, t string) (time.Duration, error) {
 	start := time.Now()
-	_, err := b.clients[t].ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "src.bin"}, io.Discard)
+	_, err := b.clients[t].ReadFile(ctx, "src.bin", agentclient.ReadFileOptions{}, io.Discard)
 	return time.Since(start), err
 }
 
@@ -249,7 +248,7 @@ func (b *transferBench) upload(ctx context.Context, t string) (time.Duration, er
 	}
 	defer f.Close()
 	start := time.Now()
-	_, err = b.clients[t].WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "upload.bin"}, f)
+	_, err = b.clients[t].WriteFile(ctx, "upload.bin", agentclient.WriteFileOptions{}, f)
 	return time.Since(start), err
 }
 

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -40,7 +41,7 @@ const (
 // hostileDaemon starts the real daemon for the attacks below, with the
 // reclaimer off so that nothing gives memory back behind the
 // measurements, and returns it with its socket's path.
-func hostileDaemon(ctx context.Context, t *testing.T) (*runningDaemon, string) {
+func hostileDaemon(ctx context.Context, t *testing.T, extra ...string) (*runningDaemon, string) {
 	t.Helper()
 	testenv.Require(t, testenv.Linux)
 	var stderr lockedBuffer
@@ -49,7 +50,7 @@ func hostileDaemon(ctx context.Context, t *testing.T) (*runningDaemon, string) {
 			t.Logf("daemon stderr:\n%s", stderr.String())
 		}
 	})
-	d := startBinary(ctx, t, &stderr, "--reclaim-idle", "0", "--reclaim-growth-bytes", "0", "--log-level", "warn")
+	d := startBinary(ctx, t, &stderr, append([]string{"--reclaim-idle", "0", "--reclaim-growth-bytes", "0", "--log-level", "warn"}, extra...)...)
 	return d, strings.TrimPrefix(d.addr, "unix://")
 }
 
@@ -79,15 +80,15 @@ func (b *lockedBuffer) String() string {
 func settle(ctx context.Context, t *testing.T, d *runningDaemon, socket string, perConn int, block, body func(int) []byte) {
 	t.Helper()
 	data := bytes.Repeat([]byte("0123456789abcdef"), 1<<16)
-	if _, err := d.client.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "settle.bin"}, bytes.NewReader(data)); err != nil {
+	if _, err := d.client.WriteFile(ctx, "settle.bin", agentclient.WriteFileOptions{}, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
 	var back bytes.Buffer
-	if _, err := d.client.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "settle.bin"}, &back); err != nil || back.Len() != len(data) {
+	if _, err := d.client.ReadFile(ctx, "settle.bin", agentclient.ReadFileOptions{}, &back); err != nil || back.Len() != len(data) {
 		t.Fatalf("read back %d bytes: %v", back.Len(), err)
 	}
 	for range 10 {
-		if _, err := d.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo settled"}}, nil); err != nil {
+		if _, err := d.client.Exec(ctx, agentclient.ProcessSpec{Command: "echo settled"}, agentclient.ExecOptions{}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -203,7 +204,7 @@ func TestHugeHeadersWithoutToken(t *testing.T) {
 	if after-idle > rssSlack {
 		t.Errorf("daemon RSS grew by %.1f MiB (%.1f -> %.1f MiB), want at most %.0f MiB", mib(after-idle), mib(idle), mib(after), mib(rssSlack))
 	}
-	if _, err := d.client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := d.client.Info(ctx); err != nil {
 		t.Fatalf("the harness's own call after the attack: %v", err)
 	}
 }
@@ -326,7 +327,7 @@ func TestHeaderListLimit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	d, socket := hostileDaemon(ctx, t)
-	if _, err := d.client.Info(metadata.AppendToOutgoingContext(ctx, "x-request-note", strings.Repeat("n", 4<<10)), &agentdv1.InfoRequest{}); err != nil {
+	if _, err := d.client.Info(metadata.AppendToOutgoingContext(ctx, "x-request-note", strings.Repeat("n", 4<<10))); err != nil {
 		t.Fatalf("Info with 4 KiB of metadata: %v", err)
 	}
 
@@ -383,7 +384,7 @@ func TestHeaderListLimit(t *testing.T) {
 	if out := call(big, 1, sized(1<<20)); !refused(out) {
 		t.Errorf("authenticated Info with a 1 MiB header list: %q, want it refused", out)
 	}
-	if _, err := d.client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := d.client.Info(ctx); err != nil {
 		t.Fatalf("the harness's own call afterwards: %v", err)
 	}
 }

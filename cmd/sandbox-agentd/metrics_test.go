@@ -21,7 +21,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
@@ -52,23 +51,23 @@ func TestMetricsEndpoint(t *testing.T) {
 
 	// Output on both streams, stdin, a file written and read back.
 	const secretPath, secretWord = "secret-dir/secret-file.txt", "hunter2-metrics"
-	res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "cat; echo " + secretWord + "-err >&2"}, Stdin: []byte("stdin-" + secretWord + "\n")}, nil)
-	if err != nil || res.Exit.GetExitCode() != 0 {
+	res, err := c.Exec(ctx, compute.ProcessSpec{Command: "cat; echo " + secretWord + "-err >&2"}, compute.ExecOptions{Stdin: []byte("stdin-" + secretWord + "\n")}, nil)
+	if err != nil || res.Exit.ExitCode != 0 {
 		t.Fatalf("exec: %v %v", res, err)
 	}
 	data := bytes.Repeat([]byte("0123456789"), 1000)
-	if _, err := c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: secretPath, CreateParents: true}, bytes.NewReader(data)); err != nil {
+	if _, err := c.WriteFile(ctx, secretPath, compute.WriteFileOptions{CreateParents: true}, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
 	var back bytes.Buffer
-	if _, err := c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: secretPath}, &back); err != nil || back.Len() != len(data) {
+	if _, err := c.ReadFile(ctx, secretPath, compute.ReadFileOptions{}, &back); err != nil || back.Len() != len(data) {
 		t.Fatalf("read back %d bytes: %v", back.Len(), err)
 	}
 	var tarball bytes.Buffer
-	if _, err := c.Archive(ctx, &agentdv1.ArchiveRequest{}, &tarball); err != nil || tarball.Len() == 0 {
+	if _, err := c.Archive(ctx, compute.ArchiveOptions{}, &tarball); err != nil || tarball.Len() == 0 {
 		t.Fatalf("archive of %d bytes: %v", tarball.Len(), err)
 	}
-	if _, err := c.Stat(ctx, &agentdv1.StatRequest{Path: "no-such-" + secretWord}); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := c.Stat(ctx, "no-such-"+secretWord, compute.StatOptions{}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("stat of a missing file: %v", err)
 	}
 	bad, err := agentclient.Dial(agentclient.Options{Address: d.addr, Token: "wrong-token-" + secretWord})
@@ -76,7 +75,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	if _, err := bad.Info(ctx, &agentdv1.InfoRequest{}); err == nil {
+	if _, err := bad.Info(ctx); err == nil {
 		t.Fatal("a wrong token was accepted")
 	}
 

@@ -18,7 +18,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // runningDaemon is the real sandbox-agentd binary started by a test.
@@ -71,7 +70,7 @@ func startBinary(ctx context.Context, t *testing.T, stderr io.Writer, args ...st
 	t.Cleanup(func() { c.Close() })
 	d.client = c
 	for {
-		if _, err = c.Info(ctx, &agentdv1.InfoRequest{}); err == nil {
+		if _, err = c.Info(ctx); err == nil {
 			return d
 		}
 		select {
@@ -117,7 +116,7 @@ func TestSurvivesStderrWithoutReader(t *testing.T) {
 	// A NotFound is logged at info level before the reply is sent, so
 	// every call below writes to the broken pipe before it returns.
 	for i := range 3 {
-		_, err := d.client.Stat(ctx, &agentdv1.StatRequest{Path: "missing-" + strconv.Itoa(i)})
+		_, err := d.client.Stat(ctx, "missing-"+strconv.Itoa(i), compute.StatOptions{})
 		if !errors.Is(err, compute.ErrNotFound) {
 			select { // tell a dead daemon from a wrong answer
 			case <-d.exited:
@@ -127,11 +126,11 @@ func TestSurvivesStderrWithoutReader(t *testing.T) {
 			}
 		}
 	}
-	if _, err := d.client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := d.client.Info(ctx); err != nil {
 		t.Fatalf("the daemon stopped serving after writing to a broken stderr: %v", err)
 	}
-	res, err := d.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"echo", "still here"}}}, nil)
-	if err != nil || res.Exit.GetExitCode() != 0 || string(res.Stdout) != "still here\n" {
+	res, err := d.client.Exec(ctx, compute.ProcessSpec{Argv: []string{"echo", "still here"}}, compute.ExecOptions{}, nil)
+	if err != nil || res.Exit.ExitCode != 0 || string(res.Stdout) != "still here\n" {
 		t.Fatalf("exec after the broken stderr: %+v %v", res, err)
 	}
 
@@ -161,8 +160,8 @@ func TestSandboxProcessesGetDefaultSIGPIPE(t *testing.T) {
 
 	for _, tty := range []bool{false, true} {
 		// The disposition itself: SigIgn is a hex mask, bit N-1 for signal N.
-		res, err := d.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"cat", "/proc/self/status"}, Tty: tty}}, nil)
-		if err != nil || res.Exit.GetExitCode() != 0 {
+		res, err := d.client.Exec(ctx, compute.ProcessSpec{Argv: []string{"cat", "/proc/self/status"}, Tty: tty}, compute.ExecOptions{}, nil)
+		if err != nil || res.Exit.ExitCode != 0 {
 			t.Fatalf("tty=%v: cat /proc/self/status: %+v %v", tty, res, err)
 		}
 		var sigIgn string
@@ -180,19 +179,19 @@ func TestSandboxProcessesGetDefaultSIGPIPE(t *testing.T) {
 		}
 
 		// The behaviour: a shell that sends itself SIGPIPE dies of it.
-		res, err = d.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "kill -PIPE $$; echo survived", Tty: tty}}, nil)
+		res, err = d.client.Exec(ctx, compute.ProcessSpec{Command: "kill -PIPE $$; echo survived", Tty: tty}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatalf("tty=%v: kill -PIPE: %v", tty, err)
 		}
-		if res.Exit.GetSignal() != "SIGPIPE" || res.Exit.GetExitCode() != 128+13 {
+		if res.Exit.Signal != "SIGPIPE" || res.Exit.ExitCode != 128+13 {
 			t.Errorf("tty=%v: a shell sending itself SIGPIPE ended with %+v (output %q), want killed by SIGPIPE", tty, res.Exit, res.Stdout)
 		}
 	}
 
 	// And the pipeline: yes is killed by SIGPIPE (status 141) once head is
 	// done, instead of seeing EPIPE and exiting 1 with an error message.
-	res, err := d.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: `{ yes; echo "yes exited $?" >&2; } | head -n 1`}}, nil)
-	if err != nil || res.Exit.GetExitCode() != 0 {
+	res, err := d.client.Exec(ctx, compute.ProcessSpec{Command: `{ yes; echo "yes exited $?" >&2; } | head -n 1`}, compute.ExecOptions{}, nil)
+	if err != nil || res.Exit.ExitCode != 0 {
 		t.Fatalf("yes | head: %+v %v", res, err)
 	}
 	if string(res.Stdout) != "y\n" || strings.TrimSpace(string(res.Stderr)) != "yes exited 141" {

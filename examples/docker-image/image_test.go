@@ -21,7 +21,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/docker"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // bases are the images the test extends, in order of preference; `make
@@ -111,16 +110,18 @@ func TestImage(t *testing.T) {
 	if err := sess.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	info, err := sess.Agent().Info(ctx, &agentdv1.InfoRequest{})
-	if err != nil || info.GetVersion() != version {
-		t.Fatalf("the sandbox's daemon: %v, version %q, want %q", err, info.GetVersion(), version)
+	info, err := sess.Agent().Info(ctx)
+	if err != nil || info.Version != version {
+		t.Fatalf("the sandbox's daemon: %v, version %q, want %q", err, info.Version, version)
 	}
-	res, err := sess.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{
-		Command: "id -un && cat hello.txt", User: "analyst"}}, nil)
+	res, err := sess.Exec(ctx, compute.ProcessSpec{
+		Command: "id -un && cat hello.txt",
+		User:    "analyst",
+	}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := string(bytes.TrimSpace(res.Stdout)); res.Exit.GetExitCode() != 0 || got != "analyst\nhello from the image" {
-		t.Fatalf("exit %d, stdout %q, stderr %q", res.Exit.GetExitCode(), res.Stdout, res.Stderr)
+	if got := string(bytes.TrimSpace(res.Stdout)); res.Exit.ExitCode != 0 || got != "analyst\nhello from the image" {
+		t.Fatalf("exit %d, stdout %q, stderr %q", res.Exit.ExitCode, res.Stdout, res.Stderr)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // The files part 1 writes, and checks after the resume.
@@ -43,7 +42,7 @@ func sessionPart(ctx context.Context, client *compute.Client, store snapshot.Sto
 	fmt.Fprintf(out, "created session %s (%s provider)\n", sess.ID(), sess.Provider())
 
 	for _, p := range slices.Sorted(maps.Keys(sessionFiles)) {
-		if _, err := sess.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: p, CreateParents: true}, strings.NewReader(sessionFiles[p])); err != nil {
+		if _, err := sess.WriteFile(ctx, p, compute.WriteFileOptions{CreateParents: true}, strings.NewReader(sessionFiles[p])); err != nil {
 			return err
 		}
 		fmt.Fprintf(out, "wrote %s\n", p)
@@ -110,7 +109,7 @@ func sessionPart(ctx context.Context, client *compute.Client, store snapshot.Sto
 	fmt.Fprintf(out, "resumed session %s into a fresh sandbox, restored from snapshot %s\n", resumed.ID(), saved.SnapshotID)
 	for _, p := range slices.Sorted(maps.Keys(sessionFiles)) {
 		var b bytes.Buffer
-		if _, err := resumed.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: p}, &b); err != nil {
+		if _, err := resumed.ReadFile(ctx, p, compute.ReadFileOptions{}, &b); err != nil {
 			return err
 		}
 		if b.String() != sessionFiles[p] {
@@ -135,13 +134,13 @@ func sessionPart(ctx context.Context, client *compute.Client, store snapshot.Sto
 // shell runs a shell command in the session and prints its output.
 func shell(ctx context.Context, sess *compute.Session, command string, out io.Writer) error {
 	fmt.Fprintf(out, "$ %s\n", command)
-	res, err := sess.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: command}}, nil)
+	res, err := sess.Exec(ctx, compute.ProcessSpec{Command: command}, compute.ExecOptions{}, nil)
 	if err != nil {
 		return err
 	}
 	_, _ = out.Write(res.Stdout)
 	_, _ = out.Write(res.Stderr)
-	if code := res.Exit.GetExitCode(); code != 0 {
+	if code := res.Exit.ExitCode; code != 0 {
 		return fmt.Errorf("%q exited with code %d", command, code)
 	}
 	return nil

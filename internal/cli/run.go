@@ -21,7 +21,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // DefaultModel is the model `harness run` uses when --model and
@@ -401,7 +400,7 @@ func emptyDir(dir string) error {
 func export(ctx context.Context, s *compute.Session, dir string) error {
 	pr, pw := io.Pipe()
 	go func() {
-		_, err := s.Agent().Archive(ctx, &agentdv1.ArchiveRequest{Compression: agentdv1.ArchiveCompression_ARCHIVE_COMPRESSION_NONE}, pw)
+		_, err := s.Agent().Archive(ctx, compute.ArchiveOptions{Compression: compute.CompressionNone}, pw)
 		pw.CloseWithError(err)
 	}()
 	_, err := archive.Restore(ctx, dir, pr, archive.RestoreOptions{})

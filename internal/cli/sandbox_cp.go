@@ -24,7 +24,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // cpPath is one side of a copy: a local path, or a path in a session's
@@ -129,7 +128,7 @@ func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath, user strin
 	for _, e := range tree {
 		p := path.Join(target, e.rel)
 		if e.dir {
-			if _, err := agent.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: p, Mode: uint32(e.mode), Parents: true, User: as}); err != nil {
+			if _, err := agent.MakeDir(ctx, p, compute.MakeDirOptions{Mode: uint32(e.mode), Parents: true, User: as}); err != nil {
 				return fmt.Errorf("cp: %w", err)
 			}
 			continue
@@ -189,9 +188,9 @@ func localBase(p string) string {
 // remoteTarget returns where a source named base lands for DST dst: inside
 // dst when it is a directory (or ends with /), else dst itself.
 func remoteTarget(ctx context.Context, agent *agentclient.Client, dst, base string, isDir bool) (string, error) {
-	st, err := agent.Stat(ctx, &agentdv1.StatRequest{Path: dst})
+	st, err := agent.Stat(ctx, dst, compute.StatOptions{})
 	switch {
-	case err == nil && st.GetInfo().GetType() == agentdv1.FileType_FILE_TYPE_DIRECTORY:
+	case err == nil && st.Type == compute.FileDirectory:
 		dst = path.Join(dst, base)
 	case err == nil:
 		if isDir {
@@ -207,8 +206,8 @@ func remoteTarget(ctx context.Context, agent *agentclient.Client, dst, base stri
 		return "", fmt.Errorf("cp: %w", err)
 	}
 	if isDir {
-		switch st, err := agent.Stat(ctx, &agentdv1.StatRequest{Path: dst}); {
-		case err == nil && st.GetInfo().GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY:
+		switch st, err := agent.Stat(ctx, dst, compute.StatOptions{}); {
+		case err == nil && st.Type != compute.FileDirectory:
 			return "", usageErr(compute.ErrNotDirectory, "cp: %s exists in the sandbox and is not a directory", dst)
 		case err != nil && !errors.Is(err, compute.ErrNotFound):
 			return "", fmt.Errorf("cp: %w", err)
@@ -226,8 +225,8 @@ func writeRemote(ctx context.Context, agent *agentclient.Client, local, remote, 
 	}
 	defer f.Close()
 	size := e.size
-	hdr := &agentdv1.WriteFileHeader{Path: remote, Mode: uint32(e.mode), CreateParents: true, ExpectedSize: &size, User: user}
-	if _, err := agent.WriteFile(ctx, hdr, progressReader{r: f, p: prog}); err != nil {
+	opts := compute.WriteFileOptions{Mode: uint32(e.mode), CreateParents: true, ExpectedSize: &size, User: user}
+	if _, err := agent.WriteFile(ctx, remote, opts, progressReader{r: f, p: prog}); err != nil {
 		return fmt.Errorf("cp %s: %w", local, err)
 	}
 	return nil
@@ -244,11 +243,10 @@ func copyOut(cmd *cobra.Command, g *globals, src cpPath, local string) error {
 	defer r.release()
 	r.noteRebuilt(stderr)
 	agent := r.sess.Agent()
-	st, err := agent.Stat(ctx, &agentdv1.StatRequest{Path: src.path})
+	info, err := agent.Stat(ctx, src.path, compute.StatOptions{})
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
-	info := st.GetInfo()
 	name := path.Base(path.Clean(src.path))
 	if name == "." || name == "/" {
 		name = src.id
@@ -257,20 +255,20 @@ func copyOut(cmd *cobra.Command, g *globals, src cpPath, local string) error {
 	if fi, err := os.Stat(local); (err == nil && fi.IsDir()) || (err != nil && strings.HasSuffix(local, "/")) {
 		target = filepath.Join(local, name)
 	}
-	switch info.GetType() {
-	case agentdv1.FileType_FILE_TYPE_REGULAR:
-		return readRemote(ctx, agent, src.path, target, info, newProgress(stderr, "cp "+name, info.GetSize()))
-	case agentdv1.FileType_FILE_TYPE_DIRECTORY:
+	switch info.Type {
+	case compute.FileRegular:
+		return readRemote(ctx, agent, src.path, target, info, newProgress(stderr, "cp "+name, info.Size))
+	case compute.FileDirectory:
 		return copyDirOut(ctx, agent, src.path, target, newProgress(stderr, "cp "+name, -1), stderr)
-	case agentdv1.FileType_FILE_TYPE_SYMLINK:
-		return usageErr(compute.ErrInvalidArgument, "cp: %s is a symbolic link (to %s); copy what it points to", src.path, info.GetSymlinkTarget())
+	case compute.FileSymlink:
+		return usageErr(compute.ErrInvalidArgument, "cp: %s is a symbolic link (to %s); copy what it points to", src.path, info.SymlinkTarget)
 	}
 	return usageErr(compute.ErrInvalidArgument, "cp: %s is neither a regular file nor a directory", src.path)
 }
 
 // readRemote streams a sandbox file into a local file, written to a
 // temporary file beside it and renamed into place when complete.
-func readRemote(ctx context.Context, agent *agentclient.Client, remote, target string, info *agentdv1.FileInfo, prog *progress) (err error) {
+func readRemote(ctx context.Context, agent *agentclient.Client, remote, target string, info *compute.FileInfo, prog *progress) (err error) {
 	if fi, serr := os.Stat(target); serr == nil && fi.IsDir() {
 		return usageErr(compute.ErrIsDirectory, "cp: %s is a directory", target)
 	}
@@ -285,15 +283,15 @@ func readRemote(ctx context.Context, agent *agentclient.Client, remote, target s
 		}
 	}()
 	cw := &countingWriter{w: progressWriter{w: tmp, p: prog}}
-	got, err := agent.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: remote}, cw)
+	got, err := agent.ReadFile(ctx, remote, compute.ReadFileOptions{}, cw)
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
 	prog.finish()
-	if want := got.GetSize(); cw.n < want {
+	if want := got.Size; cw.n < want {
 		return fmt.Errorf("cp %s: read %d of its %d bytes (the daemon's read limit?)", remote, cw.n, want)
 	}
-	if err := tmp.Chmod(fs.FileMode(info.GetMode() & 0o777)); err != nil {
+	if err := tmp.Chmod(fs.FileMode(info.Mode & 0o777)); err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
 	if err := tmp.Close(); err != nil {
@@ -326,11 +324,11 @@ var errCopyStopped = errors.New("the copy stopped")
 // cut down to the subtree, extracted by archive.Restore with the daemon's
 // safety rules. On failure a directory it created is removed again.
 func copyDirOut(ctx context.Context, agent *agentclient.Client, remote, target string, prog *progress, stderr io.Writer) (err error) {
-	sys, err := agent.Info(ctx, &agentdv1.InfoRequest{})
+	sys, err := agent.Info(ctx)
 	if err != nil {
 		return fmt.Errorf("cp: %w", err)
 	}
-	rel, err := workspaceRel(sys.GetWorkspaceRoot(), remote)
+	rel, err := workspaceRel(sys.WorkspaceRoot, remote)
 	if err != nil {
 		return err
 	}
@@ -351,7 +349,7 @@ func copyDirOut(ctx context.Context, agent *agentclient.Client, remote, target s
 	pr, pw := io.Pipe()
 	archived := make(chan error, 1)
 	go func() {
-		req := &agentdv1.ArchiveRequest{Exclude: exclude, Compression: agentdv1.ArchiveCompression_ARCHIVE_COMPRESSION_NONE}
+		req := compute.ArchiveOptions{Exclude: exclude, Compression: compute.CompressionNone}
 		_, err := agent.Archive(ctx, req, progressWriter{w: pw, p: prog})
 		pw.CloseWithError(err)
 		archived <- err
@@ -443,16 +441,16 @@ func siblingExcludes(ctx context.Context, agent *agentclient.Client, rel string)
 	for _, part := range strings.Split(rel, "/") {
 		token := ""
 		for {
-			resp, err := agent.ListDir(ctx, &agentdv1.ListDirRequest{Path: dir, PageToken: token})
+			resp, err := agent.ListDir(ctx, dir, compute.ListDirOptions{PageToken: token})
 			if err != nil {
 				return nil, fmt.Errorf("cp: %w", err)
 			}
-			for _, e := range resp.GetEntries() {
-				if len(e.GetRawName()) == 0 && e.GetName() != part {
-					exclude = append(exclude, path.Join(dir, e.GetName()))
+			for _, e := range resp.Entries {
+				if len(e.RawName) == 0 && e.Name != part {
+					exclude = append(exclude, path.Join(dir, e.Name))
 				}
 			}
-			if token = resp.GetNextPageToken(); token == "" {
+			if token = resp.NextPageToken; token == "" {
 				break
 			}
 		}

@@ -18,7 +18,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // shellCommand starts the sandbox user's interactive shell: bash when the
@@ -71,13 +70,13 @@ func sandboxExec(cmd *cobra.Command, g *globals, f *execFlags, id string, argv [
 	}
 	defer r.release()
 	r.noteRebuilt(stderr)
-	spec := &agentdv1.ProcessSpec{Argv: argv, Cwd: f.workdir, User: runAsUser(r.sess, f.user), Tty: f.tty}
+	spec := compute.ProcessSpec{Argv: argv, Cwd: f.workdir, User: runAsUser(r.sess, f.user), Tty: f.tty}
 	if f.tty {
 		spec.Size = termSize(cmd.OutOrStdout())
 		spec.Env = map[string]string{"TERM": termName()}
 	}
-	res, err := r.sess.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: spec}, func(msg *agentdv1.ExecResponse) error {
-		return writeOutput(stdout, stderr, msg.GetChunks(), msg.GetDroppedBytes())
+	res, err := r.sess.Exec(ctx, spec, compute.ExecOptions{}, func(msg *compute.ExecEvent) error {
+		return writeOutput(stdout, stderr, msg.Chunks, msg.DroppedBytes)
 	})
 	if err != nil {
 		if ctx.Err() != nil {
@@ -85,7 +84,7 @@ func sandboxExec(cmd *cobra.Command, g *globals, f *execFlags, id string, argv [
 		}
 		return fmt.Errorf("exec in session %s: %w", id, err)
 	}
-	return exitWith(res.Exit)
+	return exitWith(&res.Exit)
 }
 
 // runAsUser is the user a command runs as: the --user flag, else the
@@ -102,16 +101,16 @@ func runAsUser(sess *compute.Session, flag string) string {
 
 // writeOutput writes a batch of process output: stderr chunks to stderr,
 // everything else (stdout, PTY) to stdout, and notes lost output.
-func writeOutput(stdout, stderr io.Writer, chunks []*agentdv1.OutputChunk, dropped int64) error {
+func writeOutput(stdout, stderr io.Writer, chunks []compute.OutputChunk, dropped int64) error {
 	if dropped > 0 {
 		fmt.Fprintf(stderr, "\r\n[%d bytes of output were lost: the sandbox's output buffer wrapped]\r\n", dropped)
 	}
 	for _, ch := range chunks {
 		w := stdout
-		if ch.GetStream() == agentdv1.OutputStream_OUTPUT_STREAM_STDERR {
+		if ch.Stream == compute.StreamStderr {
 			w = stderr
 		}
-		if _, err := w.Write(ch.GetData()); err != nil {
+		if _, err := w.Write(ch.Data); err != nil {
 			return fmt.Errorf("write output: %w", err)
 		}
 	}
@@ -119,13 +118,13 @@ func writeOutput(stdout, stderr io.Writer, chunks []*agentdv1.OutputChunk, dropp
 }
 
 // exitWith turns a process's exit status into the command's.
-func exitWith(exit *agentdv1.ExitStatus) error {
-	code := int(exit.GetExitCode())
+func exitWith(exit *compute.ExitStatus) error {
+	code := exit.ExitCode
 	switch {
-	case exit.GetTimedOut():
+	case exit.TimedOut:
 		return exitError{code: code, msg: "the command timed out"}
-	case exit.GetSignal() != "":
-		return exitError{code: code, msg: "the command was killed by " + exit.GetSignal()}
+	case exit.Signal != "":
+		return exitError{code: code, msg: "the command was killed by " + exit.Signal}
 	case code != 0:
 		return exitError{code: code}
 	}
@@ -168,13 +167,18 @@ func sandboxShell(cmd *cobra.Command, g *globals, id, user string) error {
 	if _, ok := fdOf(out); !ok {
 		sizeOf = in
 	}
-	spec := &agentdv1.ProcessSpec{Argv: []string{"/bin/sh", "-c", shellCommand}, User: runAsUser(r.sess, user), Tty: true, Size: termSize(sizeOf),
-		Env: map[string]string{"TERM": termName()}}
-	started, err := agent.Start(ctx, &agentdv1.StartRequest{Spec: spec})
+	spec := compute.ProcessSpec{
+		Argv: []string{"/bin/sh", "-c", shellCommand},
+		User: runAsUser(r.sess, user),
+		Tty:  true,
+		Size: termSize(sizeOf),
+		Env:  map[string]string{"TERM": termName()},
+	}
+	started, err := agent.Start(ctx, spec, compute.StartOptions{})
 	if err != nil {
 		return fmt.Errorf("shell in session %s: %w", id, err)
 	}
-	pid := started.GetProcess().GetProcessId()
+	pid := started.Process.ProcessID
 	old, err := term.MakeRaw(inFd)
 	if err != nil {
 		hangUp(ctx, agent, pid)
@@ -201,7 +205,7 @@ func sandboxShell(cmd *cobra.Command, g *globals, id, user string) error {
 //
 // A read from a terminal cannot be interrupted, so the goroutine reading
 // stdin is left blocked when the shell exits; the command ends right after.
-func runShell(ctx context.Context, agent *agentclient.Client, pid string, in io.Reader, out, stderr io.Writer, sizeOf any) (*agentdv1.ExitStatus, error) {
+func runShell(ctx context.Context, agent *agentclient.Client, pid string, in io.Reader, out, stderr io.Writer, sizeOf any) (*compute.ExitStatus, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 
@@ -214,8 +218,7 @@ func runShell(ctx context.Context, agent *agentclient.Client, pid string, in io.
 			case <-ctx.Done():
 				return
 			case <-winch:
-				sz := termSize(sizeOf)
-				_, _ = agent.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: pid, Size: &agentdv1.TerminalSize{Rows: sz.GetRows(), Cols: sz.GetCols()}}) // a lost resize only misdraws
+				_ = agent.Resize(ctx, pid, termSize(sizeOf)) // a lost resize only misdraws
 			}
 		}
 	}()
@@ -224,13 +227,13 @@ func runShell(ctx context.Context, agent *agentclient.Client, pid string, in io.
 	go func() { inputErr <- forwardInput(ctx, agent, pid, in) }()
 
 	type result struct {
-		exit *agentdv1.ExitStatus
+		exit *compute.ExitStatus
 		err  error
 	}
 	done := make(chan result, 1)
 	go func() {
-		exit, err := agent.Follow(ctx, &agentdv1.AttachRequest{ProcessId: pid}, func(msg *agentdv1.AttachResponse) error {
-			return writeOutput(out, stderr, msg.GetChunks(), msg.GetDroppedBytes())
+		exit, err := agent.Follow(ctx, pid, compute.FollowOptions{}, func(msg *compute.Output) error {
+			return writeOutput(out, stderr, msg.Chunks, msg.DroppedBytes)
 		})
 		done <- result{exit, err}
 	}()
@@ -257,14 +260,14 @@ func forwardInput(ctx context.Context, agent *agentclient.Client, pid string, in
 	for {
 		n, rerr := in.Read(buf)
 		if n > 0 {
-			resp, err := agent.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: pid, Offset: offset, Data: buf[:n]})
+			next, err := agent.WriteStdin(ctx, pid, offset, buf[:n])
 			if err != nil {
 				if ctx.Err() != nil {
 					return nil
 				}
 				return fmt.Errorf("forward input: %w", err)
 			}
-			offset = resp.GetNextOffset()
+			offset = next
 		}
 		if errors.Is(rerr, io.EOF) {
 			return nil
@@ -278,13 +281,13 @@ func forwardInput(ctx context.Context, agent *agentclient.Client, pid string, in
 // exited reports whether the process is known to have exited (input
 // fails once it has, while its last output may still be on its way).
 func exited(ctx context.Context, agent *agentclient.Client, pid string) bool {
-	procs, err := agent.List(ctx, &agentdv1.ListRequest{})
+	procs, err := agent.List(ctx)
 	if err != nil {
 		return false
 	}
-	for _, p := range procs.GetProcesses() {
-		if p.GetProcessId() == pid {
-			return p.GetState() == agentdv1.ProcessState_PROCESS_STATE_EXITED
+	for _, p := range procs {
+		if p.ProcessID == pid {
+			return p.State == compute.ProcessExited
 		}
 	}
 	return false
@@ -294,17 +297,17 @@ func exited(ctx context.Context, agent *agentclient.Client, pid string) bool {
 func hangUp(ctx context.Context, agent *agentclient.Client, pid string) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), cleanupTimeout)
 	defer cancel()
-	_, _ = agent.Signal(ctx, &agentdv1.SignalRequest{ProcessId: pid, Signal: "HUP"})
+	_ = agent.Signal(ctx, pid, "HUP")
 }
 
 // termSize returns the size of the terminal behind v, or 24x80.
-func termSize(v any) *agentdv1.TerminalSize {
+func termSize(v any) compute.TerminalSize {
 	if fd, ok := fdOf(v); ok {
 		if w, h, err := term.GetSize(fd); err == nil && w > 0 && h > 0 {
-			return &agentdv1.TerminalSize{Rows: uint32(h), Cols: uint32(w)}
+			return compute.TerminalSize{Rows: uint32(h), Cols: uint32(w)}
 		}
 	}
-	return &agentdv1.TerminalSize{Rows: 24, Cols: 80}
+	return compute.TerminalSize{Rows: 24, Cols: 80}
 }
 
 // termName is the terminal type given to PTY processes.

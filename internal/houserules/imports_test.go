@@ -282,3 +282,72 @@ func TestWireHelpersStayOnTheWire(t *testing.T) {
 		t.Fatal("agentclient was not seen importing the wire helpers: this test is not looking at real import data")
 	}
 }
+
+// The daemon's wire contract (proto/bulkhead/agentd/v1) stays on the
+// wire: the harness's side speaks Go types (agentclient's, named again by
+// compute.Session), so its messages are imported only by the two ends of
+// the wire, their helpers and the contract itself, tests included. Each
+// other importer is named here with its reason; testsOnly ones may import
+// it from their tests, never from the package itself.
+func TestWireTypesStayOnTheWire(t *testing.T) {
+	const contract = module + "/proto/bulkhead/agentd/v1"
+	allowed := map[string]string{ // package (and those below it) -> why
+		"pkg/compute/agentclient":  "the harness's one client of the daemon: it converts the Go types to the wire and back",
+		"pkg/agentd/server":        "the daemon's gRPC shim, whose tests check the wire",
+		"pkg/internal/wire":        "the wire helpers of those two (errmap, wirecodec, bufpool)",
+		"proto/bulkhead/agentd/v1": "the contract itself",
+		"cmd/bench/internal/wireexec": "the exec path figure of `make bench` times the daemon's Exec with the raw generated client, " +
+			"as it times the grpcfloor beside it, so that the daemon's own share carries no client library's work",
+	}
+	testsOnly := map[string]string{
+		"cmd/sandbox-agentd":     "hostile_test.go speaks raw HTTP/2 to the daemon binary: it frames the wire's method names and messages itself",
+		"pkg/compute/kubernetes": "pool_unit_test.go serves a fake daemon from before RotateToken, on the wire",
+	}
+	within := func(path string, set map[string]string) bool {
+		for p := range set {
+			if path == module+"/"+p || strings.HasPrefix(path, module+"/"+p+"/") {
+				return true
+			}
+		}
+		return false
+	}
+	out, err := exec.Command("go", "list", "-json=ImportPath,Imports,TestImports,XTestImports", module+"/...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := map[string]bool{}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for dec.More() {
+		var p struct {
+			ImportPath                         string
+			Imports, TestImports, XTestImports []string
+		}
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		inPackage := slices.Contains(p.Imports, contract)
+		inTests := slices.Contains(p.TestImports, contract) || slices.Contains(p.XTestImports, contract)
+		if !inPackage && !inTests {
+			continue
+		}
+		seen[p.ImportPath] = true
+		switch {
+		case within(p.ImportPath, allowed):
+		case !inPackage && within(p.ImportPath, testsOnly):
+		case inPackage:
+			t.Errorf("%s imports the daemon's wire contract (%s): give it agentclient's Go types (compute.Session's methods)", p.ImportPath, contract)
+		default:
+			t.Errorf("%s's tests import the daemon's wire contract (%s): test through agentclient's Go types (compute.Session's methods)", p.ImportPath, contract)
+		}
+	}
+	for _, p := range []string{"pkg/compute/agentclient", "pkg/agentd/server"} {
+		if !seen[module+"/"+p] {
+			t.Fatalf("%s was not seen importing %s: this test is not looking at real import data", p, contract)
+		}
+	}
+	for p := range testsOnly {
+		if !seen[module+"/"+p] {
+			t.Errorf("%s's tests no longer import the wire contract: drop its exception", p)
+		}
+	}
+}

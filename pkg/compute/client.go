@@ -15,6 +15,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
@@ -182,12 +183,9 @@ type Limits struct {
 	Archive ArchiveLimits
 }
 
-// ArchiveLimits bound what a snapshot may make a restore do.
-type ArchiveLimits struct {
-	MaxMembers        int64
-	MaxExtractedBytes int64
-	MaxInputBytes     int64
-}
+// ArchiveLimits bound what a snapshot may make a restore do; zero fields
+// take the daemon's defaults.
+type ArchiveLimits = agentclient.ArchiveLimits
 
 // Create launches a sandbox for a new session. Call Start to apply the
 // manifest (or restore the snapshot) before using it.

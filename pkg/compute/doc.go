@@ -9,7 +9,8 @@
 //	client := compute.NewClient(provider, compute.ClientOptions{Snapshots: store, Log: log})
 //	sess, err := client.Create(ctx, compute.CreateOptions{Manifest: m})
 //	err = sess.Start(ctx)                 // materialize the manifest, or restore the snapshot
-//	res, err := sess.Agent().Exec(ctx, ...)   // processes, files, patches through agentclient
+//	res, err := sess.Exec(ctx, compute.ProcessSpec{Command: "make test"}, compute.ExecOptions{}, nil)
+//	                                      // processes, files, patches, ports: Go types
 //	st, err := sess.State()               // JSON-serializable, redacted, no tokens
 //	err = sess.Close(ctx)                 // pre-stop hooks -> stop (snapshot) -> shutdown
 //	sess, err = client.Resume(ctx, st)    // reattach, or replace and restore

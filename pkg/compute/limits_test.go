@@ -10,7 +10,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // TestArchiveLimitsBoundTheRestore: a snapshot with more members than the
@@ -51,7 +50,7 @@ func TestArchiveLimitsBoundTheRestore(t *testing.T) {
 	if err := tight.Start(ctx); !errors.Is(err, compute.ErrResourceExhausted) {
 		t.Fatalf("restore over the member limit: %v", err)
 	}
-	if _, err := tight.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "a.txt"}); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := tight.Stat(ctx, "a.txt", compute.StatOptions{}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("a refused restore left files: %v", err)
 	}
 	if err := c.Delete(ctx, tight); err != nil {
@@ -65,7 +64,7 @@ func TestArchiveLimitsBoundTheRestore(t *testing.T) {
 	if err := loose.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := loose.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "d.txt"}); err != nil {
+	if _, err := loose.Stat(ctx, "d.txt", compute.StatOptions{}); err != nil {
 		t.Fatal(err)
 	}
 }

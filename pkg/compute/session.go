@@ -18,7 +18,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // PreStopHook runs at the start of Close, before the workspace is
@@ -26,8 +25,9 @@ import (
 type PreStopHook func(ctx context.Context, s *Session) error
 
 // Session is one live sandbox owned by a run (or by the application that
-// injected it): its daemon's operations through Agent, and its lifecycle.
-// It is safe for concurrent use.
+// injected it): its lifecycle (Start, Stop, Close, ...) and its daemon's
+// operations in Go types (Exec, StartProcess, ReadFile, ApplyPatch, ...;
+// see sandbox.go). It is safe for concurrent use.
 type Session struct {
 	c  *Client
 	sb Sandbox
@@ -44,7 +44,7 @@ type Session struct {
 	hooks       []PreStopHook
 	closed      bool
 	closeErr    error
-	materialize *agentdv1.MaterializeResponse
+	materialize *MaterializeResult
 }
 
 // sessionInit is what a new Session starts from.
@@ -73,7 +73,9 @@ func (s *Session) Provider() string { return s.c.p.Name() }
 
 // Agent returns the typed client of the sandbox's daemon: processes,
 // files, patches, archives. It reconnects by itself; processes survive a
-// dropped connection and Follow resumes from its cursor.
+// dropped connection and Follow resumes from its cursor. The Session's own
+// methods (Exec, ReadFile, ...) delegate to it; Agent is for what they
+// leave out (archives, fingerprints, token rotation, Info).
 func (s *Session) Agent() *agentclient.Client { return s.sb.Agent() }
 
 // Manifest returns the manifest the workspace was made from.
@@ -81,7 +83,7 @@ func (s *Session) Manifest() *manifest.Manifest { return s.manifest }
 
 // Materialized returns the daemon's report of the last materialization
 // (each file with its sha256), or nil.
-func (s *Session) Materialized() *agentdv1.MaterializeResponse {
+func (s *Session) Materialized() *MaterializeResult {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.materialize
@@ -175,11 +177,11 @@ func (s *Session) restore(ctx context.Context, agent *agentclient.Client) (resto
 		if err != nil {
 			return false, err
 		}
-		live, err := agent.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: s.excludes(), Extra: extra})
+		live, err := agent.Fingerprint(ctx, agentclient.FingerprintOptions{Exclude: s.excludes(), Extra: extra})
 		if err != nil {
 			return false, fmt.Errorf("start session %s: fingerprint: %w", s.id, err)
 		}
-		if live.GetFingerprint() == s.fingerprint {
+		if live == s.fingerprint {
 			outcome = "unchanged"
 			s.c.log.Info("workspace unchanged since the snapshot; restore skipped", zap.String("session", s.id))
 			return true, nil
@@ -198,9 +200,7 @@ func (s *Session) restore(ctx context.Context, agent *agentclient.Client) (resto
 	}
 	defer r.Close()
 	al := s.limits.Archive
-	hdr := &agentdv1.RestoreHeader{Exclude: s.excludes(), PreserveOwnership: true, Limits: &agentdv1.ArchiveLimits{
-		MaxMembers: al.MaxMembers, MaxExtractedBytes: al.MaxExtractedBytes, MaxInputBytes: al.MaxInputBytes}}
-	if _, err := agent.Restore(ctx, hdr, r); err != nil {
+	if _, err := agent.Restore(ctx, agentclient.RestoreOptions{Exclude: s.excludes(), PreserveOwnership: true, Limits: al}, r); err != nil {
 		return false, fmt.Errorf("start session %s: restore snapshot %s: %w", s.id, s.snapshotID, err)
 	}
 	s.c.log.Info("workspace restored from snapshot", zap.String("session", s.id), zap.String("snapshot", s.snapshotID))
@@ -239,7 +239,7 @@ func (s *Session) stop(ctx context.Context) (err error) {
 	pr, pw := io.Pipe()
 	archived := make(chan error, 1)
 	go func() {
-		_, err := agent.Archive(actx, &agentdv1.ArchiveRequest{Exclude: s.excludes()}, pw)
+		_, err := agent.Archive(actx, agentclient.ArchiveOptions{Exclude: s.excludes()}, pw)
 		pw.CloseWithError(err)
 		archived <- err
 	}()
@@ -253,11 +253,11 @@ func (s *Session) stop(ctx context.Context) (err error) {
 	if err != nil {
 		return fmt.Errorf("stop session %s: store snapshot %s: %w", s.id, s.snapshotID, err)
 	}
-	fp, err := agent.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: s.excludes(), Extra: extra})
+	fp, err := agent.Fingerprint(ctx, agentclient.FingerprintOptions{Exclude: s.excludes(), Extra: extra})
 	if err != nil {
 		return fmt.Errorf("stop session %s: fingerprint: %w", s.id, err)
 	}
-	s.fingerprint = fp.GetFingerprint()
+	s.fingerprint = fp
 	persisted = true
 	s.c.log.Info("workspace persisted", zap.String("session", s.id), zap.String("snapshot", s.snapshotID))
 	return nil

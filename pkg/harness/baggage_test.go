@@ -26,7 +26,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // TestNoBaggageOrTraceContextReachesTheDaemon runs an agent whose context
@@ -66,7 +65,7 @@ func TestNoBaggageOrTraceContextReachesTheDaemon(t *testing.T) {
 			if baggage.FromContext(ctx).Member("tenant").Value() != secret {
 				t.Error("the tool's context lost the application's baggage (the test proves nothing)")
 			}
-			if _, err := tc.Agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "out.txt"}, strings.NewReader("x")); err != nil {
+			if _, err := tc.Agent.WriteFile(ctx, "out.txt", compute.WriteFileOptions{}, strings.NewReader("x")); err != nil {
 				return tool.Result{}, err
 			}
 			return tool.Result{Output: "ok"}, nil

@@ -20,7 +20,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // testModel returns an openai-go model against a scripted server.
@@ -62,7 +61,7 @@ func (c writeCap) Tools(capability.Env) []tool.Tool {
 	return []tool.Tool{tool.Func{
 		Def: model.FunctionTool("write_note", "Write a note.", []byte(`{"type":"object","properties":{"text":{"type":"string"}},"required":["text"],"additionalProperties":false}`), true),
 		Fn: func(ctx context.Context, call tool.Context, input string) (tool.Result, error) {
-			if _, err := call.Agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "notes/note.txt", CreateParents: true}, strings.NewReader(input)); err != nil {
+			if _, err := call.Agent.WriteFile(ctx, "notes/note.txt", compute.WriteFileOptions{CreateParents: true}, strings.NewReader(input)); err != nil {
 				return tool.Result{Output: err.Error(), IsError: true}, nil
 			}
 			return tool.Result{Output: "saved"}, nil
@@ -184,7 +183,7 @@ func TestInjectedSessionIsNotTornDown(t *testing.T) {
 		t.Fatalf("the injected session was torn down: destroyed %d live %d", prov.Destroyed, prov.Live())
 	}
 	var b bytes.Buffer
-	if _, err := sess.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "notes/note.txt"}, &b); err != nil || !strings.Contains(b.String(), "x") {
+	if _, err := sess.ReadFile(ctx, "notes/note.txt", compute.ReadFileOptions{}, &b); err != nil || !strings.Contains(b.String(), "x") {
 		t.Fatalf("the tool did not use the injected session: %q %v", b.String(), err)
 	}
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // fileTools are tools writing and reading workspace files through the daemon.
@@ -31,7 +30,7 @@ func fileTools() []tool.Tool {
 			Fn: func(ctx context.Context, call tool.Context, input string) (tool.Result, error) {
 				var a struct{ Path, Text string }
 				_ = json.Unmarshal([]byte(input), &a)
-				if _, err := call.Agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: a.Path, CreateParents: true, User: call.RunAs}, strings.NewReader(a.Text)); err != nil {
+				if _, err := call.Agent.WriteFile(ctx, a.Path, compute.WriteFileOptions{CreateParents: true, User: call.RunAs}, strings.NewReader(a.Text)); err != nil {
 					return tool.Result{Output: err.Error(), IsError: true}, nil
 				}
 				return tool.Result{Output: "wrote " + a.Path}, nil
@@ -41,7 +40,7 @@ func fileTools() []tool.Tool {
 				var a struct{ Path string }
 				_ = json.Unmarshal([]byte(input), &a)
 				var b bytes.Buffer
-				if _, err := call.Agent.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: a.Path}, &b); err != nil {
+				if _, err := call.Agent.ReadFile(ctx, a.Path, compute.ReadFileOptions{}, &b); err != nil {
 					return tool.Result{Output: err.Error(), IsError: true}, nil
 				}
 				return tool.Result{Output: b.String()}, nil

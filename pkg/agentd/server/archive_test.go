@@ -18,8 +18,8 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/archive"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func writeTree(t *testing.T, root string, files map[string]string) {
@@ -97,16 +97,16 @@ func TestArchiveRestoreRoundTrip(t *testing.T) {
 	}
 	excl := []string{"cache"}
 	before := treeOf(t, td.workspace)
-	fp1, err := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: excl})
+	fp1, err := td.client.Fingerprint(ctx, agentclient.FingerprintOptions{Exclude: excl})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var snap bytes.Buffer
-	stats, err := td.client.Archive(ctx, &agentdv1.ArchiveRequest{Exclude: excl}, &snap)
+	stats, err := td.client.Archive(ctx, agentclient.ArchiveOptions{Exclude: excl}, &snap)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stats.GetFiles() != 3 || stats.GetSymlinks() != 1 {
+	if stats.Files != 3 || stats.Symlinks != 1 {
 		t.Fatalf("stats %v", stats)
 	}
 	// The model wrecks the workspace; the cache (excluded) changes too.
@@ -114,11 +114,11 @@ func TestArchiveRestoreRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	writeTree(t, td.workspace, map[string]string{"junk.txt": "x", "cache/big.bin": "new cache"})
-	fp2, _ := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: excl})
-	if fp2.GetFingerprint() == fp1.GetFingerprint() {
+	fp2, _ := td.client.Fingerprint(ctx, agentclient.FingerprintOptions{Exclude: excl})
+	if fp2 == fp1 {
 		t.Fatal("fingerprint did not change")
 	}
-	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{Exclude: excl}, bytes.NewReader(snap.Bytes())); err != nil {
+	if _, err := td.client.Restore(ctx, agentclient.RestoreOptions{Exclude: excl}, bytes.NewReader(snap.Bytes())); err != nil {
 		t.Fatal(err)
 	}
 	after := treeOf(t, td.workspace)
@@ -128,9 +128,9 @@ func TestArchiveRestoreRoundTrip(t *testing.T) {
 	if b, _ := os.ReadFile(filepath.Join(td.workspace, "cache/big.bin")); string(b) != "new cache" {
 		t.Fatalf("excluded path was not preserved: %q", b)
 	}
-	fp3, _ := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: excl})
-	if fp3.GetFingerprint() != fp1.GetFingerprint() {
-		t.Fatalf("fingerprint after restore %s, want %s", fp3.GetFingerprint(), fp1.GetFingerprint())
+	fp3, _ := td.client.Fingerprint(ctx, agentclient.FingerprintOptions{Exclude: excl})
+	if fp3 != fp1 {
+		t.Fatalf("fingerprint after restore %s, want %s", fp3, fp1)
 	}
 }
 
@@ -151,7 +151,7 @@ func TestRestoreRejectsMaliciousArchiveChangingNothing(t *testing.T) {
 		tw.Write([]byte("hi"))
 	}
 	tw.Close()
-	_, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader(evil.Bytes()))
+	_, err := td.client.Restore(ctx, agentclient.RestoreOptions{}, bytes.NewReader(evil.Bytes()))
 	if !errors.Is(err, errkind.ErrPathEscape) && !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("want a path error, got %v", err)
 	}
@@ -168,14 +168,14 @@ func TestRestoreInterruptedChangesNothing(t *testing.T) {
 	// file's content (not in the end-of-archive blocks).
 	writeTree(t, td.workspace, map[string]string{"a.txt": strings.Repeat("A", 64<<10)})
 	var snap bytes.Buffer
-	if _, err := td.client.Archive(ctx, &agentdv1.ArchiveRequest{Compression: agentdv1.ArchiveCompression_ARCHIVE_COMPRESSION_NONE}, &snap); err != nil {
+	if _, err := td.client.Archive(ctx, agentclient.ArchiveOptions{Compression: agentclient.CompressionNone}, &snap); err != nil {
 		t.Fatal(err)
 	}
 	writeTree(t, td.workspace, map[string]string{"a.txt": "changed", "b.txt": "B"})
 	before := treeOf(t, td.workspace)
 	// The archive ends halfway (a truncated snapshot): the daemon's
 	// extraction fails, rolls back, and only then answers.
-	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader(snap.Bytes()[:snap.Len()/2])); !errors.Is(err, errkind.ErrInvalidArgument) {
+	if _, err := td.client.Restore(ctx, agentclient.RestoreOptions{}, bytes.NewReader(snap.Bytes()[:snap.Len()/2])); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("truncated archive: want ErrInvalidArgument, got %v", err)
 	}
 	sameTree(t, before, treeOf(t, td.workspace))
@@ -183,13 +183,13 @@ func TestRestoreInterruptedChangesNothing(t *testing.T) {
 	// once; the daemon's restore fails and rolls back on its own time (the
 	// archive package tests cancellation at every step).
 	half := io.MultiReader(bytes.NewReader(snap.Bytes()[:snap.Len()/2]), errReader{})
-	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, half); err == nil {
+	if _, err := td.client.Restore(ctx, agentclient.RestoreOptions{}, half); err == nil {
 		t.Fatal("want an error")
 	}
 	eventuallySameTree(t, before, td.workspace)
 	// Garbage is refused cleanly too (this call may queue behind the
 	// aborted restore above, which the daemon serializes).
-	if _, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, bytes.NewReader([]byte("not an archive at all"))); !errors.Is(err, errkind.ErrInvalidArgument) {
+	if _, err := td.client.Restore(ctx, agentclient.RestoreOptions{}, bytes.NewReader([]byte("not an archive at all"))); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Fatalf("garbage: want ErrInvalidArgument, got %v", err)
 	}
 	eventuallySameTree(t, before, td.workspace)
@@ -285,7 +285,7 @@ func TestStartupRecoversInterruptedRestore(t *testing.T) {
 		t.Fatalf("still pending after the start: %q, %v", id, err)
 	}
 	var snap bytes.Buffer
-	if _, err := td.client.Archive(ctxT(t), &agentdv1.ArchiveRequest{}, &snap); err != nil {
+	if _, err := td.client.Archive(ctxT(t), agentclient.ArchiveOptions{}, &snap); err != nil {
 		t.Fatalf("Archive after the recovery: %v", err)
 	}
 }
@@ -309,18 +309,18 @@ func TestArchiveRefusedWhileRestoreIncomplete(t *testing.T) {
 	}
 	calls := map[string]func() error{
 		"Archive": func() error {
-			_, err := td.client.Archive(ctx, &agentdv1.ArchiveRequest{}, io.Discard)
+			_, err := td.client.Archive(ctx, agentclient.ArchiveOptions{}, io.Discard)
 			return err
 		},
 		"Fingerprint": func() error {
-			_, err := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{})
+			_, err := td.client.Fingerprint(ctx, agentclient.FingerprintOptions{})
 			return err
 		},
 		"Restore": func() error {
 			var empty bytes.Buffer
 			tw := tar.NewWriter(&empty)
 			_ = tw.Close()
-			_, err := td.client.Restore(ctx, &agentdv1.RestoreHeader{}, &empty)
+			_, err := td.client.Restore(ctx, agentclient.RestoreOptions{}, &empty)
 			return err
 		},
 	}
@@ -334,10 +334,10 @@ func TestArchiveRefusedWhileRestoreIncomplete(t *testing.T) {
 		}
 		sameTree(t, stuck, treeOf(t, ws))
 	}
-	if _, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "README"}); err != nil {
+	if err := td.client.Remove(ctx, "README", agentclient.RemoveOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.Fingerprint(ctx, &agentdv1.FingerprintRequest{}); err != nil {
+	if _, err := td.client.Fingerprint(ctx, agentclient.FingerprintOptions{}); err != nil {
 		t.Fatalf("Fingerprint once the way is clear: %v", err)
 	}
 	sameTree(t, want, treeOf(t, ws))

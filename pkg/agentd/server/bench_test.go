@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"testing"
 
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 )
 
 // BenchmarkStreamOutput streams a process's output through the daemon to a
@@ -19,16 +19,16 @@ func BenchmarkStreamOutput(b *testing.B) {
 	ctx := b.Context()
 	b.SetBytes(size)
 	for b.Loop() {
-		st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("head -c 268435456 /dev/zero")})
+		st, err := td.client.Start(ctx, sh("head -c 268435456 /dev/zero"), agentclient.StartOptions{})
 		if err != nil {
 			b.Fatal(err)
 		}
 		var got, dropped int64
-		if _, err := td.client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
-			for _, c := range m.GetChunks() {
-				got += int64(len(c.GetData()))
+		if _, err := td.client.Follow(ctx, st.Process.ProcessID, agentclient.FollowOptions{}, func(m *agentclient.Output) error {
+			for _, c := range m.Chunks {
+				got += int64(len(c.Data))
 			}
-			dropped += m.GetDroppedBytes()
+			dropped += m.DroppedBytes
 			return nil
 		}); err != nil {
 			b.Fatal(err)
@@ -43,8 +43,8 @@ func BenchmarkExecTrue(b *testing.B) {
 	td := newTestDaemon(b, nil)
 	ctx := b.Context()
 	for b.Loop() {
-		res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, nil)
-		if err != nil || res.Exit.GetExitCode() != 0 {
+		res, err := td.client.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"/bin/true"}}, agentclient.ExecOptions{}, nil)
+		if err != nil || res.Exit.ExitCode != 0 {
 			b.Fatal(err, res.Exit)
 		}
 	}
@@ -73,7 +73,7 @@ func BenchmarkWriteFile(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := td.client.WriteFile(b.Context(), &agentdv1.WriteFileHeader{Path: "big"}, f); err != nil {
+		if _, err := td.client.WriteFile(b.Context(), "big", agentclient.WriteFileOptions{}, f); err != nil {
 			b.Fatal(err)
 		}
 		f.Close()
@@ -94,7 +94,7 @@ func BenchmarkReadFile(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := td.client.ReadFile(b.Context(), &agentdv1.ReadFileRequest{Path: "big"}, f); err != nil {
+		if _, err := td.client.ReadFile(b.Context(), "big", agentclient.ReadFileOptions{}, f); err != nil {
 			b.Fatal(err)
 		}
 		f.Close()

@@ -23,7 +23,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // bufServer serves srv on an in-memory listener.
@@ -95,23 +94,23 @@ func TestBufconnExec(t *testing.T) {
 	c := bufClient(t, lis, testToken)
 	ctx := ctxT(t)
 
-	info, err := c.Info(ctx, &agentdv1.InfoRequest{})
+	info, err := c.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.GetWorkspaceRoot() != ws {
+	if info.WorkspaceRoot != ws {
 		t.Fatalf("info %v", info)
 	}
 	var streamed int
 	var stdout, stderr strings.Builder
-	res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "pwd; echo to-err >&2; cat; exit 3"}, Stdin: []byte("from stdin\n")},
-		func(msg *agentdv1.ExecResponse) error {
+	res, err := c.Exec(ctx, agentclient.ProcessSpec{Command: "pwd; echo to-err >&2; cat; exit 3"}, agentclient.ExecOptions{Stdin: []byte("from stdin\n")},
+		func(msg *agentclient.ExecEvent) error {
 			streamed++
-			for _, ch := range msg.GetChunks() {
-				if ch.GetStream() == agentdv1.OutputStream_OUTPUT_STREAM_STDERR {
-					stderr.Write(ch.GetData())
+			for _, ch := range msg.Chunks {
+				if ch.Stream == agentclient.StreamStderr {
+					stderr.Write(ch.Data)
 				} else {
-					stdout.Write(ch.GetData())
+					stdout.Write(ch.Data)
 				}
 			}
 			return nil
@@ -119,34 +118,34 @@ func TestBufconnExec(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if stdout.String() != ws+"\nfrom stdin\n" || stderr.String() != "to-err\n" || res.Exit.GetExitCode() != 3 {
+	if stdout.String() != ws+"\nfrom stdin\n" || stderr.String() != "to-err\n" || res.Exit.ExitCode != 3 {
 		t.Fatalf("stdout %q stderr %q exit %v", stdout.String(), stderr.String(), res.Exit)
 	}
 	if len(res.Stdout) != 0 || len(res.Stderr) != 0 {
 		t.Fatal("with a callback, Exec must not also keep the output")
 	}
-	if res.Process.GetProcessId() == "" || streamed < 2 {
+	if res.Process.ProcessID == "" || streamed < 2 {
 		t.Fatalf("process %v, %d messages", res.Process, streamed)
 	}
 	// A start failure is a specific error over bufconn too.
-	_, err = c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "../outside"}}, nil)
+	_, err = c.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"true"}, Cwd: "../outside"}, agentclient.ExecOptions{}, nil)
 	if !errors.Is(err, errkind.ErrPathEscape) {
 		t.Fatalf("exec with an escaping cwd: %v", err)
 	}
 
 	// A file round trip over the in-memory transport.
 	data := pseudoRandomBytes(1<<20+3, 3)
-	if _, err := c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "buf.bin"}, bytes.NewReader(data)); err != nil {
+	if _, err := c.WriteFile(ctx, "buf.bin", agentclient.WriteFileOptions{}, bytes.NewReader(data)); err != nil {
 		t.Fatal(err)
 	}
-	got, _, err := readBytes(ctx, c, &agentdv1.ReadFileRequest{Path: "buf.bin"})
+	got, _, err := readBytes(ctx, c, "buf.bin", agentclient.ReadFileOptions{})
 	if err != nil || sha256.Sum256(got) != sha256.Sum256(data) {
 		t.Fatalf("round trip: %d bytes, %v", len(got), err)
 	}
 
 	// Without the token nothing runs.
 	bad := bufClient(t, lis, "")
-	if _, err := bad.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"touch", filepath.Join(ws, "pwned")}}}, nil); !errors.Is(err, errkind.ErrUnauthenticated) {
+	if _, err := bad.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"touch", filepath.Join(ws, "pwned")}}, agentclient.ExecOptions{}, nil); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("exec without token: %v", err)
 	}
 	assertMissing(t, filepath.Join(ws, "pwned"))
@@ -158,7 +157,7 @@ func TestBufconnExec(t *testing.T) {
 	}
 	own := agentclient.New(conn)
 	defer own.Close()
-	res, err = own.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"echo", "own conn"}}}, nil)
+	res, err = own.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"echo", "own conn"}}, agentclient.ExecOptions{}, nil)
 	if err != nil || string(res.Stdout) != "own conn\n" {
 		t.Fatalf("agentclient.New: %v %v", res, err)
 	}
@@ -179,7 +178,7 @@ func TestHandlerPanicIsRecovered(t *testing.T) {
 	ctx := ctxT(t)
 
 	for i := range 3 { // again and again: the server survives each one
-		_, err := c.Info(ctx, &agentdv1.InfoRequest{})
+		_, err := c.Info(ctx)
 		if !errors.Is(err, errkind.ErrInternal) {
 			t.Fatalf("round %d: unary panic: want Internal, got %v", i, err)
 		}
@@ -187,11 +186,11 @@ func TestHandlerPanicIsRecovered(t *testing.T) {
 			t.Fatalf("round %d: message %q", i, err)
 		}
 		// A server stream (ReadFile) and a client stream (WriteFile).
-		_, _, err = readBytes(ctx, c, &agentdv1.ReadFileRequest{Path: "x"})
+		_, _, err = readBytes(ctx, c, "x", agentclient.ReadFileOptions{})
 		if !errors.Is(err, errkind.ErrInternal) {
 			t.Fatalf("round %d: server-stream panic: want ErrInternal, got %v", i, err)
 		}
-		_, err = c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "x"}, strings.NewReader("data"))
+		_, err = c.WriteFile(ctx, "x", agentclient.WriteFileOptions{}, strings.NewReader("data"))
 		if !errors.Is(err, errkind.ErrInternal) {
 			t.Fatalf("round %d: client-stream panic: want ErrInternal, got %v", i, err)
 		}
@@ -200,7 +199,7 @@ func TestHandlerPanicIsRecovered(t *testing.T) {
 	if err := c.Health(ctx); err != nil {
 		t.Fatalf("health after panics: %v", err)
 	}
-	if _, err := bufClient(t, lis, "not-the-token-at-all").Info(ctx, &agentdv1.InfoRequest{}); !errors.Is(err, errkind.ErrUnauthenticated) {
+	if _, err := bufClient(t, lis, "not-the-token-at-all").Info(ctx); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("unauthenticated call to a panicking handler: %v", err)
 	}
 

@@ -6,14 +6,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // envOf runs env in the sandbox with the request's own variables.
 func envOf(t *testing.T, td *testDaemon, req map[string]string) map[string]string {
 	t.Helper()
-	res, err := td.client.Exec(ctxT(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"env"}, Env: req}}, nil)
+	res, err := td.client.Exec(ctxT(t), agentclient.ProcessSpec{Argv: []string{"env"}, Env: req}, agentclient.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -29,7 +29,7 @@ func envOf(t *testing.T, td *testDaemon, req map[string]string) map[string]strin
 // setEnvironment materializes an empty plan that only sets the environment.
 func setEnvironment(t *testing.T, td *testDaemon, env map[string]string) error {
 	t.Helper()
-	_, err := td.client.Materialize(ctxT(t), &agentdv1.MaterializePlan{Environment: env, SetEnvironment: true}, bytes.NewReader(nil))
+	_, err := td.client.Materialize(ctxT(t), &agentclient.MaterializePlan{Environment: env, SetEnvironment: true}, bytes.NewReader(nil))
 	return err
 }
 
@@ -62,7 +62,7 @@ func TestMaterializeEnvironmentReachesProcesses(t *testing.T) {
 	}
 
 	// A plan that does not set it keeps it.
-	if _, err := td.client.Materialize(ctxT(t), &agentdv1.MaterializePlan{}, bytes.NewReader(nil)); err != nil {
+	if _, err := td.client.Materialize(ctxT(t), &agentclient.MaterializePlan{}, bytes.NewReader(nil)); err != nil {
 		t.Fatal(err)
 	}
 	if env = envOf(t, td, nil); env["SANDBOX_B"] != "two" {
@@ -103,8 +103,8 @@ func TestMaterializeEnvironmentKeptWhenPlanFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	// An entry escaping the workspace fails the plan.
-	_, err := td.client.Materialize(ctxT(t), &agentdv1.MaterializePlan{
-		Entries:        []*agentdv1.MaterializeEntry{{Path: "../escape", Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY, Mode: 0o755}},
+	_, err := td.client.Materialize(ctxT(t), &agentclient.MaterializePlan{
+		Entries:        []*agentclient.MaterializeEntry{{Path: "../escape", Kind: agentclient.EntryDirectory, Mode: 0o755}},
 		Environment:    map[string]string{"NEW": "new"},
 		SetEnvironment: true,
 	}, bytes.NewReader(nil))

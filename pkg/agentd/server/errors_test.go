@@ -11,6 +11,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
+	"github.com/bulkhead-dev/bulkhead/pkg/internal/wire/errmap"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
@@ -31,7 +32,7 @@ func wireForm(t *testing.T, err error) (codes.Code, *agentdv1.ErrorDetail, *agen
 	if detail == nil {
 		t.Fatalf("no ErrorDetail in %v", st)
 	}
-	return st.Code(), detail, agentclient.PatchRejection(err)
+	return st.Code(), detail, errmap.PatchRejection(err)
 }
 
 // Real failures, through a real daemon and a real client, reach the
@@ -43,14 +44,14 @@ func TestRealFailuresOnTheWire(t *testing.T) {
 	mustWrite(t, filepath.Join(td.workspace, "a.txt"), "one\ntwo\n", 0o644)
 	mustWrite(t, filepath.Join(td.workspace, "dir/x.txt"), "x\n", 0o644)
 	const ghost = "bulkhead-no-such-user"
-	start := func(spec *agentdv1.ProcessSpec) func() error {
+	start := func(spec agentclient.ProcessSpec) func() error {
 		return func() error {
-			_, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec})
+			_, err := td.client.Start(ctx, spec, agentclient.StartOptions{})
 			return err
 		}
 	}
 	patch := func(text string) func() error {
-		return func() error { _, err := td.client.ApplyPatch(ctx, textPatch(text)); return err }
+		return func() error { _, err := applyPatch(ctx, td.client, textPatch(text)); return err }
 	}
 	for _, c := range []struct {
 		name      string
@@ -61,28 +62,28 @@ func TestRealFailuresOnTheWire(t *testing.T) {
 		path      string  // the PathError's path on the client; "" for none, "*" for any
 	}{
 		// DESIGN: "the answer to an escape is a clear PermissionDenied".
-		{"relative escape", func() error { _, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "../outside"}); return err },
+		{"relative escape", func() error { _, err := td.client.Stat(ctx, "../outside", agentclient.StatOptions{}); return err },
 			codes.PermissionDenied, agentdv1.ErrorReason_ERROR_REASON_PATH_ESCAPE, []error{errkind.ErrPathEscape}, "../outside"},
-		{"missing file", func() error { _, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "nope.txt"}); return err },
+		{"missing file", func() error { _, err := td.client.Stat(ctx, "nope.txt", agentclient.StatOptions{}); return err },
 			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errkind.ErrNotFound}, "nope.txt"},
 		{"unknown run_as user for a file", func() error {
-			_, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "a.txt", User: ghost})
+			_, err := td.client.Stat(ctx, "a.txt", agentclient.StatOptions{User: ghost})
 			return err
 		},
 			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND, []error{errkind.ErrUserNotFound, errkind.ErrNotFound}, "a.txt"},
-		{"unknown run_as user for a process", start(&agentdv1.ProcessSpec{Argv: []string{"true"}, User: ghost}),
+		{"unknown run_as user for a process", start(agentclient.ProcessSpec{Argv: []string{"true"}, User: ghost}),
 			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_USER_NOT_FOUND, []error{errkind.ErrUserNotFound}, ""},
-		{"missing working directory", start(&agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "nodir"}),
+		{"missing working directory", start(agentclient.ProcessSpec{Argv: []string{"true"}, Cwd: "nodir"}),
 			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errkind.ErrNotFound}, "nodir"},
-		{"working directory is a file", start(&agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "a.txt"}),
+		{"working directory is a file", start(agentclient.ProcessSpec{Argv: []string{"true"}, Cwd: "a.txt"}),
 			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_NOT_A_DIRECTORY, []error{errkind.ErrNotDirectory}, "a.txt"},
-		{"missing program", start(&agentdv1.ProcessSpec{Argv: []string{"/bulkhead/no/such/program"}}),
+		{"missing program", start(agentclient.ProcessSpec{Argv: []string{"/bulkhead/no/such/program"}}),
 			codes.NotFound, agentdv1.ErrorReason_ERROR_REASON_NOT_FOUND, []error{errkind.ErrNotFound}, ""},
 		{"existing directory", func() error {
-			_, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "dir"})
+			_, err := td.client.MakeDir(ctx, "dir", agentclient.MakeDirOptions{})
 			return err
 		}, codes.AlreadyExists, agentdv1.ErrorReason_ERROR_REASON_ALREADY_EXISTS, []error{errkind.ErrAlreadyExists}, "dir"},
-		{"non-empty directory", func() error { _, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "dir"}); return err },
+		{"non-empty directory", func() error { err := td.client.Remove(ctx, "dir", agentclient.RemoveOptions{}); return err },
 			codes.FailedPrecondition, agentdv1.ErrorReason_ERROR_REASON_DIRECTORY_NOT_EMPTY, []error{errkind.ErrNotEmpty}, "dir"},
 		{"malformed patch", patch("*** Begin Patch\n*** Frobnicate File: a.txt\n*** End Patch\n"),
 			codes.InvalidArgument, agentdv1.ErrorReason_ERROR_REASON_INVALID_ARGUMENT, []error{errkind.ErrInvalidArgument}, "*"},
@@ -144,7 +145,7 @@ func TestPatchRejectionReasons(t *testing.T) {
 			agentdv1.ErrorReason_ERROR_REASON_PATCH_REJECTED, agentdv1.ErrorReason_ERROR_REASON_IS_A_DIRECTORY, "dir", "patch rejected: "},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := td.client.ApplyPatch(ctx, textPatch(c.patch))
+			_, err := applyPatch(ctx, td.client, textPatch(c.patch))
 			if err == nil {
 				t.Fatal("the patch applied")
 			}
@@ -152,20 +153,21 @@ func TestPatchRejectionReasons(t *testing.T) {
 			if rej == nil {
 				t.Fatalf("no PatchRejection: %v", err)
 			}
-			if rej.GetKind() != c.kind || rej.GetCause() != c.cause || rej.GetPath() != c.path {
-				t.Errorf("kind %v cause %v path %q, want %v %v %q", rej.GetKind(), rej.GetCause(), rej.GetPath(), c.kind, c.cause, c.path)
+			if rej.Kind != c.kind || rej.GetCause() != c.cause || rej.Path != c.path {
+				t.Errorf("kind %v cause %v path %q, want %v %v %q", rej.Kind, rej.GetCause(), rej.Path, c.kind, c.cause, c.path)
 			}
-			if !strings.HasPrefix(rej.GetMessage(), c.message) || strings.Contains(rej.GetMessage(), "\n") {
-				t.Errorf("message %q, want one line starting %q", rej.GetMessage(), c.message)
+			if !strings.HasPrefix(rej.Message, c.message) || strings.Contains(rej.Message, "\n") {
+				t.Errorf("message %q, want one line starting %q", rej.Message, c.message)
 			}
-			if strings.Contains(rej.GetMessage(), td.workspace) {
-				t.Errorf("message names the host path: %q", rej.GetMessage())
+			if strings.Contains(rej.Message, td.workspace) {
+				t.Errorf("message names the host path: %q", rej.Message)
 			}
 		})
 	}
 	// A failure that is not the engine's (an unknown user) has none.
-	_, err := td.client.ApplyPatch(ctx, &agentdv1.ApplyPatchRequest{User: "bulkhead-no-such-user",
-		Input: &agentdv1.ApplyPatchRequest_Patch{Patch: patchEnvelope("*** Add File: b.txt", "+b")}})
+	_, err := td.client.ApplyPatch(ctx, patchEnvelope("*** Add File: b.txt", "+b"), agentclient.ApplyPatchOptions{
+		User: "bulkhead-no-such-user",
+	})
 	if !errors.Is(err, errkind.ErrUserNotFound) || agentclient.PatchRejection(err) != nil {
 		t.Fatalf("unknown user: %v (rejection %v)", err, agentclient.PatchRejection(err))
 	}

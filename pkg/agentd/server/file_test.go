@@ -41,13 +41,13 @@ func pseudoRandomBytes(n int, seed uint64) []byte {
 	return out
 }
 
-func writeBytes(ctx context.Context, c *agentclient.Client, h *agentdv1.WriteFileHeader, data []byte) (*agentdv1.WriteFileResponse, error) {
-	return c.WriteFile(ctx, h, bytes.NewReader(data))
+func writeBytes(ctx context.Context, c *agentclient.Client, path string, opts agentclient.WriteFileOptions, data []byte) (*agentclient.WriteFileResult, error) {
+	return c.WriteFile(ctx, path, opts, bytes.NewReader(data))
 }
 
-func readBytes(ctx context.Context, c *agentclient.Client, req *agentdv1.ReadFileRequest) ([]byte, *agentdv1.FileInfo, error) {
+func readBytes(ctx context.Context, c *agentclient.Client, path string, opts agentclient.ReadFileOptions) ([]byte, *agentclient.FileInfo, error) {
 	var buf bytes.Buffer
-	info, err := c.ReadFile(ctx, req, &buf)
+	info, err := c.ReadFile(ctx, path, opts, &buf)
 	return buf.Bytes(), info, err
 }
 
@@ -228,28 +228,30 @@ func TestWriteReadRoundTripLarge(t *testing.T) {
 	sum := sha256.Sum256(data)
 	size := int64(len(data))
 
-	resp, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{
-		Path: "deep/dir/blob.bin", CreateParents: true, ExpectedSize: &size, ExpectedSha256: sum[:],
+	resp, err := writeBytes(ctx, td.client, "deep/dir/blob.bin", agentclient.WriteFileOptions{
+		CreateParents:  true,
+		ExpectedSize:   &size,
+		ExpectedSHA256: sum[:],
 	}, data)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !bytes.Equal(resp.GetSha256(), sum[:]) || resp.GetInfo().GetSize() != size || resp.GetInfo().GetPath() != "deep/dir/blob.bin" {
-		t.Fatalf("write response: size %d path %q sha %x", resp.GetInfo().GetSize(), resp.GetInfo().GetPath(), resp.GetSha256())
+	if !bytes.Equal(resp.SHA256, sum[:]) || resp.Info.Size != size || resp.Info.Path != "deep/dir/blob.bin" {
+		t.Fatalf("write response: size %d path %q sha %x", resp.Info.Size, resp.Info.Path, resp.SHA256)
 	}
 	if got := sha256.Sum256([]byte(diskContent(t, filepath.Join(td.workspace, "deep/dir/blob.bin")))); got != sum {
 		t.Fatal("the file on disk differs from what was sent")
 	}
-	if resp.GetInfo().GetMode() != 0o644 || resp.GetInfo().GetType() != agentdv1.FileType_FILE_TYPE_REGULAR {
-		t.Fatalf("new file info %v", resp.GetInfo())
+	if resp.Info.Mode != 0o644 || resp.Info.Type != agentclient.FileRegular {
+		t.Fatalf("new file info %v", resp.Info)
 	}
 
-	got, info, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin"})
+	got, info, err := readBytes(ctx, td.client, "deep/dir/blob.bin", agentclient.ReadFileOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sha256.Sum256(got) != sum || info.GetSize() != size {
-		t.Fatalf("read back %d bytes (info size %d), sha mismatch or wrong size", len(got), info.GetSize())
+	if sha256.Sum256(got) != sum || info.Size != size {
+		t.Fatalf("read back %d bytes (info size %d), sha mismatch or wrong size", len(got), info.Size)
 	}
 
 	// On the wire the read is a stream of bounded chunks, info first.
@@ -267,13 +269,13 @@ func TestWriteReadRoundTripLarge(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if (msgs == 0) != (msg.GetInfo() != nil) {
-			t.Fatalf("message %d: info present = %v; only the first carries it", msgs, msg.GetInfo() != nil)
+		if (msgs == 0) != (msg.Info != nil) {
+			t.Fatalf("message %d: info present = %v; only the first carries it", msgs, msg.Info != nil)
 		}
-		if len(msg.GetData()) > readChunkBytes {
-			t.Fatalf("message %d carries %d bytes, more than a chunk", msgs, len(msg.GetData()))
+		if len(msg.Data) > readChunkBytes {
+			t.Fatalf("message %d carries %d bytes, more than a chunk", msgs, len(msg.Data))
 		}
-		h.Write(msg.GetData())
+		h.Write(msg.Data)
 		msgs++
 	}
 	if want := (len(data) + readChunkBytes - 1) / readChunkBytes; msgs != want {
@@ -296,7 +298,7 @@ func TestWriteReadRoundTripLarge(t *testing.T) {
 		{size, 0, nil},
 		{size + 100, 10, nil},
 	} {
-		got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin", Offset: c.offset, Limit: c.limit})
+		got, _, err := readBytes(ctx, td.client, "deep/dir/blob.bin", agentclient.ReadFileOptions{Offset: c.offset, Limit: c.limit})
 		if err != nil {
 			t.Fatalf("offset %d limit %d: %v", c.offset, c.limit, err)
 		}
@@ -304,17 +306,17 @@ func TestWriteReadRoundTripLarge(t *testing.T) {
 			t.Fatalf("offset %d limit %d: got %d bytes, want %d", c.offset, c.limit, len(got), len(c.want))
 		}
 	}
-	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin", Offset: -1})
+	_, _, err = readBytes(ctx, td.client, "deep/dir/blob.bin", agentclient.ReadFileOptions{Offset: -1})
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "deep/dir/blob.bin")
-	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "deep/dir/blob.bin", Limit: -5})
+	_, _, err = readBytes(ctx, td.client, "deep/dir/blob.bin", agentclient.ReadFileOptions{Limit: -5})
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "deep/dir/blob.bin")
 
 	// An empty file still answers with its info.
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "empty"}, nil); err != nil {
+	if _, err := writeBytes(ctx, td.client, "empty", agentclient.WriteFileOptions{}, nil); err != nil {
 		t.Fatal(err)
 	}
-	got, info, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "empty"})
-	if err != nil || len(got) != 0 || info == nil || info.GetName() != "empty" {
+	got, info, err = readBytes(ctx, td.client, "empty", agentclient.ReadFileOptions{})
+	if err != nil || len(got) != 0 || info == nil || info.Name != "empty" {
 		t.Fatalf("empty file: %q %v %v", got, info, err)
 	}
 	assertNoTemp(t, filepath.Join(td.workspace, "deep/dir"))
@@ -330,27 +332,28 @@ func TestWriteFileHashOnlyWhenAsked(t *testing.T) {
 	data := pseudoRandomBytes(2<<20+333, 3)
 	sum := sha256.Sum256(data)
 	for _, c := range []struct {
-		name   string
-		header *agentdv1.WriteFileHeader
-		want   []byte
+		name string
+		path string
+		opts agentclient.WriteFileOptions
+		want []byte
 	}{
-		{"default", &agentdv1.WriteFileHeader{Path: "a.bin"}, nil},
-		{"compute_sha256", &agentdv1.WriteFileHeader{Path: "b.bin", ComputeSha256: true}, sum[:]},
-		{"expected_sha256", &agentdv1.WriteFileHeader{Path: "c.bin", ExpectedSha256: sum[:]}, sum[:]},
+		{"default", "a.bin", agentclient.WriteFileOptions{}, nil},
+		{"compute_sha256", "b.bin", agentclient.WriteFileOptions{ComputeSHA256: true}, sum[:]},
+		{"expected_sha256", "c.bin", agentclient.WriteFileOptions{ExpectedSHA256: sum[:]}, sum[:]},
 	} {
-		resp, err := writeBytes(ctx, td.client, c.header, data)
+		resp, err := writeBytes(ctx, td.client, c.path, c.opts, data)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)
 		}
-		if !bytes.Equal(resp.GetSha256(), c.want) {
-			t.Errorf("%s: sha256 %x, want %x", c.name, resp.GetSha256(), c.want)
+		if !bytes.Equal(resp.SHA256, c.want) {
+			t.Errorf("%s: sha256 %x, want %x", c.name, resp.SHA256, c.want)
 		}
-		if got := sha256.Sum256([]byte(diskContent(t, filepath.Join(td.workspace, c.header.GetPath())))); got != sum {
+		if got := sha256.Sum256([]byte(diskContent(t, filepath.Join(td.workspace, c.path)))); got != sum {
 			t.Errorf("%s: the file on disk differs from what was sent", c.name)
 		}
 	}
 	short := int64(len(data) - 1)
-	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "d.bin", ExpectedSize: &short}, data)
+	_, err := writeBytes(ctx, td.client, "d.bin", agentclient.WriteFileOptions{ExpectedSize: &short}, data)
 	assertPathErr(t, err, errkind.ErrConflict, "d.bin")
 	if _, err := os.Lstat(filepath.Join(td.workspace, "d.bin")); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("a refused write left d.bin behind: %v", err)
@@ -370,20 +373,19 @@ func TestWriteFileMismatchKeepsOldFile(t *testing.T) {
 	i64 := func(v int64) *int64 { return &v }
 	cases := []struct {
 		name string
-		h    *agentdv1.WriteFileHeader
+		opts agentclient.WriteFileOptions
 		data []byte
 	}{
-		{"fewer bytes than announced", &agentdv1.WriteFileHeader{ExpectedSize: i64(10)}, []byte("short")},
-		{"more bytes than announced", &agentdv1.WriteFileHeader{ExpectedSize: i64(3)}, []byte("too long")},
-		{"announced empty", &agentdv1.WriteFileHeader{ExpectedSize: i64(0)}, []byte("x")},
-		{"wrong sha256", &agentdv1.WriteFileHeader{ExpectedSha256: wrongSum[:]}, []byte("new")},
-		{"large, wrong sha256", &agentdv1.WriteFileHeader{ExpectedSha256: wrongSum[:]}, big},
-		{"large, size one short", &agentdv1.WriteFileHeader{ExpectedSize: i64(int64(len(big)) + 1), ExpectedSha256: bigSum[:]}, big},
+		{"fewer bytes than announced", agentclient.WriteFileOptions{ExpectedSize: i64(10)}, []byte("short")},
+		{"more bytes than announced", agentclient.WriteFileOptions{ExpectedSize: i64(3)}, []byte("too long")},
+		{"announced empty", agentclient.WriteFileOptions{ExpectedSize: i64(0)}, []byte("x")},
+		{"wrong sha256", agentclient.WriteFileOptions{ExpectedSHA256: wrongSum[:]}, []byte("new")},
+		{"large, wrong sha256", agentclient.WriteFileOptions{ExpectedSHA256: wrongSum[:]}, big},
+		{"large, size one short", agentclient.WriteFileOptions{ExpectedSize: i64(int64(len(big)) + 1), ExpectedSHA256: bigSum[:]}, big},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			c.h.Path = "keep.txt"
-			_, err := writeBytes(ctx, td.client, c.h, c.data)
+			_, err := writeBytes(ctx, td.client, "keep.txt", c.opts, c.data)
 			assertPathErr(t, err, errkind.ErrConflict, "keep.txt", td.workspace)
 			if errkind.Retryable(err) {
 				t.Fatal("a self-contradicting write must not be retryable")
@@ -398,15 +400,15 @@ func TestWriteFileMismatchKeepsOldFile(t *testing.T) {
 		})
 	}
 	// Also for a new file: nothing is created.
-	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "new.bin", ExpectedSha256: wrongSum[:]}, big)
+	_, err := writeBytes(ctx, td.client, "new.bin", agentclient.WriteFileOptions{ExpectedSHA256: wrongSum[:]}, big)
 	assertPathErr(t, err, errkind.ErrConflict, "new.bin")
 	assertMissing(t, filepath.Join(td.workspace, "new.bin"))
 	assertNoTemp(t, td.workspace)
 	// A malformed checksum is a bad request, not a conflict.
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "keep.txt", ExpectedSha256: []byte{1, 2, 3}}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, "keep.txt", agentclient.WriteFileOptions{ExpectedSHA256: []byte{1, 2, 3}}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "keep.txt")
 	// The right announcement succeeds.
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "keep.txt", ExpectedSize: i64(int64(len(big))), ExpectedSha256: bigSum[:]}, big); err != nil {
+	if _, err := writeBytes(ctx, td.client, "keep.txt", agentclient.WriteFileOptions{ExpectedSize: i64(int64(len(big))), ExpectedSHA256: bigSum[:]}, big); err != nil {
 		t.Fatal(err)
 	}
 	if diskContent(t, target) != string(big) {
@@ -426,38 +428,38 @@ func TestWriteFilePolicies(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_NEVER}, []byte("clobbered"))
+	_, err := writeBytes(ctx, td.client, "exists.txt", agentclient.WriteFileOptions{Overwrite: agentclient.OverwriteNever}, []byte("clobbered"))
 	assertPathErr(t, err, errkind.ErrAlreadyExists, "exists.txt", ws)
 	if diskContent(t, filepath.Join(ws, "exists.txt")) != "original" {
 		t.Fatal("NEVER replaced an existing file")
 	}
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "fresh.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_NEVER}, []byte("fresh")); err != nil {
+	if _, err := writeBytes(ctx, td.client, "fresh.txt", agentclient.WriteFileOptions{Overwrite: agentclient.OverwriteNever}, []byte("fresh")); err != nil {
 		t.Fatalf("NEVER on a new file: %v", err)
 	}
 
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "missing.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_ONLY_IF_EXISTS}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, "missing.txt", agentclient.WriteFileOptions{Overwrite: agentclient.OverwriteOnlyIfExists}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrNotFound, "missing.txt", ws)
 	assertMissing(t, filepath.Join(ws, "missing.txt"))
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt", Overwrite: agentdv1.OverwritePolicy_OVERWRITE_POLICY_ONLY_IF_EXISTS}, []byte("replaced")); err != nil {
+	if _, err := writeBytes(ctx, td.client, "exists.txt", agentclient.WriteFileOptions{Overwrite: agentclient.OverwriteOnlyIfExists}, []byte("replaced")); err != nil {
 		t.Fatalf("ONLY_IF_EXISTS on an existing file: %v", err)
 	}
 	if diskContent(t, filepath.Join(ws, "exists.txt")) != "replaced" {
 		t.Fatal("ONLY_IF_EXISTS did not replace")
 	}
 
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "no/such/parent.txt"}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, "no/such/parent.txt", agentclient.WriteFileOptions{}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrNotFound, "no/such/parent.txt", ws)
 	assertMissing(t, filepath.Join(ws, "no"))
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "no/such/parent.txt", CreateParents: true}, []byte("x")); err != nil {
+	if _, err := writeBytes(ctx, td.client, "no/such/parent.txt", agentclient.WriteFileOptions{CreateParents: true}, []byte("x")); err != nil {
 		t.Fatalf("create_parents: %v", err)
 	}
 
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "adir"}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, "adir", agentclient.WriteFileOptions{}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrIsDirectory, "adir", ws)
 	if fi, err := os.Stat(filepath.Join(ws, "adir")); err != nil || !fi.IsDir() {
 		t.Fatal("the directory was replaced")
 	}
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "exists.txt/child"}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, "exists.txt/child", agentclient.WriteFileOptions{}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrNotDirectory, "exists.txt/child", ws)
 
 	// The header must come first.
@@ -493,7 +495,7 @@ func TestWriteFileModes(t *testing.T) {
 	ws := td.workspace
 	for _, mode := range []uint32{0o600, 0o755, 0o640, 0o777} {
 		name := "m" + strings.TrimLeft(fs.FileMode(mode).String(), "-")
-		resp, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: name, Mode: mode}, []byte("x"))
+		resp, err := writeBytes(ctx, td.client, name, agentclient.WriteFileOptions{Mode: mode}, []byte("x"))
 		if err != nil {
 			t.Fatalf("mode %#o: %v", mode, err)
 		}
@@ -501,15 +503,15 @@ func TestWriteFileModes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if uint32(fi.Mode().Perm()) != mode || resp.GetInfo().GetMode() != mode {
-			t.Fatalf("mode %#o: disk %v, reported %#o", mode, fi.Mode(), resp.GetInfo().GetMode())
+		if uint32(fi.Mode().Perm()) != mode || resp.Info.Mode != mode {
+			t.Fatalf("mode %#o: disk %v, reported %#o", mode, fi.Mode(), resp.Info.Mode)
 		}
 	}
 	// Without a mode, a replaced file keeps its bits.
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "script", Mode: 0o755}, []byte("#!/bin/sh\n")); err != nil {
+	if _, err := writeBytes(ctx, td.client, "script", agentclient.WriteFileOptions{Mode: 0o755}, []byte("#!/bin/sh\n")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "script"}, []byte("#!/bin/sh\necho\n")); err != nil {
+	if _, err := writeBytes(ctx, td.client, "script", agentclient.WriteFileOptions{}, []byte("#!/bin/sh\necho\n")); err != nil {
 		t.Fatal(err)
 	}
 	if fi, _ := os.Stat(filepath.Join(ws, "script")); fi.Mode().Perm() != 0o755 {
@@ -517,12 +519,12 @@ func TestWriteFileModes(t *testing.T) {
 	}
 	// Set-id, sticky and out-of-range bits are refused, and nothing is created.
 	for _, mode := range []uint32{0o4755, 0o2755, 0o1755, 0o10644} {
-		_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "setid", Mode: mode}, []byte("x"))
+		_, err := writeBytes(ctx, td.client, "setid", agentclient.WriteFileOptions{Mode: mode}, []byte("x"))
 		assertPathErr(t, err, errkind.ErrInvalidArgument, "setid", ws)
 		assertMissing(t, filepath.Join(ws, "setid"))
 	}
 	// Nor may an existing file be turned set-id.
-	_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "script", Mode: 0o4755}, []byte("evil"))
+	_, err := writeBytes(ctx, td.client, "script", agentclient.WriteFileOptions{Mode: 0o4755}, []byte("evil"))
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "script", ws)
 	if fi, _ := os.Stat(filepath.Join(ws, "script")); fi.Mode() != 0o755 {
 		t.Fatalf("mode became %v", fi.Mode())
@@ -539,69 +541,66 @@ func TestStat(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	st, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir/file.txt"})
+	fi, err := td.client.Stat(ctx, "dir/file.txt", agentclient.StatOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi := st.GetInfo()
-	if fi.GetType() != agentdv1.FileType_FILE_TYPE_REGULAR || fi.GetSize() != 12 || fi.GetMode() != 0o640 ||
-		fi.GetName() != "file.txt" || fi.GetPath() != "dir/file.txt" || fi.GetOwner() != "root" || fi.GetUid() != 0 ||
-		fi.GetModifiedAt() == nil || fi.GetRawName() != nil {
+	if fi.Type != agentclient.FileRegular || fi.Size != 12 || fi.Mode != 0o640 ||
+		fi.Name != "file.txt" || fi.Path != "dir/file.txt" || fi.Owner != "root" || fi.UID != 0 ||
+		fi.ModifiedAt.IsZero() || fi.RawName != nil {
 		t.Fatalf("file: %v", fi)
 	}
-	st, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir"})
+	fi, err = td.client.Stat(ctx, "dir", agentclient.StatOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi = st.GetInfo()
-	if fi.GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY || fi.GetName() != "dir" || fi.GetOwner() != "root" {
+	if fi.Type != agentclient.FileDirectory || fi.Name != "dir" || fi.Owner != "root" {
 		t.Fatalf("dir: %v", fi)
 	}
-	st, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir/link"})
+	fi, err = td.client.Stat(ctx, "dir/link", agentclient.StatOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	fi = st.GetInfo()
-	if fi.GetType() != agentdv1.FileType_FILE_TYPE_SYMLINK || fi.GetSymlinkTarget() != "file.txt" || fi.GetName() != "link" {
+	if fi.Type != agentclient.FileSymlink || fi.SymlinkTarget != "file.txt" || fi.Name != "link" {
 		t.Fatalf("symlink (described, not followed): %v", fi)
 	}
 	// Absolute paths inside the workspace work and are echoed as given.
 	abs := filepath.Join(ws, "dir/file.txt")
-	if st, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: abs}); err != nil || st.GetInfo().GetPath() != abs || st.GetInfo().GetSize() != 12 {
-		t.Fatalf("absolute: %v %v", st, err)
+	if fi, err = td.client.Stat(ctx, abs, agentclient.StatOptions{}); err != nil || fi.Path != abs || fi.Size != 12 {
+		t.Fatalf("absolute: %v %v", fi, err)
 	}
 	// The workspace root itself.
-	if st, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "."}); err != nil || st.GetInfo().GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY {
-		t.Fatalf("root: %v %v", st, err)
+	if fi, err = td.client.Stat(ctx, ".", agentclient.StatOptions{}); err != nil || fi.Type != agentclient.FileDirectory {
+		t.Fatalf("root: %v %v", fi, err)
 	}
-	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir/nope"})
+	_, err = td.client.Stat(ctx, "dir/nope", agentclient.StatOptions{})
 	assertPathErr(t, err, errkind.ErrNotFound, "dir/nope", ws)
-	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "dir/file.txt/below"})
+	_, err = td.client.Stat(ctx, "dir/file.txt/below", agentclient.StatOptions{})
 	assertPathErr(t, err, errkind.ErrNotDirectory, "dir/file.txt/below", ws)
-	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{})
+	_, err = td.client.Stat(ctx, "", agentclient.StatOptions{})
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "", ws)
 }
 
-func listAll(t *testing.T, ctx context.Context, c *agentclient.Client, dir string, pageSize int32) (names []string, pages int) {
+func listAll(t *testing.T, ctx context.Context, c *agentclient.Client, dir string, pageSize int) (names []string, pages int) {
 	t.Helper()
 	token := ""
 	for {
-		resp, err := c.ListDir(ctx, &agentdv1.ListDirRequest{Path: dir, PageSize: pageSize, PageToken: token})
+		resp, err := c.ListDir(ctx, dir, agentclient.ListDirOptions{PageSize: pageSize, PageToken: token})
 		if err != nil {
 			t.Fatalf("ListDir %q page %d: %v", dir, pages, err)
 		}
 		pages++
-		if pageSize > 0 && len(resp.GetEntries()) > int(pageSize) {
-			t.Fatalf("page %d holds %d entries, more than %d", pages, len(resp.GetEntries()), pageSize)
+		if pageSize > 0 && len(resp.Entries) > pageSize {
+			t.Fatalf("page %d holds %d entries, more than %d", pages, len(resp.Entries), pageSize)
 		}
-		for _, e := range resp.GetEntries() {
-			name := e.GetName()
-			if e.GetRawName() != nil {
-				name = string(e.GetRawName())
+		for _, e := range resp.Entries {
+			name := e.Name
+			if e.RawName != nil {
+				name = string(e.RawName)
 			}
 			names = append(names, name)
 		}
-		token = resp.GetNextPageToken()
+		token = resp.NextPageToken
 		if token == "" {
 			return names, pages
 		}
@@ -640,32 +639,32 @@ func TestListDirPaging(t *testing.T) {
 		t.Fatalf("page size 1: %v", names)
 	}
 	// Entry details.
-	resp, err := td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list", PageSize: 2})
+	resp, err := td.client.ListDir(ctx, "list", agentclient.ListDirOptions{PageSize: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e0, e1 := resp.GetEntries()[0], resp.GetEntries()[1]
-	if e0.GetPath() != "list/a.txt" || e0.GetType() != agentdv1.FileType_FILE_TYPE_REGULAR || e0.GetSize() != 5 ||
-		e1.GetPath() != "list/b" || e1.GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY {
+	e0, e1 := resp.Entries[0], resp.Entries[1]
+	if e0.Path != "list/a.txt" || e0.Type != agentclient.FileRegular || e0.Size != 5 ||
+		e1.Path != "list/b" || e1.Type != agentclient.FileDirectory {
 		t.Fatalf("entries %v %v", e0, e1)
 	}
 	// An entry added between pages neither repeats nor shifts the listing.
 	mustWrite(t, filepath.Join(ws, "list", "aa.txt"), "", 0o644)
-	resp2, err := td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list", PageSize: 2, PageToken: resp.GetNextPageToken()})
+	resp2, err := td.client.ListDir(ctx, "list", agentclient.ListDirOptions{PageSize: 2, PageToken: resp.NextPageToken})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if n := []string{resp2.GetEntries()[0].GetName(), resp2.GetEntries()[1].GetName()}; !slices.Equal(n, []string{"c.txt", "d"}) {
+	if n := []string{resp2.Entries[0].Name, resp2.Entries[1].Name}; !slices.Equal(n, []string{"c.txt", "d"}) {
 		t.Fatalf("second page after an insert: %v", n)
 	}
 
-	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list", PageToken: "!!not a token!!"})
+	_, err = td.client.ListDir(ctx, "list", agentclient.ListDirOptions{PageToken: "!!not a token!!"})
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "list", ws)
-	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list", PageSize: -1})
+	_, err = td.client.ListDir(ctx, "list", agentclient.ListDirOptions{PageSize: -1})
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "list", ws)
-	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "list/a.txt"})
+	_, err = td.client.ListDir(ctx, "list/a.txt", agentclient.ListDirOptions{})
 	assertPathErr(t, err, errkind.ErrNotDirectory, "list/a.txt", ws)
-	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "nothere"})
+	_, err = td.client.ListDir(ctx, "nothere", agentclient.ListDirOptions{})
 	assertPathErr(t, err, errkind.ErrNotFound, "nothere", ws)
 }
 
@@ -676,28 +675,28 @@ func TestListDirNonUTF8Name(t *testing.T) {
 	for _, n := range []string{"a", raw, "bad\xffz", "z"} {
 		mustWrite(t, filepath.Join(td.workspace, "odd", n), "x", 0o644)
 	}
-	resp, err := td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "odd"})
+	resp, err := td.client.ListDir(ctx, "odd", agentclient.ListDirOptions{})
 	if err != nil {
 		t.Fatalf("listing a directory with a non-UTF-8 name failed: %v", err)
 	}
-	var found *agentdv1.FileInfo
-	for _, e := range resp.GetEntries() {
-		if bytes.Equal(e.GetRawName(), []byte(raw)) {
-			found = e
-		} else if e.GetRawName() != nil && (e.GetName() == "a" || e.GetName() == "z") {
+	var found *agentclient.FileInfo
+	for _, e := range resp.Entries {
+		if bytes.Equal(e.RawName, []byte(raw)) {
+			found = &e
+		} else if e.RawName != nil && (e.Name == "a" || e.Name == "z") {
 			t.Fatalf("raw_name set on a UTF-8 name: %v", e)
 		}
 	}
 	if found == nil {
-		t.Fatalf("no entry carries raw_name %q: %v", raw, resp.GetEntries())
+		t.Fatalf("no entry carries raw_name %q: %v", raw, resp.Entries)
 	}
-	if found.GetName() != "bad\uFFFDname" || found.GetPath() != "odd/bad\uFFFDname" {
-		t.Fatalf("lossy name %q", found.GetName())
+	if found.Name != "bad\uFFFDname" || found.Path != "odd/bad\uFFFDname" {
+		t.Fatalf("lossy name %q", found.Name)
 	}
 	// Paging across non-UTF-8 names loses and repeats nothing.
 	want := []string{"a", raw, "bad\xffz", "z"}
 	sort.Strings(want)
-	for _, size := range []int32{1, 2, 3} {
+	for _, size := range []int{1, 2, 3} {
 		names, _ := listAll(t, ctx, td.client, "odd", size)
 		if !slices.Equal(names, want) {
 			t.Fatalf("page size %d: %q, want %q", size, names, want)
@@ -710,49 +709,49 @@ func TestMakeDirRemoveRename(t *testing.T) {
 	ctx := ctxT(t)
 	ws := td.workspace
 
-	made, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "a/b/c", Parents: true, Mode: 0o750})
+	made, err := td.client.MakeDir(ctx, "a/b/c", agentclient.MakeDirOptions{Parents: true, Mode: 0o750})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info := made.GetInfo(); info.GetType() != agentdv1.FileType_FILE_TYPE_DIRECTORY || info.GetPath() != "a/b/c" || info.GetMode() != 0o750 {
+	if info := made; info.Type != agentclient.FileDirectory || info.Path != "a/b/c" || info.Mode != 0o750 {
 		t.Fatalf("MakeDir info %v", info)
 	}
 	if fi, err := os.Stat(filepath.Join(ws, "a/b/c")); err != nil || !fi.IsDir() || fi.Mode().Perm() != 0o750 {
 		t.Fatalf("a/b/c on disk: %v %v", fi, err)
 	}
-	if _, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "a/b/c", Parents: true}); err != nil {
+	if _, err := td.client.MakeDir(ctx, "a/b/c", agentclient.MakeDirOptions{Parents: true}); err != nil {
 		t.Fatalf("parents: an existing directory is not an error: %v", err)
 	}
-	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "a/b/c"})
+	_, err = td.client.MakeDir(ctx, "a/b/c", agentclient.MakeDirOptions{})
 	assertPathErr(t, err, errkind.ErrAlreadyExists, "a/b/c", ws)
-	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "x/y"})
+	_, err = td.client.MakeDir(ctx, "x/y", agentclient.MakeDirOptions{})
 	assertPathErr(t, err, errkind.ErrNotFound, "x/y", ws)
 	assertMissing(t, filepath.Join(ws, "x"))
-	if made, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "plain"}); err != nil || made.GetInfo().GetMode() != 0o755 {
+	if made, err := td.client.MakeDir(ctx, "plain", agentclient.MakeDirOptions{}); err != nil || made.Mode != 0o755 {
 		t.Fatalf("default directory mode: %v %v", made, err)
 	}
 	mustWrite(t, filepath.Join(ws, "a/b/c/f.txt"), "f", 0o644)
 
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "a"})
+	err = td.client.Remove(ctx, "a", agentclient.RemoveOptions{})
 	assertPathErr(t, err, errkind.ErrNotEmpty, "a", ws)
 	if diskContent(t, filepath.Join(ws, "a/b/c/f.txt")) != "f" {
 		t.Fatal("a refused removal removed something")
 	}
-	if _, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "a", Recursive: true}); err != nil {
+	if err := td.client.Remove(ctx, "a", agentclient.RemoveOptions{Recursive: true}); err != nil {
 		t.Fatal(err)
 	}
 	assertMissing(t, filepath.Join(ws, "a"))
-	if _, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "plain"}); err != nil {
+	if err := td.client.Remove(ctx, "plain", agentclient.RemoveOptions{}); err != nil {
 		t.Fatalf("empty directory: %v", err)
 	}
 	assertMissing(t, filepath.Join(ws, "plain"))
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone"})
+	err = td.client.Remove(ctx, "gone", agentclient.RemoveOptions{})
 	assertPathErr(t, err, errkind.ErrNotFound, "gone", ws)
 
 	// The workspace root is never removed, however it is named.
 	mustWrite(t, filepath.Join(ws, "survivor"), "s", 0o644)
 	for _, p := range []string{".", "", "./", ws, "sub/.."} {
-		_, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: p, Recursive: true})
+		err := td.client.Remove(ctx, p, agentclient.RemoveOptions{Recursive: true})
 		if err == nil {
 			t.Fatalf("Remove(%q) of the workspace root succeeded", p)
 		}
@@ -763,36 +762,36 @@ func TestMakeDirRemoveRename(t *testing.T) {
 			t.Fatalf("Remove(%q) removed content", p)
 		}
 	}
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "."})
+	err = td.client.Remove(ctx, ".", agentclient.RemoveOptions{})
 	assertPathErr(t, err, errkind.ErrPermissionDenied, ".")
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: ""})
+	err = td.client.Remove(ctx, "", agentclient.RemoveOptions{})
 	assertPathErr(t, err, errkind.ErrInvalidArgument, "")
 
 	// Rename.
 	mustWrite(t, filepath.Join(ws, "r1"), "one", 0o600)
 	mustWrite(t, filepath.Join(ws, "existing"), "old", 0o644)
-	if _, err := td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r1", To: "r2"}); err != nil {
+	if err := td.client.Rename(ctx, "r1", "r2", agentclient.RenameOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	assertMissing(t, filepath.Join(ws, "r1"))
 	if fi, _ := os.Stat(filepath.Join(ws, "r2")); diskContent(t, filepath.Join(ws, "r2")) != "one" || fi.Mode().Perm() != 0o600 {
 		t.Fatal("rename did not move the file as is")
 	}
-	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r2", To: "existing"})
+	err = td.client.Rename(ctx, "r2", "existing", agentclient.RenameOptions{})
 	assertPathErr(t, err, errkind.ErrAlreadyExists, "existing", ws) // the path in the way, as given
 	if diskContent(t, filepath.Join(ws, "r2")) != "one" || diskContent(t, filepath.Join(ws, "existing")) != "old" {
 		t.Fatal("a refused rename changed files")
 	}
-	if _, err := td.client.Rename(ctx, &agentdv1.RenameRequest{From: "r2", To: "existing", Overwrite: true}); err != nil {
+	if err := td.client.Rename(ctx, "r2", "existing", agentclient.RenameOptions{Overwrite: true}); err != nil {
 		t.Fatal(err)
 	}
 	assertMissing(t, filepath.Join(ws, "r2"))
 	if diskContent(t, filepath.Join(ws, "existing")) != "one" {
 		t.Fatal("overwrite rename did not replace")
 	}
-	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "nope", To: "other"})
+	err = td.client.Rename(ctx, "nope", "other", agentclient.RenameOptions{})
 	assertPathErr(t, err, errkind.ErrNotFound, "nope", ws)
-	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: ".", To: "moved-root"})
+	err = td.client.Rename(ctx, ".", "moved-root", agentclient.RenameOptions{})
 	assertPathErr(t, err, errkind.ErrPermissionDenied, ".", ws)
 	if _, err := os.Stat(ws); err != nil {
 		t.Fatal("the workspace root is gone")
@@ -808,28 +807,28 @@ func TestErrorsCarryCallerPathOnly(t *testing.T) {
 		t.Helper()
 		assertPathErr(t, err, sentinel, path, host)
 	}
-	_, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "missing/file.txt"})
+	_, _, err := readBytes(ctx, td.client, "missing/file.txt", agentclient.ReadFileOptions{})
 	check(err, errkind.ErrNotFound, "missing/file.txt")
-	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "./f.txt/x"})
+	_, _, err = readBytes(ctx, td.client, "./f.txt/x", agentclient.ReadFileOptions{})
 	check(err, errkind.ErrNotDirectory, "./f.txt/x")
-	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "sub/../nope"})
+	_, err = td.client.Stat(ctx, "sub/../nope", agentclient.StatOptions{})
 	check(err, errkind.ErrNotFound, "sub/../nope")
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "nodir/x"}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, "nodir/x", agentclient.WriteFileOptions{}, []byte("x"))
 	check(err, errkind.ErrNotFound, "nodir/x")
-	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "nothere"})
+	_, err = td.client.ListDir(ctx, "nothere", agentclient.ListDirOptions{})
 	check(err, errkind.ErrNotFound, "nothere")
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "gone/x"})
+	err = td.client.Remove(ctx, "gone/x", agentclient.RemoveOptions{})
 	check(err, errkind.ErrNotFound, "gone/x")
-	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "f.txt"})
+	_, err = td.client.MakeDir(ctx, "f.txt", agentclient.MakeDirOptions{})
 	check(err, errkind.ErrAlreadyExists, "f.txt")
-	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "ghost", To: "g2"})
+	err = td.client.Rename(ctx, "ghost", "g2", agentclient.RenameOptions{})
 	check(err, errkind.ErrNotFound, "ghost")
-	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "sub/.."})
+	_, _, err = readBytes(ctx, td.client, "sub/..", agentclient.ReadFileOptions{})
 	check(err, errkind.ErrIsDirectory, "sub/..")
-	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "../escape"})
+	_, _, err = readBytes(ctx, td.client, "../escape", agentclient.ReadFileOptions{})
 	check(err, errkind.ErrPathEscape, "../escape")
 	// The error text the model would see names the path.
-	_, _, err = readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "missing/file.txt"})
+	_, _, err = readBytes(ctx, td.client, "missing/file.txt", agentclient.ReadFileOptions{})
 	if !strings.Contains(err.Error(), "missing/file.txt") {
 		t.Fatalf("error text does not name the path: %v", err)
 	}
@@ -859,7 +858,7 @@ func TestEscapesAreRefused(t *testing.T) {
 	hosts := []string{outside, filepath.Dir(ws)}
 	reads := []string{"../sibling.txt", "/etc/passwd", "etc/passwd", "out/secret.txt", "rel", "sub/../../sibling.txt", outside + "/secret.txt", "./etc/../etc/passwd"}
 	for _, p := range reads {
-		got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: p})
+		got, _, err := readBytes(ctx, td.client, p, agentclient.ReadFileOptions{})
 		if strings.HasPrefix(p, outside) {
 			assertPathErr(t, err, errkind.ErrPathEscape, p) // the caller named the host path itself
 		} else {
@@ -869,17 +868,17 @@ func TestEscapesAreRefused(t *testing.T) {
 			t.Fatalf("%q: %d bytes were read through an escape", p, len(got))
 		}
 	}
-	_, err := td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "etc"})
+	_, err := td.client.ListDir(ctx, "etc", agentclient.ListDirOptions{})
 	assertPathErr(t, err, errkind.ErrPathEscape, "etc", hosts...)
-	_, err = td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: "out"})
+	_, err = td.client.ListDir(ctx, "out", agentclient.ListDirOptions{})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out", hosts...)
-	_, err = td.client.Stat(ctx, &agentdv1.StatRequest{Path: "out/secret.txt"})
+	_, err = td.client.Stat(ctx, "out/secret.txt", agentclient.StatOptions{})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
 
 	writes := []string{"../x", "/etc/bulkhead-pwned", "etc/bulkhead-pwned", "out/pwned", "out/secret.txt", "rel", outside + "/abs-pwned", "a/../../x"}
 	for _, p := range writes {
 		for _, parents := range []bool{false, true} {
-			_, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p, CreateParents: parents}, []byte("pwned"))
+			_, err := writeBytes(ctx, td.client, p, agentclient.WriteFileOptions{CreateParents: parents}, []byte("pwned"))
 			if strings.HasPrefix(p, outside) {
 				assertPathErr(t, err, errkind.ErrPathEscape, p)
 			} else {
@@ -887,19 +886,19 @@ func TestEscapesAreRefused(t *testing.T) {
 			}
 		}
 	}
-	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "out/newdir", Parents: true})
+	_, err = td.client.MakeDir(ctx, "out/newdir", agentclient.MakeDirOptions{Parents: true})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out/newdir", hosts...)
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "out/secret.txt"})
+	err = td.client.Remove(ctx, "out/secret.txt", agentclient.RemoveOptions{})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "../sibling.txt"})
+	err = td.client.Remove(ctx, "../sibling.txt", agentclient.RemoveOptions{})
 	assertPathErr(t, err, errkind.ErrPathEscape, "../sibling.txt", hosts...)
-	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "../moved.txt"})
+	err = td.client.Rename(ctx, "inside.txt", "../moved.txt", agentclient.RenameOptions{})
 	assertPathErr(t, err, errkind.ErrPathEscape, "../moved.txt", hosts...)
-	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "inside.txt", To: "out/moved.txt", Overwrite: true})
+	err = td.client.Rename(ctx, "inside.txt", "out/moved.txt", agentclient.RenameOptions{Overwrite: true})
 	if !errors.Is(err, errkind.ErrPathEscape) {
 		t.Fatalf("rename into a link to outside: %v", err)
 	}
-	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: "out/secret.txt", To: "stolen.txt"})
+	err = td.client.Rename(ctx, "out/secret.txt", "stolen.txt", agentclient.RenameOptions{})
 	assertPathErr(t, err, errkind.ErrPathEscape, "out/secret.txt", hosts...)
 
 	assertSameTree(t, "outside", outsideBefore, snapshotTree(t, outside))
@@ -911,7 +910,7 @@ func TestEscapesAreRefused(t *testing.T) {
 		t.Fatal("a file outside changed")
 	}
 	// The symlinks themselves are inside and may be described.
-	if fi, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "etc"}); err != nil || fi.GetInfo().GetSymlinkTarget() != "/etc" {
+	if fi, err := td.client.Stat(ctx, "etc", agentclient.StatOptions{}); err != nil || fi.SymlinkTarget != "/etc" {
 		t.Fatalf("Stat of the link itself: %v %v", fi, err)
 	}
 }
@@ -927,7 +926,7 @@ func TestReadOnlyGrant(t *testing.T) {
 	ctx := ctxT(t)
 	before := snapshotTree(t, grant)
 
-	got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: grant + "/data.txt"})
+	got, _, err := readBytes(ctx, td.client, grant+"/data.txt", agentclient.ReadFileOptions{})
 	if err != nil || string(got) != "reference data" {
 		t.Fatalf("read in a read-only grant: %q %v", got, err)
 	}
@@ -935,38 +934,38 @@ func TestReadOnlyGrant(t *testing.T) {
 	if !slices.Equal(names, []string{"data.txt", "sub"}) {
 		t.Fatalf("list of the grant: %v", names)
 	}
-	if fi, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: grant + "/sub/more.txt"}); err != nil || fi.GetInfo().GetSize() != 4 {
+	if fi, err := td.client.Stat(ctx, grant+"/sub/more.txt", agentclient.StatOptions{}); err != nil || fi.Size != 4 {
 		t.Fatalf("stat in the grant: %v %v", fi, err)
 	}
-	info, err := td.client.Info(ctx, &agentdv1.InfoRequest{})
+	info, err := td.client.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var sawRO bool
-	for _, g := range info.GetGrants() {
-		if g.GetPath() == grant && g.GetReadOnly() {
+	for _, g := range info.Grants {
+		if g.Path == grant && g.ReadOnly {
 			sawRO = true
 		}
 	}
 	if !sawRO {
-		t.Fatalf("Info does not report the read-only grant: %v", info.GetGrants())
+		t.Fatalf("Info does not report the read-only grant: %v", info.Grants)
 	}
 
 	p := grant + "/new.txt"
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, p, agentclient.WriteFileOptions{}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrReadOnly, p)
 	p = grant + "/data.txt"
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: p}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, p, agentclient.WriteFileOptions{}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrReadOnly, p)
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: grant + "/deep/new.txt", CreateParents: true}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, grant+"/deep/new.txt", agentclient.WriteFileOptions{CreateParents: true}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/deep/new.txt")
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: p})
+	err = td.client.Remove(ctx, p, agentclient.RemoveOptions{})
 	assertPathErr(t, err, errkind.ErrReadOnly, p)
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: grant + "/sub", Recursive: true})
+	err = td.client.Remove(ctx, grant+"/sub", agentclient.RemoveOptions{Recursive: true})
 	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/sub")
-	_, err = td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: grant + "/newdir"})
+	_, err = td.client.MakeDir(ctx, grant+"/newdir", agentclient.MakeDirOptions{})
 	assertPathErr(t, err, errkind.ErrReadOnly, grant+"/newdir")
-	_, err = td.client.Rename(ctx, &agentdv1.RenameRequest{From: p, To: grant + "/renamed.txt"})
+	err = td.client.Rename(ctx, p, grant+"/renamed.txt", agentclient.RenameOptions{})
 	if !errors.Is(err, errkind.ErrReadOnly) {
 		t.Fatalf("rename in a read-only grant: %v", err)
 	}
@@ -974,12 +973,12 @@ func TestReadOnlyGrant(t *testing.T) {
 	if err := os.Symlink(grant, filepath.Join(td.workspace, "ro")); err != nil {
 		t.Fatal(err)
 	}
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ro/data.txt"}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, "ro/data.txt", agentclient.WriteFileOptions{}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrReadOnly, "ro/data.txt")
 	assertSameTree(t, "read-only grant", before, snapshotTree(t, grant))
 
 	// A writable grant takes writes.
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: rw + "/out.txt"}, []byte("ok")); err != nil {
+	if _, err := writeBytes(ctx, td.client, rw+"/out.txt", agentclient.WriteFileOptions{}, []byte("ok")); err != nil {
 		t.Fatalf("write in a writable grant: %v", err)
 	}
 	if diskContent(t, filepath.Join(rw, "out.txt")) != "ok" {
@@ -997,17 +996,17 @@ func TestRunAsUser(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	resp, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "mine.txt", User: "analyst"}, []byte("analyst's"))
+	resp, err := writeBytes(ctx, td.client, "mine.txt", agentclient.WriteFileOptions{User: "analyst"}, []byte("analyst's"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if uid, gid := diskOwner(t, filepath.Join(ws, "mine.txt")); uid != 65534 || gid != 65534 {
 		t.Fatalf("file written as analyst is owned by %d:%d", uid, gid)
 	}
-	if resp.GetInfo().GetUid() != 65534 || resp.GetInfo().GetOwner() != "analyst" {
-		t.Fatalf("reported owner %d %q", resp.GetInfo().GetUid(), resp.GetInfo().GetOwner())
+	if resp.Info.UID != 65534 || resp.Info.Owner != "analyst" {
+		t.Fatalf("reported owner %d %q", resp.Info.UID, resp.Info.Owner)
 	}
-	if _, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "adir/sub", Parents: true, User: "analyst"}); err != nil {
+	if _, err := td.client.MakeDir(ctx, "adir/sub", agentclient.MakeDirOptions{Parents: true, User: "analyst"}); err != nil {
 		t.Fatal(err)
 	}
 	for _, d := range []string{"adir", "adir/sub"} {
@@ -1015,14 +1014,14 @@ func TestRunAsUser(t *testing.T) {
 			t.Fatalf("%s made as analyst is owned by %d", d, uid)
 		}
 	}
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "adir/sub/deep/f", User: "analyst", CreateParents: true}, []byte("x")); err != nil {
+	if _, err := writeBytes(ctx, td.client, "adir/sub/deep/f", agentclient.WriteFileOptions{User: "analyst", CreateParents: true}, []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	if uid, _ := diskOwner(t, filepath.Join(ws, "adir/sub/deep")); uid != 65534 {
 		t.Fatalf("parent created as analyst is owned by %d", uid)
 	}
 	// Stat names owners through the sandbox's own /etc/passwd.
-	if fi, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "mine.txt"}); err != nil || fi.GetInfo().GetOwner() != "analyst" || fi.GetInfo().GetGroup() != "analyst" {
+	if fi, err := td.client.Stat(ctx, "mine.txt", agentclient.StatOptions{}); err != nil || fi.Owner != "analyst" || fi.Group != "analyst" {
 		t.Fatalf("stat owner: %v %v", fi, err)
 	}
 
@@ -1030,16 +1029,16 @@ func TestRunAsUser(t *testing.T) {
 	// though the directory is writable; root may.
 	ro := filepath.Join(ws, "ro.txt")
 	mustWrite(t, ro, "root's", 0o444)
-	if got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "ro.txt", User: "analyst"}); err != nil || string(got) != "root's" {
+	if got, _, err := readBytes(ctx, td.client, "ro.txt", agentclient.ReadFileOptions{User: "analyst"}); err != nil || string(got) != "root's" {
 		t.Fatalf("analyst reading a 0444 file: %q %v", got, err)
 	}
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ro.txt", User: "analyst"}, []byte("analyst was here"))
+	_, err = writeBytes(ctx, td.client, "ro.txt", agentclient.WriteFileOptions{User: "analyst"}, []byte("analyst was here"))
 	assertPathErr(t, err, errkind.ErrPermissionDenied, "ro.txt", ws)
 	if diskContent(t, ro) != "root's" {
 		t.Fatal("analyst replaced a read-only root file")
 	}
 	assertNoTemp(t, ws)
-	if _, err := writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ro.txt"}, []byte("root again")); err != nil {
+	if _, err := writeBytes(ctx, td.client, "ro.txt", agentclient.WriteFileOptions{}, []byte("root again")); err != nil {
 		t.Fatalf("root overwriting its own 0444 file: %v", err)
 	}
 	if diskContent(t, ro) != "root again" {
@@ -1050,18 +1049,18 @@ func TestRunAsUser(t *testing.T) {
 	}
 	// A private root file is closed to analyst.
 	mustWrite(t, filepath.Join(ws, "private.txt"), "private", 0o600)
-	got, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "private.txt", User: "analyst"})
+	got, _, err := readBytes(ctx, td.client, "private.txt", agentclient.ReadFileOptions{User: "analyst"})
 	assertPathErr(t, err, errkind.ErrPermissionDenied, "private.txt", ws)
 	if len(got) != 0 {
 		t.Fatal("bytes of a private file reached analyst")
 	}
-	_, err = td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "adir", Recursive: true, User: "analyst"})
+	err = td.client.Remove(ctx, "adir", agentclient.RemoveOptions{Recursive: true, User: "analyst"})
 	if err != nil {
 		t.Fatalf("analyst removing its own tree: %v", err)
 	}
 
 	// An unknown user is NotFound, names run_as, and nothing happens.
-	_, err = writeBytes(ctx, td.client, &agentdv1.WriteFileHeader{Path: "ghost.txt", User: "mallory"}, []byte("x"))
+	_, err = writeBytes(ctx, td.client, "ghost.txt", agentclient.WriteFileOptions{User: "mallory"}, []byte("x"))
 	assertPathErr(t, err, errkind.ErrNotFound, "ghost.txt", ws)
 	if !strings.Contains(err.Error(), "run_as") {
 		t.Fatalf("unknown user error does not name run_as: %v", err)
@@ -1069,27 +1068,27 @@ func TestRunAsUser(t *testing.T) {
 	assertMissing(t, filepath.Join(ws, "ghost.txt"))
 	for name, call := range map[string]func() error{
 		"read": func() error {
-			_, _, err := readBytes(ctx, td.client, &agentdv1.ReadFileRequest{Path: "mine.txt", User: "mallory"})
+			_, _, err := readBytes(ctx, td.client, "mine.txt", agentclient.ReadFileOptions{User: "mallory"})
 			return err
 		},
 		"stat": func() error {
-			_, err := td.client.Stat(ctx, &agentdv1.StatRequest{Path: "mine.txt", User: "mallory"})
+			_, err := td.client.Stat(ctx, "mine.txt", agentclient.StatOptions{User: "mallory"})
 			return err
 		},
 		"list": func() error {
-			_, err := td.client.ListDir(ctx, &agentdv1.ListDirRequest{Path: ".", User: "mallory"})
+			_, err := td.client.ListDir(ctx, ".", agentclient.ListDirOptions{User: "mallory"})
 			return err
 		},
 		"mkdir": func() error {
-			_, err := td.client.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: "gd", User: "mallory"})
+			_, err := td.client.MakeDir(ctx, "gd", agentclient.MakeDirOptions{User: "mallory"})
 			return err
 		},
 		"remove": func() error {
-			_, err := td.client.Remove(ctx, &agentdv1.RemoveRequest{Path: "mine.txt", User: "mallory"})
+			err := td.client.Remove(ctx, "mine.txt", agentclient.RemoveOptions{User: "mallory"})
 			return err
 		},
 		"rename": func() error {
-			_, err := td.client.Rename(ctx, &agentdv1.RenameRequest{From: "mine.txt", To: "x", User: "mallory"})
+			err := td.client.Rename(ctx, "mine.txt", "x", agentclient.RenameOptions{User: "mallory"})
 			return err
 		},
 	} {

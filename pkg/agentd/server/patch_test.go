@@ -1,6 +1,8 @@
 package server
 
 import (
+	"context"
+
 	"errors"
 	"io/fs"
 	"os"
@@ -21,23 +23,23 @@ func patchEnvelope(lines ...string) string {
 }
 
 type patchChange struct {
-	kind          agentdv1.PatchChangeKind
+	kind          agentclient.PatchChangeKind
 	path, newPath string
 }
 
-func changesOf(resp *agentdv1.ApplyPatchResponse) []patchChange {
+func changesOf(resp *agentclient.PatchResult) []patchChange {
 	var out []patchChange
-	for _, c := range resp.GetChanges() {
-		out = append(out, patchChange{c.GetKind(), c.GetPath(), c.GetNewPath()})
+	for _, c := range resp.Changes {
+		out = append(out, patchChange{c.Kind, c.Path, c.NewPath})
 	}
 	return out
 }
 
 const (
-	chCreated = agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_CREATED
-	chUpdated = agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_UPDATED
-	chMoved   = agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_MOVED
-	chDeleted = agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_DELETED
+	chCreated = agentclient.PatchCreated
+	chUpdated = agentclient.PatchUpdated
+	chMoved   = agentclient.PatchMoved
+	chDeleted = agentclient.PatchDeleted
 )
 
 func opsRequest(o ...*agentdv1.PatchOperation) *agentdv1.ApplyPatchRequest {
@@ -46,6 +48,23 @@ func opsRequest(o ...*agentdv1.PatchOperation) *agentdv1.ApplyPatchRequest {
 
 func textPatch(text string) *agentdv1.ApplyPatchRequest {
 	return &agentdv1.ApplyPatchRequest{Input: &agentdv1.ApplyPatchRequest_Patch{Patch: text}}
+}
+
+// applyPatch sends req, a request of the wire, through the client's Go API
+// (ApplyPatch for text, ApplyOperations for operations).
+func applyPatch(ctx context.Context, c *agentclient.Client, req *agentdv1.ApplyPatchRequest) (*agentclient.PatchResult, error) {
+	opts := agentclient.ApplyPatchOptions{Cwd: req.Cwd, User: req.User, DryRun: req.GetDryRun()}
+	if req.GetOperations() == nil {
+		return c.ApplyPatch(ctx, req.GetPatch(), opts)
+	}
+	types := map[agentdv1.PatchOperationType]agentclient.PatchOperationType{
+		opCreate: agentclient.PatchCreateFile, opUpdate: agentclient.PatchUpdateFile, opDelete: agentclient.PatchDeleteFile,
+	}
+	ops := []agentclient.PatchOperation{}
+	for _, o := range req.GetOperations().GetOperations() {
+		ops = append(ops, agentclient.PatchOperation{Type: types[o.Type], Path: o.Path, Diff: o.GetDiff(), MoveTo: o.GetMoveTo()})
+	}
+	return c.ApplyOperations(ctx, ops, opts)
 }
 
 var (
@@ -116,7 +135,7 @@ func TestApplyPatchAllKinds(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			td := newTestDaemon(t, nil)
 			seedPatchTree(t, td.workspace)
-			resp, err := td.client.ApplyPatch(ctxT(t), req)
+			resp, err := applyPatch(ctxT(t), td.client, req)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -173,7 +192,7 @@ func TestApplyPatchRejectedChangesNothing(t *testing.T) {
 		"-echo run",
 		"+echo renamed",
 	)
-	_, err := td.client.ApplyPatch(ctx, textPatch(patch))
+	_, err := applyPatch(ctx, td.client, textPatch(patch))
 	if !errors.Is(err, errkind.ErrPatchRejected) {
 		t.Fatalf("want ErrPatchRejected, got %v", err)
 	}
@@ -184,7 +203,7 @@ func TestApplyPatchRejectedChangesNothing(t *testing.T) {
 	if rej == nil {
 		t.Fatalf("no PatchRejection detail in %v", err)
 	}
-	if rej.GetPath() != "b.txt" || !slices.Contains(rej.GetExpectedLines(), "this line is not there") {
+	if rej.Path != "b.txt" || !slices.Contains(rej.ExpectedLines, "this line is not there") {
 		t.Fatalf("rejection %v", rej)
 	}
 	if !strings.Contains(err.Error(), "b.txt") {
@@ -194,11 +213,11 @@ func TestApplyPatchRejectedChangesNothing(t *testing.T) {
 	assertNoTemp(t, td.workspace)
 
 	// The JSON form is rejected the same way.
-	_, err = td.client.ApplyPatch(ctx, opsRequest(
+	_, err = applyPatch(ctx, td.client, opsRequest(
 		&agentdv1.PatchOperation{Type: opUpdate, Path: "a.txt", Diff: "@@\n-beta\n+BETA\n"},
 		&agentdv1.PatchOperation{Type: opUpdate, Path: "b.txt", Diff: "@@\n first\n-this line is not there\n+x\n"},
 	))
-	if rej := agentclient.PatchRejection(err); !errors.Is(err, errkind.ErrPatchRejected) || rej.GetPath() != "b.txt" {
+	if rej := agentclient.PatchRejection(err); !errors.Is(err, errkind.ErrPatchRejected) || rej.Path != "b.txt" {
 		t.Fatalf("operations form: %v (rejection %v)", err, rej)
 	}
 
@@ -209,7 +228,7 @@ func TestApplyPatchRejectedChangesNothing(t *testing.T) {
 		patchEnvelope("*** Add File: ok.txt", "+x", "*** Delete File: dir"),
 		patchEnvelope("*** Add File: ok.txt", "+x", "*** Add File: a.txt/child", "+x"),
 	} {
-		_, err := td.client.ApplyPatch(ctx, textPatch(p))
+		_, err := applyPatch(ctx, td.client, textPatch(p))
 		if !errors.Is(err, errkind.ErrPatchRejected) {
 			t.Fatalf("patch\n%s\nwant ErrPatchRejected, got %v", p, err)
 		}
@@ -236,13 +255,13 @@ func TestApplyPatchMalformed(t *testing.T) {
 		opsRequest(&agentdv1.PatchOperation{Type: opCreate, Path: "", Diff: "+x\n"}),
 		opsRequest(&agentdv1.PatchOperation{Type: opCreate, Path: "x", Diff: "+x\nno plus\n"}),
 	} {
-		_, err := td.client.ApplyPatch(ctx, req)
+		_, err := applyPatch(ctx, td.client, req)
 		if !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Fatalf("malformed patch %v: want ErrInvalidArgument, got %v", req, err)
 		}
 	}
 	// Past the configured limit.
-	_, err := td.client.ApplyPatch(ctx, textPatch(patchEnvelope("*** Add File: big.txt", "+"+strings.Repeat("x", 5000))))
+	_, err := applyPatch(ctx, td.client, textPatch(patchEnvelope("*** Add File: big.txt", "+"+strings.Repeat("x", 5000))))
 	if !errors.Is(err, errkind.ErrResourceExhausted) {
 		t.Fatalf("oversized patch: want ErrResourceExhausted, got %v", err)
 	}
@@ -282,7 +301,7 @@ func TestApplyPatchEscapeChangesNothing(t *testing.T) {
 	} {
 		req := textPatch(c.patch)
 		req.Cwd = c.cwd
-		_, err := td.client.ApplyPatch(ctx, req)
+		_, err := applyPatch(ctx, td.client, req)
 		if !errors.Is(err, errkind.ErrPathEscape) {
 			t.Fatalf("cwd %q patch\n%s\nwant ErrPathEscape, got %v", c.cwd, c.patch, err)
 		}
@@ -310,7 +329,7 @@ func TestApplyPatchDryRun(t *testing.T) {
 	before := snapshotTree(t, td.workspace)
 	req := textPatch(allKindsPatch)
 	req.DryRun = true
-	resp, err := td.client.ApplyPatch(ctx, req)
+	resp, err := applyPatch(ctx, td.client, req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,12 +341,12 @@ func TestApplyPatchDryRun(t *testing.T) {
 	// A dry run that would not apply is rejected the same way.
 	bad := textPatch(patchEnvelope("*** Update File: a.txt", "@@", "-nope", "+x"))
 	bad.DryRun = true
-	if _, err := td.client.ApplyPatch(ctx, bad); !errors.Is(err, errkind.ErrPatchRejected) || agentclient.PatchRejection(err).GetPath() != "a.txt" {
+	if _, err := applyPatch(ctx, td.client, bad); !errors.Is(err, errkind.ErrPatchRejected) || agentclient.PatchRejection(err).Path != "a.txt" {
 		t.Fatalf("dry run of a bad patch: %v", err)
 	}
 	// And the real run then applies.
 	req.DryRun = false
-	if _, err := td.client.ApplyPatch(ctx, req); err != nil {
+	if _, err := applyPatch(ctx, td.client, req); err != nil {
 		t.Fatal(err)
 	}
 	if diskContent(t, filepath.Join(td.workspace, "a.txt")) != "one\nTWO\nthree\n" {
@@ -354,7 +373,7 @@ func TestApplyPatchCwd(t *testing.T) {
 		_ = os.Remove(filepath.Join(ws, "sub/b.txt"))
 		req := textPatch(patch)
 		req.Cwd = cwd
-		resp, err := td.client.ApplyPatch(ctx, req)
+		resp, err := applyPatch(ctx, td.client, req)
 		if err != nil {
 			t.Fatalf("cwd %q: %v", cwd, err)
 		}
@@ -370,8 +389,8 @@ func TestApplyPatchCwd(t *testing.T) {
 		assertMissing(t, filepath.Join(ws, "b.txt"))
 	}
 	// Without cwd the same patch targets the root, where it does not match.
-	_, err := td.client.ApplyPatch(ctx, textPatch(patch))
-	if rej := agentclient.PatchRejection(err); !errors.Is(err, errkind.ErrPatchRejected) || rej.GetPath() != "a.txt" {
+	_, err := applyPatch(ctx, td.client, textPatch(patch))
+	if rej := agentclient.PatchRejection(err); !errors.Is(err, errkind.ErrPatchRejected) || rej.Path != "a.txt" {
 		t.Fatalf("no cwd: %v", err)
 	}
 }
@@ -489,7 +508,7 @@ func TestApplyPatchSameFileTwice(t *testing.T) {
 			for name, e := range c.seed {
 				mustWrite(t, filepath.Join(td.workspace, name), e.Content, e.Mode)
 			}
-			resp, err := td.client.ApplyPatch(ctxT(t), textPatch(c.patch))
+			resp, err := applyPatch(ctxT(t), td.client, textPatch(c.patch))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -513,7 +532,7 @@ func TestApplyPatchMoveKeepsMode(t *testing.T) {
 	mustWrite(t, filepath.Join(ws, "run.sh"), "#!/bin/sh\necho a\n", 0o755)
 	mustWrite(t, filepath.Join(ws, "secret.cfg"), "k=v\n", 0o600)
 	mustWrite(t, filepath.Join(ws, "dest.sh"), "replaced\n", 0o644)
-	_, err := td.client.ApplyPatch(ctx, textPatch(patchEnvelope(
+	_, err := applyPatch(ctx, td.client, textPatch(patchEnvelope(
 		"*** Update File: run.sh", "*** Move to: bin/run.sh", "@@", "-echo a", "+echo b",
 		"*** Update File: secret.cfg", "*** Move to: conf/secret.cfg", "@@", "-k=v", "+k=w",
 	)))
@@ -535,7 +554,7 @@ func TestApplyPatchMoveKeepsMode(t *testing.T) {
 	assertMissing(t, filepath.Join(ws, "run.sh"))
 	assertMissing(t, filepath.Join(ws, "secret.cfg"))
 	// Moving onto an existing file: the moved file's mode wins.
-	_, err = td.client.ApplyPatch(ctx, textPatch(patchEnvelope(
+	_, err = applyPatch(ctx, td.client, textPatch(patchEnvelope(
 		"*** Update File: bin/run.sh", "*** Move to: dest.sh", "@@", "-echo b", "+echo c",
 	)))
 	if err != nil {
@@ -545,7 +564,7 @@ func TestApplyPatchMoveKeepsMode(t *testing.T) {
 		t.Fatalf("move onto an existing file: mode %v", fi.Mode())
 	}
 	// The same through the operations form, on the complex (touched-twice) path.
-	_, err = td.client.ApplyPatch(ctx, opsRequest(
+	_, err = applyPatch(ctx, td.client, opsRequest(
 		&agentdv1.PatchOperation{Type: opUpdate, Path: "dest.sh", MoveTo: "final.sh", Diff: "@@\n-echo c\n+echo d\n"},
 		&agentdv1.PatchOperation{Type: opUpdate, Path: "final.sh", Diff: "@@\n-echo d\n+echo e\n"},
 	))
@@ -579,7 +598,7 @@ func TestApplyPatchRunAs(t *testing.T) {
 	} {
 		req := textPatch(p)
 		req.User = "analyst"
-		_, err := td.client.ApplyPatch(ctx, req)
+		_, err := applyPatch(ctx, td.client, req)
 		if !errors.Is(err, errkind.ErrPermissionDenied) {
 			t.Fatalf("patch as analyst\n%s\nwant ErrPermissionDenied, got %v", p, err)
 		}
@@ -590,7 +609,7 @@ func TestApplyPatchRunAs(t *testing.T) {
 	// What analyst may do, it does, as itself.
 	req := textPatch(patchEnvelope("*** Add File: analyst.txt", "+mine", "*** Update File: shared.txt", "@@", "-shared", "+SHARED"))
 	req.User = "analyst"
-	if _, err := td.client.ApplyPatch(ctx, req); err != nil {
+	if _, err := applyPatch(ctx, td.client, req); err != nil {
 		t.Fatal(err)
 	}
 	if uid, gid := diskOwner(t, filepath.Join(ws, "analyst.txt")); uid != 65534 || gid != 65534 {
@@ -600,7 +619,7 @@ func TestApplyPatchRunAs(t *testing.T) {
 		t.Fatal("analyst's update did not land")
 	}
 	// Root may patch its read-only file.
-	if _, err := td.client.ApplyPatch(ctx, textPatch(patchEnvelope("*** Update File: ro.txt", "@@", "-only", "+root"))); err != nil {
+	if _, err := applyPatch(ctx, td.client, textPatch(patchEnvelope("*** Update File: ro.txt", "@@", "-only", "+root"))); err != nil {
 		t.Fatal(err)
 	}
 	if diskContent(t, filepath.Join(ws, "ro.txt")) != "root\nroot\n" {
@@ -609,7 +628,7 @@ func TestApplyPatchRunAs(t *testing.T) {
 	// An unknown user.
 	req = textPatch(patchEnvelope("*** Add File: ghost.txt", "+x"))
 	req.User = "mallory"
-	if _, err := td.client.ApplyPatch(ctx, req); !errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "run_as") {
+	if _, err := applyPatch(ctx, td.client, req); !errors.Is(err, errkind.ErrNotFound) || !strings.Contains(err.Error(), "run_as") {
 		t.Fatalf("unknown user: %v", err)
 	}
 	assertMissing(t, filepath.Join(ws, "ghost.txt"))
@@ -621,13 +640,13 @@ func TestApplyPatchKeepsCRLF(t *testing.T) {
 	ws := td.workspace
 	mustWrite(t, filepath.Join(ws, "win.txt"), "a\r\nb\r\nc\r\n", 0o644)
 	mustWrite(t, filepath.Join(ws, "win2.txt"), "a\r\nb\r\nc\r\n", 0o644)
-	if _, err := td.client.ApplyPatch(ctx, textPatch(patchEnvelope("*** Update File: win.txt", "@@", " a", "-b", "+B", "+new", " c"))); err != nil {
+	if _, err := applyPatch(ctx, td.client, textPatch(patchEnvelope("*** Update File: win.txt", "@@", " a", "-b", "+B", "+new", " c"))); err != nil {
 		t.Fatal(err)
 	}
 	if got := diskContent(t, filepath.Join(ws, "win.txt")); got != "a\r\nB\r\nnew\r\nc\r\n" {
 		t.Fatalf("CRLF file became %q", got)
 	}
-	if _, err := td.client.ApplyPatch(ctx, opsRequest(&agentdv1.PatchOperation{Type: opUpdate, Path: "win2.txt", Diff: "@@\n a\n-b\n+B\n+new\n c\n"})); err != nil {
+	if _, err := applyPatch(ctx, td.client, opsRequest(&agentdv1.PatchOperation{Type: opUpdate, Path: "win2.txt", Diff: "@@\n a\n-b\n+B\n+new\n c\n"})); err != nil {
 		t.Fatal(err)
 	}
 	if got := diskContent(t, filepath.Join(ws, "win2.txt")); got != "a\r\nB\r\nnew\r\nc\r\n" {
@@ -648,7 +667,7 @@ func TestApplyPatchMoveOntoItselfKeepsFile(t *testing.T) {
 	} {
 		req := textPatch(patchEnvelope("*** Update File: "+c.from, "*** Move to: "+c.to, "@@", "+added"))
 		req.Cwd = c.cwd
-		if _, err := td.client.ApplyPatch(ctx, req); err != nil {
+		if _, err := applyPatch(ctx, td.client, req); err != nil {
 			t.Fatalf("move %s onto itself as %s: %v", c.from, c.to, err)
 		}
 		b, err := os.ReadFile(filepath.Join(ws, c.want))

@@ -12,27 +12,24 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/bulkhead-dev/bulkhead/internal/testing/faultnet"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
-func sh(cmd string) *agentdv1.ProcessSpec { return &agentdv1.ProcessSpec{Command: cmd} }
+func sh(cmd string) agentclient.ProcessSpec { return agentclient.ProcessSpec{Command: cmd} }
 
 func TestExecOutputStreamsAndExit(t *testing.T) {
 	td := newTestDaemon(t, nil)
-	res, err := td.client.Exec(ctxT(t), &agentdv1.ExecRequest{Spec: sh("echo out; echo err >&2; exit 7")}, nil)
+	res, err := td.client.Exec(ctxT(t), sh("echo out; echo err >&2; exit 7"), agentclient.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" || res.Exit.GetExitCode() != 7 {
+	if string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" || res.Exit.ExitCode != 7 {
 		t.Fatalf("stdout %q stderr %q exit %v", res.Stdout, res.Stderr, res.Exit)
 	}
-	if res.Process.GetProcessId() == "" || res.Process.GetPid() <= 0 {
+	if res.Process.ProcessID == "" || res.Process.PID <= 0 {
 		t.Fatalf("no process info: %v", res.Process)
 	}
 }
@@ -40,14 +37,14 @@ func TestExecOutputStreamsAndExit(t *testing.T) {
 func TestExecStdinAndTTY(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"tr", "a-z", "A-Z"}}, Stdin: []byte("shout\n")}, nil)
+	res, err := td.client.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"tr", "a-z", "A-Z"}}, agentclient.ExecOptions{Stdin: []byte("shout\n")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if string(res.Stdout) != "SHOUT\n" {
 		t.Fatalf("stdout %q", res.Stdout)
 	}
-	res, err = td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "stty size; test -t 0 && echo tty", Tty: true, Size: &agentdv1.TerminalSize{Rows: 33, Cols: 101}}}, nil)
+	res, err = td.client.Exec(ctx, agentclient.ProcessSpec{Command: "stty size; test -t 0 && echo tty", Tty: true, Size: agentclient.TerminalSize{Rows: 33, Cols: 101}}, agentclient.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +56,7 @@ func TestExecStdinAndTTY(t *testing.T) {
 func TestCleanEnvironment(t *testing.T) {
 	t.Setenv("BULKHEAD_TEST_SECRET", "sk-do-not-leak")
 	td := newTestDaemon(t, nil)
-	res, err := td.client.Exec(ctxT(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"env"}, Env: map[string]string{"MINE": "yes"}}}, nil)
+	res, err := td.client.Exec(ctxT(t), agentclient.ProcessSpec{Argv: []string{"env"}, Env: map[string]string{"MINE": "yes"}}, agentclient.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +75,7 @@ func TestCwdIsConfined(t *testing.T) {
 	if err := os.MkdirAll(filepath.Join(td.workspace, "sub/dir"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: "sub/dir"}}, nil)
+	res, err := td.client.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"pwd"}, Cwd: "sub/dir"}, agentclient.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +83,7 @@ func TestCwdIsConfined(t *testing.T) {
 		t.Fatalf("pwd %q", got)
 	}
 	for _, cwd := range []string{"../..", "/etc", "sub/../../.."} {
-		_, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: cwd}}, nil)
+		_, err := td.client.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"pwd"}, Cwd: cwd}, agentclient.ExecOptions{}, nil)
 		if !errors.Is(err, errkind.ErrPathEscape) {
 			t.Errorf("cwd %q: want ErrPathEscape, got %v", cwd, err)
 		}
@@ -95,7 +92,7 @@ func TestCwdIsConfined(t *testing.T) {
 	if err := os.Symlink("/etc", filepath.Join(td.workspace, "out")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"pwd"}, Cwd: "out"}}, nil); !errors.Is(err, errkind.ErrPathEscape) {
+	if _, err := td.client.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"pwd"}, Cwd: "out"}, agentclient.ExecOptions{}, nil); !errors.Is(err, errkind.ErrPathEscape) {
 		t.Errorf("cwd through symlink: want ErrPathEscape, got %v", err)
 	}
 }
@@ -108,20 +105,20 @@ func TestStartFailuresAreSpecific(t *testing.T) {
 	}
 	cases := []struct {
 		name string
-		spec *agentdv1.ProcessSpec
+		spec agentclient.ProcessSpec
 		want error
 	}{
-		{"missing binary", &agentdv1.ProcessSpec{Argv: []string{"no-such-binary-xyz"}}, errkind.ErrNotFound},
-		{"missing absolute binary", &agentdv1.ProcessSpec{Argv: []string{"/nonexistent/bin"}}, errkind.ErrNotFound},
-		{"missing cwd", &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "nope"}, errkind.ErrNotFound},
-		{"cwd is a file", &agentdv1.ProcessSpec{Argv: []string{"true"}, Cwd: "file"}, errkind.ErrNotDirectory},
-		{"unknown user", &agentdv1.ProcessSpec{Argv: []string{"true"}, User: "no-such-user"}, errkind.ErrNotFound},
-		{"argv and command", &agentdv1.ProcessSpec{Argv: []string{"true"}, Command: "true"}, errkind.ErrInvalidArgument},
-		{"nothing to run", &agentdv1.ProcessSpec{}, errkind.ErrInvalidArgument},
+		{"missing binary", agentclient.ProcessSpec{Argv: []string{"no-such-binary-xyz"}}, errkind.ErrNotFound},
+		{"missing absolute binary", agentclient.ProcessSpec{Argv: []string{"/nonexistent/bin"}}, errkind.ErrNotFound},
+		{"missing cwd", agentclient.ProcessSpec{Argv: []string{"true"}, Cwd: "nope"}, errkind.ErrNotFound},
+		{"cwd is a file", agentclient.ProcessSpec{Argv: []string{"true"}, Cwd: "file"}, errkind.ErrNotDirectory},
+		{"unknown user", agentclient.ProcessSpec{Argv: []string{"true"}, User: "no-such-user"}, errkind.ErrNotFound},
+		{"argv and command", agentclient.ProcessSpec{Argv: []string{"true"}, Command: "true"}, errkind.ErrInvalidArgument},
+		{"nothing to run", agentclient.ProcessSpec{}, errkind.ErrInvalidArgument},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			_, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: c.spec})
+			_, err := td.client.Start(ctx, c.spec, agentclient.StartOptions{})
 			if !errors.Is(err, c.want) {
 				t.Fatalf("want %v, got %v", c.want, err)
 			}
@@ -130,11 +127,11 @@ func TestStartFailuresAreSpecific(t *testing.T) {
 			}
 		})
 	}
-	list, err := td.client.List(ctx, &agentdv1.ListRequest{})
+	list, err := td.client.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(list.GetProcesses()) != 0 {
+	if len(list) != 0 {
 		t.Fatalf("failed starts left processes: %v", list)
 	}
 }
@@ -142,28 +139,28 @@ func TestStartFailuresAreSpecific(t *testing.T) {
 func TestProcessStateErrors(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("exit 0")})
+	st, err := td.client.Start(ctx, sh("exit 0"), agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
-	if _, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: id}); err != nil {
+	id := st.Process.ProcessID
+	if _, err := td.client.Wait(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Data: []byte("x")}); !errors.Is(err, errkind.ErrFailedPrecondition) {
+	if _, err := td.client.WriteStdin(ctx, id, 0, []byte("x")); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Errorf("stdin to an exited process: want ErrFailedPrecondition, got %v", err)
 	}
-	if _, err := td.client.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: id, Size: &agentdv1.TerminalSize{Rows: 10, Cols: 10}}); !errors.Is(err, errkind.ErrFailedPrecondition) {
+	if err := td.client.Resize(ctx, id, agentclient.TerminalSize{Rows: 10, Cols: 10}); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Errorf("resize without a tty: want ErrFailedPrecondition, got %v", err)
 	}
-	if _, err := td.client.Signal(ctx, &agentdv1.SignalRequest{ProcessId: id, Signal: "NOPE"}); !errors.Is(err, errkind.ErrInvalidArgument) {
+	if err := td.client.Signal(ctx, id, "NOPE"); !errors.Is(err, errkind.ErrInvalidArgument) {
 		t.Errorf("unknown signal: want ErrInvalidArgument, got %v", err)
 	}
-	if _, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: "no-such-process"}); !errors.Is(err, errkind.ErrNotFound) {
+	if _, err := td.client.Wait(ctx, "no-such-process"); !errors.Is(err, errkind.ErrNotFound) {
 		t.Errorf("unknown process: want ErrNotFound, got %v", err)
 	}
 	var pe *errkind.ProcessError
-	if _, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: "no-such-process"}); !errors.As(err, &pe) || pe.ProcessID != "no-such-process" {
+	if _, err := td.client.ReadOutput(ctx, "no-such-process", agentclient.ReadOutputOptions{}); !errors.As(err, &pe) || pe.ProcessID != "no-such-process" {
 		t.Errorf("error should name the process: %#v", err)
 	}
 }
@@ -172,11 +169,11 @@ func TestMaxProcesses(t *testing.T) {
 	td := newTestDaemon(t, func(c *agentd.Config) { c.MaxProcesses = 2 })
 	ctx := ctxT(t)
 	for i := 0; i < 2; i++ {
-		if _, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 100")}); err != nil {
+		if _, err := td.client.Start(ctx, sh("sleep 100"), agentclient.StartOptions{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	_, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 100")})
+	_, err := td.client.Start(ctx, sh("sleep 100"), agentclient.StartOptions{})
 	if !errors.Is(err, errkind.ErrResourceExhausted) {
 		t.Fatalf("want ErrResourceExhausted, got %v", err)
 	}
@@ -186,25 +183,25 @@ func TestStartIsIdempotentByRequestID(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
 	spec := sh("echo ran >> count.txt")
-	a, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec, RequestId: "req-1"})
+	a, err := td.client.Start(ctx, spec, agentclient.StartOptions{RequestID: "req-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: a.GetProcess().GetProcessId()}); err != nil {
+	if _, err := td.client.Wait(ctx, a.Process.ProcessID); err != nil {
 		t.Fatal(err)
 	}
-	b, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec, RequestId: "req-1"})
+	b, err := td.client.Start(ctx, spec, agentclient.StartOptions{RequestID: "req-1"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !b.GetExisting() || b.GetProcess().GetProcessId() != a.GetProcess().GetProcessId() {
+	if !b.Existing || b.Process.ProcessID != a.Process.ProcessID {
 		t.Fatalf("retried start should return the same process: %v vs %v", a, b)
 	}
 	data, _ := os.ReadFile(filepath.Join(td.workspace, "count.txt"))
 	if string(data) != "ran\n" {
 		t.Fatalf("the command ran %d times", strings.Count(string(data), "ran"))
 	}
-	_, err = td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("echo other"), RequestId: "req-1"})
+	_, err = td.client.Start(ctx, sh("echo other"), agentclient.StartOptions{RequestID: "req-1"})
 	if !errors.Is(err, errkind.ErrConflict) {
 		t.Fatalf("same request id, different command: want ErrConflict, got %v", err)
 	}
@@ -213,11 +210,11 @@ func TestStartIsIdempotentByRequestID(t *testing.T) {
 func TestStdinOffsetsAreIdempotent(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"cat"}, Stdin: true}})
+	st, err := td.client.Start(ctx, agentclient.ProcessSpec{Argv: []string{"cat"}, Stdin: true}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
+	id := st.Process.ProcessID
 	steps := []struct {
 		offset int64
 		data   string
@@ -231,13 +228,12 @@ func TestStdinOffsetsAreIdempotent(t *testing.T) {
 		{10, "zz", 0, errkind.ErrConflict},
 	}
 	for i, s := range steps {
-		resp, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Offset: s.offset, Data: []byte(s.data)})
-		next := resp.GetNextOffset()
+		next, err := td.client.WriteStdin(ctx, id, s.offset, []byte(s.data))
 		if !errors.Is(err, s.err) || (s.err == nil && next != s.next) {
 			t.Fatalf("step %d: next %d err %v, want %d %v", i, next, err, s.next, s.err)
 		}
 	}
-	if _, err := td.client.CloseStdin(ctx, &agentdv1.CloseStdinRequest{ProcessId: id}); err != nil {
+	if err := td.client.CloseStdin(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	out := readAll(t, td.client, id)
@@ -249,25 +245,25 @@ func TestStdinOffsetsAreIdempotent(t *testing.T) {
 func TestPTYInterrupt(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"sleep", "100"}, Tty: true}})
+	st, err := td.client.Start(ctx, agentclient.ProcessSpec{Argv: []string{"sleep", "100"}, Tty: true}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
+	id := st.Process.ProcessID
 	time.Sleep(100 * time.Millisecond)
-	if _, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Data: []byte{0x03}}); err != nil {
+	if _, err := td.client.WriteStdin(ctx, id, 0, []byte{0x03}); err != nil {
 		t.Fatal(err)
 	}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	exit, err := td.client.Wait(wctx, &agentdv1.WaitRequest{ProcessId: id})
+	exit, err := td.client.Wait(wctx, id)
 	if err != nil {
 		t.Fatalf("Ctrl-C did not stop sleep: %v", err)
 	}
-	if exit.GetExit().GetSignal() != "SIGINT" {
+	if exit.Signal != "SIGINT" {
 		t.Fatalf("want SIGINT, got %v", exit)
 	}
-	if _, err := td.client.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: id, Size: &agentdv1.TerminalSize{Rows: 40, Cols: 120}}); !errors.Is(err, errkind.ErrFailedPrecondition) && !errors.Is(err, errkind.ErrNotFound) && err != nil {
+	if err := td.client.Resize(ctx, id, agentclient.TerminalSize{Rows: 40, Cols: 120}); !errors.Is(err, errkind.ErrFailedPrecondition) && !errors.Is(err, errkind.ErrNotFound) && err != nil {
 		t.Fatalf("resize after exit: %v", err)
 	}
 }
@@ -275,42 +271,42 @@ func TestPTYInterrupt(t *testing.T) {
 func TestSignalKillsWholeGroup(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 1000 & echo $!; sleep 1000")})
+	st, err := td.client.Start(ctx, sh("sleep 1000 & echo $!; sleep 1000"), agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
-	res, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(5 * time.Second)})
+	id := st.Process.ProcessID
+	res, err := td.client.ReadOutput(ctx, id, agentclient.ReadOutputOptions{YieldTime: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
-	bg, err := strconv.Atoi(strings.TrimSpace(joinData(res.GetChunks())))
+	bg, err := strconv.Atoi(strings.TrimSpace(joinData(res.Chunks)))
 	if err != nil {
 		t.Fatalf("background pid: %v", err)
 	}
-	if _, err := td.client.Signal(ctx, &agentdv1.SignalRequest{ProcessId: id, Signal: "TERM"}); err != nil {
+	if err := td.client.Signal(ctx, id, "TERM"); err != nil {
 		t.Fatal(err)
 	}
-	exit, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: id})
+	exit, err := td.client.Wait(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exit.GetExit().GetSignal() != "SIGTERM" {
+	if exit.Signal != "SIGTERM" {
 		t.Fatalf("exit %v", exit)
 	}
 	waitGone(t, bg)
-	waitGone(t, int(st.GetProcess().GetPid()))
+	waitGone(t, int(st.Process.PID))
 }
 
 func TestProcessSurvivesDisconnectAndReplays(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("for i in $(seq 1 40); do echo line $i; sleep 0.005; done")})
+	st, err := td.client.Start(ctx, sh("for i in $(seq 1 40); do echo line $i; sleep 0.005; done"), agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
-	first, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(time.Second)})
+	id := st.Process.ProcessID
+	first, err := td.client.ReadOutput(ctx, id, agentclient.ReadOutputOptions{YieldTime: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -321,8 +317,8 @@ func TestProcessSurvivesDisconnectAndReplays(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer again.Close()
-	rest := readFrom(t, again, id, first.GetNextCursor())
-	got := joinData(first.GetChunks()) + rest
+	rest := readFrom(t, again, id, first.NextCursor)
+	got := joinData(first.Chunks) + rest
 	if got != expectedLines(40) {
 		t.Fatalf("replayed output differs:\n%s", got)
 	}
@@ -341,16 +337,16 @@ func TestConnectionCutMidStream(t *testing.T) {
 	}
 	defer c.Close()
 	const n = 300
-	st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: sh(fmt.Sprintf("for i in $(seq 1 %d); do echo line $i; sleep 0.002; done", n))})
+	st, err := c.Start(ctx, sh(fmt.Sprintf("for i in $(seq 1 %d); do echo line $i; sleep 0.002; done", n)), agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var got bytes.Buffer
 	cuts := 0
-	exit, err := c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
-		got.WriteString(joinData(m.GetChunks()))
-		if m.GetDroppedBytes() != 0 {
-			t.Errorf("dropped %d bytes", m.GetDroppedBytes())
+	exit, err := c.Follow(ctx, st.Process.ProcessID, agentclient.FollowOptions{}, func(m *agentclient.Output) error {
+		got.WriteString(joinData(m.Chunks))
+		if m.DroppedBytes != 0 {
+			t.Errorf("dropped %d bytes", m.DroppedBytes)
 		}
 		if cuts < 3 && got.Len() > (cuts+1)*800 {
 			cuts++
@@ -364,7 +360,7 @@ func TestConnectionCutMidStream(t *testing.T) {
 	if cuts == 0 {
 		t.Fatal("the connection was never cut")
 	}
-	if exit.GetExitCode() != 0 || got.String() != expectedLines(n) {
+	if exit.ExitCode != 0 || got.String() != expectedLines(n) {
 		t.Fatalf("after %d cuts: exit %v, output intact=%v", cuts, exit, got.String() == expectedLines(n))
 	}
 }
@@ -372,19 +368,19 @@ func TestConnectionCutMidStream(t *testing.T) {
 func TestShutdownKillsProcesses(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 1000 & sleep 1000")})
+	st, err := td.client.Start(ctx, sh("sleep 1000 & sleep 1000"), agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	sctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	td.srv.Shutdown(sctx)
-	waitGone(t, int(st.GetProcess().GetPid()))
+	waitGone(t, int(st.Process.PID))
 	// A member killed with the group can take a moment to stop running
 	// on a loaded machine; it must be gone well within the deadline.
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		alive := liveGroupMembers(int(st.GetProcess().GetPid()))
+		alive := liveGroupMembers(int(st.Process.PID))
 		if len(alive) == 0 {
 			return
 		}
@@ -420,24 +416,24 @@ func liveGroupMembers(pgid int) []int {
 func TestReadOutputYield(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("sleep 0.3; echo late")})
+	st, err := td.client.Start(ctx, sh("sleep 0.3; echo late"), agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
+	id := st.Process.ProcessID
 	// Nothing yet: returns empty after the yield, not an error.
-	res, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(20 * time.Millisecond)})
-	if err != nil || len(res.GetChunks()) != 0 || res.GetExit() != nil {
+	res, err := td.client.ReadOutput(ctx, id, agentclient.ReadOutputOptions{YieldTime: 20 * time.Millisecond})
+	if err != nil || len(res.Chunks) != 0 || res.Exit != nil {
 		t.Fatalf("early read: %v %v", res, err)
 	}
 	// A long yield returns as soon as output arrives (not after the full yield).
-	res, err = td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, YieldTime: durationpb.New(20 * time.Second)})
-	if err != nil || joinData(res.GetChunks()) != "late\n" {
+	res, err = td.client.ReadOutput(ctx, id, agentclient.ReadOutputOptions{YieldTime: 20 * time.Second})
+	if err != nil || joinData(res.Chunks) != "late\n" {
 		t.Fatalf("read: %v %v", res, err)
 	}
 	// Reading past the end of an exited process reports the exit.
-	res, err = td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, Cursor: res.GetNextCursor(), YieldTime: durationpb.New(5 * time.Second)})
-	if err != nil || res.GetExit() == nil {
+	res, err = td.client.ReadOutput(ctx, id, agentclient.ReadOutputOptions{Cursor: res.NextCursor, YieldTime: 5 * time.Second})
+	if err != nil || res.Exit == nil {
 		t.Fatalf("final read: %v %v", res, err)
 	}
 }
@@ -445,20 +441,20 @@ func TestReadOutputYield(t *testing.T) {
 func TestOutputBufferWrapReportsDropped(t *testing.T) {
 	td := newTestDaemon(t, func(c *agentd.Config) { c.OutputBufferBytes = 64 << 10 })
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: sh("head -c 1000000 /dev/zero")})
+	st, err := td.client.Start(ctx, sh("head -c 1000000 /dev/zero"), agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
-	if _, err := td.client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: id}); err != nil {
+	id := st.Process.ProcessID
+	if _, err := td.client.Wait(ctx, id); err != nil {
 		t.Fatal(err)
 	}
 	var got, dropped int64
-	exit, err := td.client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: id}, func(m *agentdv1.AttachResponse) error {
-		for _, c := range m.GetChunks() {
-			got += int64(len(c.GetData()))
+	exit, err := td.client.Follow(ctx, id, agentclient.FollowOptions{}, func(m *agentclient.Output) error {
+		for _, c := range m.Chunks {
+			got += int64(len(c.Data))
 		}
-		dropped += m.GetDroppedBytes()
+		dropped += m.DroppedBytes
 		return nil
 	})
 	if err != nil || exit == nil {
@@ -477,49 +473,49 @@ func TestExecFreesOutputOnceExitSent(t *testing.T) {
 	ctx := ctxT(t)
 	const size = 100000
 	cmd := sh(fmt.Sprintf("head -c %d /dev/zero", size))
-	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: cmd}, nil)
-	if err != nil || len(res.Stdout) != size || res.Dropped != 0 || res.Exit == nil {
+	res, err := td.client.Exec(ctx, cmd, agentclient.ExecOptions{}, nil)
+	if err != nil || len(res.Stdout) != size || res.Dropped != 0 || res.Exit.ExitCode != 0 {
 		t.Fatalf("Exec: %d bytes, dropped %d, exit %v, %v", len(res.Stdout), res.Dropped, res.Exit, err)
 	}
-	id := res.Process.GetProcessId()
-	out, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id})
-	if err != nil || len(out.GetChunks()) != 0 || out.GetDroppedBytes() != size || out.GetNextCursor() != size || out.GetExit() == nil {
+	id := res.Process.ProcessID
+	out, err := td.client.ReadOutput(ctx, id, agentclient.ReadOutputOptions{})
+	if err != nil || len(out.Chunks) != 0 || out.DroppedBytes != size || out.NextCursor != size || out.Exit == nil {
 		t.Fatalf("ReadOutput from 0 after Exec: %d chunks, dropped %d, next %d, exit %v, %v",
-			len(out.GetChunks()), out.GetDroppedBytes(), out.GetNextCursor(), out.GetExit(), err)
+			len(out.Chunks), out.DroppedBytes, out.NextCursor, out.Exit, err)
 	}
 	var got, dropped int64
-	exit, err := td.client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: id}, func(m *agentdv1.AttachResponse) error {
-		got += int64(len(joinData(m.GetChunks())))
-		dropped += m.GetDroppedBytes()
+	exit, err := td.client.Follow(ctx, id, agentclient.FollowOptions{}, func(m *agentclient.Output) error {
+		got += int64(len(joinData(m.Chunks)))
+		dropped += m.DroppedBytes
 		return nil
 	})
 	if err != nil || got != 0 || dropped != size || exit == nil {
 		t.Fatalf("Attach from 0 after Exec: got %d, dropped %d, exit %v, %v", got, dropped, exit, err)
 	}
-	list, err := td.client.List(ctx, &agentdv1.ListRequest{})
+	list, err := td.client.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	listed := false
-	for _, p := range list.GetProcesses() {
-		listed = listed || (p.GetProcessId() == id && p.GetState() == agentdv1.ProcessState_PROCESS_STATE_EXITED && p.GetExit() != nil)
+	for _, p := range list {
+		listed = listed || (p.ProcessID == id && p.State == agentclient.ProcessExited && p.Exit != nil)
 	}
 	if !listed {
-		t.Fatalf("the Exec'd process is not listed with its exit: %v", list.GetProcesses())
+		t.Fatalf("the Exec'd process is not listed with its exit: %v", list)
 	}
 
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: cmd})
+	st, err := td.client.Start(ctx, cmd, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id = st.GetProcess().GetProcessId()
+	id = st.Process.ProcessID
 	if got := readAll(t, td.client, id); len(got) != size {
 		t.Fatalf("Start + Attach: %d bytes", len(got))
 	}
-	out, err = td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, MaxBytes: size})
-	if err != nil || len(joinData(out.GetChunks())) != size || out.GetDroppedBytes() != 0 || out.GetExit() == nil {
+	out, err = td.client.ReadOutput(ctx, id, agentclient.ReadOutputOptions{MaxBytes: size})
+	if err != nil || len(joinData(out.Chunks)) != size || out.DroppedBytes != 0 || out.Exit == nil {
 		t.Fatalf("ReadOutput from 0 after Start + Attach: %d bytes, dropped %d, exit %v, %v",
-			len(joinData(out.GetChunks())), out.GetDroppedBytes(), out.GetExit(), err)
+			len(joinData(out.Chunks)), out.DroppedBytes, out.Exit, err)
 	}
 }
 
@@ -529,8 +525,8 @@ func TestExecAndAttachFlowControl(t *testing.T) {
 	td := newTestDaemon(t, func(c *agentd.Config) { c.OutputBufferBytes = 64 << 10 })
 	ctx := ctxT(t)
 	const size = 16 << 20
-	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: sh(fmt.Sprintf("head -c %d /dev/zero; echo end >&2", size))}, nil)
-	if err != nil || len(res.Stdout) != size || string(res.Stderr) != "end\n" || res.Dropped != 0 || res.Exit.GetExitCode() != 0 {
+	res, err := td.client.Exec(ctx, sh(fmt.Sprintf("head -c %d /dev/zero; echo end >&2", size)), agentclient.ExecOptions{}, nil)
+	if err != nil || len(res.Stdout) != size || string(res.Stderr) != "end\n" || res.Dropped != 0 || res.Exit.ExitCode != 0 {
 		t.Fatalf("Exec: stdout %d bytes, stderr %q, dropped %d, exit %v, %v", len(res.Stdout), res.Stderr, res.Dropped, res.Exit, err)
 	}
 
@@ -539,25 +535,25 @@ func TestExecAndAttachFlowControl(t *testing.T) {
 	// stdin, which the test sends only once its Follow is receiving.
 	spec := sh(fmt.Sprintf("echo ready; head -c 1 >/dev/null; head -c %d /dev/zero", size))
 	spec.Stdin = true
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec})
+	st, err := td.client.Start(ctx, spec, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
+	id := st.Process.ProcessID
 	var got, dropped int64
 	calls := 0
 	released := make(chan error, 1)
-	exit, err := td.client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: id}, func(m *agentdv1.AttachResponse) error {
+	exit, err := td.client.Follow(ctx, id, agentclient.FollowOptions{}, func(m *agentclient.Output) error {
 		if calls++; calls%8 == 0 {
 			time.Sleep(time.Millisecond) // a slow client
 		}
-		for _, c := range m.GetChunks() {
-			got += int64(len(c.GetData()))
+		for _, c := range m.Chunks {
+			got += int64(len(c.Data))
 		}
-		dropped += m.GetDroppedBytes()
+		dropped += m.DroppedBytes
 		if calls == 1 {
 			go func() {
-				_, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Data: []byte("x")})
+				_, err := td.client.WriteStdin(ctx, id, 0, []byte("x"))
 				released <- err
 			}()
 		}
@@ -566,7 +562,7 @@ func TestExecAndAttachFlowControl(t *testing.T) {
 	if werr := <-released; werr != nil {
 		t.Fatal(werr)
 	}
-	if err != nil || exit.GetExitCode() != 0 || got != size+int64(len("ready\n")) || dropped != 0 {
+	if err != nil || exit.ExitCode != 0 || got != size+int64(len("ready\n")) || dropped != 0 {
 		t.Fatalf("Follow: got %d, dropped %d, exit %v, %v", got, dropped, exit, err)
 	}
 }
@@ -577,8 +573,8 @@ func TestExecMessageOrder(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
 	for _, cmd := range []string{"true", "echo hi", "echo a; sleep 0.1; echo b >&2; exit 3"} {
-		var msgs []*agentdv1.ExecResponse
-		res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: sh(cmd)}, func(m *agentdv1.ExecResponse) error {
+		var msgs []*agentclient.ExecEvent
+		res, err := td.client.Exec(ctx, sh(cmd), agentclient.ExecOptions{}, func(m *agentclient.ExecEvent) error {
 			msgs = append(msgs, m)
 			return nil
 		})
@@ -586,16 +582,16 @@ func TestExecMessageOrder(t *testing.T) {
 			t.Fatalf("%s: %v", cmd, err)
 		}
 		for i, m := range msgs {
-			if (m.GetStarted() != nil) != (i == 0) || (m.GetExit() != nil) != (i == len(msgs)-1) {
-				t.Fatalf("%s: message %d of %d: started %v, exit %v", cmd, i, len(msgs), m.GetStarted() != nil, m.GetExit())
+			if (m.Started != nil) != (i == 0) || (m.Exit != nil) != (i == len(msgs)-1) {
+				t.Fatalf("%s: message %d of %d: started %v, exit %v", cmd, i, len(msgs), m.Started != nil, m.Exit)
 			}
 		}
-		if res.Process.GetProcessId() == "" {
+		if res.Process.ProcessID == "" {
 			t.Fatalf("%s: no process info", cmd)
 		}
 	}
-	res, err := td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: sh("echo a; sleep 0.1; echo b >&2; exit 3")}, nil)
-	if err != nil || string(res.Stdout) != "a\n" || string(res.Stderr) != "b\n" || res.Exit.GetExitCode() != 3 {
+	res, err := td.client.Exec(ctx, sh("echo a; sleep 0.1; echo b >&2; exit 3"), agentclient.ExecOptions{}, nil)
+	if err != nil || string(res.Stdout) != "a\n" || string(res.Stderr) != "b\n" || res.Exit.ExitCode != 3 {
 		t.Fatalf("Exec = %q %q %v, %v", res.Stdout, res.Stderr, res.Exit, err)
 	}
 }
@@ -607,8 +603,8 @@ func readAll(t *testing.T, c *agentclient.Client, id string) string { return rea
 func readFrom(t *testing.T, c *agentclient.Client, id string, cursor int64) string {
 	t.Helper()
 	var b strings.Builder
-	if _, err := c.Follow(ctxT(t), &agentdv1.AttachRequest{ProcessId: id, Cursor: cursor}, func(m *agentdv1.AttachResponse) error {
-		b.WriteString(joinData(m.GetChunks()))
+	if _, err := c.Follow(ctxT(t), id, agentclient.FollowOptions{Cursor: cursor}, func(m *agentclient.Output) error {
+		b.WriteString(joinData(m.Chunks))
 		return nil
 	}); err != nil {
 		t.Fatal(err)
@@ -616,10 +612,10 @@ func readFrom(t *testing.T, c *agentclient.Client, id string, cursor int64) stri
 	return b.String()
 }
 
-func joinData(chunks []*agentdv1.OutputChunk) string {
+func joinData(chunks []agentclient.OutputChunk) string {
 	var b strings.Builder
 	for _, c := range chunks {
-		b.Write(c.GetData())
+		b.Write(c.Data)
 	}
 	return b.String()
 }

@@ -14,7 +14,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 )
 
 // testReclaimIdle is the reclaimer's idle time in these tests; quiet
@@ -321,7 +321,7 @@ func TestReclaimerThroughServer(t *testing.T) {
 	pr, pw := io.Pipe()
 	written := make(chan error, 1)
 	go func() {
-		_, err := client.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "f.bin"}, pr)
+		_, err := client.WriteFile(ctx, "f.bin", agentclient.WriteFileOptions{}, pr)
 		written <- err
 	}()
 	if _, err := pw.Write(bytes.Repeat([]byte("x"), 1<<20)); err != nil {
@@ -336,12 +336,12 @@ func TestReclaimerThroughServer(t *testing.T) {
 
 	// Execs back to back are one burst, reclaimed once it is over.
 	for i := 0; i < 10; i++ {
-		res, err := client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"true"}}}, nil)
+		res, err := client.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"true"}}, agentclient.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if res.Exit.GetExitCode() != 0 {
-			t.Fatalf("true exited %d", res.Exit.GetExitCode())
+		if res.Exit.ExitCode != 0 {
+			t.Fatalf("true exited %d", res.Exit.ExitCode)
 		}
 	}
 	c.waitReclaims(2)

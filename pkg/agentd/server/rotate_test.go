@@ -71,10 +71,10 @@ func TestRotateToken(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
 	newTok := randomToken(t, 32)
-	if _, err := td.client.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: newTok}); err != nil {
+	if err := td.client.RotateToken(ctx, newTok); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := td.client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := td.client.Info(ctx); err != nil {
 		t.Fatalf("the rotating client after the rotation: %v", err)
 	}
 	old, err := agentclient.Dial(agentclient.Options{Address: "unix://" + td.socket, Token: testToken})
@@ -82,10 +82,10 @@ func TestRotateToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer old.Close()
-	if _, err := old.Info(ctx, &agentdv1.InfoRequest{}); !errors.Is(err, errkind.ErrUnauthenticated) {
+	if _, err := old.Info(ctx); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("old token after the rotation: want unauthenticated, got %v", err)
 	}
-	if _, err := old.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: randomToken(t, 32)}); !errors.Is(err, errkind.ErrUnauthenticated) {
+	if err := old.RotateToken(ctx, randomToken(t, 32)); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("rotating with the old token: want unauthenticated, got %v", err)
 	}
 	fresh, err := agentclient.Dial(agentclient.Options{Address: "unix://" + td.socket, Token: newTok})
@@ -93,21 +93,21 @@ func TestRotateToken(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fresh.Close()
-	if _, err := fresh.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := fresh.Info(ctx); err != nil {
 		t.Fatalf("a new client with the new token: %v", err)
 	}
 
 	for name, tok := range map[string]string{"weak": strings.Repeat("x", 40), "same": newTok, "short": "abc"} {
-		_, err := td.client.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: tok})
+		err := td.client.RotateToken(ctx, tok)
 		if !errors.Is(err, errkind.ErrInvalidArgument) || strings.Contains(err.Error(), tok) {
 			t.Errorf("%s: want invalid argument not quoting the token, got %v", name, err)
 		}
 	}
 	// The refused rotations left the token as it was.
-	if _, err := fresh.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := fresh.Info(ctx); err != nil {
 		t.Fatalf("after refused rotations: %v", err)
 	}
-	if _, err := td.client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := td.client.Info(ctx); err != nil {
 		t.Fatalf("the rotating client after refused rotations: %v", err)
 	}
 }

@@ -145,11 +145,11 @@ func TestAuth(t *testing.T) {
 		t.Fatalf("health without token: %v %v", resp, err)
 	}
 	// The right token works, and the client maps errors.
-	info, err := td.client.Info(ctx, &agentdv1.InfoRequest{})
+	info, err := td.client.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.GetWorkspaceRoot() != td.workspace || len(info.GetFeatures()) == 0 {
+	if info.WorkspaceRoot != td.workspace || len(info.Features) == 0 {
 		t.Fatalf("unexpected info %v", info)
 	}
 	bad, err := agentclient.Dial(agentclient.Options{Address: "unix://" + td.socket, Token: "wrong-token-wrong-token"})
@@ -157,7 +157,7 @@ func TestAuth(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	if _, err := bad.Info(ctx, &agentdv1.InfoRequest{}); !errors.Is(err, errkind.ErrUnauthenticated) {
+	if _, err := bad.Info(ctx); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("client with wrong token: want ErrUnauthenticated, got %v", err)
 	}
 }
@@ -189,7 +189,7 @@ func TestDrainRefusesNewWork(t *testing.T) {
 	if status.Code(err) != codes.Unavailable {
 		t.Fatalf("Start while draining: want Unavailable, got %v", err)
 	}
-	if _, err := td.client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := td.client.Info(ctx); err != nil {
 		t.Fatalf("Info while draining should still work: %v", err)
 	}
 }

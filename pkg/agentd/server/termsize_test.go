@@ -11,11 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // badSize is a terminal size to refuse and the field the error names.
@@ -54,21 +51,21 @@ func wantSizeRefused(t *testing.T, what string, err error, field string) {
 func ttyOutput(t *testing.T, c *agentclient.Client, command string, rows, cols uint32) string {
 	t.Helper()
 	ctx := ctxT(t)
-	st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: command, Tty: true, Size: &agentdv1.TerminalSize{Rows: rows, Cols: cols}}})
+	st, err := c.Start(ctx, agentclient.ProcessSpec{Command: command, Tty: true, Size: agentclient.TerminalSize{Rows: rows, Cols: cols}}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatalf("start %dx%d: %v", rows, cols, err)
 	}
-	id := st.GetProcess().GetProcessId()
-	if _, err := c.Wait(ctx, &agentdv1.WaitRequest{ProcessId: id}); err != nil {
+	id := st.Process.ProcessID
+	if _, err := c.Wait(ctx, id); err != nil {
 		t.Fatal(err)
 	}
-	out, err := c.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id})
+	out, err := c.ReadOutput(ctx, id, agentclient.ReadOutputOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	for _, ch := range out.GetChunks() {
-		b.Write(ch.GetData())
+	for _, ch := range out.Chunks {
+		b.Write(ch.Data)
 	}
 	return strings.ReplaceAll(b.String(), "\r", "")
 }
@@ -96,18 +93,18 @@ func TestStartTerminalSize(t *testing.T) {
 		}
 	}
 	for _, c := range badTerminalSizes {
-		spec := &agentdv1.ProcessSpec{Command: "touch started", Tty: true, Size: &agentdv1.TerminalSize{Rows: c.rows, Cols: c.cols}}
-		_, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: spec})
+		spec := agentclient.ProcessSpec{Command: "touch started", Tty: true, Size: agentclient.TerminalSize{Rows: c.rows, Cols: c.cols}}
+		_, err := td.client.Start(ctx, spec, agentclient.StartOptions{})
 		wantSizeRefused(t, "Start "+sizeString(c.rows, c.cols), err, c.field)
-		_, err = td.client.Exec(ctx, &agentdv1.ExecRequest{Spec: spec}, nil)
+		_, err = td.client.Exec(ctx, spec, agentclient.ExecOptions{}, nil)
 		wantSizeRefused(t, "Exec "+sizeString(c.rows, c.cols), err, c.field)
 	}
-	list, err := td.client.List(ctx, &agentdv1.ListRequest{})
+	list, err := td.client.List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range list.GetProcesses() {
-		if strings.Contains(strings.Join(p.GetArgv(), " "), "touch started") {
+	for _, p := range list {
+		if strings.Contains(strings.Join(p.Argv, " "), "touch started") {
 			t.Errorf("a refused size started a process: %v", p)
 		}
 	}
@@ -120,16 +117,16 @@ func TestStartTerminalSize(t *testing.T) {
 func TestResizeTerminalSize(t *testing.T) {
 	td := newTestDaemon(t, nil)
 	ctx := ctxT(t)
-	st, err := td.client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "while read line; do stty size; done", Tty: true, Size: &agentdv1.TerminalSize{Rows: 30, Cols: 100}}})
+	st, err := td.client.Start(ctx, agentclient.ProcessSpec{Command: "while read line; do stty size; done", Tty: true, Size: agentclient.TerminalSize{Rows: 30, Cols: 100}}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
+	id := st.Process.ProcessID
 	t.Cleanup(func() {
-		_, _ = td.client.Signal(context.Background(), &agentdv1.SignalRequest{ProcessId: id, Signal: "KILL"})
+		_ = td.client.Signal(context.Background(), id, "KILL")
 	})
 	resize := func(rows, cols uint32) error {
-		_, err := td.client.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: id, Size: &agentdv1.TerminalSize{Rows: rows, Cols: cols}})
+		err := td.client.Resize(ctx, id, agentclient.TerminalSize{Rows: rows, Cols: cols})
 		return err
 	}
 	var stdin, cursor int64
@@ -138,25 +135,25 @@ func TestResizeTerminalSize(t *testing.T) {
 	// answer, "rows cols".
 	size := func() string {
 		t.Helper()
-		res, err := td.client.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Offset: stdin, Data: []byte("\n")})
+		res, err := td.client.WriteStdin(ctx, id, stdin, []byte("\n"))
 		if err != nil {
 			t.Fatal(err)
 		}
-		stdin = res.GetNextOffset()
+		stdin = res
 		for {
 			if m := sttySize.FindStringSubmatchIndex(out); m != nil {
 				line := out[m[2]:m[3]]
 				out = out[m[1]:]
 				return line
 			}
-			r, err := td.client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, Cursor: cursor, YieldTime: durationpb.New(time.Second)})
+			r, err := td.client.ReadOutput(ctx, id, agentclient.ReadOutputOptions{Cursor: cursor, YieldTime: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
-			for _, ch := range r.GetChunks() {
-				out += strings.ReplaceAll(string(ch.GetData()), "\r", "")
+			for _, ch := range r.Chunks {
+				out += strings.ReplaceAll(string(ch.Data), "\r", "")
 			}
-			cursor = r.GetNextCursor()
+			cursor = r.NextCursor
 		}
 	}
 	refused := func() {

@@ -24,7 +24,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // testCA is an in-memory certificate authority.
@@ -187,7 +186,7 @@ func waitServing(t *testing.T, c *agentclient.Client, r *runningDaemon) {
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		_, err := c.Info(ctx, &agentdv1.InfoRequest{})
+		_, err := c.Info(ctx)
 		cancel()
 		if err == nil {
 			return
@@ -238,21 +237,21 @@ func TestRunMutualTLS(t *testing.T) {
 	if _, err := os.Stat(cfg.TokenFile); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("the token file is still there after start: %v", err)
 	}
-	info, err := good.Info(shortCtx(t), &agentdv1.InfoRequest{})
+	info, err := good.Info(shortCtx(t))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.GetWorkspaceRoot() != cfg.Daemon.WorkspaceRoot {
+	if info.WorkspaceRoot != cfg.Daemon.WorkspaceRoot {
 		t.Fatalf("info %v", info)
 	}
 	// The server name may also be checked against the DNS SAN.
 	byName := dialT(t, agentclient.Options{Address: "tcp://" + addr, Token: testToken,
 		TLS: &tls.Config{RootCAs: ca.pool(), Certificates: []tls.Certificate{clientPair}, ServerName: "localhost"}})
-	if _, err := byName.Info(shortCtx(t), &agentdv1.InfoRequest{}); err != nil {
+	if _, err := byName.Info(shortCtx(t)); err != nil {
 		t.Fatalf("ServerName localhost: %v", err)
 	}
 	// Real work over mTLS.
-	res, err := good.Exec(shortCtx(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"echo", "over mtls"}}}, nil)
+	res, err := good.Exec(shortCtx(t), agentclient.ProcessSpec{Argv: []string{"echo", "over mtls"}}, agentclient.ExecOptions{}, nil)
 	if err != nil || string(res.Stdout) != "over mtls\n" {
 		t.Fatalf("exec over mTLS: %v %v", res, err)
 	}
@@ -260,7 +259,7 @@ func TestRunMutualTLS(t *testing.T) {
 	refused := func(name string, opts agentclient.Options) {
 		t.Helper()
 		c := dialT(t, opts)
-		_, err := c.Info(shortCtx(t), &agentdv1.InfoRequest{})
+		_, err := c.Info(shortCtx(t))
 		if err == nil {
 			t.Fatalf("%s: Info succeeded", name)
 		}
@@ -280,7 +279,7 @@ func TestRunMutualTLS(t *testing.T) {
 	for name, token := range map[string]string{"wrong token": strings.Repeat("z", len(testToken)), "no token": ""} {
 		c := dialT(t, agentclient.Options{Address: "tcp://" + addr, Token: token,
 			TLS: &tls.Config{RootCAs: ca.pool(), Certificates: []tls.Certificate{clientPair}}})
-		if _, err := c.Info(shortCtx(t), &agentdv1.InfoRequest{}); !errors.Is(err, errkind.ErrUnauthenticated) {
+		if _, err := c.Info(shortCtx(t)); !errors.Is(err, errkind.ErrUnauthenticated) {
 			t.Fatalf("%s over mTLS: want ErrUnauthenticated, got %v", name, err)
 		}
 		// Health needs the certificate but not the token.
@@ -297,7 +296,7 @@ func TestRunMutualTLS(t *testing.T) {
 		conn.Close()
 		t.Fatal("the listener is still open after Run returned")
 	}
-	if _, err := good.Info(shortCtx(t), &agentdv1.InfoRequest{}); err == nil {
+	if _, err := good.Info(shortCtx(t)); err == nil {
 		t.Fatal("a call succeeded after shutdown")
 	}
 }
@@ -355,14 +354,14 @@ func TestRunInsecureNoAuth(t *testing.T) {
 	}
 	c := dialT(t, agentclient.Options{Address: "unix://" + socket})
 	waitServing(t, c, run)
-	if _, err := c.WriteFile(shortCtx(t), &agentdv1.WriteFileHeader{Path: "hello.txt"}, strings.NewReader("hi")); err != nil {
+	if _, err := c.WriteFile(shortCtx(t), "hello.txt", agentclient.WriteFileOptions{}, strings.NewReader("hi")); err != nil {
 		t.Fatalf("write without a token under --insecure-no-auth: %v", err)
 	}
 	if diskContent(t, filepath.Join(cfg.Daemon.WorkspaceRoot, "hello.txt")) != "hi" {
 		t.Fatal("write did not land")
 	}
 	// Any token is accepted too (there is nothing to check it against).
-	if _, err := dialT(t, agentclient.Options{Address: "unix://" + socket, Token: "whatever-token-value"}).Info(shortCtx(t), &agentdv1.InfoRequest{}); err != nil {
+	if _, err := dialT(t, agentclient.Options{Address: "unix://" + socket, Token: "whatever-token-value"}).Info(shortCtx(t)); err != nil {
 		t.Fatal(err)
 	}
 	if err := run.stop(t); err != nil {

@@ -3,7 +3,6 @@ package agentclient_test
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"path/filepath"
 	"reflect"
@@ -19,43 +18,72 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
-// TestAPIShape pins the shape the package doc promises: every method that
-// is one RPC takes ctx and one proto message (the request, or the header
-// that opens a client stream), then at most the stream's other end; a
-// unary call returns the RPC's response message. The helpers that are not
-// one RPC of the daemon's services are listed here by name.
+// TestAPIShape pins the shape the package doc promises: every method
+// takes ctx first (Close excepted), returns an error last, and no type
+// reachable from a method's signature (through pointers, slices, maps,
+// funcs and struct fields) is a type of the wire contract: the API is in
+// Go types, the wire stays inside the package.
 func TestAPIShape(t *testing.T) {
-	helpers := map[string]bool{"Close": true, "Health": true, "ListenLocal": true}
 	ctxType := reflect.TypeFor[context.Context]()
-	msgType := reflect.TypeFor[proto.Message]()
-	writer, reader := reflect.TypeFor[io.Writer](), reflect.TypeFor[io.Reader]()
 	ct := reflect.TypeFor[*agentclient.Client]()
+	seen := map[reflect.Type]bool{}
 	for i := range ct.NumMethod() {
 		m := ct.Method(i)
-		if helpers[m.Name] {
-			continue
-		}
 		ft := m.Type // receiver first
-		if ft.NumIn() < 3 || ft.NumIn() > 4 || ft.In(1) != ctxType || !ft.In(2).Implements(msgType) {
-			t.Errorf("%s%s: want (ctx, *agentdv1.<Request or Header>[, stream end])", m.Name, strings.TrimPrefix(ft.String(), "func"))
-			continue
+		if m.Name != "Close" && (ft.NumIn() < 2 || ft.In(1) != ctxType) {
+			t.Errorf("%s%s: want ctx first", m.Name, strings.TrimPrefix(ft.String(), "func"))
 		}
-		if ft.NumOut() != 2 || ft.Out(1) != reflect.TypeFor[error]() {
-			t.Errorf("%s: want (result, error), got %s", m.Name, ft)
-			continue
+		if ft.NumOut() == 0 || ft.Out(ft.NumOut()-1) != reflect.TypeFor[error]() {
+			t.Errorf("%s: want an error last, got %s", m.Name, ft)
 		}
-		if ft.NumIn() == 4 {
-			if end := ft.In(3); end != writer && end != reader && end.Kind() != reflect.Func {
-				t.Errorf("%s: the parameter after the request must be an io.Writer, io.Reader or callback, got %s", m.Name, ft.In(3))
+		for j := 1; j < ft.NumIn(); j++ {
+			checkNoWire(t, m.Name, ft.In(j), seen)
+		}
+		for j := range ft.NumOut() {
+			checkNoWire(t, m.Name, ft.Out(j), seen)
+		}
+	}
+	for _, f := range []any{agentclient.WaitReady, agentclient.PatchRejection} {
+		checkNoWire(t, "function", reflect.TypeOf(f), seen)
+	}
+	if len(seen) < 30 {
+		t.Fatalf("only %d types reached: the walk is not looking at the API", len(seen))
+	}
+}
+
+// checkNoWire fails when t, or a type reachable from it, belongs to the
+// wire contract's package or implements proto.Message.
+func checkNoWire(t *testing.T, method string, typ reflect.Type, seen map[reflect.Type]bool) {
+	t.Helper()
+	if seen[typ] {
+		return
+	}
+	seen[typ] = true
+	if strings.HasPrefix(typ.PkgPath(), "github.com/bulkhead-dev/bulkhead/proto/") || typ.Implements(reflect.TypeFor[proto.Message]()) {
+		t.Errorf("%s: %s is a wire type", method, typ)
+		return
+	}
+	switch typ.Kind() {
+	case reflect.Pointer, reflect.Slice, reflect.Array, reflect.Chan:
+		checkNoWire(t, method, typ.Elem(), seen)
+	case reflect.Map:
+		checkNoWire(t, method, typ.Key(), seen)
+		checkNoWire(t, method, typ.Elem(), seen)
+	case reflect.Func:
+		for i := range typ.NumIn() {
+			checkNoWire(t, method, typ.In(i), seen)
+		}
+		for i := range typ.NumOut() {
+			checkNoWire(t, method, typ.Out(i), seen)
+		}
+	case reflect.Struct:
+		if typ.PkgPath() != "github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient" {
+			return // time.Time and the like
+		}
+		for i := range typ.NumField() {
+			if f := typ.Field(i); f.IsExported() {
+				checkNoWire(t, method, f.Type, seen)
 			}
-			continue
-		}
-		req := ft.In(2).Elem().Name()
-		if !strings.HasSuffix(req, "Request") {
-			continue // a stream's opening message (Forward's ForwardStart)
-		}
-		if want := strings.TrimSuffix(req, "Request") + "Response"; ft.Out(0).Kind() != reflect.Pointer || ft.Out(0).Elem().Name() != want {
-			t.Errorf("%s: a unary call returns *agentdv1.%s, got %s", m.Name, want, ft.Out(0))
 		}
 	}
 }

@@ -5,37 +5,38 @@
 //
 // # The shape of the API
 //
-// Every method of Client that maps to one RPC has the same shape, so a
-// library user learns it once and a field added to the wire contract never
-// changes a Go signature:
+// The API is in Go types (types.go): the wire's messages
+// (proto/bulkhead/agentd/v1) stay inside this package, converted in one
+// file (convert.go), so a caller never imports the wire contract and a
+// field added to it is a field added to a Go struct, not a new signature.
+// Every method of Client that maps to one RPC has the same shape:
 //
-//   - A unary call takes ctx and the RPC's request message, and returns the
-//     RPC's response message:
+//   - It takes ctx, what the call is about (a path, a process id, a
+//     ProcessSpec), and an options struct for everything optional, and
+//     returns a typed result (or only an error when the daemon answers
+//     nothing):
 //
-//     Stat(ctx, *agentdv1.StatRequest) (*agentdv1.StatResponse, error)
+//     Stat(ctx, path string, StatOptions) (*FileInfo, error)
+//     Signal(ctx, processID, signal string) error
 //
-//     This holds for calls whose request is empty today (Info, List) and
-//     for calls whose response is empty today (Remove, Signal, ...).
+//   - A streaming call takes, last, the other end of the stream: an
+//     io.Writer that receives a download, an io.Reader that supplies an
+//     upload, or a callback that sees each message. It returns what the
+//     stream ends with (the file's info, the archive's stats, the exit
+//     status); Forward returns the tunnel as a net.Conn.
 //
-//   - A streaming call takes ctx, the message that opens the stream (the
-//     request of a server stream; the header of a client stream, which on
-//     the wire is the first message of the request's oneof), and then the
-//     other end of the stream: an io.Writer that receives a download, an
-//     io.Reader that supplies an upload, or a callback that sees each
-//     message. A client stream returns the RPC's response message; a
-//     server stream returns what it ends with (the file's info, the
-//     archive's stats, the exit status); Forward returns the tunnel as a
-//     net.Conn.
+//     ReadFile(ctx, path string, ReadFileOptions, io.Writer) (*FileInfo, error)
+//     WriteFile(ctx, path string, WriteFileOptions, io.Reader) (*WriteFileResult, error)
+//     Follow(ctx, processID string, FollowOptions, func(*Output) error) (*ExitStatus, error)
+//     Forward(ctx, port int) (net.Conn, error)
 //
-//     ReadFile(ctx, *agentdv1.ReadFileRequest, io.Writer) (*agentdv1.FileInfo, error)
-//     WriteFile(ctx, *agentdv1.WriteFileHeader, io.Reader) (*agentdv1.WriteFileResponse, error)
-//     Follow(ctx, *agentdv1.AttachRequest, func(*agentdv1.AttachResponse) error) (*agentdv1.ExitStatus, error)
-//     Forward(ctx, *agentdv1.ForwardStart) (net.Conn, error)
-//
-// Requests are never modified, except that Start and Exec fill in an empty
-// request_id (see NewRequestID). Helpers that are not one RPC of the
-// daemon's own services keep plain parameters: Health (the standard gRPC
-// health check, one attempt), WaitReady, ListenLocal and Close.
+// Enums are string constants, durations time.Duration, times time.Time.
+// Errors are Go errors from the one registry (package errkind): test them
+// with errors.Is and errkind.Retryable. Start and Exec make a request id
+// when the options carry none (see NewRequestID). Helpers that are not
+// one RPC of the daemon's own services keep plain parameters: Health (the
+// standard gRPC health check, one attempt), WaitReady, ListenLocal and
+// Close.
 //
 // The connection itself is not exposed: everything a caller needs from it
 // (health, the daemon's services) is a method here.
@@ -158,12 +159,15 @@ func New(conn *grpc.ClientConn) *Client {
 func (c *Client) Close() error { return c.conn.Close() }
 
 // Info describes the daemon.
-func (c *Client) Info(ctx context.Context, req *agentdv1.InfoRequest) (*agentdv1.InfoResponse, error) {
-	resp, err := c.system.Info(ctx, req)
-	return resp, wrap(err)
+func (c *Client) Info(ctx context.Context) (*DaemonInfo, error) {
+	resp, err := c.system.Info(ctx, &agentdv1.InfoRequest{})
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return daemonInfoOf(resp), nil
 }
 
-// RotateToken replaces the daemon's bearer token with req.NewToken (see
+// RotateToken replaces the daemon's bearer token with newToken (see
 // SystemService.RotateToken: at least 32 visible ASCII characters of
 // random data). The call carries the current token. When it succeeds and
 // the client was made by Dial with a token, every later call on this
@@ -174,15 +178,14 @@ func (c *Client) Info(ctx context.Context, req *agentdv1.InfoRequest) (*agentdv1
 // failure without a reply (the connection dropped) leaves open whether the
 // daemon rotated: retry by calling Info with each token. Errors never
 // quote a token.
-func (c *Client) RotateToken(ctx context.Context, req *agentdv1.RotateTokenRequest) (*agentdv1.RotateTokenResponse, error) {
-	resp, err := c.system.RotateToken(ctx, req)
-	if err != nil {
-		return nil, wrap(err)
+func (c *Client) RotateToken(ctx context.Context, newToken string) error {
+	if _, err := c.system.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: newToken}); err != nil {
+		return wrap(err)
 	}
 	if c.creds != nil {
-		c.creds.set(req.GetNewToken())
+		c.creds.set(newToken)
 	}
-	return resp, nil
+	return nil
 }
 
 // Health asks the daemon's standard gRPC health service once. It returns
@@ -266,8 +269,9 @@ func wrap(err error) error {
 	return errmap.FromStatus(err)
 }
 
-// PatchRejection returns the structured reason an ApplyPatch failed, if err carries one.
-func PatchRejection(err error) *agentdv1.PatchRejection { return errmap.PatchRejection(err) }
+// PatchRejection returns the structured reason an ApplyPatch failed, if
+// err carries one, else nil.
+func PatchRejection(err error) *PatchRejectionDetail { return rejectionOf(errmap.PatchRejection(err)) }
 
 func grpcTarget(address string) (string, error) {
 	if address == "" {

@@ -17,9 +17,11 @@ import (
 // always moves as a stream of chunks, never as one message.
 const fileChunkBytes = 256 << 10
 
-// ReadFile streams a file (from offset, at most limit bytes when limit > 0)
-// into w and returns the file's info.
-func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w io.Writer) (*agentdv1.FileInfo, error) {
+// ReadFile streams a file (from opts.Offset, at most opts.Limit bytes when
+// it is set) into w and returns the file's info (never nil without an
+// error; with one, the info when it arrived before the failure).
+func (c *Client) ReadFile(ctx context.Context, path string, opts ReadFileOptions, w io.Writer) (*FileInfo, error) {
+	req := &agentdv1.ReadFileRequest{Path: path, Offset: opts.Offset, Limit: opts.Limit, User: opts.User}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // releases the stream when the destination fails
 	rc := &readFileCodec{}
@@ -28,17 +30,20 @@ func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w 
 	if err != nil {
 		return nil, wrap(err)
 	}
-	var info *agentdv1.FileInfo
+	var info *FileInfo
 	for {
 		msg, err := stream.Recv()
 		if errors.Is(err, io.EOF) {
+			if info == nil { // the daemon sends the info first, always
+				return nil, errkind.Errorf(errkind.ErrInternal, "read %s: %v", path, errStreamEnded)
+			}
 			return info, nil
 		}
 		if err != nil {
 			return info, wrap(err)
 		}
 		if msg.GetInfo() != nil {
-			info = msg.GetInfo()
+			info = fileInfoPtr(msg.GetInfo())
 		}
 		// A data-only message was left in its frames (readFileCodec),
 		// written out from there; a message with the info (the first) was
@@ -50,15 +55,16 @@ func (c *Client) ReadFile(ctx context.Context, req *agentdv1.ReadFileRequest, w 
 			_, err = w.Write(data)
 		}
 		if err != nil {
-			return info, fmt.Errorf("read %s: write to destination: %w", req.GetPath(), err)
+			return info, fmt.Errorf("read %s: write to destination: %w", path, err)
 		}
 	}
 }
 
-// WriteFile streams r into a file described by header. The daemon writes a
-// temporary file and renames it into place only when everything arrived, so
-// an interrupted call leaves the old file as it was.
-func (c *Client) WriteFile(ctx context.Context, header *agentdv1.WriteFileHeader, r io.Reader) (*agentdv1.WriteFileResponse, error) {
+// WriteFile streams r into the file at path. The daemon writes a
+// temporary file and renames it into place only when everything arrived,
+// so an interrupted call leaves the old file as it was.
+func (c *Client) WriteFile(ctx context.Context, path string, opts WriteFileOptions, r io.Reader) (*WriteFileResult, error) {
+	header := writeHeaderToProto(path, opts)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // aborts the stream (and so the write) on an early return
 	stream, err := c.file.WriteFile(ctx, grpc.ForceCodecV2(handOffCodec{}))
@@ -74,10 +80,13 @@ func (c *Client) WriteFile(ctx context.Context, header *agentdv1.WriteFileHeader
 			return stream.Send(&agentdv1.WriteFileRequest{Message: &agentdv1.WriteFileRequest_Data{Data: p}})
 		})
 	if err != nil {
-		return nil, uploadError(stream.CloseAndRecv, err, "write", header.GetPath())
+		return nil, uploadError(stream.CloseAndRecv, err, "write", path)
 	}
 	resp, err := stream.CloseAndRecv()
-	return resp, wrap(err)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return &WriteFileResult{Info: fileInfoOf(resp.GetInfo()), SHA256: resp.GetSha256()}, nil
 }
 
 // upload sends a client stream's header, then r's bytes in chunks. Large
@@ -158,38 +167,71 @@ func uploadError[T any](closeAndRecv func() (T, error), err error, op, path stri
 }
 
 // Stat describes a path without following a final symlink.
-func (c *Client) Stat(ctx context.Context, req *agentdv1.StatRequest) (*agentdv1.StatResponse, error) {
-	resp, err := c.file.Stat(ctx, req)
-	return resp, wrap(err)
+func (c *Client) Stat(ctx context.Context, path string, opts StatOptions) (*FileInfo, error) {
+	resp, err := c.file.Stat(ctx, &agentdv1.StatRequest{Path: path, User: opts.User})
+	if err != nil {
+		return nil, wrap(err)
+	}
+	info := fileInfoOf(resp.GetInfo())
+	return &info, nil
 }
 
-// ListDir returns one page of a directory listing.
-func (c *Client) ListDir(ctx context.Context, req *agentdv1.ListDirRequest) (*agentdv1.ListDirResponse, error) {
-	resp, err := c.file.ListDir(ctx, req)
-	return resp, wrap(err)
+// ListDir returns one page of a directory listing (the first page, or the
+// one opts.PageToken names).
+func (c *Client) ListDir(ctx context.Context, path string, opts ListDirOptions) (*DirPage, error) {
+	resp, err := c.file.ListDir(ctx, &agentdv1.ListDirRequest{Path: path, User: opts.User, PageSize: clampInt32(opts.PageSize),
+		PageToken: opts.PageToken})
+	if err != nil {
+		return nil, wrap(err)
+	}
+	page := &DirPage{Entries: make([]FileInfo, 0, len(resp.GetEntries())), NextPageToken: resp.GetNextPageToken()}
+	for _, e := range resp.GetEntries() {
+		page.Entries = append(page.Entries, fileInfoOf(e))
+	}
+	return page, nil
 }
 
-// MakeDir creates a directory.
-func (c *Client) MakeDir(ctx context.Context, req *agentdv1.MakeDirRequest) (*agentdv1.MakeDirResponse, error) {
-	resp, err := c.file.MakeDir(ctx, req)
-	return resp, wrap(err)
+// MakeDir creates a directory and returns its info.
+func (c *Client) MakeDir(ctx context.Context, path string, opts MakeDirOptions) (*FileInfo, error) {
+	resp, err := c.file.MakeDir(ctx, &agentdv1.MakeDirRequest{Path: path, Mode: opts.Mode, Parents: opts.Parents, User: opts.User})
+	if err != nil {
+		return nil, wrap(err)
+	}
+	info := fileInfoOf(resp.GetInfo())
+	return &info, nil
 }
 
-// Remove removes a path (recursively only when asked).
-func (c *Client) Remove(ctx context.Context, req *agentdv1.RemoveRequest) (*agentdv1.RemoveResponse, error) {
-	resp, err := c.file.Remove(ctx, req)
-	return resp, wrap(err)
+// Remove removes a path (a non-empty directory only when opts.Recursive).
+func (c *Client) Remove(ctx context.Context, path string, opts RemoveOptions) error {
+	_, err := c.file.Remove(ctx, &agentdv1.RemoveRequest{Path: path, Recursive: opts.Recursive, User: opts.User})
+	return wrap(err)
 }
 
-// Rename moves a path.
-func (c *Client) Rename(ctx context.Context, req *agentdv1.RenameRequest) (*agentdv1.RenameResponse, error) {
-	resp, err := c.file.Rename(ctx, req)
-	return resp, wrap(err)
+// Rename moves a path (over an existing one only when opts.Overwrite).
+func (c *Client) Rename(ctx context.Context, from, to string, opts RenameOptions) error {
+	_, err := c.file.Rename(ctx, &agentdv1.RenameRequest{From: from, To: to, Overwrite: opts.Overwrite, User: opts.User})
+	return wrap(err)
 }
 
-// ApplyPatch applies a patch all-or-nothing. On rejection the error matches
-// errkind.ErrPatchRejected and PatchRejection(err) explains it.
-func (c *Client) ApplyPatch(ctx context.Context, req *agentdv1.ApplyPatchRequest) (*agentdv1.ApplyPatchResponse, error) {
+// ApplyPatch applies a patch in V4A form (the whole `*** Begin Patch` ...
+// `*** End Patch` text), all or nothing. On rejection the error matches
+// errkind.ErrPatchRejected (or ErrInvalidArgument for a malformed patch)
+// and PatchRejection(err) explains it.
+func (c *Client) ApplyPatch(ctx context.Context, patch string, opts ApplyPatchOptions) (*PatchResult, error) {
+	return c.applyPatch(ctx, &agentdv1.ApplyPatchRequest{Input: &agentdv1.ApplyPatchRequest_Patch{Patch: patch}}, opts)
+}
+
+// ApplyOperations applies a patch in the per-file operation form, all or
+// nothing, as ApplyPatch does.
+func (c *Client) ApplyOperations(ctx context.Context, ops []PatchOperation, opts ApplyPatchOptions) (*PatchResult, error) {
+	return c.applyPatch(ctx, &agentdv1.ApplyPatchRequest{Input: &agentdv1.ApplyPatchRequest_Operations{Operations: operationsToProto(ops)}}, opts)
+}
+
+func (c *Client) applyPatch(ctx context.Context, req *agentdv1.ApplyPatchRequest, opts ApplyPatchOptions) (*PatchResult, error) {
+	req.Cwd, req.User, req.DryRun = opts.Cwd, opts.User, opts.DryRun
 	resp, err := c.workspace.ApplyPatch(ctx, req)
-	return resp, wrap(err)
+	if err != nil {
+		return nil, wrap(err)
+	}
+	return patchResultOf(resp), nil
 }

@@ -18,15 +18,14 @@ import (
 // forwardChunkBytes is the most one Forward data message carries.
 const forwardChunkBytes = 32 << 10
 
-// Forward opens a TCP connection to 127.0.0.1:<start.port> inside the sandbox,
+// Forward opens a TCP connection to 127.0.0.1:<port> inside the sandbox,
 // tunnelled over the daemon's authenticated channel, and returns it as a
 // net.Conn. It returns once the daemon connected: nothing listening there
 // is an ErrUnavailable error (retryable: the server may not be up yet).
 // The connection ends with ctx, Close, or either side closing; CloseWrite
 // half-closes it. Write deadlines are checked before each write, not
 // during one (a write blocks only under the tunnel's flow control).
-func (c *Client) Forward(ctx context.Context, start *agentdv1.ForwardStart) (net.Conn, error) {
-	port := int(start.GetPort())
+func (c *Client) Forward(ctx context.Context, port int) (net.Conn, error) {
 	if port < 1 || port > 65535 {
 		return nil, errkind.Errorf(errkind.ErrInvalidArgument, "forward: port %d is not in 1-65535", port)
 	}
@@ -40,7 +39,7 @@ func (c *Client) Forward(ctx context.Context, start *agentdv1.ForwardStart) (net
 		cancel()
 		return nil, fmt.Errorf("forward port %d: %w", port, err)
 	}
-	if err := stream.Send(&agentdv1.ForwardRequest{Message: &agentdv1.ForwardRequest_Start{Start: start}}); err != nil {
+	if err := stream.Send(&agentdv1.ForwardRequest{Message: &agentdv1.ForwardRequest_Start{Start: &agentdv1.ForwardStart{Port: uint32(port)}}}); err != nil {
 		if _, rerr := stream.Recv(); rerr != nil && !errors.Is(rerr, io.EOF) {
 			err = rerr // the status says more than the failed send
 		}
@@ -330,7 +329,7 @@ func (c *Client) ListenLocal(ctx context.Context, port int) (*PortListener, erro
 // serve forwards one local connection, passing half-closes through.
 func (pl *PortListener) serve(ctx context.Context, c *Client, port int, local net.Conn) {
 	defer local.Close()
-	remote, err := c.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
+	remote, err := c.Forward(ctx, port)
 	if err != nil {
 		pl.mu.Lock()
 		if pl.err == nil {

@@ -21,7 +21,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func testCtx(t *testing.T) context.Context {
@@ -68,7 +67,7 @@ func TestForwardEchoWithHalfClose(t *testing.T) {
 	ctx := testCtx(t)
 	d := agentdtest.Start(t, nil)
 	port := serveTCP(t, echo)
-	conn, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
+	conn, err := d.Client.Forward(ctx, port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -95,7 +94,7 @@ func TestForwardServerClosesFirst(t *testing.T) {
 	ctx := testCtx(t)
 	d := agentdtest.Start(t, nil)
 	port := serveTCP(t, func(c *net.TCPConn) { _, _ = c.Write([]byte("hello, then goodbye")) })
-	conn, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
+	conn, err := d.Client.Forward(ctx, port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +113,7 @@ func TestForwardClientCloseReachesTheServer(t *testing.T) {
 		_, err := io.Copy(io.Discard, c)
 		ended <- err
 	})
-	conn, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
+	conn, err := d.Client.Forward(ctx, port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,22 +142,22 @@ func TestForwardErrors(t *testing.T) {
 	}
 	closed := l.Addr().(*net.TCPAddr).Port
 	l.Close()
-	_, err = d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(closed)})
+	_, err = d.Client.Forward(ctx, closed)
 	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
 		t.Errorf("forward to a closed port: %v; want ErrUnavailable, retryable", err)
 	}
 	t.Log(err)
 	for _, port := range []int{0, -1, 70000} {
-		if _, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)}); !errors.Is(err, errkind.ErrInvalidArgument) {
+		if _, err := d.Client.Forward(ctx, port); !errors.Is(err, errkind.ErrInvalidArgument) {
 			t.Errorf("forward to port %d: %v", port, err)
 		}
 	}
-	info, err := d.Client.Info(ctx, &agentdv1.InfoRequest{})
+	info, err := d.Client.Info(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Contains(info.GetFeatures(), "port.forward") {
-		t.Errorf("features %v lack port.forward", info.GetFeatures())
+	if !slices.Contains(info.Features, "port.forward") {
+		t.Errorf("features %v lack port.forward", info.Features)
 	}
 }
 
@@ -166,7 +165,7 @@ func TestForwardReadDeadline(t *testing.T) {
 	ctx := testCtx(t)
 	d := agentdtest.Start(t, nil)
 	port := serveTCP(t, echo)
-	conn, err := d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
+	conn, err := d.Client.Forward(ctx, port)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -239,7 +238,7 @@ func TestListenLocalHTTP(t *testing.T) {
 	}
 	// A forward directly through http.Transport's dialer works too.
 	direct := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		return d.Client.Forward(ctx, &agentdv1.ForwardStart{Port: uint32(port)})
+		return d.Client.Forward(ctx, port)
 	}}}
 	defer direct.CloseIdleConnections()
 	resp, err := direct.Get("http://sandbox/direct")

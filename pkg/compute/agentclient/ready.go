@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Defaults of ReadyOptions.
@@ -47,7 +46,7 @@ type ReadyOptions struct {
 //     errkind.ErrUnauthenticated);
 //   - ctx is canceled: errkind.ErrCanceled; ctx's own deadline passes:
 //     errkind.ErrDeadlineExceeded.
-func WaitReady(ctx context.Context, c *Client, opts ReadyOptions) (*agentdv1.InfoResponse, error) {
+func WaitReady(ctx context.Context, c *Client, opts ReadyOptions) (*DaemonInfo, error) {
 	parent := ctx
 	if opts.Timeout > 0 {
 		var cancel context.CancelFunc
@@ -65,7 +64,7 @@ func WaitReady(ctx context.Context, c *Client, opts ReadyOptions) (*agentdv1.Inf
 			why = answer
 		}
 		if err == nil {
-			info, err := c.Info(ctx, &agentdv1.InfoRequest{})
+			info, err := c.Info(ctx)
 			if err != nil {
 				return nil, fmt.Errorf("the sandbox daemon serves but refused an authenticated call: %w", err)
 			}

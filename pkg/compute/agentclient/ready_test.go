@@ -52,8 +52,8 @@ func TestWaitReadyServingDaemon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if info.GetWorkspaceRoot() != d.Workspace {
-		t.Errorf("Info's workspace = %q, want %q", info.GetWorkspaceRoot(), d.Workspace)
+	if info.WorkspaceRoot != d.Workspace {
+		t.Errorf("Info's workspace = %q, want %q", info.WorkspaceRoot, d.Workspace)
 	}
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
@@ -69,24 +68,24 @@ func TestRotateTokenRealDaemon(t *testing.T) {
 	}
 
 	// A stream authenticated before the rotation.
-	st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "echo ready; read x; echo got-$x", Stdin: true}})
+	st, err := c.Start(ctx, agentclient.ProcessSpec{Command: "echo ready; read x; echo got-$x", Stdin: true}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	pid := st.GetProcess().GetProcessId()
+	pid := st.Process.ProcessID
 	ready := make(chan struct{})
 	type followed struct {
 		out  string
-		exit *agentdv1.ExitStatus
+		exit *agentclient.ExitStatus
 		err  error
 	}
 	done := make(chan followed, 1)
 	go func() {
 		var out strings.Builder
 		var once sync.Once
-		exit, err := c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: pid}, func(r *agentdv1.AttachResponse) error {
-			for _, ch := range r.GetChunks() {
-				out.Write(ch.GetData())
+		exit, err := c.Follow(ctx, pid, agentclient.FollowOptions{}, func(r *agentclient.Output) error {
+			for _, ch := range r.Chunks {
+				out.Write(ch.Data)
 			}
 			if strings.Contains(out.String(), "ready") {
 				once.Do(func() { close(ready) })
@@ -101,30 +100,30 @@ func TestRotateTokenRealDaemon(t *testing.T) {
 		t.Fatalf("follow ended early: %+v", f)
 	}
 
-	if _, err := c.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: newTok}); err != nil {
+	if err := c.RotateToken(ctx, newTok); err != nil {
 		t.Fatal(err)
 	}
 	// New calls on the same client carry the new token.
-	if _, err := c.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: pid, Data: []byte("yes\n")}); err != nil {
+	if _, err := c.WriteStdin(ctx, pid, 0, []byte("yes\n")); err != nil {
 		t.Fatalf("write stdin after the rotation: %v", err)
 	}
 	f := <-done
-	if f.err != nil || f.exit.GetExitCode() != 0 || !strings.Contains(f.out, "got-yes") {
+	if f.err != nil || f.exit.ExitCode != 0 || !strings.Contains(f.out, "got-yes") {
 		t.Fatalf("the stream opened before the rotation: out %q, exit %v, err %v", f.out, f.exit, f.err)
 	}
 	// The old token is refused at once, on a fresh connection.
 	old := dial(t, "unix://"+sock, oldTok)
-	if _, err := old.Info(ctx, &agentdv1.InfoRequest{}); !errors.Is(err, errkind.ErrUnauthenticated) {
+	if _, err := old.Info(ctx); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Fatalf("old token after the rotation: want unauthenticated, got %v", err)
 	}
-	if _, err := dial(t, "unix://"+sock, newTok).Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := dial(t, "unix://"+sock, newTok).Info(ctx); err != nil {
 		t.Fatalf("new token on a fresh connection: %v", err)
 	}
 	weak := strings.Repeat("z", 48)
-	if _, err := c.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: weak}); !errors.Is(err, errkind.ErrInvalidArgument) || strings.Contains(err.Error(), weak) {
+	if err := c.RotateToken(ctx, weak); !errors.Is(err, errkind.ErrInvalidArgument) || strings.Contains(err.Error(), weak) {
 		t.Fatalf("weak token: want invalid argument not quoting it, got %v", err)
 	}
-	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := c.Info(ctx); err != nil {
 		t.Fatalf("after a refused rotation the client keeps the new token: %v", err)
 	}
 

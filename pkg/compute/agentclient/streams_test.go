@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 )
 
 type failingWriter struct{}
@@ -25,31 +25,31 @@ func TestStreamsEndedEarlyAreReleased(t *testing.T) {
 	ctx := context.Background() // long-lived, as in a server embedding the client
 	d := agentdtest.Start(t, nil)
 	c := d.Client
-	if _, err := c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "f.txt"}, bytes.NewReader(bytes.Repeat([]byte("x"), 1<<20))); err != nil {
+	if _, err := c.WriteFile(ctx, "f.txt", agentclient.WriteFileOptions{}, bytes.NewReader(bytes.Repeat([]byte("x"), 1<<20))); err != nil {
 		t.Fatal(err)
 	}
 	calls := map[string]func() error{
 		"Exec": func() error {
-			_, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}}, nil)
+			_, err := c.Exec(ctx, agentclient.ProcessSpec{Argv: []string{"/bin/true"}}, agentclient.ExecOptions{}, nil)
 			return err
 		},
 		"Follow": func() error {
-			st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/true"}}})
+			st, err := c.Start(ctx, agentclient.ProcessSpec{Argv: []string{"/bin/true"}}, agentclient.StartOptions{})
 			if err != nil {
 				return err
 			}
-			_, err = c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(*agentdv1.AttachResponse) error { return nil })
+			_, err = c.Follow(ctx, st.Process.ProcessID, agentclient.FollowOptions{}, func(*agentclient.Output) error { return nil })
 			return err
 		},
 		"Follow stopped by its callback": func() error {
-			st, err := c.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "echo hi; sleep 30"}})
+			st, err := c.Start(ctx, agentclient.ProcessSpec{Command: "echo hi; sleep 30"}, agentclient.StartOptions{})
 			if err != nil {
 				return err
 			}
-			defer c.Signal(ctx, &agentdv1.SignalRequest{ProcessId: st.GetProcess().GetProcessId(), Signal: "KILL"})
+			defer c.Signal(ctx, st.Process.ProcessID, "KILL")
 			stop := errors.New("enough")
-			_, err = c.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
-				if len(m.GetChunks()) > 0 {
+			_, err = c.Follow(ctx, st.Process.ProcessID, agentclient.FollowOptions{}, func(m *agentclient.Output) error {
+				if len(m.Chunks) > 0 {
 					return stop
 				}
 				return nil
@@ -60,13 +60,13 @@ func TestStreamsEndedEarlyAreReleased(t *testing.T) {
 			return nil
 		},
 		"ReadFile into a failing writer": func() error {
-			if _, err := c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "f.txt"}, failingWriter{}); err == nil {
+			if _, err := c.ReadFile(ctx, "f.txt", agentclient.ReadFileOptions{}, failingWriter{}); err == nil {
 				return errors.New("ReadFile into a failing writer succeeded")
 			}
 			return nil
 		},
 		"Archive": func() error {
-			_, err := c.Archive(ctx, &agentdv1.ArchiveRequest{}, new(bytes.Buffer))
+			_, err := c.Archive(ctx, agentclient.ArchiveOptions{}, new(bytes.Buffer))
 			return err
 		},
 	}

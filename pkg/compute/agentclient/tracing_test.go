@@ -40,15 +40,15 @@ func TestTracerProviderSpans(t *testing.T) {
 	defer c.Close()
 
 	ctx, parent := tp.Tracer("test").Start(ctx, "parent")
-	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := c.Info(ctx); err != nil {
 		t.Fatal(err)
 	}
 	const secret = "TOPSECRET-file-line"
-	if _, err := c.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "notes.txt"}, strings.NewReader(secret+"\n")); err != nil {
+	if _, err := c.WriteFile(ctx, "notes.txt", agentclient.WriteFileOptions{}, strings.NewReader(secret+"\n")); err != nil {
 		t.Fatal(err)
 	}
 	patch := "*** Begin Patch\n*** Update File: notes.txt\n@@\n-" + secret + "-not-there\n+replaced\n*** End Patch\n"
-	_, err = c.ApplyPatch(ctx, &agentdv1.ApplyPatchRequest{Input: &agentdv1.ApplyPatchRequest_Patch{Patch: patch}})
+	_, err = c.ApplyPatch(ctx, patch, agentclient.ApplyPatchOptions{})
 	if err == nil || !strings.Contains(err.Error(), secret) {
 		t.Fatalf("the patch should fail quoting the searched lines (the test relies on it): %v", err)
 	}
@@ -108,7 +108,7 @@ func TestNoTracerProviderNoSpans(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := c.Info(ctx); err != nil {
 		t.Fatal(err)
 	}
 	parent.End()
@@ -157,7 +157,7 @@ func TestNoContextPropagatedToTheDaemon(t *testing.T) {
 	}
 	defer c.Close()
 	ctx, parent := tp.Tracer("test").Start(testCtx(t), "parent")
-	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := c.Info(ctx); err != nil {
 		t.Fatal(err)
 	}
 	parent.End()

@@ -9,8 +9,10 @@ import (
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
-// Archive streams the workspace as an archive into w and returns what it holds.
-func (c *Client) Archive(ctx context.Context, req *agentdv1.ArchiveRequest, w io.Writer) (*agentdv1.ArchiveStats, error) {
+// Archive streams the workspace as an archive (tar, zstd unless
+// opts.Compression says otherwise) into w and returns what it holds.
+func (c *Client) Archive(ctx context.Context, opts ArchiveOptions, w io.Writer) (*ArchiveStats, error) {
+	req := &agentdv1.ArchiveRequest{Exclude: opts.Exclude, Compression: compressionToProto(opts.Compression), Level: clampInt32(opts.Level)}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // releases the stream, which ends at the stats before its trailers
 	stream, err := c.workspace.Archive(ctx, req)
@@ -31,7 +33,8 @@ func (c *Client) Archive(ctx context.Context, req *agentdv1.ArchiveRequest, w io
 			}
 		}
 		if msg.GetStats() != nil {
-			return msg.GetStats(), nil
+			stats := statsOf(msg.GetStats())
+			return &stats, nil
 		}
 	}
 }
@@ -39,7 +42,8 @@ func (c *Client) Archive(ctx context.Context, req *agentdv1.ArchiveRequest, w io
 // Restore replaces the workspace's contents with the archive read from r.
 // On any failure (a malicious member, a limit, a dropped connection) the
 // workspace is left exactly as it was.
-func (c *Client) Restore(ctx context.Context, header *agentdv1.RestoreHeader, r io.Reader) (*agentdv1.RestoreResponse, error) {
+func (c *Client) Restore(ctx context.Context, opts RestoreOptions, r io.Reader) (*RestoreResult, error) {
+	header := restoreHeaderToProto(opts)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := c.workspace.Restore(ctx)
@@ -60,19 +64,24 @@ func (c *Client) Restore(ctx context.Context, header *agentdv1.RestoreHeader, r 
 	if err != nil {
 		return nil, wrap(err)
 	}
-	return resp, nil
+	return &RestoreResult{Stats: statsOf(resp.GetStats())}, nil
 }
 
-// Fingerprint returns the workspace's fingerprint.
-func (c *Client) Fingerprint(ctx context.Context, req *agentdv1.FingerprintRequest) (*agentdv1.FingerprintResponse, error) {
-	resp, err := c.workspace.Fingerprint(ctx, req)
-	return resp, wrap(err)
+// Fingerprint returns the workspace's fingerprint ("v1:<sha256 hex>"):
+// the tree less opts.Exclude, then opts.Extra.
+func (c *Client) Fingerprint(ctx context.Context, opts FingerprintOptions) (string, error) {
+	resp, err := c.workspace.Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: opts.Exclude, Extra: opts.Extra})
+	if err != nil {
+		return "", wrap(err)
+	}
+	return resp.GetFingerprint(), nil
 }
 
 // Materialize applies a plan: the plan first, then the tar stream read from
 // r that carries the bytes of the plan's file entries in plan order. On
 // failure the workspace's files are as they were.
-func (c *Client) Materialize(ctx context.Context, plan *agentdv1.MaterializePlan, r io.Reader) (*agentdv1.MaterializeResponse, error) {
+func (c *Client) Materialize(ctx context.Context, plan *MaterializePlan, r io.Reader) (*MaterializeResult, error) {
+	wirePlan := planToProto(plan)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := c.workspace.Materialize(ctx)
@@ -81,7 +90,7 @@ func (c *Client) Materialize(ctx context.Context, plan *agentdv1.MaterializePlan
 	}
 	err = upload(r,
 		func() error {
-			return stream.Send(&agentdv1.MaterializeRequest{Message: &agentdv1.MaterializeRequest_Plan{Plan: plan}})
+			return stream.Send(&agentdv1.MaterializeRequest{Message: &agentdv1.MaterializeRequest_Plan{Plan: wirePlan}})
 		},
 		func(p []byte) error {
 			return stream.Send(&agentdv1.MaterializeRequest{Message: &agentdv1.MaterializeRequest_Data{Data: p}})
@@ -93,5 +102,5 @@ func (c *Client) Materialize(ctx context.Context, plan *agentdv1.MaterializePlan
 	if err != nil {
 		return nil, wrap(err)
 	}
-	return resp, nil
+	return materializeResultOf(resp), nil
 }

@@ -16,7 +16,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Env describes the provider under test.
@@ -71,10 +70,10 @@ func testManifest() *manifest.Manifest {
 // environment, below the request's own env.
 func checkEnvironment(t *testing.T, ctx context.Context, s *compute.Session) {
 	t.Helper()
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{
+	res, err := s.Exec(ctx, compute.ProcessSpec{
 		Command: `echo "$BULKHEAD_CONFORMANCE $BULKHEAD_CONFORMANCE_REQ"`,
 		Env:     map[string]string{"BULKHEAD_CONFORMANCE_REQ": "req-ok"},
-	}}, nil)
+	}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -84,19 +83,19 @@ func checkEnvironment(t *testing.T, ctx context.Context, s *compute.Session) {
 }
 
 // run executes a shell command in the session and returns its output.
-func run(t *testing.T, ctx context.Context, s *compute.Session, cmd string) (string, int32) {
+func run(t *testing.T, ctx context.Context, s *compute.Session, cmd string) (string, int) {
 	t.Helper()
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: cmd}}, nil)
+	res, err := s.Exec(ctx, compute.ProcessSpec{Command: cmd}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatalf("exec %q: %v", cmd, err)
 	}
-	return string(res.Stdout) + string(res.Stderr), res.Exit.GetExitCode()
+	return string(res.Stdout) + string(res.Stderr), res.Exit.ExitCode
 }
 
 func readFile(t *testing.T, ctx context.Context, s *compute.Session, p string) string {
 	t.Helper()
 	var b bytes.Buffer
-	if _, err := s.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: p}, &b); err != nil {
+	if _, err := s.ReadFile(ctx, p, compute.ReadFileOptions{}, &b); err != nil {
 		t.Fatalf("read %s: %v", p, err)
 	}
 	return b.String()
@@ -135,7 +134,7 @@ func testLifecycle(t *testing.T, env Env) {
 	if got := readFile(t, ctx, s, "repo/task.md"); got != "fix the bug\n" {
 		t.Fatalf("task.md = %q", got)
 	}
-	if n := len(s.Materialized().GetFiles()); n != 2 {
+	if n := len(s.Materialized().Files); n != 2 {
 		t.Errorf("materialized %d files, want 2", n)
 	}
 	checkEnvironment(t, ctx, s)
@@ -144,10 +143,10 @@ func testLifecycle(t *testing.T, env Env) {
 		t.Fatalf("exec: %q exit %d", out, code)
 	}
 	patch := "*** Begin Patch\n*** Update File: repo/calc.py\n@@ def add(a, b):\n-    return a - b\n+    return a + b\n*** End Patch\n"
-	if _, err := s.Agent().ApplyPatch(ctx, &agentdv1.ApplyPatchRequest{Input: &agentdv1.ApplyPatchRequest_Patch{Patch: patch}}); err != nil {
+	if _, err := s.ApplyPatch(ctx, patch, compute.ApplyPatchOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "scratch/tmp.txt", CreateParents: true}, strings.NewReader("ephemeral")); err != nil {
+	if _, err := s.WriteFile(ctx, "scratch/tmp.txt", compute.WriteFileOptions{CreateParents: true}, strings.NewReader("ephemeral")); err != nil {
 		t.Fatal(err)
 	}
 	// Stop persists; the sandbox keeps running.
@@ -252,14 +251,14 @@ func testResumeAfterDelete(t *testing.T, env Env) {
 	// The daemon keeps the environment in memory: the replacement gets it
 	// from the plan applied after the restore.
 	checkEnvironment(t, ctx, s2)
-	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "repo/task.md"}); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := s2.Stat(ctx, "repo/task.md", compute.StatOptions{}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("deleted task.md came back: %v", err)
 	}
 	// Ephemeral entries are made again, empty; their old content is gone.
-	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "scratch"}); err != nil {
+	if _, err := s2.Stat(ctx, "scratch", compute.StatOptions{}); err != nil {
 		t.Fatalf("ephemeral dir not recreated: %v", err)
 	}
-	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "scratch/junk"}); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := s2.Stat(ctx, "scratch/junk", compute.StatOptions{}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("ephemeral content was persisted: %v", err)
 	}
 }
@@ -281,7 +280,7 @@ func resumeAfterForget(t *testing.T, ctx context.Context, env Env, c *compute.Cl
 		t.Fatalf("notes.txt after reattach = %q", got)
 	}
 	checkEnvironment(t, ctx, s2)
-	if _, err := s2.Agent().Stat(ctx, &agentdv1.StatRequest{Path: "repo/task.md"}); !errors.Is(err, compute.ErrNotFound) {
+	if _, err := s2.Stat(ctx, "repo/task.md", compute.StatOptions{}); !errors.Is(err, compute.ErrNotFound) {
 		t.Fatalf("deleted task.md came back: %v", err)
 	}
 	if got := readFile(t, ctx, s2, "scratch/junk"); got != "junk\n" {
@@ -316,19 +315,19 @@ func testRunAs(t *testing.T, env Env) {
 	}
 	// The workspace root is the agent's too: it can create files at the
 	// top, but not write into the group's read-only data room.
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo top > top.txt && echo top-ok; echo x > dataroom/x.txt || echo ro-ok", User: "analyst"}}, nil)
+	res, err := s.Exec(ctx, compute.ProcessSpec{Command: "echo top > top.txt && echo top-ok; echo x > dataroom/x.txt || echo ro-ok", User: "analyst"}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out := string(res.Stdout); !strings.Contains(out, "top-ok") || !strings.Contains(out, "ro-ok") {
 		t.Fatalf("as analyst at the top of the workspace: %q, stderr %q", out, res.Stderr)
 	}
-	res, err = s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "id -un; cat dataroom/q3.csv > output/report.csv && echo ok", User: "analyst"}}, nil)
+	res, err = s.Exec(ctx, compute.ProcessSpec{Command: "id -un; cat dataroom/q3.csv > output/report.csv && echo ok", User: "analyst"}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if out := string(res.Stdout) + string(res.Stderr); !strings.Contains(out, "ok") {
-		t.Fatalf("as analyst: %q exit %d", out, res.Exit.GetExitCode())
+		t.Fatalf("as analyst: %q exit %d", out, res.Exit.ExitCode)
 	}
 	if got := readFile(t, ctx, s, "output/report.csv"); got != "q,rev\n3,10\n" {
 		t.Fatalf("report = %q", got)

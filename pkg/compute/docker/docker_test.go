@@ -19,7 +19,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // newProvider makes a provider whose containers and volumes carry this test
@@ -108,11 +107,11 @@ func mustDecode(t *testing.T, raw json.RawMessage) State {
 // failing the test on a non-zero exit.
 func run(t *testing.T, ac *agentclient.Client, user, command string) string {
 	t.Helper()
-	res, err := ac.Exec(testCtx(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/sh", "-c", command}, User: user}}, nil)
+	res, err := ac.Exec(testCtx(t), compute.ProcessSpec{Argv: []string{"/bin/sh", "-c", command}, User: user}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatalf("exec %q: %v", command, err)
 	}
-	if code := res.Exit.GetExitCode(); code != 0 {
+	if code := res.Exit.ExitCode; code != 0 {
 		t.Fatalf("exec %q: exit %d\nstdout: %s\nstderr: %s", command, code, res.Stdout, res.Stderr)
 	}
 	return string(res.Stdout)
@@ -120,7 +119,7 @@ func run(t *testing.T, ac *agentclient.Client, user, command string) string {
 
 func writeFile(t *testing.T, ac *agentclient.Client, path, content, user string) {
 	t.Helper()
-	if _, err := ac.WriteFile(testCtx(t), &agentdv1.WriteFileHeader{Path: path, User: user, CreateParents: true}, strings.NewReader(content)); err != nil {
+	if _, err := ac.WriteFile(testCtx(t), path, compute.WriteFileOptions{User: user, CreateParents: true}, strings.NewReader(content)); err != nil {
 		t.Fatalf("WriteFile %s: %v", path, err)
 	}
 }
@@ -128,7 +127,7 @@ func writeFile(t *testing.T, ac *agentclient.Client, path, content, user string)
 func readFile(t *testing.T, ac *agentclient.Client, path string) string {
 	t.Helper()
 	var buf bytes.Buffer
-	if _, err := ac.ReadFile(testCtx(t), &agentdv1.ReadFileRequest{Path: path}, &buf); err != nil {
+	if _, err := ac.ReadFile(testCtx(t), path, compute.ReadFileOptions{}, &buf); err != nil {
 		t.Fatalf("ReadFile %s: %v", path, err)
 	}
 	return buf.String()
@@ -152,15 +151,15 @@ func TestLaunchExecFilesAndUsers(t *testing.T) {
 		t.Error("a new sandbox reports WorkspaceKept")
 	}
 
-	res, err := ac.Exec(testCtx(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/sh", "-c", "id; echo hi"}}}, nil)
+	res, err := ac.Exec(testCtx(t), compute.ProcessSpec{Argv: []string{"/bin/sh", "-c", "id; echo hi"}}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res.Exit.GetExitCode() != 0 || !strings.Contains(string(res.Stdout), "uid=0(root)") || !strings.HasSuffix(string(res.Stdout), "hi\n") {
-		t.Fatalf("exec: exit %d, stdout %q, stderr %q", res.Exit.GetExitCode(), res.Stdout, res.Stderr)
+	if res.Exit.ExitCode != 0 || !strings.Contains(string(res.Stdout), "uid=0(root)") || !strings.HasSuffix(string(res.Stdout), "hi\n") {
+		t.Fatalf("exec: exit %d, stdout %q, stderr %q", res.Exit.ExitCode, res.Stdout, res.Stderr)
 	}
-	res, err = ac.Exec(testCtx(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo out; echo err >&2; exit 3"}}, nil)
-	if err != nil || res.Exit.GetExitCode() != 3 || string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" {
+	res, err = ac.Exec(testCtx(t), compute.ProcessSpec{Command: "echo out; echo err >&2; exit 3"}, compute.ExecOptions{}, nil)
+	if err != nil || res.Exit.ExitCode != 3 || string(res.Stdout) != "out\n" || string(res.Stderr) != "err\n" {
 		t.Fatalf("exec with exit 3: %v %+v", err, res)
 	}
 
@@ -193,18 +192,18 @@ func TestLaunchExecFilesAndUsers(t *testing.T) {
 	if got := readFile(t, ac, "owned/by-nobody.txt"); got != "x" {
 		t.Fatalf("root reading nobody's file: %q", got)
 	}
-	start, err := ac.Start(testCtx(t), &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"sleep", "300"}, User: "nobody"}})
+	start, err := ac.Start(testCtx(t), compute.ProcessSpec{Argv: []string{"sleep", "300"}, User: "nobody"}, compute.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ac.Signal(testCtx(t), &agentdv1.SignalRequest{ProcessId: start.GetProcess().GetProcessId(), Signal: "SIGKILL"}); err != nil {
+	if err := ac.Signal(testCtx(t), start.Process.ProcessID, "SIGKILL"); err != nil {
 		t.Fatal(err)
 	}
-	waited, err := ac.Wait(testCtx(t), &agentdv1.WaitRequest{ProcessId: start.GetProcess().GetProcessId()})
+	waited, err := ac.Wait(testCtx(t), start.Process.ProcessID)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if exit := waited.GetExit(); exit.GetSignal() != "SIGKILL" {
+	if exit := waited; exit.Signal != "SIGKILL" {
 		t.Fatalf("sleep as nobody after SIGKILL: %+v", exit)
 	}
 	if err := sb.Close(); err != nil {
@@ -268,7 +267,7 @@ func TestTokenNeverExposed(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer bad.Close()
-	if _, err := bad.Info(testCtx(t), &agentdv1.InfoRequest{}); !errors.Is(err, compute.ErrUnauthenticated) {
+	if _, err := bad.Info(testCtx(t)); !errors.Is(err, compute.ErrUnauthenticated) {
 		t.Fatalf("Info with a wrong token: %v", err)
 	}
 }

@@ -14,7 +14,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/egresstest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // TestEgressThroughTheProxy: a container on network "none" reaches an
@@ -44,16 +43,16 @@ func TestEgressThroughTheProxy(t *testing.T) {
 	sb := launch(t, p, compute.LaunchSpec{})
 	ctx := testCtx(t)
 	ac := sb.Agent()
-	if _, err := ac.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "netclient", Mode: 0o755}, bytes.NewReader(client)); err != nil {
+	if _, err := ac.WriteFile(ctx, "netclient", compute.WriteFileOptions{Mode: 0o755}, bytes.NewReader(client)); err != nil {
 		t.Fatal(err)
 	}
-	sh := func(command string) (string, int32) {
+	sh := func(command string) (string, int) {
 		t.Helper()
-		res, err := ac.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"/bin/sh", "-c", command}}}, nil)
+		res, err := ac.Exec(ctx, compute.ProcessSpec{Argv: []string{"/bin/sh", "-c", command}}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", command, err)
 		}
-		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr)), res.Exit.GetExitCode()
+		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr)), res.Exit.ExitCode
 	}
 	if out, _ := sh("echo $HTTPS_PROXY"); out != "http://"+EgressRelayAddr {
 		t.Errorf("HTTPS_PROXY inside: %q", out)

@@ -22,7 +22,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // faultSession is a started session over a provider that removes
@@ -96,9 +95,9 @@ func streamUntilOutput(t *testing.T, ctx context.Context, s *compute.Session) <-
 	first := make(chan struct{})
 	var once sync.Once
 	go func() {
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.02; done"}},
-			func(m *agentdv1.ExecResponse) error {
-				if len(m.GetChunks()) > 0 {
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.02; done"}, compute.ExecOptions{},
+			func(m *compute.ExecEvent) error {
+				if len(m.Chunks) > 0 {
 					once.Do(func() { close(first) })
 				}
 				return nil
@@ -116,7 +115,7 @@ func streamUntilOutput(t *testing.T, ctx context.Context, s *compute.Session) <-
 }
 
 type execResult struct {
-	exit *agentdv1.ExitStatus
+	exit compute.ExitStatus
 	err  error
 }
 
@@ -158,13 +157,13 @@ func TestFaultContainerStoppedDuringRun(t *testing.T) {
 		if !errors.Is(r.err, compute.ErrUnavailable) || compute.Retryable(r.err) {
 			t.Errorf("Exec error %v: want ErrUnavailable, not retryable (the command ran)", r.err)
 		}
-	case r.exit.GetSignal() == "":
+	case r.exit.Signal == "":
 		t.Errorf("Exec ended without an error or a signal: %v", r.exit)
 	default:
-		t.Logf("Exec after ContainerStop: killed by %s", r.exit.GetSignal())
+		t.Logf("Exec after ContainerStop: killed by %s", r.exit.Signal)
 	}
 	short, cancel := context.WithTimeout(ctx, time.Second)
-	_, err := f.s.Agent().Start(short, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}})
+	_, err := f.s.Agent().Start(short, compute.ProcessSpec{Command: "true"}, compute.StartOptions{})
 	cancel()
 	if !errors.Is(err, compute.ErrUnavailable) || !compute.Retryable(err) {
 		t.Errorf("Start on a stopped container: %v; want ErrUnavailable, retryable", err)
@@ -216,7 +215,7 @@ func TestFaultDaemonKilledInContainer(t *testing.T) {
 		pr, pw := io.Pipe()
 		writeErr := make(chan error, 1)
 		go func() {
-			_, err := f.s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "data/f.txt"}, pr)
+			_, err := f.s.Agent().WriteFile(ctx, "data/f.txt", compute.WriteFileOptions{}, pr)
 			writeErr <- err
 		}()
 		// 4 MiB in: the daemon is writing its temporary file.
@@ -269,13 +268,13 @@ func TestFaultDaemonKilledInContainer(t *testing.T) {
 		if out := run(t, s2.Agent(), "", "ls -a data"); strings.Contains(out, ".bulkhead-tmp-") {
 			t.Errorf("temporary file survived the restart: %q", out)
 		}
-		ls, err := s2.Agent().ListDir(ctx, &agentdv1.ListDirRequest{Path: "data"})
+		ls, err := s2.Agent().ListDir(ctx, "data", compute.ListDirOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var names []string
-		for _, e := range ls.GetEntries() {
-			names = append(names, e.GetName())
+		for _, e := range ls.Entries {
+			names = append(names, e.Name)
 		}
 		if fmt.Sprint(names) != "[f.txt]" {
 			t.Errorf("data/ lists %v after restart", names)

@@ -30,7 +30,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // childEnv holds a child's childSpec (JSON); set, it puts the test binary
@@ -151,7 +150,7 @@ func TestClaimChildProcess(t *testing.T) {
 				if err := s.Start(ctx); err != nil {
 					return err
 				}
-				out, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo " + id}}, nil)
+				out, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo " + id}, compute.ExecOptions{}, nil)
 				if err != nil {
 					return err
 				}
@@ -300,7 +299,7 @@ func dialInfo(ctx context.Context, t *testing.T, p *Provider, pod *corev1.Pod, t
 		t.Fatal(err)
 	}
 	defer ac.Close()
-	_, err = ac.Info(ctx, &agentdv1.InfoRequest{})
+	_, err = ac.Info(ctx)
 	return err
 }
 
@@ -436,7 +435,7 @@ func TestWarmPoolClaimsAcrossProcesses(t *testing.T) {
 			t.Errorf("%s: reattach: %v", r.Session, err)
 			continue
 		}
-		out, err := sb.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo again " + r.Session}}, nil)
+		out, err := sb.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo again " + r.Session}, compute.ExecOptions{}, nil)
 		if err != nil || strings.TrimSpace(string(out.Stdout)) != "again "+r.Session {
 			t.Errorf("%s: exec after reattaching: %v %v", r.Session, out, err)
 		}

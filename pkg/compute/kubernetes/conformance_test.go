@@ -9,7 +9,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // TestProviderConformance runs the suite every provider passes, end to end
@@ -53,7 +52,7 @@ func TestExecRelay(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo hello from $(id -un); head -c 300000 /dev/zero | wc -c"}}, nil)
+	res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo hello from $(id -un); head -c 300000 /dev/zero | wc -c"}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,7 +69,7 @@ func TestExecRelay(t *testing.T) {
 		t.Fatal(err)
 	}
 	s = s2
-	if _, err := s2.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}}, nil); err != nil {
+	if _, err := s2.Agent().Exec(ctx, compute.ProcessSpec{Command: "true"}, compute.ExecOptions{}, nil); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -19,7 +19,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // TestMissingVerbIsAClearError: a Role without `create secrets` fails the
@@ -111,7 +110,7 @@ func TestWarmPoolClaimsRace(t *testing.T) {
 			err = s.Start(ctx)
 			var res *agentclient.ExecResult
 			if err == nil {
-				res, err = s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo " + id}}, nil)
+				res, err = s.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo " + id}, compute.ExecOptions{}, nil)
 			}
 			took := time.Since(t0)
 			if err == nil && strings.TrimSpace(string(res.Stdout)) != id {
@@ -187,7 +186,7 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo kept > notes.txt"}}, nil); err != nil {
+	if _, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo kept > notes.txt"}, compute.ExecOptions{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Stop(ctx); err != nil { // the snapshot
@@ -204,14 +203,14 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	first := make(chan struct{})
 	var once sync.Once
 	type execResult struct {
-		exit *agentdv1.ExitStatus
+		exit compute.ExitStatus
 		err  error
 	}
 	done := make(chan execResult, 1)
 	go func() {
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "while true; do echo tick; sleep 0.05; done"}},
-			func(m *agentdv1.ExecResponse) error {
-				if len(m.GetChunks()) > 0 {
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "while true; do echo tick; sleep 0.05; done"}, compute.ExecOptions{},
+			func(m *compute.ExecEvent) error {
+				if len(m.Chunks) > 0 {
 					once.Do(func() { close(first) })
 				}
 				return nil
@@ -242,14 +241,14 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 		if !errors.Is(r.err, compute.ErrUnavailable) || compute.Retryable(r.err) {
 			t.Errorf("exec error %v: want ErrUnavailable, not retryable", r.err)
 		}
-	case r.exit.GetSignal() == "":
+	case r.exit.Signal == "":
 		t.Errorf("exec ended without an error or a signal: %v", r.exit)
 	default:
-		t.Logf("exec after the pod was deleted: killed by %s", r.exit.GetSignal())
+		t.Logf("exec after the pod was deleted: killed by %s", r.exit.Signal)
 	}
 	// Later calls fail, retryable.
 	short, cancelShort := context.WithTimeout(ctx, 3*time.Second)
-	_, err = s.Agent().Start(short, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}})
+	_, err = s.Agent().Start(short, compute.ProcessSpec{Command: "true"}, compute.StartOptions{})
 	cancelShort()
 	if !errors.Is(err, compute.ErrUnavailable) || !compute.Retryable(err) {
 		t.Errorf("start on a deleted pod: %v; want ErrUnavailable, retryable", err)
@@ -264,7 +263,7 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	if err := s2.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	res, err := s2.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "cat notes.txt"}}, nil)
+	res, err := s2.Agent().Exec(ctx, compute.ProcessSpec{Command: "cat notes.txt"}, compute.ExecOptions{}, nil)
 	if err != nil || strings.TrimSpace(string(res.Stdout)) != "kept" {
 		t.Fatalf("after resume: %v %v", res, err)
 	}
@@ -357,7 +356,7 @@ func TestVolumeWorkspace(t *testing.T) {
 	if sb.WorkspaceKept() {
 		t.Error("a new claim reported as kept")
 	}
-	if _, err := sb.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo persisted > /workspace/f.txt", User: "root"}}, nil); err != nil {
+	if _, err := sb.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo persisted > /workspace/f.txt", User: "root"}, compute.ExecOptions{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	raw, err := sb.State()
@@ -379,7 +378,7 @@ func TestVolumeWorkspace(t *testing.T) {
 	if !sb2.WorkspaceKept() {
 		t.Error("the kept claim was not reported as kept")
 	}
-	res, err := sb2.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "cat /workspace/f.txt", User: "root"}}, nil)
+	res, err := sb2.Agent().Exec(ctx, compute.ProcessSpec{Command: "cat /workspace/f.txt", User: "root"}, compute.ExecOptions{}, nil)
 	if err != nil || strings.TrimSpace(string(res.Stdout)) != "persisted" {
 		t.Fatalf("the workspace after relaunch: %v %v", res, err)
 	}

@@ -27,7 +27,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	kubeserver "github.com/bulkhead-dev/bulkhead/internal/testing/testservers/kube"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // targetPort is where the target Pod (the pause program's tiny HTTP
@@ -263,10 +262,10 @@ func (e *enforcedEnv) mustNotConnect(ctx context.Context, t *testing.T, from *co
 // sandboxConnect runs the connect inside the sandbox, through its daemon.
 func sandboxConnect(ctx context.Context, t *testing.T, s *compute.Session, ip string, port int) (string, bool) {
 	t.Helper()
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: connectCommand(ip, port), User: "root"}}, nil)
+	res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: connectCommand(ip, port), User: "root"}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	out := strings.TrimSpace(string(res.Stdout) + string(res.Stderr))
-	return out, res.Exit.GetExitCode() == 0
+	return out, res.Exit.ExitCode == 0
 }

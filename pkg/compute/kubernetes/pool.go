@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // errNoWarmPod says a claim found nothing to claim (Launch then creates
@@ -452,7 +451,7 @@ func (p *Provider) promoteToken(ctx context.Context, key, token string) error {
 // rotateTo gives the daemon sb is connected to the staged token (steps 2
 // and 3). sb's client uses the new token from then on.
 func (p *Provider) rotateTo(ctx context.Context, sb *sandbox, token string) error {
-	if _, err := sb.client.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: token}); err != nil {
+	if err := sb.client.RotateToken(ctx, token); err != nil {
 		return fmt.Errorf("kubernetes: pod %s: giving the daemon the session's token: %w", sb.state.Pod, err)
 	}
 	runRotateHook(ctx, stepRotated, sb.state)

@@ -443,7 +443,7 @@ func TestClaimRacingAReattach(t *testing.T) {
 				t.Fatalf("the claimed pod: %v", err)
 			}
 			for who, s := range map[string]compute.Sandbox{"claim": sb, "reattach": rsb} {
-				if _, err := s.Agent().Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+				if _, err := s.Agent().Info(ctx); err != nil {
 					t.Errorf("the %s's sandbox: %v", who, err)
 				}
 			}
@@ -526,7 +526,7 @@ func TestReattachRefusesAPodNotClaimedForIt(t *testing.T) {
 					t.Fatalf("reattach to a pod claimed for the session: %v", err)
 				}
 				defer sb.Close()
-				if _, err := sb.Agent().Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+				if _, err := sb.Agent().Info(ctx); err != nil {
 					t.Fatalf("the reattached sandbox: %v", err)
 				}
 				return

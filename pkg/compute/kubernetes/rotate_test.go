@@ -27,7 +27,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // TestClaimRotatesTheToken: claiming a warm Pod gives its daemon a fresh
@@ -74,7 +73,7 @@ func TestClaimRotatesTheToken(t *testing.T) {
 	if st.Pool != "warm" || st.Key != key {
 		t.Fatalf("the session did not get the warm pod %s: state %+v", warm[0].Name, st)
 	}
-	if res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo claimed"}}, nil); err != nil || strings.TrimSpace(string(res.Stdout)) != "claimed" {
+	if res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo claimed"}, compute.ExecOptions{}, nil); err != nil || strings.TrimSpace(string(res.Stdout)) != "claimed" {
 		t.Fatalf("exec after the claim: %v %v", res, err)
 	}
 
@@ -102,7 +101,7 @@ func TestClaimRotatesTheToken(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer ac.Close()
-		_, err = ac.Info(ctx, &agentdv1.InfoRequest{})
+		_, err = ac.Info(ctx)
 		return err
 	}
 	if err := info(poolToken); !errors.Is(err, errkind.ErrUnauthenticated) {
@@ -119,7 +118,7 @@ func TestClaimRotatesTheToken(t *testing.T) {
 		t.Fatalf("reattach from a new provider: %v", err)
 	}
 	defer sb.Close()
-	if res, err := sb.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo reattached"}}, nil); err != nil || strings.TrimSpace(string(res.Stdout)) != "reattached" {
+	if res, err := sb.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo reattached"}, compute.ExecOptions{}, nil); err != nil || strings.TrimSpace(string(res.Stdout)) != "reattached" {
 		t.Fatalf("exec after reattaching: %v %v", res, err)
 	}
 }
@@ -224,7 +223,7 @@ func TestRotationSurvivesACrash(t *testing.T) {
 				// The session never started (its harness died inside
 				// Create), so its run_as account does not exist yet: an
 				// authenticated call shows the sandbox answers.
-				if _, err := sb.Agent().Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+				if _, err := sb.Agent().Info(ctx); err != nil {
 					t.Fatalf("the sandbox after reattach %d: %v", i, err)
 				}
 			}
@@ -325,7 +324,7 @@ func TestPoolOfAnOldDaemonFailsSafe(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo cold"}}, nil); err != nil || strings.TrimSpace(string(res.Stdout)) != "cold" {
+	if res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo cold"}, compute.ExecOptions{}, nil); err != nil || strings.TrimSpace(string(res.Stdout)) != "cold" {
 		t.Fatalf("exec: %v %v", res, err)
 	}
 	raw, err := s.State()
@@ -546,7 +545,7 @@ func TestReattachRefusesAPoolPodNotClaimedForIt(t *testing.T) {
 		t.Fatalf("the claimer's own state: %v", err)
 	}
 	defer own.Close()
-	if _, err := own.Agent().Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := own.Agent().Info(ctx); err != nil {
 		t.Fatal(err)
 	}
 }

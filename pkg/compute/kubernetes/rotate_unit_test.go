@@ -22,7 +22,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // tcpDaemon starts a test daemon whose token is then rotated to token,
@@ -32,7 +31,7 @@ func tcpDaemon(t *testing.T, token string) int {
 	d := agentdtest.Start(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if _, err := d.Client.RotateToken(ctx, &agentdv1.RotateTokenRequest{NewToken: token}); err != nil {
+	if err := d.Client.RotateToken(ctx, token); err != nil {
 		t.Fatal(err)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -138,7 +137,7 @@ func TestReattachFinishesAnInterruptedRotation(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer sb.Close()
-			if _, err := sb.Agent().Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+			if _, err := sb.Agent().Info(ctx); err != nil {
 				t.Fatalf("the reattached sandbox: %v", err)
 			}
 			got, err := cs.CoreV1().Secrets("ns").Get(ctx, secretName(key), metav1.GetOptions{})
@@ -179,6 +178,6 @@ func infoWithToken(ctx context.Context, t *testing.T, port int, token string) er
 		t.Fatal(err)
 	}
 	defer ac.Close()
-	_, err = ac.Info(ctx, &agentdv1.InfoRequest{})
+	_, err = ac.Info(ctx)
 	return err
 }

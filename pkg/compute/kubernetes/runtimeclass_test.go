@@ -19,14 +19,12 @@ import (
 	"testing"
 	"time"
 
-	"google.golang.org/protobuf/types/known/durationpb"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // gvisorConfig is the test namespace's provider configuration with the
@@ -91,7 +89,7 @@ func TestGVisorIsolation(t *testing.T) {
 
 	// The kernel inside: gVisor's log says so, and the kernel version is
 	// the one gVisor emulates rather than the host's.
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "dmesg; echo ---; cat /proc/version"}}, nil)
+	res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "dmesg; echo ---; cat /proc/version"}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,17 +131,17 @@ func TestGVisorIsolation(t *testing.T) {
 	// Files: a megabyte written and read back, and a small one seen by a
 	// process.
 	big := bytes.Repeat([]byte("gvisor-0123456789\n"), 60000)
-	if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "data/big.txt", CreateParents: true}, bytes.NewReader(big)); err != nil {
+	if _, err := s.Agent().WriteFile(ctx, "data/big.txt", compute.WriteFileOptions{CreateParents: true}, bytes.NewReader(big)); err != nil {
 		t.Fatal(err)
 	}
 	var back bytes.Buffer
-	if _, err := s.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "data/big.txt"}, &back); err != nil {
+	if _, err := s.Agent().ReadFile(ctx, "data/big.txt", compute.ReadFileOptions{}, &back); err != nil {
 		t.Fatal(err)
 	}
 	if !bytes.Equal(back.Bytes(), big) {
 		t.Fatalf("read back %d bytes, wrote %d", back.Len(), len(big))
 	}
-	if res, err = s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "wc -l < data/big.txt"}}, nil); err != nil {
+	if res, err = s.Agent().Exec(ctx, compute.ProcessSpec{Command: "wc -l < data/big.txt"}, compute.ExecOptions{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.TrimSpace(string(res.Stdout)); got != "60000" {
@@ -152,46 +150,46 @@ func TestGVisorIsolation(t *testing.T) {
 
 	// A PTY: its size, then an interactive process fed through stdin and
 	// stopped with Ctrl-C.
-	res, err = s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "stty size; test -t 0 && echo tty", Tty: true, Size: &agentdv1.TerminalSize{Rows: 33, Cols: 101}}}, nil)
+	res, err = s.Agent().Exec(ctx, compute.ProcessSpec{Command: "stty size; test -t 0 && echo tty", Tty: true, Size: compute.TerminalSize{Rows: 33, Cols: 101}}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if got := strings.ReplaceAll(string(res.Stdout), "\r", ""); got != "33 101\ntty\n" {
 		t.Fatalf("tty output %q", got)
 	}
-	st, err := s.Agent().Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "read line; echo got:$line; sleep 100", Tty: true}})
+	st, err := s.Agent().Start(ctx, compute.ProcessSpec{Command: "read line; echo got:$line; sleep 100", Tty: true}, compute.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	id := st.GetProcess().GetProcessId()
-	if _, err := s.Agent().WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Data: []byte("hello\n")}); err != nil {
+	id := st.Process.ProcessID
+	if _, err := s.Agent().WriteStdin(ctx, id, 0, []byte("hello\n")); err != nil {
 		t.Fatal(err)
 	}
 	var seen string
 	var cursor int64
 	for deadline := time.Now().Add(30 * time.Second); !strings.Contains(seen, "got:hello") && time.Now().Before(deadline); {
-		ro, err := s.Agent().ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: id, Cursor: cursor, YieldTime: durationpb.New(2 * time.Second)})
+		ro, err := s.Agent().ReadOutput(ctx, id, compute.ReadOutputOptions{Cursor: cursor, YieldTime: 2 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, ch := range ro.GetChunks() {
-			seen += string(ch.GetData())
+		for _, ch := range ro.Chunks {
+			seen += string(ch.Data)
 		}
-		cursor = ro.GetNextCursor()
+		cursor = ro.NextCursor
 	}
 	if !strings.Contains(seen, "got:hello") {
 		t.Fatalf("the PTY process did not answer: %q", seen)
 	}
-	if _, err := s.Agent().WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: id, Offset: 6, Data: []byte{0x03}}); err != nil {
+	if _, err := s.Agent().WriteStdin(ctx, id, 6, []byte{0x03}); err != nil {
 		t.Fatal(err)
 	}
 	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
 	defer wcancel()
-	exit, err := s.Agent().Wait(wctx, &agentdv1.WaitRequest{ProcessId: id})
+	exit, err := s.Agent().Wait(wctx, id)
 	if err != nil {
 		t.Fatalf("Ctrl-C did not stop the PTY process: %v", err)
 	}
-	if exit.GetExit().GetSignal() != "SIGINT" {
+	if exit.Signal != "SIGINT" {
 		t.Fatalf("want SIGINT, got %v", exit)
 	}
 }
@@ -225,7 +223,7 @@ func TestGVisorPortForward(t *testing.T) {
 		err = s.Start(ctx)
 	}
 	if err == nil {
-		_, err = s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}}, nil)
+		_, err = s.Agent().Exec(ctx, compute.ProcessSpec{Command: "true"}, compute.ExecOptions{}, nil)
 	}
 	if err == nil {
 		t.Fatal("port-forward reached the daemon of a gVisor Pod: update this test and the README, which say it does not")
@@ -282,7 +280,7 @@ func TestGVisorFigures(t *testing.T) {
 			if err := s.Start(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if _, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}}, nil); err != nil {
+			if _, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "true"}, compute.ExecOptions{}, nil); err != nil {
 				t.Fatal(err)
 			}
 			starts = append(starts, time.Since(t0))
@@ -296,7 +294,7 @@ func TestGVisorFigures(t *testing.T) {
 		var execs []time.Duration
 		for range 40 {
 			t0 := time.Now()
-			if _, err := last.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo hi"}}, nil); err != nil {
+			if _, err := last.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo hi"}, compute.ExecOptions{}, nil); err != nil {
 				t.Fatal(err)
 			}
 			execs = append(execs, time.Since(t0))

@@ -10,10 +10,10 @@ import (
 	"testing"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // secretsFrom resolves secrets from a map and counts the look-ups.
@@ -46,7 +46,7 @@ func TestEnvironmentReachesProcesses(t *testing.T) {
 	if calls != 1 {
 		t.Errorf("a secret used twice was resolved %d times, want once", calls)
 	}
-	res, err := d.Client.Exec(ctxT(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"env"}}}, nil)
+	res, err := d.Client.Exec(ctxT(t), agentclient.ProcessSpec{Argv: []string{"env"}}, agentclient.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -70,9 +70,9 @@ func TestEnvironmentReachesProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.Close()
-	if !p.Plan.GetSetEnvironment() || p.Plan.GetEnvironment()["API_TOKEN"] != "tok-123" || len(p.Plan.GetEntries()) != 0 {
+	if !p.Plan.SetEnvironment || p.Plan.Environment["API_TOKEN"] != "tok-123" || len(p.Plan.Entries) != 0 {
 		t.Fatalf("ephemeral-only plan: set_environment %v, environment names %d, entries %d",
-			p.Plan.GetSetEnvironment(), len(p.Plan.GetEnvironment()), len(p.Plan.GetEntries()))
+			p.Plan.SetEnvironment, len(p.Plan.Environment), len(p.Plan.Entries))
 	}
 
 	// A manifest copy resolved beforehand needs no resolver.
@@ -85,7 +85,7 @@ func TestEnvironmentReachesProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	p2.Close()
-	if p2.Plan.GetEnvironment()["ALSO"] != "tok-123" {
+	if p2.Plan.Environment["ALSO"] != "tok-123" {
 		t.Fatal("an already resolved secret was not used")
 	}
 
@@ -95,7 +95,7 @@ func TestEnvironmentReachesProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	p3.Close()
-	if !p3.Plan.GetSetEnvironment() || len(p3.Plan.GetEnvironment()) != 0 {
+	if !p3.Plan.SetEnvironment || len(p3.Plan.Environment) != 0 {
 		t.Fatal("a manifest without an environment must clear the daemon's")
 	}
 }
@@ -125,7 +125,7 @@ func TestEnvironmentSecretMissing(t *testing.T) {
 			t.Fatalf("%s: a refused manifest wrote task.md: %v", name, err)
 		}
 	}
-	res, err := d.Client.Exec(ctxT(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"env"}}}, nil)
+	res, err := d.Client.Exec(ctxT(t), agentclient.ProcessSpec{Argv: []string{"env"}}, agentclient.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

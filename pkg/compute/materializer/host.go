@@ -12,8 +12,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // walkHost expands the host path src (relative to base) into plan entries
@@ -24,7 +24,7 @@ import (
 // nothing outside it can be reached even if the tree changes meanwhile; each
 // file is opened with O_NOFOLLOW when streamed and must still be the same
 // file (device and inode) that was planned.
-func walkHost(ctx context.Context, base, src, dest string, dir, allowLinks bool, cleanup *[]func()) ([]*agentdv1.MaterializeEntry, map[string]source, error) {
+func walkHost(ctx context.Context, base, src, dest string, dir, allowLinks bool, cleanup *[]func()) ([]*agentclient.MaterializeEntry, map[string]source, error) {
 	rt, err := os.OpenRoot(base)
 	if err != nil {
 		return nil, nil, fmt.Errorf("entry %s: open base directory: %w", dest, errkind.ClassifyFS(err))
@@ -63,7 +63,7 @@ func walkHost(ctx context.Context, base, src, dest string, dir, allowLinks bool,
 		w.file(src, dest, fi)
 		return w.entries, w.sources, nil
 	}
-	w.entries = append(w.entries, &agentdv1.MaterializeEntry{Path: dest, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY, Mode: uint32(fi.Mode().Perm())})
+	w.entries = append(w.entries, &agentclient.MaterializeEntry{Path: dest, Kind: agentclient.EntryDirectory, Mode: uint32(fi.Mode().Perm())})
 	if err := w.dir(src, dest, src == "." && allowLinks); err != nil {
 		return nil, nil, err
 	}
@@ -75,7 +75,7 @@ type hostWalk struct {
 	ctx        context.Context
 	rt         *os.Root
 	allowLinks bool
-	entries    []*agentdv1.MaterializeEntry
+	entries    []*agentclient.MaterializeEntry
 	sources    map[string]source
 }
 
@@ -104,7 +104,7 @@ func (w *hostWalk) dir(src, dest string, top bool) error {
 		}
 		switch {
 		case fi.IsDir():
-			w.entries = append(w.entries, &agentdv1.MaterializeEntry{Path: wp, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY, Mode: uint32(fi.Mode().Perm())})
+			w.entries = append(w.entries, &agentclient.MaterializeEntry{Path: wp, Kind: agentclient.EntryDirectory, Mode: uint32(fi.Mode().Perm())})
 			if err := w.dir(hp, wp, false); err != nil {
 				return err
 			}
@@ -119,7 +119,7 @@ func (w *hostWalk) dir(src, dest string, top bool) error {
 			if strings.HasPrefix(target, "/") || joined == ".." || strings.HasPrefix(joined, "../") {
 				return &errkind.PathError{Op: "read host source", Path: hp, Err: errkind.Errorf(errkind.ErrPathEscape, "symbolic link to %q leaves the workspace", target)}
 			}
-			w.entries = append(w.entries, &agentdv1.MaterializeEntry{Path: wp, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_SYMLINK, LinkTarget: target})
+			w.entries = append(w.entries, &agentclient.MaterializeEntry{Path: wp, Kind: agentclient.EntrySymlink, LinkTarget: target})
 		case fi.Mode()&fs.ModeSymlink != 0:
 			return &errkind.PathError{Op: "read host source", Path: hp, Err: errkind.Errorf(errkind.ErrPermissionDenied, "is a symbolic link; host sources must be plain files and directories")}
 		default:
@@ -133,7 +133,7 @@ func (w *hostWalk) dir(src, dest string, top bool) error {
 func (w *hostWalk) file(hp, wp string, fi fs.FileInfo) {
 	st, _ := fi.Sys().(*syscall.Stat_t)
 	rt := w.rt
-	w.entries = append(w.entries, &agentdv1.MaterializeEntry{Path: wp, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE, Mode: uint32(fi.Mode().Perm()), Size: fi.Size()})
+	w.entries = append(w.entries, &agentclient.MaterializeEntry{Path: wp, Kind: agentclient.EntryFile, Mode: uint32(fi.Mode().Perm()), Size: fi.Size()})
 	w.sources[wp] = source{path: wp, size: fi.Size(), open: func() (io.ReadCloser, int64, error) {
 		f, err := rt.OpenFile(hp, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 		if err != nil {

@@ -24,7 +24,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Options says where host sources come from and how much runs at once.
@@ -111,13 +110,13 @@ type MountPlan struct {
 	// Entries are the directories and files at and below the entry's path
 	// (the root first, parents before children), with their owners and
 	// modes; file entries carry their exact sizes.
-	Entries []*agentdv1.MaterializeEntry
+	Entries []*agentclient.MaterializeEntry
 	// Open returns the bytes of the file entry at a path and their size.
 	// WriteTar calls it once per file, in the order of Entries.
 	Open func(path string) (io.ReadCloser, int64, error)
 	// Applied, when set, is called after the daemon wrote the whole plan,
 	// with its report of the files below the entry.
-	Applied func(ctx context.Context, c *agentclient.Client, files []*agentdv1.MaterializedFile) error
+	Applied func(ctx context.Context, c *agentclient.Client, files []agentclient.MaterializedFile) error
 	// Close, when set, releases what the plan holds (downloads ahead).
 	Close func()
 }
@@ -130,7 +129,7 @@ type GitFetcher interface {
 // Prepared is a plan ready to stream: the wire plan and the sources of its
 // files' bytes. Close removes the temporary checkouts it holds.
 type Prepared struct {
-	Plan    *agentdv1.MaterializePlan
+	Plan    *agentclient.MaterializePlan
 	files   []source // in plan order
 	cleanup []func()
 	mounts  []mountApplied
@@ -139,7 +138,7 @@ type Prepared struct {
 // mountApplied is a mount plan's callback after the daemon wrote it.
 type mountApplied struct {
 	path string
-	fn   func(ctx context.Context, c *agentclient.Client, files []*agentdv1.MaterializedFile) error
+	fn   func(ctx context.Context, c *agentclient.Client, files []agentclient.MaterializedFile) error
 }
 
 // source yields the bytes of one file entry.
@@ -160,7 +159,7 @@ func (p *Prepared) Close() error {
 
 // Apply prepares the manifest and materializes it through the daemon
 // client, returning the daemon's report (each file with its sha256).
-func Apply(ctx context.Context, c *agentclient.Client, m *manifest.Manifest, opts Options) (*agentdv1.MaterializeResponse, error) {
+func Apply(ctx context.Context, c *agentclient.Client, m *manifest.Manifest, opts Options) (*agentclient.MaterializeResult, error) {
 	p, err := Prepare(ctx, m, opts)
 	if err != nil {
 		return nil, err
@@ -174,9 +173,9 @@ func Apply(ctx context.Context, c *agentclient.Client, m *manifest.Manifest, opt
 		return nil, fmt.Errorf("materialize: %w", err)
 	}
 	for _, m := range p.mounts {
-		var files []*agentdv1.MaterializedFile
-		for _, f := range resp.GetFiles() {
-			if f.GetPath() == m.path || strings.HasPrefix(f.GetPath(), m.path+"/") {
+		var files []agentclient.MaterializedFile
+		for _, f := range resp.Files {
+			if f.Path == m.path || strings.HasPrefix(f.Path, m.path+"/") {
 				files = append(files, f)
 			}
 		}
@@ -223,29 +222,21 @@ func Prepare(ctx context.Context, m *manifest.Manifest, opts Options) (*Prepared
 	// Every plan, the ephemeral-only one after a restore included, sets
 	// the environment: the daemon keeps it in memory only, so a replacement
 	// sandbox gets it back this way.
-	b := &builder{ctx: ctx, opts: opts, grants: grants, owner: owner, log: log, p: &Prepared{Plan: &agentdv1.MaterializePlan{
+	b := &builder{ctx: ctx, opts: opts, grants: grants, owner: owner, log: log, p: &Prepared{Plan: &agentclient.MaterializePlan{
 		Environment: env, SetEnvironment: true,
 	}}}
 	for _, g := range m.Groups {
-		wg := &agentdv1.MaterializeGroup{Name: g.Name}
-		if g.GID != nil {
-			wg.Gid, wg.HasGid = *g.GID, true
-		}
-		b.p.Plan.Groups = append(b.p.Plan.Groups, wg)
+		b.p.Plan.Groups = append(b.p.Plan.Groups, agentclient.MaterializeGroup{Name: g.Name, GID: g.GID})
 	}
 	for _, u := range m.Users {
-		wu := &agentdv1.MaterializeUser{Name: u.Name, Groups: u.Groups, Home: u.Home, Shell: u.Shell}
-		if u.UID != nil {
-			wu.Uid, wu.HasUid = *u.UID, true
-		}
-		b.p.Plan.Users = append(b.p.Plan.Users, wu)
+		b.p.Plan.Users = append(b.p.Plan.Users, agentclient.MaterializeUser{Name: u.Name, UID: u.UID, Groups: u.Groups, Home: u.Home, Shell: u.Shell})
 	}
 	// The run_as user owns its workspace root, so it can create files at
 	// the top of it (entries without a group belong to it likewise).
 	b.p.Plan.RootUser = owner
 	b.p.Plan.SetGrants = true
 	for _, g := range m.ExtraPathGrants {
-		b.p.Plan.Grants = append(b.p.Plan.Grants, &agentdv1.MaterializeGrant{Path: g.Path, ReadOnly: g.ReadOnly})
+		b.p.Plan.Grants = append(b.p.Plan.Grants, agentclient.MaterializeGrant{Path: g.Path, ReadOnly: g.ReadOnly})
 	}
 	if err := b.collect(m); err != nil {
 		b.p.Close()
@@ -267,10 +258,10 @@ type builder struct {
 // expansion is the entries one host-backed manifest entry expands to,
 // computed concurrently and appended in manifest order.
 type expansion struct {
-	entries []*agentdv1.MaterializeEntry
+	entries []*agentclient.MaterializeEntry
 	sources map[string]source // by path, for file entries
 	cleanup []func()
-	applied func(ctx context.Context, c *agentclient.Client, files []*agentdv1.MaterializedFile) error // mounts
+	applied func(ctx context.Context, c *agentclient.Client, files []agentclient.MaterializedFile) error // mounts
 	err     error
 }
 
@@ -335,13 +326,13 @@ func (b *builder) collect(m *manifest.Manifest) error {
 		switch {
 		case s.e.Type == manifest.TypeFile:
 			content := s.e.Content
-			b.add(&agentdv1.MaterializeEntry{Path: s.path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE,
+			b.add(&agentclient.MaterializeEntry{Path: s.path, Kind: agentclient.EntryFile,
 				Mode: mode, User: b.ownerOf(s.e), Group: s.e.Group, Size: int64(len(content))},
 				source{path: s.path, size: int64(len(content)), open: func() (io.ReadCloser, int64, error) {
 					return io.NopCloser(bytesReader(content)), int64(len(content)), nil
 				}})
 		case s.e.Type == manifest.TypeDir:
-			b.add(&agentdv1.MaterializeEntry{Path: s.path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY,
+			b.add(&agentclient.MaterializeEntry{Path: s.path, Kind: agentclient.EntryDirectory,
 				Mode: mode, User: b.ownerOf(s.e), Group: s.e.Group})
 		case s.e.Type.IsMount() && s.x == nil:
 			// Without a Mounter no mount works: refusing keeps a run from
@@ -364,7 +355,7 @@ func (b *builder) collect(m *manifest.Manifest) error {
 			for _, we := range s.x.entries {
 				// The manifest entry's owner, group and permissions apply to
 				// its root; what lies below keeps the host's mode bits.
-				if we.Kind != agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_SYMLINK {
+				if we.Kind != agentclient.EntrySymlink {
 					we.User, we.Group = b.ownerOf(s.e), s.e.Group
 					if we.Path == s.path {
 						we.Mode = mode
@@ -417,7 +408,7 @@ func (b *builder) hostRoot(src string) (root, rel string, err error) {
 }
 
 // add appends an entry (and its bytes' source, for files) to the plan.
-func (b *builder) add(e *agentdv1.MaterializeEntry, src ...source) {
+func (b *builder) add(e *agentclient.MaterializeEntry, src ...source) {
 	b.p.Plan.Entries = append(b.p.Plan.Entries, e)
 	b.p.files = append(b.p.files, src...)
 }
@@ -452,7 +443,7 @@ func (b *builder) expand(p string, e *manifest.Entry, x *expansion) {
 				x.err = errkind.Errorf(errkind.ErrInternal, "entry %s: the mount planned %q outside its path", p, we.Path)
 				return
 			}
-			if we.Kind == agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE {
+			if we.Kind == agentclient.EntryFile {
 				wp := we.Path
 				x.sources[wp] = source{path: wp, size: we.Size, open: func() (io.ReadCloser, int64, error) { return mp.Open(wp) }}
 			}

@@ -20,10 +20,10 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func ctxT(t *testing.T) context.Context {
@@ -133,15 +133,15 @@ func TestApplyManifest(t *testing.T) {
 		}
 	}
 	sums := map[string]string{}
-	for _, f := range resp.GetFiles() {
-		sums[f.GetPath()] = f.GetSha256()
+	for _, f := range resp.Files {
+		sums[f.Path] = f.SHA256
 	}
 	h := sha256.Sum256([]byte("fix the bug\n"))
 	if sums["task.md"] != hex.EncodeToString(h[:]) || len(sums) != 7 {
 		t.Errorf("reported files: %v", sums)
 	}
 	if root {
-		if got := strings.Join(resp.GetUsersCreated(), ","); got != "analyst" {
+		if got := strings.Join(resp.UsersCreated, ","); got != "analyst" {
 			t.Errorf("users created: %q", got)
 		}
 		fi, _ := os.Stat(filepath.Join(ws, "out"))
@@ -166,8 +166,8 @@ func TestApplyManifest(t *testing.T) {
 		}
 		// Materializing again is idempotent: accounts exist, files replaced.
 		resp, err = materializer.Apply(ctxT(t), d.Client, m, opts)
-		if err != nil || len(resp.GetUsersCreated()) != 0 {
-			t.Fatalf("second apply: %v %v", resp.GetUsersCreated(), err)
+		if err != nil || len(resp.UsersCreated) != 0 {
+			t.Fatalf("second apply: %v %v", resp.UsersCreated, err)
 		}
 	}
 }
@@ -306,8 +306,8 @@ func TestIncludeSelectsEntries(t *testing.T) {
 	}
 	defer p.Close()
 	var paths []string
-	for _, e := range p.Plan.GetEntries() {
-		paths = append(paths, e.GetPath())
+	for _, e := range p.Plan.Entries {
+		paths = append(paths, e.Path)
 	}
 	sort.Strings(paths)
 	// x is not ephemeral itself, so Include leaves it out.
@@ -368,10 +368,10 @@ func TestRoundTripThroughArchive(t *testing.T) {
 	must(t, os.Remove(filepath.Join(ws, "vendor", "pkg", "deep", "data.txt")))
 
 	var archive bytes.Buffer
-	if _, err := src.Client.Archive(ctx, &agentdv1.ArchiveRequest{}, &archive); err != nil {
+	if _, err := src.Client.Archive(ctx, agentclient.ArchiveOptions{}, &archive); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := dst.Client.Restore(ctx, &agentdv1.RestoreHeader{}, &archive); err != nil {
+	if _, err := dst.Client.Restore(ctx, agentclient.RestoreOptions{}, &archive); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := treeOf(t, dst.Workspace), treeOf(t, ws); got != want {
@@ -382,12 +382,12 @@ func TestRoundTripThroughArchive(t *testing.T) {
 	if !os.SameFile(a, b) {
 		t.Error("hard link not preserved")
 	}
-	fa, err := src.Client.Fingerprint(ctx, &agentdv1.FingerprintRequest{})
+	fa, err := src.Client.Fingerprint(ctx, agentclient.FingerprintOptions{})
 	must(t, err)
-	fb, err := dst.Client.Fingerprint(ctx, &agentdv1.FingerprintRequest{})
+	fb, err := dst.Client.Fingerprint(ctx, agentclient.FingerprintOptions{})
 	must(t, err)
-	if fa.GetFingerprint() != fb.GetFingerprint() {
-		t.Errorf("fingerprints differ: %s vs %s", fa.GetFingerprint(), fb.GetFingerprint())
+	if fa != fb {
+		t.Errorf("fingerprints differ: %s vs %s", fa, fb)
 	}
 }
 

@@ -14,14 +14,13 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // fakeMounter expands every mount into one directory and one file.
 type fakeMounter struct {
 	outside bool // plan an entry outside the mount's path
 	req     materializer.MountRequest
-	applied []*agentdv1.MaterializedFile
+	applied []agentclient.MaterializedFile
 	closed  bool
 }
 
@@ -32,13 +31,13 @@ func (f *fakeMounter) PlanMount(_ context.Context, req materializer.MountRequest
 		file = "elsewhere.txt"
 	}
 	return &materializer.MountPlan{
-		Entries: []*agentdv1.MaterializeEntry{
-			{Path: req.Path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY, Mode: 0o555},
-			{Path: req.Path + "/sub", Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY, Mode: 0o555},
-			{Path: file, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE, Mode: 0o444, Size: 6},
+		Entries: []*agentclient.MaterializeEntry{
+			{Path: req.Path, Kind: agentclient.EntryDirectory, Mode: 0o555},
+			{Path: req.Path + "/sub", Kind: agentclient.EntryDirectory, Mode: 0o555},
+			{Path: file, Kind: agentclient.EntryFile, Mode: 0o444, Size: 6},
 		},
 		Open: func(string) (io.ReadCloser, int64, error) { return io.NopCloser(strings.NewReader("object")), 6, nil },
-		Applied: func(_ context.Context, _ *agentclient.Client, files []*agentdv1.MaterializedFile) error {
+		Applied: func(_ context.Context, _ *agentclient.Client, files []agentclient.MaterializedFile) error {
 			f.applied = files
 			return nil
 		},
@@ -66,7 +65,7 @@ func TestMounterPlan(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(d.Workspace, "data/sub/obj.txt")); err != nil || string(b) != "object" {
 		t.Fatalf("obj.txt = %q, %v", b, err)
 	}
-	if len(fm.applied) != 1 || fm.applied[0].GetPath() != "data/sub/obj.txt" || fm.applied[0].GetSha256() == "" {
+	if len(fm.applied) != 1 || fm.applied[0].Path != "data/sub/obj.txt" || fm.applied[0].SHA256 == "" {
 		t.Fatalf("Applied saw %v", fm.applied)
 	}
 	// The mount's entries are volatile (fetched again at every start, so
@@ -75,9 +74,9 @@ func TestMounterPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, e := range p.Plan.GetEntries() {
-		if mounted := e.GetPath() == "data" || strings.HasPrefix(e.GetPath(), "data/"); e.GetVolatile() != mounted {
-			t.Errorf("entry %s: volatile %v", e.GetPath(), e.GetVolatile())
+	for _, e := range p.Plan.Entries {
+		if mounted := e.Path == "data" || strings.HasPrefix(e.Path, "data/"); e.Volatile != mounted {
+			t.Errorf("entry %s: volatile %v", e.Path, e.Volatile)
 		}
 	}
 	p.Close()

@@ -55,10 +55,10 @@ func planAzure(t *testing.T, m *mount.Mounter, e *manifest.Entry) (map[string]st
 	defer plan.Close()
 	got := map[string]string{}
 	for _, we := range plan.Entries {
-		if we.GetSize() == 0 && !strings.Contains(we.GetPath(), ".") {
+		if we.Size == 0 && !strings.Contains(we.Path, ".") {
 			continue // a directory
 		}
-		body, _, err := plan.Open(we.GetPath())
+		body, _, err := plan.Open(we.Path)
 		if err != nil {
 			return got, err
 		}
@@ -67,7 +67,7 @@ func planAzure(t *testing.T, m *mount.Mounter, e *manifest.Entry) (map[string]st
 		if err != nil {
 			return got, err
 		}
-		got[we.GetPath()] = string(b)
+		got[we.Path] = string(b)
 	}
 	return got, nil
 }

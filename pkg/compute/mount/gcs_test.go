@@ -187,7 +187,7 @@ func TestGCSServiceAccountKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	plan.Close()
-	if len(plan.Entries) != 2 || plan.Entries[1].GetPath() != "data/a.txt" {
+	if len(plan.Entries) != 2 || plan.Entries[1].Path != "data/a.txt" {
 		t.Fatalf("plan: %v", plan.Entries)
 	}
 	if len(ar.seen) != 1 || ar.seen["Bearer "+token] == 0 || ts.calls.Load() != 1 {

@@ -44,8 +44,8 @@ func TestMountManyObjects(t *testing.T) {
 	}
 	s := e.started(t, map[string]*manifest.Entry{"bulk": e.entry(false)})
 	var files int
-	for _, f := range s.Materialized().GetFiles() {
-		if strings.HasPrefix(f.GetPath(), "bulk/") {
+	for _, f := range s.Materialized().Files {
+		if strings.HasPrefix(f.Path, "bulk/") {
 			files++
 		}
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Modes of mounted files. A read-only mount belongs to the daemon's
@@ -72,14 +71,14 @@ func (m *Mounter) PlanMount(ctx context.Context, req materializer.MountRequest) 
 		}
 	}
 	plan := &materializer.MountPlan{}
-	plan.Entries = append(plan.Entries, &agentdv1.MaterializeEntry{Path: req.Path, Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY,
+	plan.Entries = append(plan.Entries, &agentclient.MaterializeEntry{Path: req.Path, Kind: agentclient.EntryDirectory,
 		Mode: dirMode, User: user, Group: e.Group})
 	for _, d := range dirs {
-		plan.Entries = append(plan.Entries, &agentdv1.MaterializeEntry{Path: path.Join(req.Path, d), Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_DIRECTORY,
+		plan.Entries = append(plan.Entries, &agentclient.MaterializeEntry{Path: path.Join(req.Path, d), Kind: agentclient.EntryDirectory,
 			Mode: dirMode, User: user, Group: e.Group})
 	}
 	for _, o := range objs {
-		plan.Entries = append(plan.Entries, &agentdv1.MaterializeEntry{Path: path.Join(req.Path, o.rel), Kind: agentdv1.MaterializeEntryKind_MATERIALIZE_ENTRY_KIND_FILE,
+		plan.Entries = append(plan.Entries, &agentclient.MaterializeEntry{Path: path.Join(req.Path, o.rel), Kind: agentclient.EntryFile,
 			Mode: fileMode, User: user, Group: e.Group, Size: o.size})
 	}
 	f := newFetcher(ctx, m, st, req.Path, objs)
@@ -89,7 +88,7 @@ func (m *Mounter) PlanMount(ctx context.Context, req materializer.MountRequest) 
 		mt.objects[o.rel] = o
 	}
 	session := req.Session
-	plan.Applied = func(ctx context.Context, c *agentclient.Client, files []*agentdv1.MaterializedFile) error {
+	plan.Applied = func(ctx context.Context, c *agentclient.Client, files []agentclient.MaterializedFile) error {
 		return m.applied(ctx, c, session, mt, files)
 	}
 	return plan, nil
@@ -167,14 +166,14 @@ func (m *Mounter) list(ctx context.Context, mountPath string, st *bucketStore) (
 // the sha256 of each file from the daemon's report and its modification
 // time from a walk, so that Sync finds what changed without reading what
 // did not.
-func (m *Mounter) applied(ctx context.Context, c *agentclient.Client, session string, mt *mounted, files []*agentdv1.MaterializedFile) error {
+func (m *Mounter) applied(ctx context.Context, c *agentclient.Client, session string, mt *mounted, files []agentclient.MaterializedFile) error {
 	if mt.readOnly {
 		return nil
 	}
 	for _, f := range files {
-		rel := strings.TrimPrefix(strings.TrimPrefix(f.GetPath(), mt.path), "/")
+		rel := strings.TrimPrefix(strings.TrimPrefix(f.Path, mt.path), "/")
 		if o := mt.objects[rel]; o != nil {
-			o.sha = f.GetSha256()
+			o.sha = f.SHA256
 		}
 	}
 	local, err := walk(ctx, c, mt.path, m.cfg.MaxObjects)
@@ -186,12 +185,12 @@ func (m *Mounter) applied(ctx context.Context, c *agentclient.Client, session st
 		if o == nil {
 			// Left from an earlier start in a kept workspace: the storage
 			// no longer has it, and Sync must not take it for a new file.
-			if _, err := c.Remove(ctx, &agentdv1.RemoveRequest{Path: path.Join(mt.path, rel)}); err != nil {
+			if err := c.Remove(ctx, path.Join(mt.path, rel), agentclient.RemoveOptions{}); err != nil {
 				return fmt.Errorf("remove %s, no longer in the storage: %w", path.Join(mt.path, rel), err)
 			}
 			continue
 		}
-		o.mtime = fi.GetModifiedAt().AsTime()
+		o.mtime = fi.ModifiedAt
 	}
 	mt.ready = true
 	m.setState(session, mt)

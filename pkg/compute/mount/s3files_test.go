@@ -13,7 +13,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/mount/s3mount"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 const (
@@ -119,8 +118,8 @@ func TestS3FilesUnknownNothingWritten(t *testing.T) {
 	if err := s.Start(ctxT(t)); !errors.Is(err, errkind.ErrFailedPrecondition) {
 		t.Fatalf("Start = %v", err)
 	}
-	ls, err := s.Agent().ListDir(ctxT(t), &agentdv1.ListDirRequest{Path: ".", User: "root"})
-	if err != nil || len(ls.GetEntries()) != 0 {
-		t.Fatalf("something was written: %v %v", ls.GetEntries(), err)
+	ls, err := s.ListDir(ctxT(t), ".", compute.ListDirOptions{User: "root"})
+	if err != nil || len(ls.Entries) != 0 {
+		t.Fatalf("something was written: %+v %v", ls, err)
 	}
 }

@@ -39,7 +39,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func TestMain(m *testing.M) { agentdtest.Main(m, new(string)) }
@@ -451,13 +450,13 @@ func (e *env) started(t *testing.T, entries map[string]*manifest.Entry) *compute
 	return s
 }
 
-func sh(t *testing.T, s *compute.Session, user, command string) (string, int32) {
+func sh(t *testing.T, s *compute.Session, user, command string) (string, int) {
 	t.Helper()
-	res, err := s.Agent().Exec(ctxT(t), &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: command, User: user}}, nil)
+	res, err := s.Exec(ctxT(t), compute.ProcessSpec{Command: command, User: user}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatalf("exec %q: %v", command, err)
 	}
-	return string(res.Stdout) + string(res.Stderr), res.Exit.GetExitCode()
+	return string(res.Stdout) + string(res.Stderr), res.Exit.ExitCode
 }
 
 // asRunAs runs command as the session's run_as account; it must succeed.
@@ -471,7 +470,7 @@ func asRunAs(t *testing.T, s *compute.Session, command string) {
 func readFile(t *testing.T, s *compute.Session, p string) string {
 	t.Helper()
 	var b bytes.Buffer
-	if _, err := s.Agent().ReadFile(ctxT(t), &agentdv1.ReadFileRequest{Path: p}, &b); err != nil {
+	if _, err := s.ReadFile(ctxT(t), p, compute.ReadFileOptions{}, &b); err != nil {
 		t.Fatalf("read %s: %v", p, err)
 	}
 	return b.String()
@@ -662,11 +661,11 @@ func scenarioSyncedAtClose(t *testing.T, st *storage) {
 		t.Fatalf("out/edit.txt = %q", got)
 	}
 	fingerprintOf := func(exclude []string) string {
-		fp, err := s.Agent().Fingerprint(ctx, &agentdv1.FingerprintRequest{Exclude: exclude})
+		fp, err := s.Agent().Fingerprint(ctx, compute.FingerprintOptions{Exclude: exclude})
 		if err != nil {
 			t.Fatal(err)
 		}
-		return fp.GetFingerprint()
+		return fp
 	}
 	fingerprint := func() string { return fingerprintOf(s.Manifest().EphemeralPaths()) }
 	before, beforeAll := fingerprint(), fingerprintOf(nil)
@@ -893,9 +892,9 @@ func scenarioSizeLimit(t *testing.T, st *storage) {
 			if !errors.Is(err, errkind.ErrResourceExhausted) || !strings.Contains(err.Error(), "data") || !strings.Contains(err.Error(), "nothing was written") {
 				t.Fatalf("Start = %v, want ResourceExhausted naming the mount", err)
 			}
-			ls, err := s.Agent().ListDir(ctxT(t), &agentdv1.ListDirRequest{Path: ".", User: "root"})
-			if err != nil || len(ls.GetEntries()) != 0 {
-				t.Fatalf("something was written: %v %v", ls.GetEntries(), err)
+			ls, err := s.ListDir(ctxT(t), ".", compute.ListDirOptions{User: "root"})
+			if err != nil || len(ls.Entries) != 0 {
+				t.Fatalf("something was written: %+v %v", ls, err)
 			}
 		})
 	}

@@ -21,7 +21,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // maxConflictsNamed bounds the paths a conflict error lists.
@@ -117,7 +116,7 @@ func (m *Mounter) Sync(ctx context.Context, s *compute.Session) (SyncStats, erro
 type change struct {
 	o      *objectRef // nil for a new file
 	rel    string
-	info   *agentdv1.FileInfo // nil for a deletion
+	info   *agentclient.FileInfo // nil for a deletion
 	delete bool
 }
 
@@ -133,7 +132,7 @@ func (m *Mounter) syncMount(ctx context.Context, session string, c *agentclient.
 	var work []change
 	for rel, fi := range local {
 		o := mt.objects[rel]
-		if o != nil && o.size == fi.GetSize() && o.mtime.Equal(fi.GetModifiedAt().AsTime()) {
+		if o != nil && o.size == fi.Size && o.mtime.Equal(fi.ModifiedAt) {
 			stats.Unchanged++
 			continue
 		}
@@ -236,8 +235,8 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 		return "", nil, err
 	}
 	defer body.Close()
-	mtime := fi.GetModifiedAt().AsTime()
-	if w.o != nil && w.o.sha == sum && w.o.size == fi.GetSize() {
+	mtime := fi.ModifiedAt
+	if w.o != nil && w.o.sha == sum && w.o.size == fi.Size {
 		o := *w.o
 		o.mtime = mtime
 		return "unchanged", &o, nil
@@ -257,14 +256,14 @@ func (m *Mounter) syncOne(ctx context.Context, c *agentclient.Client, mt *mounte
 	if w.o != nil {
 		ifVersion = w.o.etag
 	}
-	version, err := st.objects.Put(ctx, key, body, fi.GetSize(), sum, ifVersion)
+	version, err := st.objects.Put(ctx, key, body, fi.Size, sum, ifVersion)
 	if err != nil {
 		if errors.Is(err, ErrChanged) {
 			return "conflict", nil, nil
 		}
 		return "", nil, st.classify(ctx, "upload", key, err)
 	}
-	return "uploaded", &objectRef{rel: w.rel, key: key, etag: version, size: fi.GetSize(), sha: sum, mtime: mtime}, nil
+	return "uploaded", &objectRef{rel: w.rel, key: key, etag: version, size: fi.Size, sha: sum, mtime: mtime}, nil
 }
 
 // head returns an object's version; ErrGone (unclassified) when there is
@@ -286,7 +285,7 @@ const spoolMemBytes = 1 << 20
 
 // spool reads a sandbox file into memory or a temporary file (a
 // seekable body for a signed, retryable PUT) and hashes it.
-func (m *Mounter) spool(ctx context.Context, c *agentclient.Client, wp string) (readSeekCloser, string, *agentdv1.FileInfo, error) {
+func (m *Mounter) spool(ctx context.Context, c *agentclient.Client, wp string) (readSeekCloser, string, *agentclient.FileInfo, error) {
 	h := sha256.New()
 	var mem bytes.Buffer
 	var tmp *os.File
@@ -299,7 +298,7 @@ func (m *Mounter) spool(ctx context.Context, c *agentclient.Client, wp string) (
 		_ = os.Remove(tmp.Name()) // unlinked: gone when closed
 		return tmp, nil
 	}}
-	fi, err := c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: wp}, io.MultiWriter(h, w))
+	fi, err := c.ReadFile(ctx, wp, agentclient.ReadFileOptions{}, io.MultiWriter(h, w))
 	if err == nil && w.err != nil {
 		err = w.err
 	}
@@ -311,7 +310,7 @@ func (m *Mounter) spool(ctx context.Context, c *agentclient.Client, wp string) (
 	}
 	sum := hex.EncodeToString(h.Sum(nil))
 	n := w.n
-	if fi == nil || fi.GetSize() != n {
+	if fi == nil || fi.Size != n {
 		// Shrunk while read, or cut by a daemon's read limit: never
 		// upload part of a file.
 		if tmp != nil {
@@ -373,34 +372,34 @@ func (s *spoolWriter) Write(p []byte) (int, error) {
 // walk lists the regular files below dir in the sandbox (as the daemon's
 // identity), by path relative to dir. Symbolic links and other special
 // files are not followed or uploaded. More than limit files is an error.
-func walk(ctx context.Context, c *agentclient.Client, dir string, limit int) (map[string]*agentdv1.FileInfo, error) {
-	out := map[string]*agentdv1.FileInfo{}
+func walk(ctx context.Context, c *agentclient.Client, dir string, limit int) (map[string]*agentclient.FileInfo, error) {
+	out := map[string]*agentclient.FileInfo{}
 	queue := []string{""}
 	for len(queue) > 0 {
 		rel := queue[0]
 		queue = queue[1:]
 		token := ""
 		for {
-			resp, err := c.ListDir(ctx, &agentdv1.ListDirRequest{Path: path.Join(dir, rel), PageToken: token})
+			resp, err := c.ListDir(ctx, path.Join(dir, rel), agentclient.ListDirOptions{PageToken: token})
 			if err != nil {
 				return nil, fmt.Errorf("list %s: %w", path.Join(dir, rel), err)
 			}
-			for _, fi := range resp.GetEntries() {
-				if len(fi.GetRawName()) > 0 {
+			for _, fi := range resp.Entries {
+				if len(fi.RawName) > 0 {
 					continue // not UTF-8: no key for it
 				}
-				r := path.Join(rel, fi.GetName())
-				switch fi.GetType() {
-				case agentdv1.FileType_FILE_TYPE_DIRECTORY:
+				r := path.Join(rel, fi.Name)
+				switch fi.Type {
+				case agentclient.FileDirectory:
 					queue = append(queue, r)
-				case agentdv1.FileType_FILE_TYPE_REGULAR:
+				case agentclient.FileRegular:
 					if len(out) >= limit {
 						return nil, errkind.Errorf(errkind.ErrResourceExhausted, "%s holds more than %d files (mount.Config.MaxObjects)", dir, limit)
 					}
-					out[r] = fi
+					out[r] = &fi
 				}
 			}
-			if token = resp.GetNextPageToken(); token == "" {
+			if token = resp.NextPageToken; token == "" {
 				break
 			}
 		}

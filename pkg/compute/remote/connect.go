@@ -15,7 +15,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // http2Preface is what an HTTP/2 client sends first, followed here by an
@@ -32,7 +31,7 @@ const http2FrameSettings = 4
 // ErrFailedPrecondition), health (not serving within ConnectTimeout:
 // ErrUnavailable, retryable), then an authenticated call (a bad token:
 // ErrUnauthenticated); the last two through agentclient.WaitReady.
-func (p *Provider) connect(ctx context.Context) (*agentclient.Client, *agentdv1.InfoResponse, error) {
+func (p *Provider) connect(ctx context.Context) (*agentclient.Client, *agentclient.DaemonInfo, error) {
 	token, err := p.cfg.token()
 	if err != nil {
 		return nil, nil, err
@@ -51,7 +50,7 @@ func (p *Provider) connect(ctx context.Context) (*agentclient.Client, *agentdv1.
 	if err != nil {
 		return nil, nil, fmt.Errorf("remote sandbox %s: %w", p.ep, err)
 	}
-	fail := func(err error) (*agentclient.Client, *agentdv1.InfoResponse, error) {
+	fail := func(err error) (*agentclient.Client, *agentclient.DaemonInfo, error) {
 		_ = client.Close()
 		return nil, nil, err
 	}
@@ -66,7 +65,7 @@ func (p *Provider) connect(ctx context.Context) (*agentclient.Client, *agentdv1.
 		}
 		return fail(fmt.Errorf("remote sandbox %s: %w", p.ep, err))
 	}
-	p.log.Debug("connected", zap.String("address", p.ep.String()), zap.String("version", info.GetVersion()))
+	p.log.Debug("connected", zap.String("address", p.ep.String()), zap.String("version", info.Version))
 	return client, info, nil
 }
 

@@ -17,7 +17,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // conformanceEnv runs each conformance test against its own daemon, started
@@ -145,7 +144,7 @@ func TestConnectErrors(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer sb.Close()
-		if _, err := sb.Agent().Info(testCtx(t), &agentdv1.InfoRequest{}); err != nil {
+		if _, err := sb.Agent().Info(testCtx(t)); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -199,7 +198,7 @@ func TestNeverCreatesOrDeletes(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	started, err := s.Agent().Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "sleep 300"}})
+	started, err := s.Agent().Start(ctx, compute.ProcessSpec{Command: "sleep 300"}, compute.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -237,13 +236,13 @@ func TestNeverCreatesOrDeletes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s2.Release()
-	procs, err := s2.Agent().List(ctx, &agentdv1.ListRequest{})
+	procs, err := s2.Agent().List(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var running bool
-	for _, p := range procs.GetProcesses() {
-		running = running || (p.GetProcessId() == started.GetProcess().GetProcessId() && p.GetExit() == nil)
+	for _, p := range procs {
+		running = running || (p.ProcessID == started.Process.ProcessID && p.Exit == nil)
 	}
 	if !running {
 		t.Fatalf("the session's process did not survive Close and Delete: %v", procs)

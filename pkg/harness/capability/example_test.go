@@ -16,7 +16,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Todo is a worked example of a custom capability: a todo list the agent
@@ -68,11 +67,11 @@ func (t Todo) Tools(env capability.Env) []tool.Tool {
 				return tool.Result{Output: `Call add_todo with {"item": "..."}.`, IsError: true}, nil
 			}
 			var cur strings.Builder
-			if _, err := call.Agent.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: t.Path, User: call.RunAs}, &cur); err != nil {
+			if _, err := call.Agent.ReadFile(ctx, t.Path, compute.ReadFileOptions{User: call.RunAs}, &cur); err != nil {
 				return tool.Result{}, fmt.Errorf("read %s: %w", t.Path, err)
 			}
 			next := cur.String() + "- [ ] " + strings.TrimSpace(args.Item) + "\n"
-			if _, err := call.Agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: t.Path, User: call.RunAs}, strings.NewReader(next)); err != nil {
+			if _, err := call.Agent.WriteFile(ctx, t.Path, compute.WriteFileOptions{User: call.RunAs}, strings.NewReader(next)); err != nil {
 				return tool.Result{}, fmt.Errorf("write %s: %w", t.Path, err)
 			}
 			return tool.Result{Output: "added"}, nil
@@ -126,7 +125,7 @@ func TestTodoCapabilityInARun(t *testing.T) {
 		t.Fatalf("%v %v", res, err)
 	}
 	var b strings.Builder
-	if _, err := sess.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "TODO.md"}, &b); err != nil || b.String() != "# Todo\n- [ ] write the tests\n" {
+	if _, err := sess.ReadFile(ctx, "TODO.md", compute.ReadFileOptions{}, &b); err != nil || b.String() != "# Todo\n- [ ] write the tests\n" {
 		t.Fatalf("TODO.md = %q, %v", b.String(), err)
 	}
 	req := srv.Requests()[0]

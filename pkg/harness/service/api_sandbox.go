@@ -15,7 +15,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
 )
 
@@ -104,13 +103,13 @@ func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[har
 	return connect.NewResponse(out), nil
 }
 
-func fileType(t agentdv1.FileType) harnessv1.FileType {
+func fileType(t compute.FileType) harnessv1.FileType {
 	switch t {
-	case agentdv1.FileType_FILE_TYPE_REGULAR:
+	case compute.FileRegular:
 		return harnessv1.FileType_FILE_TYPE_FILE
-	case agentdv1.FileType_FILE_TYPE_DIRECTORY:
+	case compute.FileDirectory:
 		return harnessv1.FileType_FILE_TYPE_DIRECTORY
-	case agentdv1.FileType_FILE_TYPE_SYMLINK:
+	case compute.FileSymlink:
 		return harnessv1.FileType_FILE_TYPE_SYMLINK
 	}
 	return harnessv1.FileType_FILE_TYPE_OTHER
@@ -148,19 +147,23 @@ func (a *sandboxAPI) ListSandboxDir(ctx context.Context, req *connect.Request[ha
 	out := &harnessv1.ListSandboxDirResponse{}
 	token := ""
 	for {
-		resp, err := sess.Agent().ListDir(ctx, &agentdv1.ListDirRequest{Path: p, User: sess.Manifest().RunAs, PageToken: token})
+		resp, err := sess.ListDir(ctx, p, compute.ListDirOptions{User: sess.Manifest().RunAs, PageToken: token})
 		if err != nil {
 			return nil, apiError(err)
 		}
-		for _, e := range resp.GetEntries() {
-			rel := e.GetName()
+		for _, e := range resp.Entries {
+			rel := e.Name
 			if p != "." {
-				rel = strings.TrimSuffix(p, "/") + "/" + e.GetName()
+				rel = strings.TrimSuffix(p, "/") + "/" + e.Name
 			}
-			out.Entries = append(out.Entries, &harnessv1.FileEntry{Name: e.GetName(), Path: rel, Type: fileType(e.GetType()),
-				Size: e.GetSize(), Mode: e.GetMode(), ModifyTime: e.GetModifiedAt()})
+			var mtime *timestamppb.Timestamp
+			if !e.ModifiedAt.IsZero() {
+				mtime = timestamppb.New(e.ModifiedAt)
+			}
+			out.Entries = append(out.Entries, &harnessv1.FileEntry{Name: e.Name, Path: rel, Type: fileType(e.Type),
+				Size: e.Size, Mode: e.Mode, ModifyTime: mtime})
 		}
-		if token = resp.GetNextPageToken(); token == "" || len(out.Entries) > 10000 {
+		if token = resp.NextPageToken; token == "" || len(out.Entries) > 10000 {
 			break
 		}
 	}
@@ -209,7 +212,7 @@ func (a *sandboxAPI) ReadSandboxFile(ctx context.Context, req *connect.Request[h
 	w := &chunkWriter{offset: m.GetOffset(), send: func(data []byte, off int64) error {
 		return stream.Send(&harnessv1.ReadSandboxFileResponse{Data: data, Offset: off})
 	}}
-	_, err = sess.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: p, Offset: m.GetOffset(), Limit: m.GetLimit(), User: sess.Manifest().RunAs}, w)
+	_, err = sess.ReadFile(ctx, p, compute.ReadFileOptions{Offset: m.GetOffset(), Limit: m.GetLimit(), User: sess.Manifest().RunAs}, w)
 	return apiError(err)
 }
 
@@ -229,8 +232,8 @@ type terminalIO struct {
 // until the process exits or the client leaves (the process is then
 // killed).
 func (s *Service) runTerminal(ctx context.Context, sess *compute.Session, start *harnessv1.TerminalStart, tio terminalIO) error {
-	spec := &agentdv1.ProcessSpec{Tty: true, User: sess.Manifest().RunAs,
-		Size: &agentdv1.TerminalSize{Cols: max(start.GetCols(), 20), Rows: max(start.GetRows(), 5)},
+	spec := compute.ProcessSpec{Tty: true, User: sess.Manifest().RunAs,
+		Size: compute.TerminalSize{Cols: max(start.GetCols(), 20), Rows: max(start.GetRows(), 5)},
 		Env:  map[string]string{"TERM": "xterm-256color"}}
 	if len(start.GetCommand()) > 0 {
 		spec.Argv = start.GetCommand()
@@ -238,11 +241,11 @@ func (s *Service) runTerminal(ctx context.Context, sess *compute.Session, start 
 		spec.Command, spec.Login = "exec ${SHELL:-/bin/sh}", true
 	}
 	agent := sess.Agent()
-	resp, err := agent.Start(ctx, &agentdv1.StartRequest{Spec: spec, RequestId: newID("term-")})
+	resp, err := agent.Start(ctx, spec, compute.StartOptions{RequestID: newID("term-")})
 	if err != nil {
 		return fmt.Errorf("start terminal: %w", err)
 	}
-	pid := resp.GetProcess().GetProcessId()
+	pid := resp.Process.ProcessID
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var sendMu sync.Mutex
@@ -263,28 +266,28 @@ func (s *Service) runTerminal(ctx context.Context, sess *compute.Session, start 
 					inDone <- apiError(err)
 					return
 				}
-				if _, err := agent.Resize(ctx, &agentdv1.ResizeRequest{ProcessId: pid, Size: &agentdv1.TerminalSize{Rows: rs.GetRows(), Cols: rs.GetCols()}}); err != nil {
+				if err := agent.Resize(ctx, pid, compute.TerminalSize{Rows: rs.GetRows(), Cols: rs.GetCols()}); err != nil {
 					inDone <- err
 					return
 				}
 			}
 			if len(data) > 0 {
-				next, err := agent.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: pid, Offset: offset, Data: data})
+				next, err := agent.WriteStdin(ctx, pid, offset, data)
 				if err != nil {
 					inDone <- err
 					return
 				}
-				offset = next.GetNextOffset()
+				offset = next
 			}
 		}
 	}()
 	outDone := make(chan error, 1)
 	go func() {
-		exit, err := agent.Follow(ctx, &agentdv1.AttachRequest{ProcessId: pid}, func(m *agentdv1.AttachResponse) error {
+		exit, err := agent.Follow(ctx, pid, compute.FollowOptions{}, func(m *compute.Output) error {
 			sendMu.Lock()
 			defer sendMu.Unlock()
-			for _, c := range m.GetChunks() {
-				if err := tio.output(slices.Clone(c.GetData())); err != nil {
+			for _, c := range m.Chunks {
+				if err := tio.output(slices.Clone(c.Data)); err != nil {
 					return err
 				}
 			}
@@ -292,7 +295,7 @@ func (s *Service) runTerminal(ctx context.Context, sess *compute.Session, start 
 		})
 		if err == nil && exit != nil {
 			sendMu.Lock()
-			err = tio.exited(&harnessv1.TerminalExited{ExitCode: exit.GetExitCode(), Signal: exit.GetSignal()})
+			err = tio.exited(&harnessv1.TerminalExited{ExitCode: int32(exit.ExitCode), Signal: exit.Signal})
 			sendMu.Unlock()
 		}
 		outDone <- err
@@ -300,7 +303,7 @@ func (s *Service) runTerminal(ctx context.Context, sess *compute.Session, start 
 	kill := func() {
 		kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer kcancel()
-		_, _ = agent.Signal(kctx, &agentdv1.SignalRequest{ProcessId: pid, Signal: "SIGKILL"})
+		_ = agent.Signal(kctx, pid, "SIGKILL")
 	}
 	// Neither goroutine may touch the stream after this returns.
 	select {

@@ -16,8 +16,8 @@ import (
 	"github.com/coder/websocket"
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
 )
 
@@ -237,20 +237,19 @@ func (s *Service) serveFile(w http.ResponseWriter, r *http.Request) {
 		httpError(w, err)
 		return
 	}
-	st, err := sess.Agent().Stat(r.Context(), &agentdv1.StatRequest{Path: p, User: sess.Manifest().RunAs})
+	info, err := sess.Stat(r.Context(), p, compute.StatOptions{User: sess.Manifest().RunAs})
 	if err != nil {
 		httpError(w, err)
 		return
 	}
-	info := st.GetInfo()
-	if info.GetType() != agentdv1.FileType_FILE_TYPE_REGULAR {
+	if info.Type != compute.FileRegular {
 		httpError(w, invalid("%s is not a regular file", p))
 		return
 	}
 	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(info.GetSize(), 10))
+	w.Header().Set("Content-Length", strconv.FormatInt(info.Size, 10))
 	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", path.Base(p)))
-	if _, err := sess.Agent().ReadFile(r.Context(), &agentdv1.ReadFileRequest{Path: p, User: sess.Manifest().RunAs}, w); err != nil {
+	if _, err := sess.ReadFile(r.Context(), p, compute.ReadFileOptions{User: sess.Manifest().RunAs}, w); err != nil {
 		// Headers are gone: the short body tells the client.
 		s.log.Debug("file download cut")
 	}

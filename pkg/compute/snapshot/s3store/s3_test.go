@@ -22,10 +22,10 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/s3server"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot/s3store"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func ctxT(t *testing.T) context.Context {
@@ -114,7 +114,7 @@ func archive(ctx context.Context, t *testing.T, d *agentdtest.Daemon, store snap
 	pr, pw := io.Pipe()
 	done := make(chan error, 1)
 	go func() {
-		_, err := d.Client.Archive(ctx, &agentdv1.ArchiveRequest{}, pw)
+		_, err := d.Client.Archive(ctx, agentclient.ArchiveOptions{}, pw)
 		pw.CloseWithError(err)
 		done <- err
 	}()
@@ -133,7 +133,7 @@ func restore(ctx context.Context, d *agentdtest.Daemon, store snapshot.Store, id
 		return err
 	}
 	defer r.Close()
-	_, err = d.Client.Restore(ctx, &agentdv1.RestoreHeader{}, r)
+	_, err = d.Client.Restore(ctx, agentclient.RestoreOptions{}, r)
 	return err
 }
 
@@ -348,7 +348,7 @@ func TestS3ServerStopsMidRestore(t *testing.T) {
 		n += int64(k)
 		return k, err
 	})
-	_, err = b.Client.Restore(ctx, &agentdv1.RestoreHeader{}, stopping)
+	_, err = b.Client.Restore(ctx, agentclient.RestoreOptions{}, stopping)
 	r.Close()
 	if !errors.Is(err, errkind.ErrUnavailable) || !errkind.Retryable(err) {
 		t.Fatalf("want a retryable ErrUnavailable, got %v", err)

@@ -14,7 +14,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/patch"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // ApplyPatchToolName is the name of the patch tool.
@@ -123,7 +122,8 @@ func (t *applyPatchTool) Call(ctx context.Context, call tool.Context, input stri
 	if call.Agent == nil {
 		return tool.Result{}, errors.New("apply_patch: the run has no sandbox")
 	}
-	req := &agentdv1.ApplyPatchRequest{Cwd: call.Workdir, User: call.RunAs}
+	opts := agentclient.ApplyPatchOptions{Cwd: call.Workdir, User: call.RunAs}
+	var apply func() (*agentclient.PatchResult, error)
 	trimmed := strings.TrimSpace(input)
 	if t.format == PatchJSON || strings.HasPrefix(trimmed, "{") || strings.HasPrefix(trimmed, "[") {
 		ops, err := decodeOperations([]byte(trimmed))
@@ -133,17 +133,19 @@ func (t *applyPatchTool) Call(ctx context.Context, call tool.Context, input stri
 		if _, err := patch.FromOperations(ops, patch.Options{}); isMalformed(err) {
 			return failure("apply_patch verification failed: " + err.Error() + "\n" + nothingChanged), nil
 		}
-		req.Input = &agentdv1.ApplyPatchRequest_Operations{Operations: toProtoOperations(ops)}
+		apply = func() (*agentclient.PatchResult, error) {
+			return call.Agent.ApplyOperations(ctx, toAgentOperations(ops), opts)
+		}
 	} else {
 		// A malformed patch is answered here, precisely and without a
 		// round trip; the daemon checks it again and is the one applying it.
 		if _, err := patch.Parse(input, patch.Options{}); isMalformed(err) {
 			return failure("apply_patch verification failed: " + err.Error() + "\n" + nothingChanged), nil
 		}
-		req.Input = &agentdv1.ApplyPatchRequest_Patch{Patch: input}
+		apply = func() (*agentclient.PatchResult, error) { return call.Agent.ApplyPatch(ctx, input, opts) }
 	}
 
-	resp, err := call.Agent.ApplyPatch(ctx, req)
+	resp, err := apply()
 	if err != nil {
 		msg, ok := patchFailure(err, call.Workdir)
 		if !ok {
@@ -153,8 +155,8 @@ func (t *applyPatchTool) Call(ctx context.Context, call tool.Context, input stri
 			zap.String("path", rejectedPath(err)), zap.String("class", errorClass(err)))
 		return failure(msg), nil
 	}
-	call.Log.Debug("apply_patch applied", zap.String("call_id", call.CallID), zap.Int("changes", len(resp.GetChanges())))
-	return tool.Result{Output: successSummary(resp.GetChanges())}, nil
+	call.Log.Debug("apply_patch applied", zap.String("call_id", call.CallID), zap.Int("changes", len(resp.Changes)))
+	return tool.Result{Output: successSummary(resp.Changes)}, nil
 }
 
 // nothingChanged ends every rejection message.
@@ -210,20 +212,12 @@ func decodeOperations(data []byte) ([]patch.Operation, error) {
 	return []patch.Operation{op}, nil
 }
 
-// toProtoOperations maps the operation form onto the wire.
-func toProtoOperations(ops []patch.Operation) *agentdv1.PatchOperations {
-	out := &agentdv1.PatchOperations{Operations: make([]*agentdv1.PatchOperation, 0, len(ops))}
+// toAgentOperations maps the operation form onto the daemon client's
+// (whose types are the form's: create_file, update_file, delete_file).
+func toAgentOperations(ops []patch.Operation) []agentclient.PatchOperation {
+	out := make([]agentclient.PatchOperation, 0, len(ops))
 	for _, o := range ops {
-		typ := agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_UNSPECIFIED
-		switch o.Type {
-		case patch.OperationCreateFile:
-			typ = agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_CREATE_FILE
-		case patch.OperationUpdateFile:
-			typ = agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_UPDATE_FILE
-		case patch.OperationDeleteFile:
-			typ = agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_DELETE_FILE
-		}
-		out.Operations = append(out.Operations, &agentdv1.PatchOperation{Type: typ, Path: o.Path, Diff: o.Diff, MoveTo: o.MoveTo})
+		out = append(out, agentclient.PatchOperation{Type: agentclient.PatchOperationType(o.Type), Path: o.Path, Diff: o.Diff, MoveTo: o.MoveTo})
 	}
 	return out
 }
@@ -231,18 +225,18 @@ func toProtoOperations(ops []patch.Operation) *agentdv1.PatchOperations {
 // successSummary lists what changed, one operation per line in patch order,
 // with the paths as the patch wrote them: "Created p", "Updated p",
 // "Updated p\nMoved p to q", "Deleted p" (the reference's wording).
-func successSummary(changes []*agentdv1.PatchChange) string {
+func successSummary(changes []agentclient.PatchChange) string {
 	lines := make([]string, 0, len(changes))
 	for _, c := range changes {
-		switch c.GetKind() {
-		case agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_CREATED:
-			lines = append(lines, "Created "+c.GetPath())
-		case agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_DELETED:
-			lines = append(lines, "Deleted "+c.GetPath())
-		case agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_MOVED:
-			lines = append(lines, "Updated "+c.GetPath(), "Moved "+c.GetPath()+" to "+c.GetNewPath())
+		switch c.Kind {
+		case agentclient.PatchCreated:
+			lines = append(lines, "Created "+c.Path)
+		case agentclient.PatchDeleted:
+			lines = append(lines, "Deleted "+c.Path)
+		case agentclient.PatchMoved:
+			lines = append(lines, "Updated "+c.Path, "Moved "+c.Path+" to "+c.NewPath)
 		default:
-			lines = append(lines, "Updated "+c.GetPath())
+			lines = append(lines, "Updated "+c.Path)
 		}
 	}
 	if len(lines) == 0 {
@@ -279,8 +273,8 @@ func patchFailure(err error, workdir string) (msg string, ok bool) {
 		b.WriteString("; every path of a patch must stay inside the workspace, also through symbolic links.")
 	case errors.Is(err, errkind.ErrReadOnly):
 		fmt.Fprintf(&b, "the path '%s' is read-only.", p)
-	case rej.GetMessage() != "" && !fileFailure:
-		b.WriteString(rej.GetMessage())
+	case rej != nil && rej.Message != "" && !fileFailure:
+		b.WriteString(rej.Message)
 		writeRejectionDetail(&b, rej)
 	case rej != nil:
 		b.WriteString(pathCause(p, err))
@@ -346,17 +340,17 @@ func sentinelText(err error) string {
 
 // writeRejectionDetail quotes the lines the patch looked for and the
 // closest region of the current file, from the daemon's typed rejection.
-func writeRejectionDetail(b *strings.Builder, rej *agentdv1.PatchRejection) {
+func writeRejectionDetail(b *strings.Builder, rej *agentclient.PatchRejectionDetail) {
 	if rej == nil {
 		return
 	}
-	if lines := rej.GetExpectedLines(); len(lines) > 0 {
-		fmt.Fprintf(b, "\nThe patch looked for these lines in %s (shown without their ' ', '-' or '@@ ' prefix):", rej.GetPath())
+	if lines := rej.ExpectedLines; len(lines) > 0 {
+		fmt.Fprintf(b, "\nThe patch looked for these lines in %s (shown without their ' ', '-' or '@@ ' prefix):", rej.Path)
 		quoteLines(b, lines, 0)
 	}
-	if lines := rej.GetClosestLines(); len(lines) > 0 && rej.GetClosestLine() > 0 {
-		fmt.Fprintf(b, "\nThe closest part of %s starts at line %d and currently reads:", rej.GetPath(), rej.GetClosestLine())
-		quoteLines(b, lines, int(rej.GetClosestLine()))
+	if lines := rej.ClosestLines; len(lines) > 0 && rej.ClosestLine > 0 {
+		fmt.Fprintf(b, "\nThe closest part of %s starts at line %d and currently reads:", rej.Path, rej.ClosestLine)
+		quoteLines(b, lines, rej.ClosestLine)
 	}
 }
 
@@ -414,8 +408,8 @@ func isRuneStart(c byte) bool { return c&0xC0 != 0x80 }
 // the daemon's typed rejection says so, else as the daemon reports it
 // (joined with the working directory; never a host path).
 func rejectedPath(err error) string {
-	if rej := agentclient.PatchRejection(err); rej != nil && rej.GetPath() != "" {
-		return rej.GetPath()
+	if rej := agentclient.PatchRejection(err); rej != nil && rej.Path != "" {
+		return rej.Path
 	}
 	var pe *errkind.PathError
 	if errors.As(err, &pe) {

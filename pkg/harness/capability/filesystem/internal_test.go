@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 )
 
 func TestPrintable(t *testing.T) {
@@ -70,7 +70,7 @@ func TestSuccessSummaryEmpty(t *testing.T) {
 	if got := successSummary(nil); got != "No files were modified." {
 		t.Errorf("got %q", got)
 	}
-	got := successSummary([]*agentdv1.PatchChange{{Kind: agentdv1.PatchChangeKind_PATCH_CHANGE_KIND_MOVED, Path: "a", NewPath: "b"}})
+	got := successSummary([]agentclient.PatchChange{{Kind: agentclient.PatchMoved, Path: "a", NewPath: "b"}})
 	if got != "Updated a\nMoved a to b" {
 		t.Errorf("got %q", got)
 	}

@@ -11,10 +11,10 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // ViewImageToolName is the name of the image tool.
@@ -86,18 +86,17 @@ func (t *viewImageTool) Call(ctx context.Context, call tool.Context, input strin
 		target = path.Join(call.Workdir, target)
 	}
 
-	st, err := call.Agent.Stat(ctx, &agentdv1.StatRequest{Path: target, User: call.RunAs})
-	info := st.GetInfo()
+	info, err := call.Agent.Stat(ctx, target, agentclient.StatOptions{User: call.RunAs})
 	if err != nil {
 		return t.readFailure(call, shown, err)
 	}
-	switch info.GetType() {
-	case agentdv1.FileType_FILE_TYPE_DIRECTORY:
+	switch info.Type {
+	case agentclient.FileDirectory:
 		return failure(fmt.Sprintf("image path `%s` is a directory, not an image file", shown)), nil
-	case agentdv1.FileType_FILE_TYPE_OTHER:
+	case agentclient.FileOther:
 		return failure(fmt.Sprintf("image path `%s` is not a supported image file: it is not a regular file", shown)), nil
-	case agentdv1.FileType_FILE_TYPE_REGULAR:
-		if info.GetSize() > t.maxBytes {
+	case agentclient.FileRegular:
+		if info.Size > t.maxBytes {
 			return t.tooLarge(shown), nil
 		}
 	}
@@ -107,10 +106,10 @@ func (t *viewImageTool) Call(ctx context.Context, call tool.Context, input strin
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the stream when the sink stops it early
 	sink := &imageSink{max: t.maxBytes}
-	if info.GetType() == agentdv1.FileType_FILE_TYPE_REGULAR {
-		sink.buf = make([]byte, 0, info.GetSize())
+	if info.Type == agentclient.FileRegular {
+		sink.buf = make([]byte, 0, info.Size)
 	}
-	_, err = call.Agent.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: target, Limit: t.maxBytes + 1, User: call.RunAs}, sink)
+	_, err = call.Agent.ReadFile(ctx, target, agentclient.ReadFileOptions{Limit: t.maxBytes + 1, User: call.RunAs}, sink)
 	switch {
 	case errors.Is(err, errTooLarge):
 		return t.tooLarge(shown), nil

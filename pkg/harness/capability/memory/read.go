@@ -14,7 +14,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // OnRunStart implements capability.RunStarter: it returns the memory
@@ -47,22 +46,21 @@ func (m *Memory) OnRunStart(ctx context.Context, info capability.RunInfo) (strin
 // were left out between them. A missing file (or directory) reads as "".
 func (m *Memory) readSummary(ctx context.Context, a *agentclient.Client, runAs string) (text string, omitted int64, err error) {
 	p := m.summaryPath()
-	st, err := a.Stat(ctx, &agentdv1.StatRequest{Path: p, User: runAs})
-	fi := st.GetInfo()
+	fi, err := a.Stat(ctx, p, compute.StatOptions{User: runAs})
 	if errors.Is(err, compute.ErrNotFound) {
 		return "", 0, nil
 	}
 	if err != nil {
 		return "", 0, fmt.Errorf("memory: stat %s: %w", p, err)
 	}
-	if fi.GetType() != agentdv1.FileType_FILE_TYPE_REGULAR {
+	if fi.Type != compute.FileRegular {
 		return "", 0, fmt.Errorf("memory: %s is not a regular file", p)
 	}
 	limit := int64(m.opts.MaxReadBytes)
-	size := fi.GetSize()
+	size := fi.Size
 	if size <= limit {
 		var b bytes.Buffer
-		if _, err := a.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: p, Limit: limit, User: runAs}, &b); err != nil {
+		if _, err := a.ReadFile(ctx, p, compute.ReadFileOptions{Limit: limit, User: runAs}, &b); err != nil {
 			if errors.Is(err, compute.ErrNotFound) {
 				return "", 0, nil
 			}
@@ -74,10 +72,10 @@ func (m *Memory) readSummary(ctx context.Context, a *agentclient.Client, runAs s
 	headN := limit / 2
 	tailN := limit - headN
 	var head, tail bytes.Buffer
-	if _, err := a.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: p, Limit: headN, User: runAs}, &head); err != nil {
+	if _, err := a.ReadFile(ctx, p, compute.ReadFileOptions{Limit: headN, User: runAs}, &head); err != nil {
 		return "", 0, fmt.Errorf("memory: read %s: %w", p, err)
 	}
-	if _, err := a.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: p, Offset: size - tailN, Limit: tailN, User: runAs}, &tail); err != nil {
+	if _, err := a.ReadFile(ctx, p, compute.ReadFileOptions{Offset: size - tailN, Limit: tailN, User: runAs}, &tail); err != nil {
 		return "", 0, fmt.Errorf("memory: read %s: %w", p, err)
 	}
 	h, t := validPrefix(head.Bytes()), validSuffix(tail.Bytes())
@@ -90,17 +88,16 @@ func (m *Memory) detailPaths(ctx context.Context, a *agentclient.Client, runAs s
 	var out []string
 	for _, name := range []string{RegistryFile, RolloutSummariesDir} {
 		p := path.Join(m.dir, name)
-		st, err := a.Stat(ctx, &agentdv1.StatRequest{Path: p, User: runAs})
-		fi := st.GetInfo()
+		fi, err := a.Stat(ctx, p, compute.StatOptions{User: runAs})
 		if errors.Is(err, compute.ErrNotFound) {
 			continue
 		}
 		if err != nil {
 			return nil, fmt.Errorf("memory: stat %s: %w", p, err)
 		}
-		if fi.GetType() == agentdv1.FileType_FILE_TYPE_DIRECTORY {
+		if fi.Type == compute.FileDirectory {
 			p += "/"
-		} else if fi.GetSize() == 0 {
+		} else if fi.Size == 0 {
 			continue
 		}
 		out = append(out, p)

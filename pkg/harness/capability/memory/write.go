@@ -8,9 +8,9 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // DefaultPrompt is the summary call's instructions; %d is the size the
@@ -70,7 +70,7 @@ func (m *Memory) OnRunEnd(ctx context.Context, info capability.RunInfo) error {
 	}
 	text += "\n"
 	p := m.summaryPath()
-	if _, err := info.Agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: p, User: info.RunAs, CreateParents: true}, strings.NewReader(text)); err != nil {
+	if _, err := info.Agent.WriteFile(ctx, p, agentclient.WriteFileOptions{User: info.RunAs, CreateParents: true}, strings.NewReader(text)); err != nil {
 		return fmt.Errorf("memory: write %s: %w", p, err)
 	}
 	log.Info("memory updated", zap.String("path", p), zap.Int("bytes", len(text)), zap.Int("previous_bytes", len(current)))

@@ -31,7 +31,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Limits and defaults of the reference contract.
@@ -220,7 +219,7 @@ func killProcess(ctx context.Context, agent *agentclient.Client, pid string) err
 	if pid == "" || agent == nil {
 		return nil
 	}
-	_, err := agent.Signal(ctx, &agentdv1.SignalRequest{ProcessId: pid, Signal: "KILL"})
+	err := agent.Signal(ctx, pid, "KILL")
 	if err == nil || errors.Is(err, errkind.ErrFailedPrecondition) || errors.Is(err, errkind.ErrNotFound) {
 		return nil
 	}

@@ -14,14 +14,12 @@ import (
 
 	"go.uber.org/zap/zaptest"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/capability"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Fixed volatile parts of the output in tests.
@@ -586,7 +584,7 @@ func TestWorkdir(t *testing.T) {
 }
 
 // daemonState returns the daemon's view of the process behind session.
-func (h *harness) daemonState(session int) *agentdv1.ProcessInfo {
+func (h *harness) daemonState(session int) *agentclient.ProcessInfo {
 	h.t.Helper()
 	h.s.mu.Lock()
 	p := h.s.procs[session]
@@ -597,30 +595,30 @@ func (h *harness) daemonState(session int) *agentdv1.ProcessInfo {
 	return h.info(p.pid)
 }
 
-func (h *harness) info(pid string) *agentdv1.ProcessInfo {
+func (h *harness) info(pid string) *agentclient.ProcessInfo {
 	h.t.Helper()
-	infos, err := h.d.Client.List(context.Background(), &agentdv1.ListRequest{})
+	infos, err := h.d.Client.List(context.Background())
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	for _, in := range infos.GetProcesses() {
-		if in.GetProcessId() == pid {
-			return in
+	for _, in := range infos {
+		if in.ProcessID == pid {
+			return &in
 		}
 	}
 	h.t.Fatalf("process %s unknown to the daemon", pid)
 	return nil
 }
 
-func (h *harness) wait(pid string) *agentdv1.ExitStatus {
+func (h *harness) wait(pid string) *agentclient.ExitStatus {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	waited, err := h.d.Client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: pid})
+	waited, err := h.d.Client.Wait(ctx, pid)
 	if err != nil {
 		h.t.Fatal(err)
 	}
-	return waited.GetExit()
+	return waited
 }
 
 func TestTableLimit(t *testing.T) {
@@ -669,7 +667,7 @@ func TestTableLimit(t *testing.T) {
 	if res := h.write(`{"session_id":1002}`); !strings.Contains(res.Output, "PTY session not found: 1002") {
 		t.Errorf("1002 was not dropped: %q", res.Output)
 	}
-	if exit := h.wait(pids[1002]); exit.GetSignal() != "SIGKILL" {
+	if exit := h.wait(pids[1002]); exit.Signal != "SIGKILL" {
 		t.Errorf("dropped process exit %v", exit)
 	}
 	if len(h.s.procs) != 10 {
@@ -677,7 +675,7 @@ func TestTableLimit(t *testing.T) {
 	}
 	// The most recently used ones survive.
 	for _, id := range []int{1001, 1004, 1010, 1011, 1012} {
-		if h.daemonState(id).GetState() != agentdv1.ProcessState_PROCESS_STATE_RUNNING {
+		if h.daemonState(id).State != agentclient.ProcessRunning {
 			t.Errorf("session %d is not running", id)
 		}
 	}
@@ -703,7 +701,7 @@ func TestCloseKillsWhatIsLeft(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, pid := range pids {
-		if exit := h.wait(pid); exit.GetSignal() != "SIGKILL" {
+		if exit := h.wait(pid); exit.Signal != "SIGKILL" {
 			t.Errorf("process %s: exit %v", pid, exit)
 		}
 	}
@@ -768,11 +766,11 @@ func TestOutputBetweenCallsIsKept(t *testing.T) {
 	pid := h.s.procs[1001].pid
 	h.s.mu.Unlock()
 	for {
-		r, err := h.d.Client.ReadOutput(context.Background(), &agentdv1.ReadOutputRequest{ProcessId: pid, YieldTime: durationpb.New(time.Second)})
+		r, err := h.d.Client.ReadOutput(context.Background(), pid, agentclient.ReadOutputOptions{YieldTime: time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.GetNextCursor() > 0 {
+		if r.NextCursor > 0 {
 			break
 		}
 	}
@@ -805,8 +803,8 @@ func TestDroppedOutputIsReported(t *testing.T) {
 	pid := h.s.procs[1001].pid
 	h.s.mu.Unlock()
 	for {
-		r, err := h.d.Client.ReadOutput(context.Background(), &agentdv1.ReadOutputRequest{ProcessId: pid, Cursor: 20000, YieldTime: durationpb.New(time.Second)})
-		if err == nil && r.GetNextCursor() >= 20001 {
+		r, err := h.d.Client.ReadOutput(context.Background(), pid, agentclient.ReadOutputOptions{Cursor: 20000, YieldTime: time.Second})
+		if err == nil && r.NextCursor >= 20001 {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // A failed start is told to the model by the error's class and shape
@@ -19,7 +19,7 @@ func TestStartFailureUsesClassAndShapeOnly(t *testing.T) {
 		return start(&errkind.PathError{Op: "chdir", Path: "sub", Err: errkind.Errorf(s, noise)})
 	}
 	wd := "sub"
-	spec := &agentdv1.ProcessSpec{User: "agent", Shell: "/bin/zsh"}
+	spec := agentclient.ProcessSpec{User: "agent", Shell: "/bin/zsh"}
 	for _, c := range []struct {
 		name string
 		err  error

@@ -10,7 +10,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // errClosed reports a call made after the run's Close.
@@ -104,15 +103,15 @@ func (s *Shell) reserve(ctx context.Context, call tool.Context, tty bool) (*proc
 
 // exitedSet returns the daemon IDs of processes that have exited.
 func (s *Shell) exitedSet(ctx context.Context, agent *agentclient.Client, log *zap.Logger) map[string]bool {
-	list, err := agent.List(ctx, &agentdv1.ListRequest{})
+	list, err := agent.List(ctx)
 	if err != nil {
 		log.Warn("list sandbox processes", zap.Error(err))
 		return nil
 	}
 	out := make(map[string]bool)
-	for _, in := range list.GetProcesses() {
-		if in.GetState() == agentdv1.ProcessState_PROCESS_STATE_EXITED {
-			out[in.GetProcessId()] = true
+	for _, in := range list {
+		if in.State == agentclient.ProcessExited {
+			out[in.ProcessID] = true
 		}
 	}
 	return out

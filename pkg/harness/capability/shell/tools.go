@@ -11,13 +11,10 @@ import (
 
 	"go.uber.org/zap"
 
-	"google.golang.org/protobuf/types/known/durationpb"
-
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Messages of the reference contract.
@@ -51,9 +48,9 @@ func (t writeTool) Call(ctx context.Context, call tool.Context, input string) (t
 // update is what one call observed of a process.
 type update struct {
 	out      rendered
-	exit     *agentdv1.ExitStatus // nil while the process runs
-	session  int                  // the session ID while it runs
-	notFound bool                 // the daemon no longer knows the process
+	exit     *agentclient.ExitStatus // nil while the process runs
+	session  int                     // the session ID while it runs
+	notFound bool                    // the daemon no longer knows the process
 }
 
 // execCommand starts a command and waits up to the yield time for it.
@@ -81,7 +78,7 @@ func (s *Shell) execCommand(ctx context.Context, call tool.Context, input string
 	if err != nil {
 		return failure(ExecCommandName, err.Error()), nil
 	}
-	spec := &agentdv1.ProcessSpec{
+	spec := agentclient.ProcessSpec{
 		Command: a.Cmd,
 		Shell:   deref(a.Shell),
 		Login:   a.Login == nil || *a.Login,
@@ -91,12 +88,12 @@ func (s *Shell) execCommand(ctx context.Context, call tool.Context, input string
 	}
 	log := logger(call).With(zap.String("tool", ExecCommandName), zap.String("call_id", call.CallID))
 
-	p, err := s.reserve(ctx, call, spec.GetTty())
+	p, err := s.reserve(ctx, call, spec.Tty)
 	if err != nil {
 		return tool.Result{}, err
 	}
 	defer p.unlock()
-	resp, err := call.Agent.Start(ctx, &agentdv1.StartRequest{Spec: spec, RequestId: agentclient.NewRequestID()})
+	resp, err := call.Agent.Start(ctx, spec, agentclient.StartOptions{})
 	if err != nil {
 		s.remove(p)
 		if msg, ok := startFailure(err, a.Workdir, spec); ok {
@@ -104,12 +101,12 @@ func (s *Shell) execCommand(ctx context.Context, call tool.Context, input string
 		}
 		return tool.Result{}, fmt.Errorf("shell: exec_command: start: %w", err)
 	}
-	pid := resp.GetProcess().GetProcessId()
+	pid := resp.Process.ProcessID
 	if !s.started(p, pid) {
 		_ = killProcess(context.WithoutCancel(ctx), call.Agent, pid)
 		return tool.Result{}, errClosed
 	}
-	log.Debug("command started", zap.String("process_id", pid), zap.Int("session_id", p.id), zap.Bool("tty", spec.GetTty()))
+	log.Debug("command started", zap.String("process_id", pid), zap.Int("session_id", p.id), zap.Bool("tty", spec.Tty))
 
 	u, err := s.collect(ctx, call, p, time.Now().Add(execWait(yield)), maxTokens)
 	if err != nil {
@@ -146,7 +143,7 @@ func (s *Shell) writeStdin(ctx context.Context, call tool.Context, input string)
 	notFound := func() tool.Result {
 		return tool.Result{Output: s.format(start, update{
 			out:  rendered{text: fmt.Sprintf(msgSessionNotFound, id)},
-			exit: &agentdv1.ExitStatus{ExitCode: 1},
+			exit: &agentclient.ExitStatus{ExitCode: 1},
 		}), IsError: true}
 	}
 	p := s.lookup(id)
@@ -167,7 +164,7 @@ func (s *Shell) writeStdin(ctx context.Context, call tool.Context, input string)
 		if !p.tty {
 			return tool.Result{Output: s.format(start, update{
 				out:  rendered{text: msgNoStdin},
-				exit: &agentdv1.ExitStatus{ExitCode: 1},
+				exit: &agentclient.ExitStatus{ExitCode: 1},
 			}), IsError: true}, nil
 		}
 		if err := s.write(ctx, p, []byte(chars)); err != nil {
@@ -197,19 +194,19 @@ func (s *Shell) write(ctx context.Context, p *proc, data []byte) error {
 	if p.stdinUnknown {
 		// A failed write may have been partly applied: ask where stdin is
 		// (an empty write at offset 0 returns the daemon's offset).
-		resp, err := p.agent.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: p.pid})
+		next, err := p.agent.WriteStdin(ctx, p.pid, 0, nil)
 		if err != nil {
 			if errors.Is(err, errkind.ErrFailedPrecondition) {
 				return nil
 			}
 			return err
 		}
-		p.stdin, p.stdinUnknown = resp.GetNextOffset(), false
+		p.stdin, p.stdinUnknown = next, false
 	}
-	resp, err := p.agent.WriteStdin(ctx, &agentdv1.WriteStdinRequest{ProcessId: p.pid, Offset: p.stdin, Data: data})
+	next, err := p.agent.WriteStdin(ctx, p.pid, p.stdin, data)
 	switch {
 	case err == nil:
-		p.stdin = resp.GetNextOffset()
+		p.stdin = next
 		return nil
 	case errors.Is(err, errkind.ErrFailedPrecondition):
 		p.stdinUnknown = true
@@ -225,10 +222,10 @@ func (s *Shell) write(ctx context.Context, p *proc, data []byte) error {
 // is returned by the next one; bytes the daemon had to drop are reported.
 func (s *Shell) collect(ctx context.Context, call tool.Context, p *proc, deadline time.Time, maxTokens int) (update, error) {
 	c := newCollector(s.opts.MaxOutputBytes)
-	var exit *agentdv1.ExitStatus
+	var exit *agentclient.ExitStatus
 	for {
 		wait := max(time.Until(deadline), 0)
-		resp, err := p.agent.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: p.pid, Cursor: p.cursor, YieldTime: durationpb.New(wait)})
+		resp, err := p.agent.ReadOutput(ctx, p.pid, agentclient.ReadOutputOptions{Cursor: p.cursor, YieldTime: wait})
 		if err != nil {
 			if errors.Is(err, errkind.ErrNotFound) {
 				s.remove(p)
@@ -236,15 +233,15 @@ func (s *Shell) collect(ctx context.Context, call tool.Context, p *proc, deadlin
 			}
 			return update{}, err
 		}
-		if n := resp.GetDroppedBytes(); n > 0 {
+		if n := resp.DroppedBytes; n > 0 {
 			c.add([]byte(fmt.Sprintf("\n[%d bytes of output were lost: the sandbox's output buffer overflowed before they were read]\n", n)))
 		}
-		for _, ch := range resp.GetChunks() {
-			c.add(ch.GetData())
+		for _, ch := range resp.Chunks {
+			c.add(ch.Data)
 			s.emit(call, p, ch)
 		}
-		p.cursor = resp.GetNextCursor()
-		if exit = resp.GetExit(); exit != nil {
+		p.cursor = resp.NextCursor
+		if exit = resp.Exit; exit != nil {
 			break
 		}
 		if !time.Now().Before(deadline) {
@@ -263,13 +260,13 @@ func (s *Shell) collect(ctx context.Context, call tool.Context, p *proc, deadlin
 }
 
 // emit passes the part of ch not emitted before to call.Emit.
-func (s *Shell) emit(call tool.Context, p *proc, ch *agentdv1.OutputChunk) {
-	data := ch.GetData()
-	end := ch.GetOffset() + int64(len(data))
+func (s *Shell) emit(call tool.Context, p *proc, ch agentclient.OutputChunk) {
+	data := ch.Data
+	end := ch.Offset + int64(len(data))
 	if end <= p.emitted {
 		return
 	}
-	if skip := p.emitted - ch.GetOffset(); skip > 0 {
+	if skip := p.emitted - ch.Offset; skip > 0 {
 		data = data[skip:]
 	}
 	p.emitted = end
@@ -285,7 +282,7 @@ func (s *Shell) format(start time.Time, u update) string {
 	fmt.Fprintf(&sb, "Chunk ID: %s\n", s.chunkID())
 	fmt.Fprintf(&sb, "Wall time: %.4f seconds\n", s.elapsed(start).Seconds())
 	if u.exit != nil {
-		fmt.Fprintf(&sb, "Process exited with code %d\n", u.exit.GetExitCode())
+		fmt.Fprintf(&sb, "Process exited with code %d\n", u.exit.ExitCode)
 	} else {
 		fmt.Fprintf(&sb, "Process running with session ID %d\n", u.session)
 	}
@@ -328,14 +325,14 @@ func resolveWorkdir(runDir string, workdir *string) (string, error) {
 // daemon's side; ok is false for failures of the harness or the sandbox
 // itself (unreachable, canceled, internal), which end the call with an
 // error instead.
-func startFailure(err error, workdir *string, spec *agentdv1.ProcessSpec) (string, bool) {
+func startFailure(err error, workdir *string, spec agentclient.ProcessSpec) (string, bool) {
 	dir := strconv.Quote(deref(workdir))
 	if deref(workdir) == "" {
 		dir = "the working directory"
 	} else {
 		dir = "workdir " + dir
 	}
-	shell := spec.GetShell()
+	shell := spec.Shell
 	if shell == "" {
 		shell = "the default shell"
 	} else {
@@ -348,7 +345,7 @@ func startFailure(err error, workdir *string, spec *agentdv1.ProcessSpec) (strin
 	isPath := errors.As(err, &pe)
 	switch {
 	case errors.Is(err, errkind.ErrUserNotFound):
-		return fmt.Sprintf("the user %q that commands run as does not exist in the sandbox", spec.GetUser()), true
+		return fmt.Sprintf("the user %q that commands run as does not exist in the sandbox", spec.User), true
 	case errors.Is(err, errkind.ErrPathEscape):
 		return dir + " is outside the workspace", true
 	case errors.Is(err, errkind.ErrReadOnly):

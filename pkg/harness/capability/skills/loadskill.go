@@ -11,10 +11,10 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/tool"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // LoadSkillToolName is the name of the lazy loading tool.
@@ -125,7 +125,7 @@ func (t *loadSkillTool) Call(ctx context.Context, call tool.Context, input strin
 
 // staged reports whether the file at p exists in the workspace.
 func staged(ctx context.Context, call tool.Context, p string) (bool, error) {
-	_, err := call.Agent.Stat(ctx, &agentdv1.StatRequest{Path: p, User: call.RunAs})
+	_, err := call.Agent.Stat(ctx, p, agentclient.StatOptions{User: call.RunAs})
 	switch {
 	case err == nil:
 		return true, nil
@@ -155,12 +155,11 @@ func stageOrder(files []file) []file {
 // write writes one file atomically as the run's user, creating parents.
 func write(ctx context.Context, call tool.Context, p string, f file) error {
 	size := int64(len(f.data))
-	_, err := call.Agent.WriteFile(ctx, &agentdv1.WriteFileHeader{
-		Path:          p,
+	_, err := call.Agent.WriteFile(ctx, p, agentclient.WriteFileOptions{
 		Mode:          uint32(fileMode(f)),
 		User:          call.RunAs,
 		CreateParents: true,
-		Overwrite:     agentdv1.OverwritePolicy_OVERWRITE_POLICY_ALWAYS,
+		Overwrite:     agentclient.OverwriteAlways,
 		ExpectedSize:  &size,
 	}, bytes.NewReader(f.data))
 	if err != nil {

@@ -243,6 +243,11 @@ func sentinelFor(code codes.Code, reason agentdv1.ErrorReason) error {
 	return errkind.ErrInternal
 }
 
+// ReasonSentinel returns the sentinel of the class whose ErrorReason is
+// reason, or nil when reason is unspecified or unknown (agentclient turns a
+// PatchRejection's kind and cause into Go errors with it).
+func ReasonSentinel(reason agentdv1.ErrorReason) error { return reasonSentinel(reason) }
+
 // reasonSentinel returns the sentinel of the class whose ErrorReason is
 // reason, or nil when reason is unspecified or unknown.
 func reasonSentinel(reason agentdv1.ErrorReason) error {
