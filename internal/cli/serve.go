@@ -92,7 +92,8 @@ it on loopback or a private network), never on the API's port.
 Each tenant has quotas: active runs (--max-runs-per-tenant), live sandboxes, its runs' and those kept
 for finished runs (--max-sandboxes-per-tenant), bytes its git checkouts bring in (per sandbox, and per
 tenant over --fetch-window); over a quota a request fails with ResourceExhausted naming it. Every
-sandbox gets --sandbox-cpus and --sandbox-memory (docker and kubernetes providers) and --sandbox-disk.
+sandbox gets --sandbox-cpus and --sandbox-memory (docker, kubernetes and local providers; local sandboxes
+also a cap of 512 processes, and need a root harness with the cgroup controllers) and --sandbox-disk.
 
 Runs are kept in --store (bolt:PATH, the default under the state directory, or postgres://...). A
 restarted service resumes runs that wait for approval; on SIGTERM running runs stop at the end of
@@ -111,8 +112,8 @@ their turn, their sandboxes are persisted, and the next start continues them.`,
 	fl.StringArrayVar(&f.models, "allow-model", nil, "a model name requests may choose besides the default (repeatable; default: the default model only)")
 	fl.IntVar(&f.quotas.runs, "max-runs-per-tenant", service.DefaultRuns, "most active runs (pending, running, waiting for approval) of one tenant (-1: no limit)")
 	fl.IntVar(&f.quotas.sandboxes, "max-sandboxes-per-tenant", service.DefaultSandboxes, "most live sandboxes of one tenant, those kept for finished runs included (-1: no limit)")
-	fl.Float64Var(&f.quotas.cpus, "sandbox-cpus", 0, "CPU limit of every sandbox, e.g. 0.5 (docker, kubernetes; default: the provider's, one CPU)")
-	fl.StringVar(&f.quotas.memory, "sandbox-memory", "", "memory limit of every sandbox, e.g. 2GiB (docker, kubernetes; default: the provider's, 1 GiB)")
+	fl.Float64Var(&f.quotas.cpus, "sandbox-cpus", 0, "CPU limit of every sandbox, e.g. 0.5 (docker, kubernetes, local; default: one CPU)")
+	fl.StringVar(&f.quotas.memory, "sandbox-memory", "", "memory limit of every sandbox, e.g. 2GiB (docker, kubernetes, local; default: 1 GiB)")
 	fl.StringVar(&f.quotas.disk, "sandbox-disk", "", "most bytes a snapshot restore may write into a sandbox, e.g. 10GiB (default: the daemon's limit); no provider caps what a sandbox's processes write yet")
 	fl.StringVar(&f.quotas.fetchPerSandbox, "max-fetch-bytes-per-sandbox", "1GiB", "most bytes the git checkouts of one sandbox bring in (none: no limit)")
 	fl.StringVar(&f.quotas.fetchPerTenant, "max-fetch-bytes-per-tenant", "10GiB", "most bytes one tenant's git checkouts bring in per --fetch-window (none: no limit)")
@@ -294,11 +295,18 @@ func (q *quotaFlags) serviceQuotas() (service.Quotas, error) {
 }
 
 // sandboxOptions carries the per-sandbox caps to the provider's
-// per-sandbox options (service.Config.ProviderOptions). Only docker and
-// kubernetes can cap a sandbox's CPU and memory; for the others a cap is
-// refused rather than dropped.
+// per-sandbox options (service.Config.ProviderOptions). Docker and
+// kubernetes cap a sandbox's CPU and memory (one CPU and 1 GiB unless
+// told); local sandboxes get the same defaults and a process cap
+// (service.DefaultSandboxProcesses), applied through cgroups. For the
+// others a cap is refused rather than dropped.
 func sandboxOptions(provider string) func(service.SandboxResources) (any, error) {
 	return func(r service.SandboxResources) (any, error) {
+		if provider == "local" {
+			r = r.OrDefaults()
+			return &local.CreateOptions{Resources: local.Resources{CPUs: float64(r.MilliCPU) / 1000, Memory: r.MemoryBytes,
+				MaxProcesses: service.DefaultSandboxProcesses}}, nil
+		}
 		if r.MilliCPU == 0 && r.MemoryBytes == 0 {
 			return nil, nil
 		}
@@ -308,8 +316,21 @@ func sandboxOptions(provider string) func(service.SandboxResources) (any, error)
 		case "kubernetes":
 			return &kubernetes.CreateOptions{Memory: r.MemoryBytes, MilliCPU: r.MilliCPU}, nil
 		}
-		return nil, usageErr(compute.ErrInvalidArgument, "--sandbox-cpus, --sandbox-memory: the %s provider cannot cap a sandbox's CPU or memory (docker and kubernetes can)", provider)
+		return nil, usageErr(compute.ErrInvalidArgument, "--sandbox-cpus, --sandbox-memory: the %s provider cannot cap a sandbox's CPU or memory (docker, kubernetes and local can)", provider)
 	}
+}
+
+// checkSandboxOptions fails at start, rather than at the first sandbox,
+// when the provider cannot apply the caps opts carry here (local
+// sandboxes' need cgroup controllers this process may use).
+func checkSandboxOptions(opts any) error {
+	if o, ok := opts.(*local.CreateOptions); ok {
+		if err := local.CheckResources(o.Resources); err != nil {
+			return usageErr(compute.ErrFailedPrecondition, "local sandboxes of a service are capped (--sandbox-cpus, --sandbox-memory, and %d processes), which this process cannot do here: %v",
+				service.DefaultSandboxProcesses, err)
+		}
+	}
+	return nil
 }
 
 func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
@@ -326,7 +347,9 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		return err
 	}
 	popts := sandboxOptions(g.provider)
-	if _, err := popts(quotas.Sandbox); err != nil {
+	if opts, err := popts(quotas.Sandbox); err != nil {
+		return err
+	} else if err := checkSandboxOptions(opts); err != nil {
 		return err
 	}
 	authn, err := f.authenticator()
@@ -390,9 +413,6 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		return err
 	}
 	defer release()
-	if g.provider == "local" && quotas.Sandbox.IsZero() {
-		log.Warn("local sandboxes run without CPU or memory caps: one tenant's sandbox can take the host's (use the docker or kubernetes provider for caps)")
-	}
 	m.WatchSandboxes(client)
 	modelName := f.model
 	if modelName == "" {

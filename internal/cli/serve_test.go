@@ -24,8 +24,33 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/service"
 )
+
+// TestServeSandboxOptions: every sandbox of a service is capped: local
+// sandboxes get the caps docker and kubernetes apply by default (one CPU,
+// 1 GiB) and a process cap, or the operator's; a provider that cannot cap
+// refuses caps.
+func TestServeSandboxOptions(t *testing.T) {
+	got, err := sandboxOptions("local")(service.SandboxResources{})
+	want := local.Resources{CPUs: 1, Memory: 1 << 30, MaxProcesses: service.DefaultSandboxProcesses}
+	if o, ok := got.(*local.CreateOptions); err != nil || !ok || o.Resources != want {
+		t.Errorf("local defaults: %#v, %v; want %+v", got, err, want)
+	}
+	got, err = sandboxOptions("local")(service.SandboxResources{MilliCPU: 250, MemoryBytes: 2 << 30})
+	want = local.Resources{CPUs: 0.25, Memory: 2 << 30, MaxProcesses: service.DefaultSandboxProcesses}
+	if o, ok := got.(*local.CreateOptions); err != nil || !ok || o.Resources != want {
+		t.Errorf("local caps: %#v, %v; want %+v", got, err, want)
+	}
+	if got, err := sandboxOptions("docker")(service.SandboxResources{}); got != nil || err != nil {
+		t.Errorf("docker defaults: %#v, %v; want the provider's own", got, err)
+	}
+	if _, err := sandboxOptions("remote")(service.SandboxResources{MilliCPU: 1000}); err == nil {
+		t.Error("the remote provider took a CPU cap it cannot apply")
+	}
+}
 
 func TestServeBadFlags(t *testing.T) {
 	dir := t.TempDir()
@@ -56,7 +81,7 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "--tokens-file", tokens, "--max-sandboxes-per-tenant", "-2"}, "--max-sandboxes-per-tenant must be positive"},
 		{[]string{"serve", "--tokens-file", tokens, "--sandbox-memory", "lots"}, "--sandbox-memory"},
 		{[]string{"serve", "--tokens-file", tokens, "--max-fetch-bytes-per-tenant", "0"}, "must be positive (or none)"},
-		{[]string{"serve", "--tokens-file", tokens, "--sandbox-cpus", "1"}, "the local provider cannot cap"},
+		{[]string{"serve", "--tokens-file", tokens, "--sandbox-cpus", "2000"}, "--sandbox-cpus 2000"},
 	} {
 		_, errOut, code := runCLI(t, append([]string{"--state-dir", dir}, c.args...)...)
 		if code == 0 || !strings.Contains(errOut, c.want) {

@@ -21,7 +21,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // These tests run sandbox-agentd directly, without the launcher, to check
@@ -154,10 +153,10 @@ func TestDaemonTokenSources(t *testing.T) {
 			t.Errorf("token file still exists while the daemon serves: %v", err)
 		}
 		ctx := testCtx(t)
-		if info, err := dialDirect(t, socket, directToken).Info(ctx, &agentdv1.InfoRequest{}); err != nil || info.GetWorkspaceRoot() != ws {
+		if info, err := dialDirect(t, socket, directToken).Info(ctx); err != nil || info.WorkspaceRoot != ws {
 			t.Errorf("Info with the token = %v, %v", info, err)
 		}
-		_, err := dialDirect(t, socket, "wrong-token-0123456789abcdef").Info(ctx, &agentdv1.InfoRequest{})
+		_, err := dialDirect(t, socket, "wrong-token-0123456789abcdef").Info(ctx)
 		if !errors.Is(err, errkind.ErrUnauthenticated) {
 			t.Errorf("Info with a wrong token: %v; want ErrUnauthenticated", err)
 		}
@@ -206,7 +205,7 @@ func TestDaemonTokenSources(t *testing.T) {
 		if !strings.Contains(strings.ToLower(d.stderr.String()), "authentication is disabled") {
 			t.Errorf("no warning about disabled authentication in the log:\n%s", d.stderr.String())
 		}
-		if _, err := dialDirect(t, socket, "").Info(testCtx(t), &agentdv1.InfoRequest{}); err != nil {
+		if _, err := dialDirect(t, socket, "").Info(testCtx(t)); err != nil {
 			t.Errorf("Info without a token against --insecure-no-auth: %v", err)
 		}
 		if err := syscall.Kill(d.cmd.Process.Pid, syscall.SIGTERM); err != nil {
@@ -278,19 +277,19 @@ func TestDaemonAsPID1ReapsOrphans(t *testing.T) {
 
 	ctx := testCtx(t)
 	c := dialDirect(t, socket, directToken)
-	info, err := c.Info(ctx, &agentdv1.InfoRequest{})
+	info, err := c.Info(ctx)
 	if err != nil {
 		t.Fatalf("Info: %v", err)
 	}
-	if info.GetPid() != 1 {
-		t.Fatalf("Info pid = %d, want 1 inside the PID namespace", info.GetPid())
+	if info.PID != 1 {
+		t.Fatalf("Info pid = %d, want 1 inside the PID namespace", info.PID)
 	}
 	for i := range 20 {
-		res, err := c.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "sleep 0.05 & exit 0"}}, nil)
+		res, err := c.Exec(ctx, agentclient.ProcessSpec{Command: "sleep 0.05 & exit 0"}, agentclient.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatalf("Exec %d: %v", i, err)
 		}
-		if res.Exit.GetExitCode() != 0 {
+		if res.Exit.ExitCode != 0 {
 			t.Fatalf("Exec %d: exit %v", i, res.Exit)
 		}
 	}
@@ -317,7 +316,7 @@ func TestDaemonAsPID1ReapsOrphans(t *testing.T) {
 	if _, err := os.Stat(tokenFile); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("token file not removed: %v", err)
 	}
-	if _, err := c.Info(ctx, &agentdv1.InfoRequest{}); err == nil {
+	if _, err := c.Info(ctx); err == nil {
 		t.Error("Info succeeded after the daemon exited")
 	}
 }

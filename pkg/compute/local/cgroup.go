@@ -5,7 +5,9 @@ package local
 // harness can make one, so that ending the sandbox ends everything it
 // started, even processes that left the daemon's process groups or outlive
 // a SIGKILLed daemon. Without cgroup v2 (or the right to use it) sandboxes
-// run as before, without one.
+// run as before, without one, unless they are capped (caps.go: CPU, memory
+// and process caps, through v2 or v1 controllers, which are never done
+// without).
 
 import (
 	"bufio"
@@ -299,16 +301,7 @@ func makeCgroup(dir string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	path := filepath.Join(pl.dir, name)
-	record := filepath.Join(dir, cgroupFile)
-	if err := writeFileAtomic(record, []byte(path+"\n"), 0o600); err != nil {
-		return "", fmt.Errorf("record the sandbox's cgroup: %w", err)
-	}
-	if err := os.Mkdir(path, 0o755); err != nil {
-		_ = os.Remove(record)
-		return "", fmt.Errorf("create cgroup: %w", err)
-	}
-	return path, nil
+	return makeCgroupIn(dir, pl, name)
 }
 
 // killCgroup kills every process in the cgroup at path and its descendant

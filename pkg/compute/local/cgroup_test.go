@@ -16,7 +16,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // Mount tables as /proc/self/mountinfo shows them.
@@ -198,12 +197,13 @@ func TestCgroupEndsWhatADeadDaemonLeft(t *testing.T) {
 	t.Cleanup(func() { killMarked(marker) })
 	agent := s.Agent()
 	quiet := "m=" + marker + "; sleep 300; true"
-	if _, err := agent.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: quiet}}); err != nil {
+	if _, err := agent.Start(ctx, compute.ProcessSpec{Command: quiet}, compute.StartOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	res, err := agent.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{
-		Command: `setsid sh -c "` + quiet + `" >/dev/null 2>&1 &`}}, nil)
-	if err != nil || res.Exit.GetExitCode() != 0 {
+	res, err := agent.Exec(ctx, compute.ProcessSpec{
+		Command: `setsid sh -c "` + quiet + `" >/dev/null 2>&1 &`,
+	}, compute.ExecOptions{}, nil)
+	if err != nil || res.Exit.ExitCode != 0 {
 		t.Fatalf("start the escaping process: %v %v", res, err)
 	}
 	var pids []int
@@ -261,7 +261,7 @@ func TestCgroupShutdownAndReplace(t *testing.T) {
 	marker := fmt.Sprintf("cgroup-marker-%d", time.Now().UnixNano())
 	t.Cleanup(func() { killMarked(marker) })
 	escape := `setsid sh -c "m=` + marker + `; sleep 300; true" >/dev/null 2>&1 &`
-	if _, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: escape}}, nil); err != nil {
+	if _, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: escape}, compute.ExecOptions{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	eventually(t, 10*time.Second, "the escaped process runs", func() (bool, string) {

@@ -24,7 +24,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // TestEgressThroughBubblewrap: a command in a bubblewrap sandbox reaches
@@ -73,16 +72,16 @@ func TestEgressThroughBubblewrap(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "netclient", Mode: 0o755}, bytes.NewReader(client)); err != nil {
+	if _, err := s.Agent().WriteFile(ctx, "netclient", compute.WriteFileOptions{Mode: 0o755}, bytes.NewReader(client)); err != nil {
 		t.Fatal(err)
 	}
-	run := func(cmd string) (string, int32) {
+	run := func(cmd string) (string, int) {
 		t.Helper()
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: cmd}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: cmd}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", cmd, err)
 		}
-		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr)), res.Exit.GetExitCode()
+		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr)), res.Exit.ExitCode
 	}
 
 	if out, _ := run("echo $HTTPS_PROXY $http_proxy"); out != "http://"+EgressRelayAddr+" http://"+EgressRelayAddr {

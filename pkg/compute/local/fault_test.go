@@ -25,7 +25,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // forEachIsolation runs fn for a plain local sandbox and, when bwrap is
@@ -163,7 +162,7 @@ func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 		ctx := testCtx(t)
 		f := newFaultSession(t, ctx, iso)
 		agent := f.s.Agent()
-		if _, err := agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "notes/kept.txt", CreateParents: true}, strings.NewReader("kept\n")); err != nil {
+		if _, err := agent.WriteFile(ctx, "notes/kept.txt", compute.WriteFileOptions{CreateParents: true}, strings.NewReader("kept\n")); err != nil {
 			t.Fatal(err)
 		}
 		if err := f.s.Stop(ctx); err != nil {
@@ -171,19 +170,19 @@ func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 		}
 		marker := fmt.Sprintf("fault-marker-%d", time.Now().UnixNano())
 		loop := "m=" + marker + "; i=0; while true; do echo tick $i; i=$((i+1)); sleep 0.02; done"
-		bg, err := agent.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: loop}})
+		bg, err := agent.Start(ctx, compute.ProcessSpec{Command: loop}, compute.StartOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		// A process that prints nothing: no SIGPIPE will end it.
-		if _, err := agent.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "m=" + marker + "; sleep 300; true"}}); err != nil {
+		if _, err := agent.Start(ctx, compute.ProcessSpec{Command: "m=" + marker + "; sleep 300; true"}, compute.StartOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		ticks := make(chan struct{}, 1)
 		execErr := make(chan error, 1)
 		go func() {
-			_, err := agent.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: loop}}, func(m *agentdv1.ExecResponse) error {
-				if len(m.GetChunks()) > 0 {
+			_, err := agent.Exec(ctx, compute.ProcessSpec{Command: loop}, compute.ExecOptions{}, func(m *compute.ExecEvent) error {
+				if len(m.Chunks) > 0 {
 					select {
 					case ticks <- struct{}{}:
 					default:
@@ -215,14 +214,14 @@ func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 		}
 
 		short, cancel := context.WithTimeout(ctx, time.Second)
-		_, err = agent.Follow(short, &agentdv1.AttachRequest{ProcessId: bg.GetProcess().GetProcessId()}, func(*agentdv1.AttachResponse) error { return nil })
+		_, err = agent.Follow(short, bg.Process.ProcessID, compute.FollowOptions{}, func(*compute.Output) error { return nil })
 		cancel()
 		t.Logf("Follow after SIGKILL: %v", err)
 		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, compute.ErrUnavailable) || !compute.Retryable(err) {
 			t.Errorf("Follow error %v: want its context's deadline, caused by unavailable attempts (it resumes from a cursor)", err)
 		}
 		short, cancel = context.WithTimeout(ctx, time.Second)
-		_, err = agent.Start(short, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "true"}})
+		_, err = agent.Start(short, compute.ProcessSpec{Command: "true"}, compute.StartOptions{})
 		cancel()
 		if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, compute.ErrUnavailable) || !compute.Retryable(err) {
 			t.Errorf("Start error %v: want its context's deadline, caused by unavailable attempts (it carries a request id)", err)
@@ -260,10 +259,10 @@ func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 		if got := readFile(t, ctx, s2.Agent(), "notes/kept.txt"); got != "kept\n" {
 			t.Fatalf("kept.txt after resume = %q", got)
 		}
-		if _, err := s2.Agent().Wait(ctx, &agentdv1.WaitRequest{ProcessId: bg.GetProcess().GetProcessId()}); !errors.Is(err, compute.ErrNotFound) {
+		if _, err := s2.Agent().Wait(ctx, bg.Process.ProcessID); !errors.Is(err, compute.ErrNotFound) {
 			t.Errorf("a process of the dead daemon is known to the new one: %v", err)
 		}
-		res, err := s2.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "cat notes/kept.txt"}}, nil)
+		res, err := s2.Agent().Exec(ctx, compute.ProcessSpec{Command: "cat notes/kept.txt"}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatalf("exec after resume: %v", err)
 		}
@@ -276,7 +275,7 @@ func TestFaultDaemonKilledDuringCommand(t *testing.T) {
 func readFile(t *testing.T, ctx context.Context, c *agentclient.Client, path string) string {
 	t.Helper()
 	var b bytes.Buffer
-	if _, err := c.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: path}, &b); err != nil {
+	if _, err := c.ReadFile(ctx, path, compute.ReadFileOptions{}, &b); err != nil {
 		t.Fatalf("read %s: %v", path, err)
 	}
 	return b.String()
@@ -293,7 +292,7 @@ func TestFaultDaemonKilledDuringWriteFile(t *testing.T) {
 		f := newFaultSession(t, ctx, iso)
 		agent := f.s.Agent()
 		const old = "old content\n"
-		if _, err := agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "data/f.txt", CreateParents: true}, strings.NewReader(old)); err != nil {
+		if _, err := agent.WriteFile(ctx, "data/f.txt", compute.WriteFileOptions{CreateParents: true}, strings.NewReader(old)); err != nil {
 			t.Fatal(err)
 		}
 		if err := f.s.Stop(ctx); err != nil {
@@ -306,7 +305,7 @@ func TestFaultDaemonKilledDuringWriteFile(t *testing.T) {
 		t.Cleanup(openGate)
 		writeErr := make(chan error, 1)
 		go func() {
-			_, err := agent.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "data/f.txt"}, r)
+			_, err := agent.WriteFile(ctx, "data/f.txt", compute.WriteFileOptions{}, r)
 			writeErr <- err
 		}()
 		select {
@@ -345,12 +344,12 @@ func TestFaultDaemonKilledDuringWriteFile(t *testing.T) {
 		if _, err := os.Stat(tmp); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("temporary file %s survived the restart: %v", filepath.Base(tmp), err)
 		}
-		ls, err := s2.Agent().ListDir(ctx, &agentdv1.ListDirRequest{Path: "data"})
+		ls, err := s2.Agent().ListDir(ctx, "data", compute.ListDirOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(ls.GetEntries()) != 1 || ls.GetEntries()[0].GetName() != "f.txt" {
-			t.Errorf("data/ after restart lists %v, want only f.txt", ls.GetEntries())
+		if len(ls.Entries) != 1 || ls.Entries[0].Name != "f.txt" {
+			t.Errorf("data/ after restart lists %v, want only f.txt", ls.Entries)
 		}
 		if got := readFile(t, ctx, s2.Agent(), "data/f.txt"); got != old {
 			t.Fatalf("f.txt through the new daemon = %q", got)
@@ -365,7 +364,7 @@ func TestFaultDaemonKilledDuringWriteFile(t *testing.T) {
 			t.Fatal("no fingerprint after resume")
 		}
 		big := strings.Repeat("B", 3<<20)
-		if _, err := s2.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "data/f.txt"}, strings.NewReader(big)); err != nil {
+		if _, err := s2.Agent().WriteFile(ctx, "data/f.txt", compute.WriteFileOptions{}, strings.NewReader(big)); err != nil {
 			t.Fatalf("the retried write: %v", err)
 		}
 		if got := readFile(t, ctx, s2.Agent(), "data/f.txt"); got != big {
@@ -394,19 +393,19 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 
 	const lines = 3000
 	cmd := fmt.Sprintf("i=0; while [ $i -lt %d ]; do echo line-$i; i=$((i+1)); if [ $((i %% 150)) -eq 0 ]; then sleep 0.05; fi; done", lines)
-	st, err := client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: cmd}})
+	st, err := client.Start(ctx, compute.ProcessSpec{Command: cmd}, compute.StartOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
 	var dropped int64
 	cutAt := []int{400, 1500}
-	exit, err := client.Follow(ctx, &agentdv1.AttachRequest{ProcessId: st.GetProcess().GetProcessId()}, func(m *agentdv1.AttachResponse) error {
-		dropped += m.GetDroppedBytes()
-		for _, c := range m.GetChunks() {
-			out.Write(c.GetData())
+	exit, err := client.Follow(ctx, st.Process.ProcessID, compute.FollowOptions{}, func(m *compute.Output) error {
+		dropped += m.DroppedBytes
+		for _, c := range m.Chunks {
+			out.Write(c.Data)
 		}
-		if len(cutAt) > 0 && bytes.Count(out.Bytes(), []byte("\n")) >= cutAt[0] && m.GetExit() == nil {
+		if len(cutAt) > 0 && bytes.Count(out.Bytes(), []byte("\n")) >= cutAt[0] && m.Exit == nil {
 			cutAt = cutAt[1:]
 			proxy.Cut()
 		}
@@ -415,7 +414,7 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Follow across cuts: %v", err)
 	}
-	if exit.GetExitCode() != 0 || dropped != 0 {
+	if exit.ExitCode != 0 || dropped != 0 {
 		t.Fatalf("exit %v, dropped %d", exit, dropped)
 	}
 	if len(cutAt) != 0 {
@@ -436,8 +435,8 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 	first := make(chan struct{})
 	var once sync.Once
 	go func() {
-		_, err := client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "while true; do echo x; sleep 0.02; done"}}, func(m *agentdv1.ExecResponse) error {
-			if len(m.GetChunks()) > 0 {
+		_, err := client.Exec(ctx, compute.ProcessSpec{Command: "while true; do echo x; sleep 0.02; done"}, compute.ExecOptions{}, func(m *compute.ExecEvent) error {
+			if len(m.Chunks) > 0 {
 				once.Do(func() { close(first) })
 			}
 			return nil
@@ -460,7 +459,7 @@ func TestFaultConnectionCutDuringStream(t *testing.T) {
 		t.Errorf("Exec error %v: want ErrUnavailable, not retryable", err)
 	}
 	// The client reconnects by itself for the next call.
-	if _, err := client.Info(ctx, &agentdv1.InfoRequest{}); err != nil {
+	if _, err := client.Info(ctx); err != nil {
 		t.Fatalf("Info after the cuts: %v", err)
 	}
 }

@@ -30,8 +30,8 @@ import (
 // daemon's relay connect to the harness's proxy socket there. /run is a
 // fresh tmpfs, so the host's own daemons' sockets (Docker's, for one)
 // are not reachable through the read-only root. runsc is started with
-// --ignore-cgroups: the sandbox stays in the cgroup the provider starts
-// it in (see cgroup.go), where one exists.
+// --ignore-cgroups: the sandbox stays in the cgroups the provider starts
+// it in (see cgroup.go), where they exist, which hold its caps (caps.go).
 
 // Accounts: the daemon runs as root inside gVisor, with the capabilities
 // a bubblewrap sandbox's daemon keeps (daemonCapabilities), and, as under
@@ -130,8 +130,10 @@ func gvisorOwner(dir string) (int, bool) {
 
 // gvisorPrepare writes the OCI bundle that runs daemonArgv in the sandbox
 // in dir, with a fresh /etc view, and drops the state a dead runsc left
-// (the caller made sure no daemon of dir runs).
-func (p *Provider) gvisorPrepare(dir string, daemonArgv []string) error {
+// (the caller made sure no daemon of dir runs). With maxProcs, the
+// sandbox's processes are capped at that many per uid inside gVisor
+// (RLIMIT_NPROC, which the sentry enforces; see caps.go).
+func (p *Provider) gvisorPrepare(dir string, daemonArgv []string, maxProcs int64) error {
 	g := gvisorPathsOf(dir)
 	unmountNullNetNS(g.root)
 	if err := os.RemoveAll(g.root); err != nil {
@@ -158,6 +160,9 @@ func (p *Provider) gvisorPrepare(dir string, daemonArgv []string) error {
 	spec, err := p.gvisorSpec(dir, daemonArgv)
 	if err != nil {
 		return err
+	}
+	if maxProcs > 0 {
+		spec.Process.Rlimits = append(spec.Process.Rlimits, ociRlimit{Type: "RLIMIT_NPROC", Hard: uint64(maxProcs), Soft: uint64(maxProcs)})
 	}
 	data, err := json.MarshalIndent(spec, "", "  ")
 	if err != nil {

@@ -29,7 +29,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 func TestParseIsolationGVisor(t *testing.T) {
@@ -191,7 +190,7 @@ func TestGVisorSandbox(t *testing.T) {
 		if err := s.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "cat repo/task.md; id -u; echo note > repo/note"}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "cat repo/task.md; id -u; echo note > repo/note"}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -213,7 +212,7 @@ func TestGVisorSandbox(t *testing.T) {
 			t.Fatal(err)
 		}
 		var b strings.Builder
-		if _, err := s2.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "repo/note"}, &b); err != nil || b.String() != "note\n" {
+		if _, err := s2.Agent().ReadFile(ctx, "repo/note", compute.ReadFileOptions{}, &b); err != nil || b.String() != "note\n" {
 			t.Fatalf("after resume: %q, %v", b.String(), err)
 		}
 		if err := c2.Delete(ctx, s2); err != nil {
@@ -242,7 +241,7 @@ func TestGVisorSandbox(t *testing.T) {
 		}
 		// A file the daemon writes (for the run_as account, as no user is
 		// named) and one a process writes.
-		if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "written.txt"}, strings.NewReader("w\n")); err != nil {
+		if _, err := s.Agent().WriteFile(ctx, "written.txt", compute.WriteFileOptions{}, strings.NewReader("w\n")); err != nil {
 			t.Fatal(err)
 		}
 		dir := filepath.Join(stateDir, s.ID())
@@ -256,7 +255,7 @@ func TestGVisorSandbox(t *testing.T) {
 			"cat " + filepath.Join(dir, tokenFile) + " >/dev/null 2>&1 && echo read-token",
 			"cat /proc/1/cmdline >/dev/null && echo cmdline-ok",
 		}, "; ")
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: script}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: script}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -289,7 +288,7 @@ func TestGVisorSandbox(t *testing.T) {
 				user, owner = "root", 0
 			}
 			name := fmt.Sprintf("%s-%d.txt", user, i)
-			if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: name, User: user}, strings.NewReader(name)); err != nil {
+			if _, err := s.Agent().WriteFile(ctx, name, compute.WriteFileOptions{User: user}, strings.NewReader(name)); err != nil {
 				t.Fatalf("write %s as %s: %v", name, user, err)
 			}
 			owners[name] = owner
@@ -328,7 +327,7 @@ func TestGVisorSandbox(t *testing.T) {
 			"echo pid $$",
 			"echo hello > greeting && cat greeting",
 		}, "; ")
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: script}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: script}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -392,16 +391,16 @@ func TestEgressThroughGVisor(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "netclient", Mode: 0o755}, bytes.NewReader(client)); err != nil {
+	if _, err := s.Agent().WriteFile(ctx, "netclient", compute.WriteFileOptions{Mode: 0o755}, bytes.NewReader(client)); err != nil {
 		t.Fatal(err)
 	}
-	run := func(cmd string) (string, int32) {
+	run := func(cmd string) (string, int) {
 		t.Helper()
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: cmd}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: cmd}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatalf("%s: %v", cmd, err)
 		}
-		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr)), res.Exit.GetExitCode()
+		return strings.TrimSpace(string(res.Stdout) + string(res.Stderr)), res.Exit.ExitCode
 	}
 	if out, code := run("./netclient get http://allowed.test:" + port + "/plain"); code != 0 || !strings.HasPrefix(out, "status 200: hello allowed.test") {
 		t.Errorf("allowed name from inside: exit %d: %s", code, out)
@@ -434,7 +433,7 @@ func TestGVisorSandboxKilled(t *testing.T) {
 	}
 	idOf := func(s *compute.Session) string {
 		t.Helper()
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: "echo kept >> log; cat log | wc -l; id -u"}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo kept >> log; cat log | wc -l; id -u"}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

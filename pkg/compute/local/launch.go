@@ -69,6 +69,16 @@ type Options struct {
 	// the cgroup...), the daemon is started outside it: Sandbox.Cgroup is
 	// then empty and CgroupErr says why.
 	Cgroup string
+	// CgroupRequired makes Start fail rather than start the daemon outside
+	// Cgroup (which then holds the sandbox's caps: see caps.go).
+	CgroupRequired bool
+	// CgroupV1 are cgroup v1 directories (one per hierarchy, holding the
+	// sandbox's caps) the daemon (or its wrapper) runs in from its first
+	// instruction on: it is started held in a shell waiting on a pipe
+	// until its pid is in every one's cgroup.procs (see caps.go). The
+	// caller creates and removes them. Start fails when it cannot move
+	// the process there.
+	CgroupV1 []string
 	// UserNS, when set, starts the daemon (or its wrapper) as root of a new
 	// user namespace mapping the ids it describes (see userns.go). Only a
 	// root harness may map ids other than its own.
@@ -180,8 +190,24 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	if opts.Wrap != nil {
 		argv = opts.Wrap(argv)
 	}
+	// The v1 start gate (caps.go): the process waits, as a shell reading
+	// gateR, until it is in its v1 cgroups.
+	var gateR, gateW *os.File
+	if len(opts.CgroupV1) > 0 {
+		if gateR, gateW, err = os.Pipe(); err != nil {
+			tokenR.Close()
+			tokenW.Close()
+			outputW.Close()
+			return fail(fmt.Errorf("cgroup start gate: %w", err))
+		}
+		defer gateW.Close()
+		argv = gateArgv(argv)
+	}
 	newCmd := func(cgroup *os.File) *exec.Cmd {
 		cmd := exec.Command(argv[0], argv[1:]...)
+		if gateR != nil {
+			cmd.Stdin = gateR
+		}
 		cmd.ExtraFiles = append([]*os.File{tokenR}, opts.ExtraFiles...)
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the daemon gets no harness secrets
 		cmd.Stdout = outputW
@@ -202,6 +228,15 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	var cmd *exec.Cmd
 	if opts.Cgroup != "" {
 		cmd, err = startInCgroup(opts.Cgroup, newCmd)
+		if err != nil && opts.CgroupRequired {
+			tokenR.Close()
+			tokenW.Close()
+			outputW.Close()
+			if gateR != nil {
+				gateR.Close()
+			}
+			return fail(fmt.Errorf("%w: the sandbox's caps: %w", errkind.ErrFailedPrecondition, err))
+		}
 		if err != nil {
 			// Started outside: as without a cgroup.
 			s.cgroupErr = err
@@ -216,11 +251,17 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 			tokenR.Close()
 			tokenW.Close()
 			outputW.Close()
+			if gateR != nil {
+				gateR.Close()
+			}
 			return fail(fmt.Errorf("start %s: %w", bin, err))
 		}
 	}
 	tokenR.Close()
 	outputW.Close()
+	if gateR != nil {
+		gateR.Close()
+	}
 	s.cmd = cmd
 	go func() {
 		_ = cmd.Wait()
@@ -229,6 +270,21 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		s.output.stop()
 		close(s.exited)
 	}()
+	if gateW != nil {
+		// Held at the gate: into the v1 cgroups, then on. On failure the
+		// gate's EOF makes the shell exit without running anything.
+		if err := joinCgroupsV1(cmd.Process.Pid, opts.CgroupV1); err != nil {
+			tokenW.Close()
+			gateW.Close()
+			return fail(fmt.Errorf("%w: the sandbox's caps: %w", errkind.ErrFailedPrecondition, err))
+		}
+		_, err := io.WriteString(gateW, "\n")
+		gateW.Close()
+		if err != nil {
+			tokenW.Close()
+			return fail(fmt.Errorf("cgroup start gate: %w", err))
+		}
+	}
 	log.Debug("sandbox-agentd started", zap.Int("pid", cmd.Process.Pid), zap.String("socket", s.Socket))
 	_, werr := io.WriteString(tokenW, token)
 	tokenW.Close()

@@ -30,7 +30,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/workspace"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // TestStartInfoExecClose: Start serves, Info describes this very child,
@@ -45,18 +44,18 @@ func TestStartInfoExecClose(t *testing.T) {
 		t.Errorf("daemon should lead its own process group: %v", daemon)
 	}
 
-	info, err := s.Client.Info(ctx, &agentdv1.InfoRequest{})
+	info, err := s.Client.Info(ctx)
 	if err != nil {
 		t.Fatalf("Info: %v", err)
 	}
-	if info.GetVersion() != testVersion || info.GetCommit() != testCommit {
-		t.Errorf("Info version/commit = %q/%q, want %q/%q", info.GetVersion(), info.GetCommit(), testVersion, testCommit)
+	if info.Version != testVersion || info.Commit != testCommit {
+		t.Errorf("Info version/commit = %q/%q, want %q/%q", info.Version, info.Commit, testVersion, testCommit)
 	}
-	if info.GetWorkspaceRoot() != s.Workspace {
-		t.Errorf("Info workspace root = %q, want %q", info.GetWorkspaceRoot(), s.Workspace)
+	if info.WorkspaceRoot != s.Workspace {
+		t.Errorf("Info workspace root = %q, want %q", info.WorkspaceRoot, s.Workspace)
 	}
-	if int(info.GetPid()) != s.PID() {
-		t.Errorf("Info pid = %d, want the child's pid %d", info.GetPid(), s.PID())
+	if int(info.PID) != s.PID() {
+		t.Errorf("Info pid = %d, want the child's pid %d", info.PID, s.PID())
 	}
 	if fi, err := os.Stat(s.Workspace); err != nil || !fi.IsDir() {
 		t.Errorf("workspace %s was not created: %v", s.Workspace, err)
@@ -78,12 +77,12 @@ func TestStartInfoExecClose(t *testing.T) {
 
 	// A background job whose shell exits at once: the job is orphaned to
 	// the daemon but still belongs to the started process group.
-	st, err := s.Client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "sleep 1000 & echo $!; wait"}})
+	st, err := s.Client.Start(ctx, agentclient.ProcessSpec{Command: "sleep 1000 & echo $!; wait"}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	leader := mustStat(t, int(st.GetProcess().GetPid()))
-	sleepPID, err := strconv.Atoi(readLine(ctx, t, s, st.GetProcess().GetProcessId()))
+	leader := mustStat(t, int(st.Process.PID))
+	sleepPID, err := strconv.Atoi(readLine(ctx, t, s, st.Process.ProcessID))
 	if err != nil {
 		t.Fatalf("background pid: %v", err)
 	}
@@ -92,16 +91,16 @@ func TestStartInfoExecClose(t *testing.T) {
 		sleeper, _ = readStat(sleepPID) // the forked shell may not have exec'd sleep yet
 		return sleeper.comm == "sleep" && sleeper.pgrp == leader.pid, sleeper.String()
 	})
-	st2, err := s.Client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "sleep 1000 & echo $!"}})
+	st2, err := s.Client.Start(ctx, agentclient.ProcessSpec{Command: "sleep 1000 & echo $!"}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	orphanPID, err := strconv.Atoi(readLine(ctx, t, s, st2.GetProcess().GetProcessId()))
+	orphanPID, err := strconv.Atoi(readLine(ctx, t, s, st2.Process.ProcessID))
 	if err != nil {
 		t.Fatalf("orphan pid: %v", err)
 	}
 	var orphan procStat
-	group2 := int(st2.GetProcess().GetPid())
+	group2 := int(st2.Process.PID)
 	// Its shell exits right after the echo; the orphan is the daemon's now.
 	eventually(t, 10*time.Second, "orphaned sleep reparented to the daemon", func() (bool, string) {
 		orphan, _ = readStat(orphanPID)
@@ -116,15 +115,15 @@ func TestStartInfoExecClose(t *testing.T) {
 		"sleep 1000 >/dev/null 2>&1 </dev/null & echo $!",
 		"setsid sleep 1000 >/dev/null 2>&1 </dev/null & echo $!",
 	} {
-		st, err := s.Client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: cmd}})
+		st, err := s.Client.Start(ctx, agentclient.ProcessSpec{Command: cmd}, agentclient.StartOptions{})
 		if err != nil {
 			t.Fatalf("Start %q: %v", cmd, err)
 		}
-		pid, err := strconv.Atoi(readLine(ctx, t, s, st.GetProcess().GetProcessId()))
+		pid, err := strconv.Atoi(readLine(ctx, t, s, st.Process.ProcessID))
 		if err != nil {
 			t.Fatalf("%q: pid: %v", cmd, err)
 		}
-		if exit, err := s.Client.Wait(ctx, &agentdv1.WaitRequest{ProcessId: st.GetProcess().GetProcessId()}); err != nil || exit.GetExit().GetExitCode() != 0 {
+		if exit, err := s.Client.Wait(ctx, st.Process.ProcessID); err != nil || exit.ExitCode != 0 {
 			t.Fatalf("%q: Wait = %v, %v", cmd, exit, err)
 		}
 		var p procStat
@@ -257,15 +256,15 @@ func TestTokenAndEnvironmentStayPrivate(t *testing.T) {
 	}
 	// Only stdin, stdout and stderr are inherited: no token descriptor.
 	// Checked from outside on a started program that opens nothing itself.
-	st, err := s.Client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Argv: []string{"sleep", "1000"}}})
+	st, err := s.Client.Start(ctx, agentclient.ProcessSpec{Argv: []string{"sleep", "1000"}}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
 	// Until its exec completes, the child still holds Go's exec-status
 	// pipe; an inherited descriptor, by contrast, never goes away.
-	fdDir := "/proc/" + strconv.Itoa(int(st.GetProcess().GetPid())) + "/fd"
+	fdDir := "/proc/" + strconv.Itoa(int(st.Process.PID)) + "/fd"
 	eventually(t, 10*time.Second, "sleep holds only descriptors 0, 1 and 2", func() (bool, string) {
-		ps, _ := readStat(int(st.GetProcess().GetPid()))
+		ps, _ := readStat(int(st.Process.PID))
 		fds, err := os.ReadDir(fdDir)
 		if err != nil || len(fds) == 0 {
 			return false, fmt.Sprintf("%s: %v", fdDir, err)
@@ -279,7 +278,7 @@ func TestTokenAndEnvironmentStayPrivate(t *testing.T) {
 		}
 		return ps.comm == "sleep" && len(extra) == 0, fmt.Sprintf("%v; inherited: %q", ps, extra)
 	})
-	if _, err := s.Client.Signal(ctx, &agentdv1.SignalRequest{ProcessId: st.GetProcess().GetProcessId(), Signal: "KILL"}); err != nil {
+	if err := s.Client.Signal(ctx, st.Process.ProcessID, "KILL"); err != nil {
 		t.Errorf("Signal: %v", err)
 	}
 }
@@ -290,12 +289,12 @@ func TestSIGTERMDrains(t *testing.T) {
 	ctx := testCtx(t)
 	var log syncbuf.Buffer
 	s := startSandbox(t, Options{Stderr: &log})
-	st, err := s.Client.Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{Command: "sleep 1000 & echo $!; sleep 1000"}})
+	st, err := s.Client.Start(ctx, agentclient.ProcessSpec{Command: "sleep 1000 & echo $!; sleep 1000"}, agentclient.StartOptions{})
 	if err != nil {
 		t.Fatalf("Start: %v", err)
 	}
-	pgid := int(st.GetProcess().GetPid())
-	bgPID, err := strconv.Atoi(readLine(ctx, t, s, st.GetProcess().GetProcessId()))
+	pgid := int(st.Process.PID)
+	bgPID, err := strconv.Atoi(readLine(ctx, t, s, st.Process.ProcessID))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -338,7 +337,7 @@ func TestSIGTERMDrains(t *testing.T) {
 	// Calls after the exit fail as unavailable (and say so), they do not hang.
 	callCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if _, err := s.Client.Info(callCtx, &agentdv1.InfoRequest{}); err == nil {
+	if _, err := s.Client.Info(callCtx); err == nil {
 		t.Error("Info succeeded after the daemon exited")
 	}
 }
@@ -382,7 +381,7 @@ func TestKillDuringWriteKeepsOldContent(t *testing.T) {
 	ws := filepath.Join(t.TempDir(), "ws")
 	s := startSandbox(t, Options{Workspace: ws})
 	const contentA = "content A\n"
-	if _, err := s.Client.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "f.txt"}, strings.NewReader(contentA)); err != nil {
+	if _, err := s.Client.WriteFile(ctx, "f.txt", agentclient.WriteFileOptions{}, strings.NewReader(contentA)); err != nil {
 		t.Fatalf("WriteFile A: %v", err)
 	}
 
@@ -392,7 +391,7 @@ func TestKillDuringWriteKeepsOldContent(t *testing.T) {
 	t.Cleanup(openGate)
 	writeErr := make(chan error, 1)
 	go func() {
-		_, err := s.Client.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "f.txt"}, r)
+		_, err := s.Client.WriteFile(ctx, "f.txt", agentclient.WriteFileOptions{}, r)
 		writeErr <- err
 	}()
 	select {
@@ -457,11 +456,11 @@ func TestKillDuringWriteKeepsOldContent(t *testing.T) {
 		t.Errorf("temporary file %s not removed by the next daemon's start-up: %v", tmpName, err)
 	}
 	var buf bytes.Buffer
-	if _, err := s2.Client.ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "f.txt"}, &buf); err != nil || buf.String() != contentA {
+	if _, err := s2.Client.ReadFile(ctx, "f.txt", agentclient.ReadFileOptions{}, &buf); err != nil || buf.String() != contentA {
 		t.Errorf("f.txt through the new daemon = %q, %v; want %q", buf.String(), err, contentA)
 	}
 	// The retry the error invites succeeds.
-	if _, err := s2.Client.WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "f.txt"}, strings.NewReader("content B\n")); err != nil {
+	if _, err := s2.Client.WriteFile(ctx, "f.txt", agentclient.WriteFileOptions{}, strings.NewReader("content B\n")); err != nil {
 		t.Errorf("retried WriteFile: %v", err)
 	}
 }
@@ -499,7 +498,7 @@ func TestReflectionAndHealth(t *testing.T) {
 	if got, err := listServices(ctx, anon); status.Code(err) != codes.Unauthenticated {
 		t.Errorf("reflection without a token: services %q, err %v; want Unauthenticated", got, err)
 	}
-	if _, err := agentdv1.NewSystemServiceClient(anon).Info(ctx, &agentdv1.InfoRequest{}); status.Code(err) != codes.Unauthenticated {
+	if _, err := agentclient.New(anon).Info(ctx); !errors.Is(err, errkind.ErrUnauthenticated) {
 		t.Errorf("Info without a token: %v; want Unauthenticated", err)
 	}
 	resp, err := healthpb.NewHealthClient(anon).Check(ctx, &healthpb.HealthCheckRequest{})
@@ -530,7 +529,7 @@ func listServices(ctx context.Context, conn *grpc.ClientConn) ([]string, error) 
 	}
 	var names []string
 	for _, svc := range resp.GetListServicesResponse().GetService() {
-		names = append(names, svc.GetName())
+		names = append(names, svc.Name)
 	}
 	_ = stream.CloseSend()
 	return names, nil

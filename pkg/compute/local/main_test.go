@@ -17,10 +17,9 @@ import (
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 )
 
 // Stamped into the test binary so Info and --version can be checked exactly.
@@ -170,13 +169,13 @@ func mustStat(t *testing.T, pid int) procStat {
 }
 
 // execShell runs a command line to completion through the daemon.
-func execShell(ctx context.Context, t *testing.T, s *Sandbox, command string) (stdout, stderr string, code int32) {
+func execShell(ctx context.Context, t *testing.T, s *Sandbox, command string) (stdout, stderr string, code int) {
 	t.Helper()
-	res, err := s.Client.Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{Command: command}}, nil)
+	res, err := s.Client.Exec(ctx, agentclient.ProcessSpec{Command: command}, agentclient.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatalf("Exec %q: %v", command, err)
 	}
-	return string(res.Stdout), string(res.Stderr), res.Exit.GetExitCode()
+	return string(res.Stdout), string(res.Stderr), res.Exit.ExitCode
 }
 
 // readLine reads a started process's output until it holds a full line.
@@ -185,16 +184,16 @@ func readLine(ctx context.Context, t *testing.T, s *Sandbox, processID string) s
 	var out []byte
 	var cursor int64
 	for !bytes.Contains(out, []byte("\n")) {
-		resp, err := s.Client.ReadOutput(ctx, &agentdv1.ReadOutputRequest{ProcessId: processID, Cursor: cursor, YieldTime: durationpb.New(500 * time.Millisecond)})
+		resp, err := s.Client.ReadOutput(ctx, processID, agentclient.ReadOutputOptions{Cursor: cursor, YieldTime: 500 * time.Millisecond})
 		if err != nil {
 			t.Fatalf("ReadOutput %s: %v", processID, err)
 		}
-		for _, c := range resp.GetChunks() {
-			out = append(out, c.GetData()...)
+		for _, c := range resp.Chunks {
+			out = append(out, c.Data...)
 		}
-		cursor = resp.GetNextCursor()
-		if resp.GetExit() != nil && !bytes.Contains(out, []byte("\n")) {
-			t.Fatalf("process %s exited (%v) before printing a line: %q", processID, resp.GetExit(), out)
+		cursor = resp.NextCursor
+		if resp.Exit != nil && !bytes.Contains(out, []byte("\n")) {
+			t.Fatalf("process %s exited (%v) before printing a line: %q", processID, resp.Exit, out)
 		}
 	}
 	return strings.TrimSpace(string(out[:bytes.IndexByte(out, '\n')]))

@@ -82,6 +82,11 @@ type Config struct {
 	// harness's user), not writable by others, and hold bin/sh. Needs
 	// bubblewrap or gVisor isolation. A service (`harness serve`) sets it.
 	RootFS string
+	// Resources caps every sandbox's CPU, memory and processes (zero
+	// fields: no cap); a launch's CreateOptions override it (see
+	// caps.go). Caps need cgroup controllers this harness may use (a root
+	// harness): New refuses caps it cannot apply, and so does a launch.
+	Resources Resources
 }
 
 // Isolation is how a local sandbox is confined.
@@ -284,11 +289,18 @@ func New(cfg Config, log *zap.Logger) (*Provider, error) {
 			return nil, fmt.Errorf("%w: plain local sandboxes run as accounts of their own, which cannot reach state directory %s: %s is not searchable by other users; "+
 				"choose a state directory they may pass through (e.g. below /var/tmp) or bubblewrap isolation", compute.ErrFailedPrecondition, cfg.StateDir, blocked)
 		}
-		p.log.Warn("local sandboxes are not isolated (isolation none): their processes see the host's files and network",
+		// Info, not Warn: IsolationNone is only ever asked for by name, and
+		// the programs that offer it say so once where it is chosen (the
+		// CLI when a sandbox is made, serve at start); a warning here would
+		// repeat on every later command that opens the provider.
+		p.log.Info("local sandboxes are not isolated (isolation none): their processes see the host's files and network",
 			zap.Bool("separate_account", os.Geteuid() == 0))
 	}
 	if err := p.checkEgress(); err != nil {
 		return nil, err
+	}
+	if err := CheckResources(cfg.Resources); err != nil {
+		return nil, fmt.Errorf("local provider: %w", err)
 	}
 	return p, nil
 }
@@ -448,6 +460,10 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			dir = d
 		}
 	}
+	res, err := p.resources(spec.Options)
+	if err != nil {
+		return nil, err
+	}
 	if pid, alive := p.running(dir); alive {
 		return nil, fmt.Errorf("%w: a sandbox of session %s is running (pid %d)", compute.ErrAlreadyExists, spec.SessionID, pid)
 	}
@@ -589,7 +605,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			opts.UserNS = &UserNS{HostID: idBase, Size: idBlockSize}
 		}
 	} else if p.runsc != "" {
-		opts.Prepare = func(argv []string) error { return p.gvisorPrepare(dir, argv) }
+		opts.Prepare = func(argv []string) error { return p.gvisorPrepare(dir, argv, res.MaxProcesses) }
 		opts.Wrap = func([]string) []string { return p.gvisorArgv(dir) }
 	} else if m := spec.Manifest; m != nil && m.RunAs != "" && m.RunAs != "root" {
 		if blocked := unsearchableAncestor(ws); blocked != "" {
@@ -598,10 +614,28 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 				zap.String("run_as", m.RunAs), zap.String("workspace", ws), zap.String("not searchable by others", blocked))
 		}
 	}
-	if cg, err := makeCgroup(dir); err != nil {
-		p.withoutCgroup(err)
-	} else {
-		opts.Cgroup = cg
+	// The host's caps: under gVisor, room for runsc's own processes and
+	// threads besides the sandbox's (capped inside: see caps.go).
+	hostRes := res
+	if p.runsc != "" && res.MaxProcesses > 0 {
+		hostRes.MaxProcesses = gvisorHostProcesses(res.MaxProcesses)
+	}
+	cgroups := func() error {
+		cgs, note, err := makeSandboxCgroups(dir, hostRes)
+		if err != nil {
+			return err
+		}
+		if note != nil {
+			p.withoutCgroup(note)
+		}
+		opts.Cgroup, opts.CgroupRequired, opts.CgroupV1 = cgs.v2, cgs.v2Caps, cgs.v1
+		return nil
+	}
+	if err := cgroups(); err != nil {
+		if !kept {
+			_ = removeTree(dir)
+		}
+		return nil, err
 	}
 	sb, err := Start(ctx, opts, p.log)
 	for attempt := 2; err != nil && p.bwrap != "" && errors.Is(err, ErrExitedAtStart) && attempt <= bwrapStartAttempts && ctx.Err() == nil; attempt++ {
@@ -610,14 +644,12 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		// (the same launch passed at once after). A deterministic failure
 		// (a bad flag) fails every attempt and is reported as before.
 		p.log.Warn("the bubblewrap sandbox exited during start-up; starting it again", zap.String("dir", dir), zap.Int("attempt", attempt), zap.Error(err))
-		if opts.Cgroup != "" {
+		if opts.Cgroup != "" || len(opts.CgroupV1) > 0 {
 			if rerr := p.removeCgroup(ctx, dir); rerr != nil {
 				break
 			}
-			if cg, cerr := makeCgroup(dir); cerr == nil {
-				opts.Cgroup = cg
-			} else {
-				opts.Cgroup = ""
+			if err = cgroups(); err != nil {
+				break
 			}
 		}
 		if err = rewind(rewound); err != nil {
@@ -635,9 +667,10 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		return nil, err
 	}
 	if opts.Cgroup != "" && sb.Cgroup == "" {
-		// Started outside the cgroup: drop it (it is empty) and the record.
+		// Started outside the cgroup: drop it (it is empty) and the record
+		// (not the v1 cgroups: the sandbox runs in them).
 		p.withoutCgroup(sb.CgroupErr())
-		if err := p.removeCgroup(ctx, dir); err != nil {
+		if err := p.removeCgroupV2(ctx, dir); err != nil {
 			p.log.Warn("an unused sandbox cgroup could not be removed", zap.String("dir", dir), zap.Error(err))
 		}
 	}
@@ -869,13 +902,43 @@ func (p *Provider) stopDaemon(ctx context.Context, dir string) error {
 	return waitNoDaemons(ctx, dir, markers)
 }
 
-// removeCgroup kills and removes the cgroup recorded in dir, if any, and
-// then the record. A record that does not pass validation is not acted on
-// (only dropped, with a warning), nor is a cgroup this process may not
-// touch (a harness without the rights of the one that made it): without
-// usable cgroups a sandbox ends as it did before them. It fails when the
-// cgroup's processes do not end in time.
+// removeCgroup kills and removes the cgroups recorded in dir, if any (its
+// v2 cgroup, and the v1 cgroups of its caps), and then the records. A
+// record that does not pass validation is not acted on (only dropped,
+// with a warning), nor is a cgroup this process may not touch (a harness
+// without the rights of the one that made it): without usable cgroups a
+// sandbox ends as it did before them. It fails when the cgroup's
+// processes do not end in time.
 func (p *Provider) removeCgroup(ctx context.Context, dir string) error {
+	// The v2 cgroup first: killing it ends every process of the sandbox
+	// at once; its v1 cgroups (caps.go) are then empty, or emptied by
+	// their own kill.
+	if err := p.removeCgroupV2(ctx, dir); err != nil {
+		return err
+	}
+	record := filepath.Join(dir, cgroupsV1File)
+	cgs, err := recordedCgroupsV1(dir)
+	if err != nil {
+		p.log.Warn("ignoring the sandbox's cgroup v1 record", zap.String("dir", dir), zap.Error(err))
+	}
+	for _, cg := range cgs {
+		err := killCgroupV1(ctx, cg)
+		switch {
+		case err == nil:
+		case errors.Is(err, fs.ErrPermission), errors.Is(err, syscall.EROFS):
+			p.log.Warn("cannot end the sandbox's cgroup", zap.String("cgroup", cg), zap.Error(err))
+		default:
+			return fmt.Errorf("end the sandbox's processes: %w", err)
+		}
+	}
+	if err := os.Remove(record); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove the sandbox's cgroup record: %w", err)
+	}
+	return nil
+}
+
+// removeCgroupV2 is removeCgroup for the sandbox's cgroup v2 directory.
+func (p *Provider) removeCgroupV2(ctx context.Context, dir string) error {
 	record := filepath.Join(dir, cgroupFile)
 	cg, err := recordedCgroup(dir)
 	if err != nil {

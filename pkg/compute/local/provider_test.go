@@ -19,7 +19,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/computetest"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // providerEnv makes clients over one state directory, as successive
@@ -102,8 +101,9 @@ func TestProviderConformanceIsolated(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = c.Delete(context.Background(), s) })
 		outside := filepath.Join(t.TempDir(), "host-file")
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{
-			Command: "touch " + outside + " 2>/dev/null && echo wrote-host; echo $$; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ' '"}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{
+			Command: "touch " + outside + " 2>/dev/null && echo wrote-host; echo $$; tail -n +3 /proc/net/dev | cut -d: -f1 | tr -d ' ' | tr '\\n' ' '",
+		}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -138,8 +138,10 @@ func TestProviderConformanceIsolated(t *testing.T) {
 		if err := s.Start(ctx); err != nil {
 			t.Fatal(err)
 		}
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{User: "mate",
-			Command: "id -un; id -Gn; touch /etc/x 2>/dev/null && echo wrote-etc; test -e /etc/hostname -o -e /etc/os-release && echo host-etc"}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{
+			User:    "mate",
+			Command: "id -un; id -Gn; touch /etc/x 2>/dev/null && echo wrote-etc; test -e /etc/hostname -o -e /etc/os-release && echo host-etc",
+		}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -169,7 +171,7 @@ func TestResumeAfterDaemonKilled(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "kept.txt"}, strings.NewReader("kept")); err != nil {
+	if _, err := s.Agent().WriteFile(ctx, "kept.txt", compute.WriteFileOptions{}, strings.NewReader("kept")); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Stop(ctx); err != nil {
@@ -197,7 +199,7 @@ func TestResumeAfterDaemonKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	if _, err := s2.Agent().ReadFile(ctx, &agentdv1.ReadFileRequest{Path: "kept.txt"}, &b); err != nil || b.String() != "kept" {
+	if _, err := s2.Agent().ReadFile(ctx, "kept.txt", compute.ReadFileOptions{}, &b); err != nil || b.String() != "kept" {
 		t.Fatalf("kept.txt: %q %v", b.String(), err)
 	}
 }

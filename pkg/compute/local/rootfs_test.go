@@ -185,7 +185,7 @@ func TestGVisorSpecRootFS(t *testing.T) {
 		}
 	}
 	argv := []string{agentdBin, "--listen", "unix://" + filepath.Join(dir, runDir, socketName)}
-	if err := p.gvisorPrepare(dir, argv); err != nil {
+	if err := p.gvisorPrepare(dir, argv, 0); err != nil {
 		t.Fatal(err)
 	}
 	spec, err := p.gvisorSpec(dir, argv)

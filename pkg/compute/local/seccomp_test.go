@@ -22,7 +22,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local/seccomp"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // seccompProbe builds testdata/seccompprobe (static), once per test
@@ -52,7 +51,7 @@ type probeReport struct {
 // seccompSandbox starts a bubblewrap sandbox (the filter off with
 // noSeccomp) with the probe in its workspace, and returns a function that
 // runs a shell command in it as user.
-func seccompSandbox(t *testing.T, noSeccomp bool) (run func(user, cmd string) *agentdv1.ExitStatus, output func() []byte) {
+func seccompSandbox(t *testing.T, noSeccomp bool) (run func(user, cmd string) *compute.ExitStatus, output func() []byte) {
 	t.Helper()
 	probe, err := seccompProbe()
 	if err != nil {
@@ -84,13 +83,13 @@ func seccompSandbox(t *testing.T, noSeccomp bool) (run func(user, cmd string) *a
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Agent().WriteFile(ctx, &agentdv1.WriteFileHeader{Path: "seccompprobe", Mode: 0o755}, bytes.NewReader(probe)); err != nil {
+	if _, err := s.Agent().WriteFile(ctx, "seccompprobe", compute.WriteFileOptions{Mode: 0o755}, bytes.NewReader(probe)); err != nil {
 		t.Fatal(err)
 	}
 	var last []byte
-	run = func(user, cmd string) *agentdv1.ExitStatus {
+	run = func(user, cmd string) *compute.ExitStatus {
 		t.Helper()
-		res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{User: user, Command: cmd}}, nil)
+		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{User: user, Command: cmd}, compute.ExecOptions{}, nil)
 		if err != nil {
 			t.Fatalf("%s (as %q): %v", cmd, user, err)
 		}
@@ -98,15 +97,15 @@ func seccompSandbox(t *testing.T, noSeccomp bool) (run func(user, cmd string) *a
 		if len(res.Stderr) > 0 {
 			t.Logf("%s (as %q) stderr: %s", cmd, user, res.Stderr)
 		}
-		return res.Exit
+		return &res.Exit
 	}
 	return run, func() []byte { return last }
 }
 
 // runProbe runs the probe as user and decodes its report.
-func runProbe(t *testing.T, run func(user, cmd string) *agentdv1.ExitStatus, output func() []byte, user string) probeReport {
+func runProbe(t *testing.T, run func(user, cmd string) *compute.ExitStatus, output func() []byte, user string) probeReport {
 	t.Helper()
-	if exit := run(user, "exec ./seccompprobe"); exit.GetExitCode() != 0 || exit.GetSignal() != "" {
+	if exit := run(user, "exec ./seccompprobe"); exit.ExitCode != 0 || exit.Signal != "" {
 		t.Fatalf("probe as %q: exit %v, output %q", user, exit, output())
 	}
 	var r probeReport
@@ -178,12 +177,12 @@ func TestSeccompInBubblewrap(t *testing.T) {
 		if runtime.GOARCH == "amd64" {
 			exit := run(user, "exec ./seccompprobe int80")
 			switch {
-			case exit.GetSignal() == "SIGSYS":
+			case exit.Signal == "SIGSYS":
 			case !hostHasInt80(t):
 				// A kernel without IA32 emulation offers no i386 entry
 				// point at all (the call faults before any filter runs):
 				// then it must not return inside either.
-				if exit.GetExitCode() == 0 || bytes.Contains(output(), []byte("int80 returned")) {
+				if exit.ExitCode == 0 || bytes.Contains(output(), []byte("int80 returned")) {
 					t.Errorf("as %q, a call through int 0x80 returned on a kernel that has no i386 entry point: exit %v, output %q", user, exit, output())
 				}
 			default:
@@ -193,7 +192,7 @@ func TestSeccompInBubblewrap(t *testing.T) {
 	}
 	// The daemon itself works under the filter: run_as accounts (setuid,
 	// setgroups...), PTYs.
-	if exit := run("", "tty >/dev/null || true; id -u"); exit.GetExitCode() != 0 {
+	if exit := run("", "tty >/dev/null || true; id -u"); exit.ExitCode != 0 {
 		t.Errorf("a command: exit %v", exit)
 	}
 }
@@ -243,7 +242,7 @@ func TestBubblewrapHidesHostRun(t *testing.T) {
 	testenv.Require(t, testenv.Condition(err == nil && len(host) > 0, "the host's /run has entries to hide"))
 	run, output := seccompSandbox(t, false)
 	for _, user := range probeUsers() {
-		if exit := run(user, "ls -A /run"); exit.GetExitCode() != 0 {
+		if exit := run(user, "ls -A /run"); exit.ExitCode != 0 {
 			t.Fatalf("as %q: ls /run: exit %v, output %q", user, exit, output())
 		}
 		if got := strings.TrimSpace(string(output())); got != "" {

@@ -18,7 +18,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/runsc"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // flagRefusal is what the daemon prints when it is given an unknown flag.
@@ -151,7 +150,7 @@ func TestServingDaemonSurvivesClosedOutput(t *testing.T) {
 		if _, _, code := execShell(ctx, t, s, "true"); code != 0 {
 			t.Fatalf("exec: exit %d", code)
 		}
-		if _, err := s.Client.Stat(ctx, &agentdv1.StatRequest{Path: "no-such-file"}); !errors.Is(err, errkind.ErrNotFound) {
+		if _, err := s.Client.Stat(ctx, "no-such-file", compute.StatOptions{}); !errors.Is(err, errkind.ErrNotFound) {
 			t.Fatalf("Stat of a missing file: %v", err)
 		}
 	}

@@ -21,7 +21,6 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
 
 // rootBwrapClient returns a client of a root harness's bubblewrap
@@ -54,13 +53,13 @@ func createStarted(ctx context.Context, t *testing.T, c *compute.Client, m *mani
 
 // run runs a shell command line in s as user ("" for the session's) and
 // returns its stdout, stderr and exit code.
-func run(ctx context.Context, t *testing.T, s *compute.Session, user, command string) (string, string, int32) {
+func run(ctx context.Context, t *testing.T, s *compute.Session, user, command string) (string, string, int) {
 	t.Helper()
-	res, err := s.Agent().Exec(ctx, &agentdv1.ExecRequest{Spec: &agentdv1.ProcessSpec{User: user, Command: command}}, nil)
+	res, err := s.Agent().Exec(ctx, compute.ProcessSpec{User: user, Command: command}, compute.ExecOptions{}, nil)
 	if err != nil {
 		t.Fatalf("%s (as %q): %v", command, user, err)
 	}
-	return string(res.Stdout), string(res.Stderr), res.Exit.GetExitCode()
+	return string(res.Stdout), string(res.Stderr), res.Exit.ExitCode
 }
 
 // hostIDs returns the real, effective, saved and file-system uids (or
@@ -162,7 +161,7 @@ func TestRootInSandboxIsNotHostRoot(t *testing.T) {
 		inside uint32
 	}{{"root", 0}, {"", 1234}} {
 		marker := fmt.Sprintf("%d.%d", 4000+tc.inside, time.Now().UnixNano()%1000)
-		if _, err := s.Agent().Start(ctx, &agentdv1.StartRequest{Spec: &agentdv1.ProcessSpec{User: tc.user, Argv: []string{"sleep", marker}}}); err != nil {
+		if _, err := s.Agent().Start(ctx, compute.ProcessSpec{User: tc.user, Argv: []string{"sleep", marker}}, compute.StartOptions{}); err != nil {
 			t.Fatal(err)
 		}
 		pid := hostPIDOf(t, marker)

@@ -60,7 +60,10 @@ const (
 )
 
 // SandboxResources caps one sandbox. Zero fields leave the provider's
-// default (docker and kubernetes: one CPU and 1 GiB; local: none).
+// default: docker and kubernetes cap a sandbox at one CPU and 1 GiB
+// themselves; the local provider caps nothing by itself, so a service's
+// local sandboxes get OrDefaults and DefaultSandboxProcesses (as `harness
+// serve` gives them), which it applies through cgroups.
 type SandboxResources struct {
 	// MilliCPU is the CPU limit in thousandths of a CPU.
 	MilliCPU int64
@@ -76,6 +79,28 @@ type SandboxResources struct {
 
 // IsZero reports whether r caps nothing.
 func (r SandboxResources) IsZero() bool { return r == SandboxResources{} }
+
+// Default caps of a sandbox whose provider has none of its own (local):
+// those docker and kubernetes apply, and a process cap that stops a fork
+// bomb well before the host's limits.
+const (
+	DefaultSandboxMilliCPU    = 1000    // one CPU
+	DefaultSandboxMemoryBytes = 1 << 30 // 1 GiB
+	DefaultSandboxProcesses   = 512     // processes and threads
+)
+
+// OrDefaults returns r with a zero CPU or memory cap replaced by the
+// default (DefaultSandboxMilliCPU, DefaultSandboxMemoryBytes): the caps a
+// provider without defaults of its own (local) must be given.
+func (r SandboxResources) OrDefaults() SandboxResources {
+	if r.MilliCPU == 0 {
+		r.MilliCPU = DefaultSandboxMilliCPU
+	}
+	if r.MemoryBytes == 0 {
+		r.MemoryBytes = DefaultSandboxMemoryBytes
+	}
+	return r
+}
 
 // withDefaults fills in the defaults and checks q.
 func (q Quotas) withDefaults() (Quotas, error) {

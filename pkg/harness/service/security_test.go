@@ -581,6 +581,9 @@ func (p *recordingProvider) Launch(ctx context.Context, spec compute.LaunchSpec)
 	p.mu.Lock()
 	p.opts = append(p.opts, spec.Options)
 	p.mu.Unlock()
+	// The recorded options stand for a provider's own (capsOption); the
+	// local provider refuses options of another type than its own.
+	spec.Options = nil
 	return p.Provider.Launch(ctx, spec)
 }
 
