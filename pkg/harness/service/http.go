@@ -10,15 +10,15 @@ import (
 	"path"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"connectrpc.com/connect"
 	"github.com/coder/websocket"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
-	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/manager"
 )
 
 // authInterceptor binds every RPC to the tenant of its bearer credential.
@@ -58,25 +58,6 @@ func (i *authInterceptor) WrapStreamingHandler(next connect.StreamingHandlerFunc
 		}
 		return next(ctx, conn)
 	}
-}
-
-// httpError writes a JSON error in Connect's shape ({"code","message"}).
-func httpError(w http.ResponseWriter, err error) {
-	code := connect.CodeOf(apiError(err))
-	status := map[connect.Code]int{connect.CodeUnauthenticated: 401, connect.CodeNotFound: 404, connect.CodeInvalidArgument: 400,
-		connect.CodePermissionDenied: 403, connect.CodeFailedPrecondition: 412, connect.CodeUnavailable: 503,
-		connect.CodeResourceExhausted: 429}[code]
-	if status == 0 {
-		status = 500
-	}
-	msg := err.Error()
-	var ce *connect.Error
-	if errors.As(err, &ce) {
-		msg = ce.Message()
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]string{"code": code.String(), "message": msg})
 }
 
 // httpAuth authenticates a hand-written route with the Authorization header.
@@ -136,7 +117,9 @@ const sseHeartbeat = 15 * time.Second
 // serveSSE serves a run's events as Server-Sent Events: each event's id is
 // its sequence (so EventSource's Last-Event-ID resumes), its event name the
 // kind (turn_started, model_text, tool_call, ...), its data the RunEvent
-// in protobuf JSON. ?after=N starts after sequence N.
+// in protobuf JSON. ?after=N starts after sequence N. The events are
+// written from the handler's goroutine (the manager's Events calls back),
+// heartbeats included: the stream starts no goroutine.
 func (s *Service) serveSSE(w http.ResponseWriter, r *http.Request) {
 	tenant, _ := auth.Tenant(r.Context())
 	after := uint64(0)
@@ -146,17 +129,14 @@ func (s *Service) serveSSE(w http.ResponseWriter, r *http.Request) {
 		}
 		n, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
-			httpError(w, invalid("after/Last-Event-ID %q: not a sequence number", v))
+			httpError(w, invalid("after/Last-Event-ID", "%q: not a sequence number", v))
 			return
 		}
 		after = n
 	}
 	runID := r.PathValue("run_id")
-	if err := checkRunID("run_id", runID); err != nil {
-		httpError(w, err)
-		return
-	}
-	if _, err := s.cfg.Store.GetRun(r.Context(), tenant, runID); err != nil {
+	// The run is the tenant's (else 404) before the stream's headers go.
+	if _, err := s.m.GetRun(r.Context(), tenant, runID); err != nil {
 		httpError(w, err)
 		return
 	}
@@ -168,88 +148,65 @@ func (s *Service) serveSSE(w http.ResponseWriter, r *http.Request) {
 	if flusher != nil {
 		flusher.Flush()
 	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
+	ctx := r.Context()
 	rc := http.NewResponseController(w)
-	events := make(chan *harnessv1.RunEvent)
-	errc := make(chan error, 1)
-	go func() {
-		errc <- s.streamEvents(ctx, tenant, runID, after, func(ev *harnessv1.RunEvent) error {
-			select {
-			case events <- ev:
-				return nil
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-		})
-	}()
-	tick := time.NewTicker(sseHeartbeat)
-	defer tick.Stop()
 	mo := protojson.MarshalOptions{}
-	for {
-		select {
-		case ev := <-events:
-			data, err := mo.Marshal(ev)
-			if err != nil {
-				return
-			}
-			if _, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", ev.GetSequence(), eventName(ev), data); err != nil {
-				return
-			}
-			_ = rc.Flush()
-		case <-tick.C:
+	err := s.m.Events(ctx, tenant, runID, after, manager.EventsOptions{
+		KeepAliveEvery: sseHeartbeat,
+		KeepAlive: func() error {
 			if _, err := fmt.Fprint(w, ": keep-alive\n\n"); err != nil {
-				return
+				return errClientGone{err}
 			}
 			_ = rc.Flush()
-		case err := <-errc:
-			if err != nil && ctx.Err() == nil {
-				fmt.Fprintf(w, "event: error\ndata: %s\n\n", mustJSON(map[string]string{"message": err.Error()}))
-			} else if err == nil {
-				fmt.Fprint(w, "event: end\ndata: {}\n\n")
-			}
-			_ = rc.Flush()
-			return
+			return nil
+		},
+	}, func(ev manager.Event) error {
+		pe := eventProto(ev)
+		data, err := mo.Marshal(pe)
+		if err != nil {
+			return errClientGone{err}
 		}
+		if _, err := fmt.Fprintf(w, "id: %d\nevent: %s\ndata: %s\n\n", ev.Sequence, ev.Kind, data); err != nil {
+			return errClientGone{err}
+		}
+		_ = rc.Flush()
+		return nil
+	})
+	var gone errClientGone
+	switch {
+	case errors.As(err, &gone) || ctx.Err() != nil:
+		return
+	case err != nil:
+		fmt.Fprintf(w, "event: error\ndata: %s\n\n", mustJSON(map[string]string{"message": err.Error()}))
+	default:
+		fmt.Fprint(w, "event: end\ndata: {}\n\n")
 	}
+	_ = rc.Flush()
 }
+
+// errClientGone ends an event stream whose client cannot be written to.
+type errClientGone struct{ err error }
+
+func (e errClientGone) Error() string { return e.err.Error() }
 
 func mustJSON(v any) string { b, _ := json.Marshal(v); return string(b) }
-
-// eventName is the SSE event name of an event: its kind's field name.
-func eventName(ev *harnessv1.RunEvent) string {
-	if od := ev.ProtoReflect().WhichOneof(ev.ProtoReflect().Descriptor().Oneofs().ByName("kind")); od != nil {
-		return string(od.Name())
-	}
-	return "unknown"
-}
 
 // serveFile downloads a sandbox file.
 func (s *Service) serveFile(w http.ResponseWriter, r *http.Request) {
 	tenant, _ := auth.Tenant(r.Context())
-	sess, err := s.sandbox(r.Context(), tenant, r.PathValue("sandbox_id"))
-	if err != nil {
+	started := false
+	err := s.m.Download(r.Context(), tenant, r.PathValue("sandbox_id"), r.PathValue("path"), func(fi manager.FileInfo) io.Writer {
+		started = true
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Content-Length", strconv.FormatInt(fi.Size, 10))
+		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", path.Base(fi.Path)))
+		return w
+	})
+	switch {
+	case err == nil:
+	case !started:
 		httpError(w, err)
-		return
-	}
-	p, err := cleanPath(r.PathValue("path"))
-	if err != nil {
-		httpError(w, err)
-		return
-	}
-	info, err := sess.Stat(r.Context(), p, compute.StatOptions{User: sess.Manifest().RunAs})
-	if err != nil {
-		httpError(w, err)
-		return
-	}
-	if info.Type != compute.FileRegular {
-		httpError(w, invalid("%s is not a regular file", p))
-		return
-	}
-	w.Header().Set("Content-Type", "application/octet-stream")
-	w.Header().Set("Content-Length", strconv.FormatInt(info.Size, 10))
-	w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", path.Base(p)))
-	if _, err := sess.ReadFile(r.Context(), p, compute.ReadFileOptions{User: sess.Manifest().RunAs}, w); err != nil {
+	default:
 		// Headers are gone: the short body tells the client.
 		s.log.Debug("file download cut")
 	}
@@ -262,25 +219,21 @@ func (s *Service) serveFile(w http.ResponseWriter, r *http.Request) {
 // it.
 func (s *Service) serveTerminalWS(w http.ResponseWriter, r *http.Request) {
 	tenant, _ := auth.Tenant(r.Context())
-	sess, err := s.sandbox(r.Context(), tenant, r.PathValue("sandbox_id"))
-	if err != nil {
-		httpError(w, err)
-		return
-	}
 	q := r.URL.Query()
 	var size [2]uint64
 	for i, k := range []string{"cols", "rows"} {
 		if v := q.Get(k); v != "" {
 			n, err := strconv.ParseUint(v, 10, 32)
 			if err != nil {
-				httpError(w, badField(k, "%q is not a number", clip(v)))
+				httpError(w, invalid(k, "%q is not a number", clip(v)))
 				return
 			}
 			size[i] = n
 		}
 	}
-	start := &harnessv1.TerminalStart{SandboxId: r.PathValue("sandbox_id"), Command: q["command"], Cols: uint32(size[0]), Rows: uint32(size[1])}
-	if err := checkTerminalStart(start); err != nil {
+	term, err := s.m.OpenTerminal(r.Context(), tenant, r.PathValue("sandbox_id"),
+		manager.TerminalOptions{Command: q["command"], Cols: uint32(size[0]), Rows: uint32(size[1])})
+	if err != nil {
 		httpError(w, err)
 		return
 	}
@@ -290,11 +243,11 @@ func (s *Service) serveTerminalWS(w http.ResponseWriter, r *http.Request) {
 	}
 	defer conn.CloseNow()
 	ctx := r.Context()
-	closed := false
-	err = s.runTerminal(ctx, sess, start, terminalIO{
+	var closed atomic.Bool
+	err = term.Run(ctx, manager.TerminalIO{
 		// The close handshake ends the pending read.
-		stopInput: func() { closed = true; _ = conn.Close(websocket.StatusNormalClosure, "") },
-		recv: func() ([]byte, *harnessv1.TerminalSize, error) {
+		StopInput: func() { closed.Store(true); _ = conn.Close(websocket.StatusNormalClosure, "") },
+		Recv: func() ([]byte, *manager.TerminalSize, error) {
 			typ, data, err := conn.Read(ctx)
 			if err != nil {
 				var ce websocket.CloseError
@@ -308,19 +261,30 @@ func (s *Service) serveTerminalWS(w http.ResponseWriter, r *http.Request) {
 				if json.Unmarshal(data, &size) != nil || size.Cols == 0 || size.Rows == 0 {
 					return nil, nil, errors.New(`text messages must be {"cols":N,"rows":N}`)
 				}
-				return nil, &harnessv1.TerminalSize{Cols: size.Cols, Rows: size.Rows}, nil
+				return nil, &manager.TerminalSize{Cols: size.Cols, Rows: size.Rows}, nil
 			}
 			return data, nil, nil
 		},
-		output: func(b []byte) error { return conn.Write(ctx, websocket.MessageBinary, b) },
-		exited: func(e *harnessv1.TerminalExited) error {
-			return conn.Write(ctx, websocket.MessageText, []byte(mustJSON(map[string]any{"exit_code": e.GetExitCode(), "signal": e.GetSignal()})))
+		Output: func(b []byte) error { return conn.Write(ctx, websocket.MessageBinary, b) },
+		Exited: func(e manager.TerminalExit) error {
+			return conn.Write(ctx, websocket.MessageText, []byte(mustJSON(map[string]any{"exit_code": e.ExitCode, "signal": e.Signal})))
 		},
 	})
 	switch {
 	case err != nil:
 		_ = conn.Close(websocket.StatusInternalError, oneLine(err.Error()))
-	case !closed:
+	case !closed.Load():
 		_ = conn.Close(websocket.StatusNormalClosure, "")
 	}
 }
+
+// clip shortens a value quoted in an error.
+func clip(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
+
+// oneLine keeps an error on one line.
+func oneLine(s string) string { return strings.Join(strings.Fields(s), " ") }

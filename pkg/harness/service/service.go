@@ -2,6 +2,18 @@
 // backends that do not embed it as a Go library (Python, TypeScript) and for
 // operators who want to watch and steer runs.
 //
+// Layout. The service is a run manager with thin transports, the way
+// containerd splits each service into its local implementation and a gRPC
+// shim. Package manager (pkg/harness/service/manager) is the logic, with a
+// Go API a Go program can embed without HTTP: runs, their event logs,
+// approvals, the sandboxes, quotas, the store, recovery after a restart,
+// the drain, and the request policy (every field untrusted). This package
+// is its transports: each handler authenticates the request, converts the
+// wire's message to the manager's Go types (convert.go, the one place that
+// knows both), calls the manager and converts back; errors go through one
+// table from pkg/errkind's classes to Connect codes and HTTP statuses
+// (errors.go).
+//
 // Transport. The API (proto/bulkhead/harness/v1) is served with Connect
 // (connectrpc.com/connect): one handler speaks gRPC, gRPC-Web and Connect's
 // own protocol, whose unary calls are plain JSON POSTs over HTTP/1.1. So gRPC
@@ -19,36 +31,27 @@
 //
 // Tenancy. Every request is authenticated (see package auth) and bound to a
 // tenant, whose id is namespaced by its source (token:alice,
-// jwt:<issuer>:<sub>); a tenant sees only its own runs and sandboxes, and
-// another tenant's id answers NotFound exactly like an unknown one. Every
-// field of a request is untrusted input, checked like an untrusted manifest
-// (see validate.go: accounts, paths, sizes, patterns, models). Each tenant
-// has quotas (Quotas): active runs, live sandboxes, git fetch bytes; every
-// sandbox gets the operator's resource caps. Model endpoints and their API
-// keys are the service's configuration: no request names or carries one
-// and no response echoes one; a request may choose a model name among
+// jwt:<issuer>:<sub>), which the handler passes to the manager; a tenant
+// sees only its own runs and sandboxes, and another tenant's id answers
+// NotFound exactly like an unknown one. Every field of a request is
+// untrusted input, checked like an untrusted manifest by the manager (see
+// manager/validate.go: accounts, paths, sizes, patterns, models), so a Go
+// embedder's callers are held to the same policy. Each tenant has quotas
+// (Quotas): active runs, live sandboxes, git fetch bytes; every sandbox
+// gets the operator's resource caps. Model endpoints and their API keys
+// are the service's configuration: no request names or carries one and no
+// response echoes one; a request may choose a model name among
 // Config.Models only.
 //
-// Runs. A run is driven by the harness Runner in the service's process. The
-// service owns each run's sandbox session (created before the first turn and
-// injected into the runner), so files and terminals stay reachable while the
-// run waits for approvals. Events are written to the store before they are
-// published, numbered per run, in batches by one writer per run, so the run
-// never waits for the disk and a client never holds a sequence a crash
-// could lose (see events); a stream replays from the store and then
-// follows live events through a bounded buffer: a client that falls behind is
-// not allowed to block the run or grow memory, it is moved back to reading
-// from the store from its last sequence.
-//
-// Persistence and restarts. The store (bbolt by default, PostgreSQL when
-// configured) holds each run's record, RunState and event log. A restarted
-// service resumes runs that were waiting for approval (their sandboxes are
-// reattached, or rebuilt from their snapshots) and reports runs it lost in
-// the middle of a turn as failed. Shutdown drains: every tool call the
-// running runs make from then on is held as a service checkpoint, so the run
-// stops at the end of its turn with a RunState; its sandbox is persisted to
-// the snapshot store and released, and the next service approves the
-// checkpointed calls and continues the run.
+// Runs, persistence and restarts: see package manager. In short, runs are
+// driven in this process, their events stored before they are published;
+// a restarted service resumes the runs waiting for approval, continues the
+// checkpointed ones, reports those lost mid-turn as failed, and deletes
+// the sandboxes kept for finished runs at the deadline stored with them
+// (at once when it passed during the outage). Shutdown drains: running
+// runs stop at the end of their turn with a checkpoint, streams end with
+// Unavailable (clients reconnect from their last sequence), and it returns
+// once every goroutine of the service has.
 package service
 
 import (
@@ -58,7 +61,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"connectrpc.com/connect"
@@ -68,12 +70,14 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/manager"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 	"github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1/harnessv1connect"
 )
 
-// Config configures a Service.
+// Config configures a Service: the manager's configuration
+// (manager.Config) and the transports' (Auth, MaxRequestBytes, Console).
 type Config struct {
 	// Store keeps runs and events (required).
 	Store store.Store
@@ -98,7 +102,9 @@ type Config struct {
 	// (0: 30).
 	MaxTurns int
 	// SandboxRetention keeps a finished run's sandbox this long so its files
-	// can be looked at (0: deleted when the run ends).
+	// can be looked at (0: deleted when the run ends). The deadline is
+	// stored with the run: a service started after a crash or a shutdown
+	// deletes the sandbox then.
 	SandboxRetention time.Duration
 	// EventBuffer is how many live events a stream may fall behind before it
 	// is moved back to reading the store (0: 256).
@@ -139,131 +145,47 @@ type Config struct {
 	Now func() time.Time
 }
 
-// RunGauge is told the number of runs in a state whenever it changes.
-// States are the lower-case RunStatus names without their prefix
-// (pending, waiting_approval, succeeded, failed, canceled) and
-// "checkpointed". The service never reports "running": the runner's
-// observer counts the runs actually in a turn (metrics.StateRunning).
-//
-// The counts are the store's at New plus the transitions this service
-// makes, kept in memory (an O(1) update per transition, nothing at scrape
-// time). Several replicas sharing one PostgreSQL store each report the
-// store's counts at their start plus their own transitions, so their
-// gauges drift apart; aggregate the running state only, or restart a
-// replica to recount.
-type RunGauge interface {
-	SetRuns(state string, n int) error
-}
+// RunGauge is told the number of runs in a state whenever it changes (see
+// manager.RunGauge).
+type RunGauge = manager.RunGauge
 
-// Service runs agents for tenants. Create it with New, serve Handler, and
-// call Shutdown before dropping it.
+// Service serves a run manager to tenants. Create it with New, serve
+// Handler, and call Shutdown before dropping it.
 type Service struct {
-	cfg    Config
-	log    *zap.Logger
-	runner *harness.Runner
-	// base is the context of the runs; stop cancels it (hard stop).
-	base context.Context
-	stop context.CancelFunc
-
-	mu       sync.Mutex
-	runs     map[string]*liveRun // active runs by id
-	sessions map[string]*held    // live sandbox sessions by run id
-	closing  bool
-	// stopped is closed when the drain is over: streams end then.
-	stopped  chan struct{}
-	stopOnce sync.Once
-	wg       sync.WaitGroup // run goroutines
-	timers   map[string]*time.Timer
-
-	// counts are the runs by stored status (see RunGauge).
-	countMu sync.Mutex
-	counts  map[string]int
-
-	// usage is every tenant's quota use.
-	usage *usage
-	// providerOpts and limits go with every sandbox the service makes.
-	providerOpts any
-	limits       compute.Limits
+	cfg Config
+	log *zap.Logger
+	m   *manager.Manager
 }
 
-// New makes a service and recovers the runs the store holds from an earlier
-// service: runs waiting for approval wait again (their sandboxes
-// reattached), checkpointed runs continue, runs lost mid-turn are failed.
+// New makes a service and its manager, which recovers the runs the store
+// holds from an earlier service: runs waiting for approval wait again
+// (their sandboxes reattached), checkpointed runs continue, runs lost
+// mid-turn are failed, sandboxes kept for finished runs are deleted at
+// their deadline.
 func New(ctx context.Context, cfg Config) (*Service, error) {
-	switch {
-	case cfg.Store == nil:
-		return nil, errors.New("service: no store")
-	case cfg.Compute == nil:
-		return nil, errors.New("service: no compute client")
-	case cfg.Model == nil:
-		return nil, errors.New("service: no model")
-	case cfg.DefaultModel == "":
-		return nil, errors.New("service: no default model name")
-	case cfg.Auth == nil:
+	if cfg.Auth == nil {
 		return nil, errors.New("service: no authenticator")
 	}
 	if cfg.Log == nil {
 		cfg.Log = zap.NewNop()
 	}
-	if cfg.MaxTurns <= 0 {
-		cfg.MaxTurns = 30
-	}
-	if cfg.EventBuffer <= 0 {
-		cfg.EventBuffer = 256
-	}
-	if cfg.DrainTimeout <= 0 {
-		cfg.DrainTimeout = 30 * time.Second
-	}
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
 	if cfg.MaxRequestBytes <= 0 {
 		cfg.MaxRequestBytes = DefaultMaxRequestBytes
 	}
-	for _, m := range cfg.Models {
-		if m == "" {
-			return nil, errors.New("service: an empty model name in Models")
-		}
-	}
-	q, err := cfg.Quotas.withDefaults()
+	m, err := manager.New(ctx, manager.Config{Store: cfg.Store, Compute: cfg.Compute, Model: cfg.Model,
+		DefaultModel: cfg.DefaultModel, Models: cfg.Models, Log: cfg.Log, DefaultInstructions: cfg.DefaultInstructions,
+		MaxTurns: cfg.MaxTurns, SandboxRetention: cfg.SandboxRetention, EventBuffer: cfg.EventBuffer,
+		DrainTimeout: cfg.DrainTimeout, Quotas: cfg.Quotas, CheckManifest: cfg.CheckManifest,
+		ProviderOptions: cfg.ProviderOptions, Observer: cfg.Observer, Runs: cfg.Runs, Now: cfg.Now})
 	if err != nil {
 		return nil, fmt.Errorf("service: %w", err)
 	}
-	cfg.Quotas = q
-	var popts any
-	if cfg.ProviderOptions != nil {
-		if popts, err = cfg.ProviderOptions(q.Sandbox); err != nil {
-			return nil, fmt.Errorf("service: sandbox resources: %w", err)
-		}
-	} else if q.Sandbox.MilliCPU > 0 || q.Sandbox.MemoryBytes > 0 {
-		return nil, errors.New("service: Quotas.Sandbox caps CPU or memory but no ProviderOptions carries them to the provider")
-	}
-	base, stop := context.WithCancel(context.WithoutCancel(ctx))
-	s := &Service{cfg: cfg, log: cfg.Log, base: base, stop: stop,
-		runner:       &harness.Runner{Model: cfg.Model, ModelName: cfg.DefaultModel, Log: cfg.Log.Named("runner")},
-		runs:         map[string]*liveRun{},
-		sessions:     map[string]*held{},
-		timers:       map[string]*time.Timer{},
-		stopped:      make(chan struct{}),
-		counts:       map[string]int{},
-		usage:        newUsage(q, cfg.Now),
-		providerOpts: popts,
-		limits:       compute.Limits{Archive: compute.ArchiveLimits{MaxExtractedBytes: q.Sandbox.DiskBytes}},
-	}
-	if err := s.countRuns(ctx); err != nil {
-		stop()
-		return nil, err
-	}
-	if err := s.recover(ctx); err != nil {
-		stop()
-		return nil, err
-	}
-	return s, nil
+	return &Service{cfg: cfg, log: cfg.Log, m: m}, nil
 }
 
-// now is the service clock, truncated to microseconds (what every store
-// keeps).
-func (s *Service) now() time.Time { return s.cfg.Now().UTC().Truncate(time.Microsecond) }
+// Manager is the service's run manager, for a program that also calls it
+// in Go (the transports and it share every run).
+func (s *Service) Manager() *manager.Manager { return s.m }
 
 // DefaultMaxRequestBytes is Config.MaxRequestBytes' default.
 const DefaultMaxRequestBytes = 16 << 20
@@ -277,8 +199,8 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	opts := []connect.HandlerOption{connect.WithInterceptors(&authInterceptor{auth: s.cfg.Auth}),
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)}
-	mux.Handle(harnessv1connect.NewRunServiceHandler(&runAPI{s: s}, opts...))
-	mux.Handle(harnessv1connect.NewSandboxServiceHandler(&sandboxAPI{s: s}, opts...))
+	mux.Handle(harnessv1connect.NewRunServiceHandler(&runAPI{m: s.m}, opts...))
+	mux.Handle(harnessv1connect.NewSandboxServiceHandler(&sandboxAPI{m: s.m}, opts...))
 	mux.Handle("GET /v1/runs/{run_id}/events", s.httpAuth(http.HandlerFunc(s.serveSSE)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/files/{path...}", s.httpAuth(http.HandlerFunc(s.serveFile)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/terminal", s.wsAuth(http.HandlerFunc(s.serveTerminalWS)))
@@ -346,136 +268,17 @@ func serve(ctx context.Context, ln net.Listener, h http.Handler, tlsCfg *tls.Con
 	return nil
 }
 
-// Shutdown drains the service: running runs stop at the end of their turn
-// (bounded by DrainTimeout, then they are cut and reported lost after the
-// restart), every live sandbox is persisted to its snapshot and released
-// (not deleted), and the stored records say how to continue. The store is
-// not closed.
-func (s *Service) Shutdown(ctx context.Context) error {
-	s.Drain()
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	t := time.NewTimer(s.cfg.DrainTimeout)
-	defer t.Stop()
-	select {
-	case <-done:
-	case <-t.C:
-		s.log.Warn("runs still in a turn after the drain timeout; cutting them")
-		s.stop()
-		<-done
-	case <-ctx.Done():
-		s.stop()
-		<-done
-	}
-	s.stop()
-	// Streams end: their clients reconnect to the next service from the
-	// last sequence they saw.
-	s.stopOnce.Do(func() { close(s.stopped) })
-	// Every event published so far reaches the store before the caller
-	// may close it (ended runs flushed theirs in endRun).
-	defer func() {
-		s.mu.Lock()
-		runs := make([]*liveRun, 0, len(s.runs))
-		for _, lr := range s.runs {
-			runs = append(runs, lr)
-		}
-		s.mu.Unlock()
-		for _, lr := range runs {
-			lr.flush()
-		}
-	}()
-	// Persist and release every sandbox still held.
-	s.mu.Lock()
-	sessions := s.sessions
-	s.sessions = map[string]*held{}
-	s.mu.Unlock()
-	var errs []error
-	for runID, h := range sessions {
-		s.mu.Lock()
-		_, active := s.runs[runID]
-		s.mu.Unlock()
-		if !active {
-			// A finished run's retained sandbox: nothing to resume.
-			err := s.cfg.Compute.Delete(ctx, h.sess)
-			s.usage.releaseSandbox(h.tenant, runID)
-			if err == nil {
-				err = s.updateStored(ctx, h.tenant, runID, func(r *store.Run) { r.SandboxGone = true })
-			}
-			if err != nil {
-				errs = append(errs, fmt.Errorf("delete sandbox of finished run %s: %w", runID, err))
-			}
-			continue
-		}
-		if err := s.checkpointSession(ctx, h.tenant, runID, h.sess); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
+// Shutdown drains the service (manager.Shutdown): running runs stop at the
+// end of their turn (bounded by DrainTimeout, then they are cut and
+// reported lost after the restart), every live sandbox is persisted to its
+// snapshot and released (not deleted), those kept for finished runs wait
+// for the next service's deadline, streams and terminals end, and it
+// returns once no goroutine of the service is left (or ctx is done). The
+// store is not closed.
+func (s *Service) Shutdown(ctx context.Context) error { return s.m.Shutdown(ctx) }
 
 // Drain starts a shutdown without waiting: no run starts or continues any
 // more, and every tool call running runs make from now on is held as a
 // checkpoint, so they stop at the end of their turn. Shutdown drains and
 // waits.
-func (s *Service) Drain() {
-	s.mu.Lock()
-	s.closing = true
-	runs := make([]*liveRun, 0, len(s.runs))
-	for _, lr := range s.runs {
-		runs = append(runs, lr)
-	}
-	for _, t := range s.timers {
-		t.Stop()
-	}
-	s.mu.Unlock()
-	for _, lr := range runs {
-		lr.draining.Store(true)
-	}
-}
-
-// checkpointSession persists a live sandbox and records its state on the
-// run, then drops the connection (the sandbox keeps running).
-func (s *Service) checkpointSession(ctx context.Context, tenant, runID string, sess *compute.Session) error {
-	err := sess.Stop(ctx)
-	st, serr := sess.State()
-	err = errors.Join(err, serr, sess.Release())
-	if st != nil {
-		if data, e := st.Encode(); e == nil {
-			if uerr := s.updateStored(ctx, tenant, runID, func(r *store.Run) { r.SessionState = data }); uerr != nil {
-				err = errors.Join(err, uerr)
-			}
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("checkpoint sandbox of run %s: %w", runID, err)
-	}
-	return nil
-}
-
-// held is a live sandbox session the service holds for a run.
-type held struct {
-	sess   *compute.Session
-	tenant string
-}
-
-// updateStored applies fn to a stored run and saves it.
-func (s *Service) updateStored(ctx context.Context, tenant, runID string, fn func(r *store.Run)) error {
-	s.mu.Lock()
-	lr := s.runs[runID]
-	s.mu.Unlock()
-	if lr != nil {
-		return lr.update(ctx, fn)
-	}
-	r, err := s.cfg.Store.GetRun(ctx, tenant, runID)
-	if err != nil {
-		return err
-	}
-	prev := r.Status
-	fn(r)
-	r.Updated = s.now()
-	if err := s.cfg.Store.UpdateRun(ctx, r); err != nil {
-		return err
-	}
-	s.moved(prev, r.Status)
-	return nil
-}
+func (s *Service) Drain() { s.m.Drain() }

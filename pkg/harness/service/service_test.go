@@ -66,6 +66,9 @@ type env struct {
 	svc  *service.Service
 	url  string
 	stop func()
+	// crash stops serving without shutting the service down: what a
+	// crashed process leaves behind (its store records, its sandboxes).
+	crash func()
 }
 
 // agentScript answers like a small agent: a shell command first, then a
@@ -195,6 +198,16 @@ func (e *env) start() {
 		if err := svc.Shutdown(sdctx); err != nil {
 			t.Errorf("shutdown: %v", err)
 		}
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	}
+	e.crash = func() {
+		if stopped {
+			return
+		}
+		stopped = true
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("serve: %v", err)

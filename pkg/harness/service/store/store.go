@@ -11,19 +11,30 @@ package store
 
 import (
 	"context"
-	"errors"
 	"time"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
-// Errors of stores.
+// Errors of stores, each of an errkind class (errors.Is(err,
+// errkind.ErrNotFound) holds for ErrNotFound).
 var (
 	// ErrNotFound: no run with that id for that tenant.
-	ErrNotFound = errors.New("run not found")
+	ErrNotFound error = &classified{msg: "run not found", kind: errkind.ErrNotFound}
 	// ErrExists: a run with that id already exists.
-	ErrExists = errors.New("run already exists")
+	ErrExists error = &classified{msg: "run already exists", kind: errkind.ErrAlreadyExists}
 	// ErrSequence: an appended event does not follow the log's last one.
-	ErrSequence = errors.New("event sequence out of order")
+	ErrSequence error = &classified{msg: "event sequence out of order", kind: errkind.ErrConflict}
 )
+
+// classified is a sentinel of an errkind class.
+type classified struct {
+	msg  string
+	kind error
+}
+
+func (e *classified) Error() string { return e.msg }
+func (e *classified) Unwrap() error { return e.kind }
 
 // Run is the stored record of one run. Spec, RunState and SessionState are
 // opaque JSON the service writes; none holds a credential.
@@ -92,6 +103,11 @@ type Store interface {
 	// set, SandboxGone false), newest first, through an index: listing
 	// sandboxes does not read the tenant's other runs.
 	SandboxRuns(ctx context.Context, tenant string) ([]*Run, error)
+	// HeldSandboxes returns every tenant's runs that hold a sandbox (as
+	// SandboxRuns does one tenant's), through the same index: a starting
+	// service takes back the sandboxes it kept for finished runs without
+	// reading every record.
+	HeldSandboxes(ctx context.Context) ([]*Run, error)
 	// ActiveRuns returns every tenant's runs whose status is one of these
 	// (recovery after a restart, sandbox expiry).
 	ActiveRuns(ctx context.Context, statuses ...string) ([]*Run, error)

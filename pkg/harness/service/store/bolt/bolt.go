@@ -168,6 +168,32 @@ func (s *Store) SandboxRuns(_ context.Context, tenant string) ([]*store.Run, err
 	return out, err
 }
 
+// HeldSandboxes implements store.Store.
+func (s *Store) HeldSandboxes(_ context.Context) ([]*store.Run, error) {
+	var out []*store.Run
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		runs := tx.Bucket(bucketRuns)
+		return tx.Bucket(bucketSandboxes).ForEach(func(k, _ []byte) error {
+			i := bytes.IndexByte(k, 0)
+			if i < 0 || len(k) < i+1+8 {
+				return nil
+			}
+			id := string(k[i+1+8:])
+			data := runs.Get([]byte(id))
+			if data == nil {
+				return nil
+			}
+			r, err := decode(id, data)
+			if err != nil {
+				return err
+			}
+			out = append(out, r)
+			return nil
+		})
+	})
+	return out, err
+}
+
 func decode(id string, data []byte) (*store.Run, error) {
 	var r store.Run
 	if err := json.Unmarshal(data, &r); err != nil {

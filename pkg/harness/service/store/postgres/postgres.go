@@ -154,6 +154,20 @@ func (s *Store) SandboxRuns(ctx context.Context, tenant string) ([]*store.Run, e
 	return runs, nil
 }
 
+// HeldSandboxes implements store.Store (through the partial index
+// bulkhead_runs_sandboxes).
+func (s *Store) HeldSandboxes(ctx context.Context) ([]*store.Run, error) {
+	rows, err := s.pool.Query(ctx, `SELECT record FROM bulkhead_runs WHERE holds_sandbox ORDER BY created, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list held sandboxes: %w", err)
+	}
+	runs, err := scanRuns(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list held sandboxes: %w", err)
+	}
+	return runs, nil
+}
+
 // cursor encodes a page position: the last run's creation time (in
 // microseconds, PostgreSQL's precision) and id.
 func cursor(r *store.Run) string {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -150,6 +152,13 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 		}
 		if got := ids(s.SandboxRuns(ctx, "nobody")); got != "[]" {
 			t.Fatalf("a tenant without runs: %s", got)
+		}
+		// Every tenant's, in any order.
+		held, err := s.HeldSandboxes(ctx)
+		got := ids(held, err)
+		slices.SortFunc(held, func(a, b *store.Run) int { return strings.Compare(a.ID, b.ID) })
+		if sorted := ids(held, nil); sorted != "[run-o run-s0 run-s1]" {
+			t.Fatalf("held sandboxes %s, want run-o, run-s0 and run-s1", got)
 		}
 	})
 	t.Run("Events", func(t *testing.T) {

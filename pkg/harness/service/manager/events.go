@@ -1,46 +1,41 @@
-package service
+package manager
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"sync"
+	"time"
 
-	"connectrpc.com/connect"
 	"go.uber.org/zap"
-	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/harness"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
-	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
 )
 
-// eventOf converts a runner event to the API's (nil for those the API
-// carries otherwise: the final output is in RunFinished).
-func eventOf(ev harness.Event) *harnessv1.RunEvent {
-	out := &harnessv1.RunEvent{Agent: ev.Agent}
+// eventOf converts a runner event to the manager's (false for those it
+// carries otherwise: the final output is in run_finished).
+func eventOf(ev harness.Event) (Event, bool) {
+	out := Event{Agent: ev.Agent}
 	switch ev.Kind {
 	case harness.EventTurnStarted:
-		out.Kind = &harnessv1.RunEvent_TurnStarted{TurnStarted: &harnessv1.TurnStarted{Turn: int32(ev.Turn)}}
+		out.Kind, out.Turn = EventTurnStarted, ev.Turn
 	case harness.EventTextDelta:
-		out.Kind = &harnessv1.RunEvent_ModelText{ModelText: &harnessv1.ModelText{Text: ev.Text}}
+		out.Kind, out.Text = EventModelText, ev.Text
 	case harness.EventModelReset:
-		out.Kind = &harnessv1.RunEvent_ModelReset{ModelReset: &harnessv1.ModelReset{}}
+		out.Kind = EventModelReset
 	case harness.EventToolCall:
-		out.Kind = &harnessv1.RunEvent_ToolCall{ToolCall: &harnessv1.ToolCall{CallId: ev.Call.ID, Tool: ev.Call.Name, Input: ev.Call.Input}}
+		out.Kind, out.CallID, out.Tool, out.Input = EventToolCall, ev.Call.ID, ev.Call.Name, ev.Call.Input
 	case harness.EventToolOutput:
-		out.Kind = &harnessv1.RunEvent_ToolOutput{ToolOutput: &harnessv1.ToolOutput{CallId: ev.Call.ID, Output: ev.Output}}
+		out.Kind, out.CallID, out.Output = EventToolOutput, ev.Call.ID, ev.Output
 	case harness.EventToolResult:
-		r := &harnessv1.ToolResult{CallId: ev.Call.ID, Tool: ev.Call.Name}
+		out.Kind, out.CallID, out.Tool = EventToolResult, ev.Call.ID, ev.Call.Name
 		if ev.Result != nil {
-			r.Output, r.IsError = ev.Result.Output, ev.Result.IsError
+			out.Text, out.IsError = ev.Result.Output, ev.Result.IsError
 		}
-		out.Kind = &harnessv1.RunEvent_ToolResult{ToolResult: r}
 	default:
-		return nil
+		return Event{}, false
 	}
-	return out
+	return out, true
 }
 
 // maxQueued bounds the events of one run waiting for the store: a run
@@ -62,7 +57,7 @@ const maxQueued = 1024
 // last sequence it saw and finds exactly the events after it, with no gap
 // and no renumbering. (Publishing before the write would save one commit
 // of latency, but a client could then hold sequence N that a crash lost;
-// the restarted service would number its next event N again and the
+// the restarted manager would number its next event N again and the
 // client would skip it.) The run itself does not wait for the store:
 // publish only queues, so a burst of model text deltas costs one commit
 // instead of one commit each, and the tool result behind them waits for at
@@ -72,41 +67,44 @@ type events struct {
 	cond *sync.Cond // signals queue space and an idle writer
 	// seq is the last stored (and published) sequence.
 	seq     uint64
-	queue   []*harnessv1.RunEvent
+	queue   []*Event
 	writing bool
 	subs    map[*subscriber]struct{} // nil once the run ended
 }
 
 // publish queues one event for the store and its subscribers. It waits
 // only when maxQueued events are already waiting for the store. The
-// event's time is now, when the service got it from the run, so a
-// client's delay measured from it includes the wait for the store.
-func (lr *liveRun) publish(ev *harnessv1.RunEvent) {
+// event's time is now, when the manager got it from the run, so a
+// client's delay measured from it includes the wait for the store. The
+// writer is a tracked goroutine; after Shutdown (no goroutine may start)
+// the caller writes the batch itself.
+func (lr *liveRun) publish(ev Event) {
 	e := &lr.ev
-	ev.RunId = lr.id
-	ev.Time = timestamppb.New(lr.s.now())
+	ev.RunID = lr.id
+	ev.Time = lr.m.now()
 	e.mu.Lock()
-	defer e.mu.Unlock()
 	for len(e.queue) >= maxQueued {
 		e.cond.Wait()
 	}
-	e.queue = append(e.queue, ev)
-	if !e.writing {
-		e.writing = true
-		go lr.write()
+	e.queue = append(e.queue, &ev)
+	start := !e.writing
+	e.writing = true
+	e.mu.Unlock()
+	if start && !lr.m.tasks.goTracked(lr.write) {
+		lr.write()
 	}
 }
 
 // publishLocked is publish for callers holding lr.mu (the order of locks
 // allows it; the name says where it is called from).
-func (lr *liveRun) publishLocked(ev *harnessv1.RunEvent) { lr.publish(ev) }
+func (lr *liveRun) publishLocked(ev Event) { lr.publish(ev) }
 
 // write drains the queue: each batch is numbered, stored in one call and
 // then fanned out. A batch the store refuses is dropped and logged (the
 // log stays gapless: the next batch takes its sequences).
 func (lr *liveRun) write() {
 	e := &lr.ev
-	ctx := context.WithoutCancel(lr.s.base)
+	ctx := context.WithoutCancel(lr.m.base)
 	for {
 		e.mu.Lock()
 		if len(e.queue) == 0 {
@@ -125,7 +123,7 @@ func (lr *liveRun) write() {
 		var err error
 		for _, ev := range batch {
 			ev.Sequence = next + 1
-			data, merr := proto.Marshal(ev)
+			data, merr := encodeEvent(ev)
 			if merr != nil {
 				err = merr
 				break
@@ -134,12 +132,12 @@ func (lr *liveRun) write() {
 			next++
 		}
 		if err == nil {
-			err = lr.s.cfg.Store.AppendEvents(ctx, lr.id, stored)
+			err = lr.m.cfg.Store.AppendEvents(ctx, lr.id, stored)
 		}
 		if err != nil {
 			// The run goes on; its stream misses these events, as the
 			// log explains.
-			lr.s.log.Error("storing run events", zap.String("run", lr.id), zap.Int("events", len(batch)), zap.Error(err))
+			lr.m.log.Error("storing run events", zap.String("run", lr.id), zap.Int("events", len(batch)), zap.Error(err))
 			continue
 		}
 		e.mu.Lock()
@@ -147,7 +145,7 @@ func (lr *liveRun) write() {
 		for _, ev := range batch {
 			for sub := range e.subs {
 				select {
-				case sub.ch <- ev:
+				case sub.ch <- *ev:
 				default:
 					// Too far behind: the subscriber goes back to the store.
 					sub.close(true)
@@ -192,7 +190,7 @@ func (lr *liveRun) endEvents() {
 
 // subscriber receives a run's live events through a bounded channel.
 type subscriber struct {
-	ch     chan *harnessv1.RunEvent
+	ch     chan Event
 	once   sync.Once
 	lagged bool
 }
@@ -211,7 +209,7 @@ func (lr *liveRun) subscribe(buf int) *subscriber {
 	if lr.ev.subs == nil {
 		return nil
 	}
-	sub := &subscriber{ch: make(chan *harnessv1.RunEvent, buf)}
+	sub := &subscriber{ch: make(chan Event, buf)}
 	lr.ev.subs[sub] = struct{}{}
 	return sub
 }
@@ -227,26 +225,29 @@ func (lr *liveRun) unsubscribe(sub *subscriber) {
 // replayPage bounds one read of the event log.
 const replayPage = 512
 
+// errRestarting ends the streams of a manager that shuts down.
+var errRestarting = unavailable("the service is shutting down; reconnect with the last sequence seen")
+
 // streamEvents sends a run's events after `after` to send: from the store,
 // then live, until the run ends or ctx is done. A subscriber that falls
 // behind the live events reads the store again from its last sequence, so
-// neither the run nor the service's memory waits for a slow client. The run
-// must belong to tenant.
-func (s *Service) streamEvents(ctx context.Context, tenant, runID string, after uint64, send func(*harnessv1.RunEvent) error) error {
-	if _, err := s.cfg.Store.GetRun(ctx, tenant, runID); err != nil {
+// neither the run nor the manager's memory waits for a slow client. The
+// run must belong to tenant.
+func (m *Manager) streamEvents(ctx context.Context, tenant, runID string, after uint64, o EventsOptions, send func(Event) error) error {
+	if _, err := m.cfg.Store.GetRun(ctx, tenant, runID); err != nil {
 		return err
 	}
 	for {
-		s.mu.Lock()
-		lr := s.runs[runID]
-		s.mu.Unlock()
+		m.mu.Lock()
+		lr := m.runs[runID]
+		m.mu.Unlock()
 		var sub *subscriber
 		if lr != nil {
-			sub = lr.subscribe(s.cfg.EventBuffer)
+			sub = lr.subscribe(m.cfg.EventBuffer)
 		}
 		// Everything stored so far.
 		for {
-			evs, err := s.cfg.Store.Events(ctx, runID, after, replayPage)
+			evs, err := m.cfg.Store.Events(ctx, runID, after, replayPage)
 			if err != nil {
 				if sub != nil {
 					lr.unsubscribe(sub)
@@ -254,8 +255,11 @@ func (s *Service) streamEvents(ctx context.Context, tenant, runID string, after 
 				return fmt.Errorf("read events: %w", err)
 			}
 			for _, e := range evs {
-				ev := &harnessv1.RunEvent{}
-				if err := proto.Unmarshal(e.Data, ev); err != nil {
+				ev, err := decodeEvent(e.Data)
+				if err != nil {
+					if sub != nil {
+						lr.unsubscribe(sub)
+					}
 					return fmt.Errorf("stored event %d: %w", e.Seq, err)
 				}
 				if err := send(ev); err != nil {
@@ -273,7 +277,7 @@ func (s *Service) streamEvents(ctx context.Context, tenant, runID string, after 
 		if sub == nil {
 			return nil // the run has ended: the log is complete
 		}
-		lagged, err := s.follow(ctx, sub, &after, send)
+		lagged, err := m.follow(ctx, sub, &after, o, send)
 		if err != nil {
 			lr.unsubscribe(sub)
 			return err
@@ -288,30 +292,34 @@ func (s *Service) streamEvents(ctx context.Context, tenant, runID string, after 
 
 // follow sends live events until the subscription closes; it reports
 // whether it closed because the subscriber lagged.
-func (s *Service) follow(ctx context.Context, sub *subscriber, after *uint64, send func(*harnessv1.RunEvent) error) (bool, error) {
+func (m *Manager) follow(ctx context.Context, sub *subscriber, after *uint64, o EventsOptions, send func(Event) error) (bool, error) {
+	var keepAlive <-chan time.Time
+	if o.KeepAlive != nil && o.KeepAliveEvery > 0 {
+		t := time.NewTicker(o.KeepAliveEvery)
+		defer t.Stop()
+		keepAlive = t.C
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return false, ctx.Err()
-		case <-s.stopped:
+		case <-m.stopped:
 			return false, errRestarting
+		case <-keepAlive:
+			if err := o.KeepAlive(); err != nil {
+				return false, err
+			}
 		case ev, ok := <-sub.ch:
 			if !ok {
 				return sub.lagged, nil
 			}
-			if ev.GetSequence() <= *after {
+			if ev.Sequence <= *after {
 				continue
 			}
 			if err := send(ev); err != nil {
 				return false, err
 			}
-			*after = ev.GetSequence()
+			*after = ev.Sequence
 		}
 	}
 }
-
-var errNoTenant = errors.New("no tenant bound to the request")
-
-// errRestarting ends the streams of a service that shuts down.
-var errRestarting = connect.NewError(connect.CodeUnavailable,
-	errors.New("the service is shutting down; reconnect with the last sequence seen"))

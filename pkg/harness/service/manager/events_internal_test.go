@@ -1,4 +1,4 @@
-package service
+package manager
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store/bolt"
-	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
 )
 
 // TestSlowSubscriberReadsTheStore: a subscriber that does not keep up is
@@ -30,16 +29,15 @@ func TestSlowSubscriberReadsTheStore(t *testing.T) {
 	defer st.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s := &Service{cfg: Config{Store: st, EventBuffer: 2, Now: time.Now}, log: zap.NewNop(), base: ctx, runs: map[string]*liveRun{}, sessions: map[string]*held{},
-		usage: newUsage(Quotas{}, time.Now)}
+	s := bareManager(ctx, st, 2)
 	rec := &store.Run{ID: "run-slow", Tenant: "acme", Status: statusRunning, Created: s.now(), Updated: s.now(), Spec: []byte(`{}`)}
 	if err := st.CreateRun(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	lr := s.newLiveRun(rec, &harnessv1.StartRunRequest{}, 0)
+	lr := s.newLiveRun(rec, &RunSpec{}, 0)
 	s.runs[rec.ID] = lr
-	text := func(i int) *harnessv1.RunEvent {
-		return &harnessv1.RunEvent{Kind: &harnessv1.RunEvent_ModelText{ModelText: &harnessv1.ModelText{Text: string(rune('a' + i%26))}}}
+	text := func(i int) Event {
+		return Event{Kind: EventModelText, Text: string(rune('a' + i%26))}
 	}
 	lr.publish(text(0))
 
@@ -49,12 +47,12 @@ func TestSlowSubscriberReadsTheStore(t *testing.T) {
 	var got []uint64
 	done := make(chan error, 1)
 	go func() {
-		done <- s.streamEvents(ctx, "acme", rec.ID, 0, func(ev *harnessv1.RunEvent) error {
+		done <- s.streamEvents(ctx, "acme", rec.ID, 0, EventsOptions{}, func(ev Event) error {
 			if len(got) == 0 {
 				close(started)
 				<-gate // a slow client: stuck while the run goes on
 			}
-			got = append(got, ev.GetSequence())
+			got = append(got, ev.Sequence)
 			return nil
 		})
 	}()
@@ -116,8 +114,16 @@ func (g *gatedStore) AppendEvents(ctx context.Context, runID string, evs []store
 	return g.Store.AppendEvents(ctx, runID, evs)
 }
 
-func textEvent(s string) *harnessv1.RunEvent {
-	return &harnessv1.RunEvent{Kind: &harnessv1.RunEvent_ModelText{ModelText: &harnessv1.ModelText{Text: s}}}
+func textEvent(s string) Event {
+	return Event{Kind: EventModelText, Text: s}
+}
+
+// bareManager is a manager with no compute and no model, enough for its
+// event logs.
+func bareManager(ctx context.Context, st store.Store, buf int) *Manager {
+	return &Manager{cfg: Config{Store: st, EventBuffer: buf, Now: time.Now}, log: zap.NewNop(), base: ctx,
+		runs: map[string]*liveRun{}, sessions: map[string]*held{}, retained: map[string]*store.Run{}, timers: map[string]*time.Timer{},
+		counts: map[string]int{}, usage: newUsage(Quotas{}, time.Now), stopped: make(chan struct{})}
 }
 
 // TestEventsReachClientsOnlyOnceStored: publish never waits for the store
@@ -136,16 +142,13 @@ func TestEventsReachClientsOnlyOnceStored(t *testing.T) {
 	st := &gatedStore{Store: db}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	newService := func() *Service {
-		return &Service{cfg: Config{Store: st, EventBuffer: 64, Now: time.Now}, log: zap.NewNop(), base: ctx,
-			runs: map[string]*liveRun{}, sessions: map[string]*held{}, counts: map[string]int{}, usage: newUsage(Quotas{}, time.Now)}
-	}
+	newService := func() *Manager { return bareManager(ctx, st, 64) }
 	s := newService()
 	rec := &store.Run{ID: "run-crash", Tenant: "acme", Status: statusRunning, Created: s.now(), Updated: s.now(), Spec: []byte(`{}`)}
 	if err := db.CreateRun(ctx, rec); err != nil {
 		t.Fatal(err)
 	}
-	lr := s.newLiveRun(rec, &harnessv1.StartRunRequest{}, 0)
+	lr := s.newLiveRun(rec, &RunSpec{}, 0)
 	s.runs[rec.ID] = lr
 	sub := lr.subscribe(64)
 	recv := func() []string {
@@ -153,7 +156,7 @@ func TestEventsReachClientsOnlyOnceStored(t *testing.T) {
 		for {
 			select {
 			case ev := <-sub.ch:
-				out = append(out, fmt.Sprintf("%d:%s", ev.GetSequence(), ev.GetModelText().GetText()))
+				out = append(out, fmt.Sprintf("%d:%s", ev.Sequence, ev.Text))
 			default:
 				return out
 			}
@@ -201,15 +204,15 @@ func TestEventsReachClientsOnlyOnceStored(t *testing.T) {
 	if err != nil || last != 2 {
 		t.Fatalf("last stored sequence %d (%v), want 2", last, err)
 	}
-	lr2 := s2.newLiveRun(rec, &harnessv1.StartRunRequest{}, last)
+	lr2 := s2.newLiveRun(rec, &RunSpec{}, last)
 	s2.runs[rec.ID] = lr2
 	lr2.publish(textEvent("f"))
 	lr2.flush()
 	var resumed []string
 	done := make(chan error, 1)
 	go func() {
-		done <- s2.streamEvents(ctx, "acme", rec.ID, 2, func(ev *harnessv1.RunEvent) error {
-			resumed = append(resumed, fmt.Sprintf("%d:%s", ev.GetSequence(), ev.GetModelText().GetText()))
+		done <- s2.streamEvents(ctx, "acme", rec.ID, 2, EventsOptions{}, func(ev Event) error {
+			resumed = append(resumed, fmt.Sprintf("%d:%s", ev.Sequence, ev.Text))
 			return nil
 		})
 	}()
@@ -229,7 +232,7 @@ func TestEventsReachClientsOnlyOnceStored(t *testing.T) {
 // run publishes them and a subscriber per run receives them. It reports
 // the tool results' delay from emission to the subscriber (p50, p99).
 //
-//	go test -run '^$' -bench PublishBurst ./pkg/harness/service/
+//	go test -run '^$' -bench PublishBurst ./pkg/harness/service/manager/
 func BenchmarkPublishBurst(b *testing.B) {
 	const runs, turns, perTurn = 100, 5, 12
 	db, err := bolt.Open(filepath.Join(b.TempDir(), "runs.db"))
@@ -238,8 +241,7 @@ func BenchmarkPublishBurst(b *testing.B) {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	s := &Service{cfg: Config{Store: db, EventBuffer: 256, Now: time.Now}, log: zap.NewNop(), base: ctx,
-		runs: map[string]*liveRun{}, sessions: map[string]*held{}, counts: map[string]int{}, usage: newUsage(Quotas{}, time.Now)}
+	s := bareManager(ctx, db, 256)
 	var (
 		mu  sync.Mutex
 		lat []time.Duration
@@ -251,24 +253,24 @@ func BenchmarkPublishBurst(b *testing.B) {
 			if err := db.CreateRun(ctx, rec); err != nil {
 				b.Fatal(err)
 			}
-			lr := s.newLiveRun(rec, &harnessv1.StartRunRequest{}, 0)
+			lr := s.newLiveRun(rec, &RunSpec{}, 0)
 			sub := lr.subscribe(turns * perTurn)
 			type emitted struct {
-				ev *harnessv1.RunEvent
+				ev Event
 				at time.Time
 			}
 			ch := make(chan emitted, 64)
 			var smu sync.Mutex
-			sent := map[*harnessv1.RunEvent]time.Time{}
+			sent := map[string]time.Time{} // tool results by call id
 			wg.Add(3)
 			go func() { // the runner
 				defer wg.Done()
 				defer close(ch)
-				for range turns {
+				for turn := range turns {
 					for k := range perTurn {
 						ev := textEvent("x")
 						if k == perTurn-1 {
-							ev = &harnessv1.RunEvent{Kind: &harnessv1.RunEvent_ToolResult{ToolResult: &harnessv1.ToolResult{CallId: "c"}}}
+							ev = Event{Kind: EventToolResult, CallID: fmt.Sprint("c", turn)}
 						}
 						ch <- emitted{ev, time.Now()}
 					}
@@ -278,9 +280,11 @@ func BenchmarkPublishBurst(b *testing.B) {
 			go func() { // the service's drive loop
 				defer wg.Done()
 				for e := range ch {
-					smu.Lock()
-					sent[e.ev] = e.at
-					smu.Unlock()
+					if e.ev.Kind == EventToolResult {
+						smu.Lock()
+						sent[e.ev.CallID] = e.at
+						smu.Unlock()
+					}
 					lr.publish(e.ev)
 				}
 			}()
@@ -288,9 +292,9 @@ func BenchmarkPublishBurst(b *testing.B) {
 				defer wg.Done()
 				for n := 0; n < turns*perTurn; n++ {
 					ev := <-sub.ch
-					if ev.GetToolResult() != nil {
+					if ev.Kind == EventToolResult {
 						smu.Lock()
-						d := time.Since(sent[ev])
+						d := time.Since(sent[ev.CallID])
 						smu.Unlock()
 						mu.Lock()
 						lat = append(lat, d)

@@ -1,10 +1,12 @@
-package service
+package manager
 
-// Request policy. Every field of every request is untrusted input, checked
+// Request policy. Every field of every call is untrusted input, checked
 // before anything is created by the same policy as an untrusted manifest
-// (DESIGN: "Every field of a service request is untrusted input"). A
-// refusal is InvalidArgument and its message starts with the field's name
-// ("agent.run_as: ...", "workdir: ...", "manifest: users[0].uid: ...").
+// (DESIGN: "Every field of a service request is untrusted input"), here in
+// the manager so a Go embedder's callers are held to it as much as the
+// network's. A refusal is a *FieldError (invalid argument) and its message
+// starts with the field's name, as the wire spells it ("agent.run_as:
+// ...", "workdir: ...", "manifest: users[0].uid: ...").
 //
 // Accounts. A request's agent runs as a sandbox account the request's own
 // manifest declares, or as the sandbox's own account (leave agent.run_as
@@ -23,13 +25,13 @@ import (
 	"path"
 	"regexp"
 	"regexp/syntax"
+	"slices"
 	"strings"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
-	harnessv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1"
 )
 
 // Bounds of request fields.
@@ -57,8 +59,10 @@ const (
 	// reason and a cancel's reason (shown to the model, kept in events).
 	maxCallIDBytes = 256
 	maxReasonBytes = 4096
-	// maxPageTokenBytes bounds ListRuns' page_token.
+	// maxPageTokenBytes bounds ListRuns' page_token; maxPageSize its
+	// page_size.
 	maxPageTokenBytes = 256
+	maxPageSize       = 500
 	// maxIDDigits bounds the part of a run or sandbox id after its prefix.
 	maxIDDigits = 64
 	// maxTerminalSize bounds a terminal's rows and columns.
@@ -67,26 +71,6 @@ const (
 	maxTerminalArgs      = 256
 	maxTerminalArgvBytes = 64 << 10
 )
-
-// fieldError is bad input in one field of a request.
-type fieldError struct {
-	field string
-	err   error
-}
-
-func (e *fieldError) Error() string {
-	msg := e.err.Error()
-	if strings.HasPrefix(msg, e.field+": ") {
-		return msg // named already (a manifest's ValidationError)
-	}
-	return e.field + ": " + msg
-}
-func (e *fieldError) Unwrap() error { return e.err }
-
-// badField returns a fieldError for field.
-func badField(field, format string, a ...any) error {
-	return &fieldError{field: field, err: fmt.Errorf(format, a...)}
-}
 
 // checkText refuses text that is too long or holds NUL bytes (protobuf
 // strings are UTF-8 already; NUL would be cut by C-string consumers).
@@ -267,8 +251,8 @@ func checkWorkdir(field, wd string) error {
 }
 
 // checkApprovals checks an approval policy and compiles its patterns.
-func checkApprovals(p *harnessv1.ApprovalPolicy) ([]*regexp.Regexp, error) {
-	names := p.GetRequireApproval()
+func checkApprovals(p ApprovalPolicy) ([]*regexp.Regexp, error) {
+	names := p.RequireApproval
 	if len(names) > maxApprovalNames {
 		return nil, badField("approvals.require_approval", "%d names; the limit is %d", len(names), maxApprovalNames)
 	}
@@ -281,7 +265,7 @@ func checkApprovals(p *harnessv1.ApprovalPolicy) ([]*regexp.Regexp, error) {
 			return nil, err
 		}
 	}
-	cmds := p.GetAllowedCommands()
+	cmds := p.AllowedCommands
 	if len(cmds) > maxAllowedCommands {
 		return nil, badField("approvals.allowed_commands", "%d patterns; the limit is %d", len(cmds), maxAllowedCommands)
 	}
@@ -318,101 +302,134 @@ func compilePattern(expr string) (*regexp.Regexp, error) {
 	return regexp.Compile(expr)
 }
 
-// checkModel refuses a model the service does not offer.
-func (s *Service) checkModel(name string) error {
-	if name == "" || name == s.cfg.DefaultModel {
+// checkModel refuses a model the manager does not offer.
+func (m *Manager) checkModel(name string) error {
+	if name == "" || name == m.cfg.DefaultModel {
 		return nil
 	}
 	if err := checkName("agent.model", name); err != nil {
 		return err
 	}
-	for _, m := range s.cfg.Models {
-		if m == name {
+	for _, n := range m.cfg.Models {
+		if n == name {
 			return nil
 		}
 	}
-	offered := append([]string{s.cfg.DefaultModel}, s.cfg.Models...)
+	offered := append([]string{m.cfg.DefaultModel}, m.cfg.Models...)
 	return badField("agent.model", "%q is not offered by this service (offered: %s)", clip(name), strings.Join(offered, ", "))
 }
 
 // checkAgent checks an AgentSpec (the model, names, sizes; run_as is
 // checked against the manifest by checkSpec).
-func (s *Service) checkAgent(a *harnessv1.AgentSpec) error {
-	if err := checkName("agent.name", a.GetName()); err != nil {
+func (m *Manager) checkAgent(a AgentSpec) error {
+	if err := checkName("agent.name", a.Name); err != nil {
 		return err
 	}
-	if err := checkText("agent.instructions", a.GetInstructions(), maxInstructionsBytes); err != nil {
+	if err := checkText("agent.instructions", a.Instructions, maxInstructionsBytes); err != nil {
 		return err
 	}
-	if err := s.checkModel(a.GetModel()); err != nil {
+	if err := m.checkModel(a.Model); err != nil {
 		return err
 	}
-	if len(a.GetCapabilities()) > len(capabilityNames) {
-		return badField("agent.capabilities", "%d names; there are %d capabilities", len(a.GetCapabilities()), len(capabilityNames))
+	if len(a.Capabilities) > len(capabilityNames) {
+		return badField("agent.capabilities", "%d names; there are %d capabilities", len(a.Capabilities), len(capabilityNames))
 	}
-	if _, err := capabilitiesOf(a.GetCapabilities()); err != nil {
-		return &fieldError{field: "agent.capabilities", err: err}
+	if _, err := capabilitiesOf(a.Capabilities); err != nil {
+		return &FieldError{Field: "agent.capabilities", Err: err}
 	}
 	return nil
 }
 
-// validateSpec checks a run's request before anything is created and
+// validateSpec checks a run's spec before anything is created and
 // returns the manifest its sandbox is made from.
-func (s *Service) validateSpec(spec *harnessv1.StartRunRequest, needInput bool) (*manifest.Manifest, error) {
-	if err := checkText("input", spec.GetInput(), maxInputBytes); err != nil {
+func (m *Manager) validateSpec(spec *RunSpec, needInput bool) (*manifest.Manifest, error) {
+	if err := checkText("input", spec.Input, maxInputBytes); err != nil {
 		return nil, err
 	}
-	if needInput && strings.TrimSpace(spec.GetInput()) == "" {
+	if needInput && strings.TrimSpace(spec.Input) == "" {
 		return nil, badField("input", "the run needs a task")
 	}
-	if spec.GetMaxTurns() < 0 {
+	if spec.MaxTurns < 0 {
 		return nil, badField("max_turns", "must not be negative")
 	}
-	if err := s.checkAgent(spec.GetAgent()); err != nil {
+	if err := m.checkAgent(spec.Agent); err != nil {
 		return nil, err
 	}
-	if _, err := checkApprovals(spec.GetApprovals()); err != nil {
+	if _, err := checkApprovals(spec.Approvals); err != nil {
 		return nil, err
 	}
-	if err := checkWorkdir("workdir", spec.GetWorkdir()); err != nil {
+	if err := checkWorkdir("workdir", spec.Workdir); err != nil {
 		return nil, err
 	}
-	m, err := sandboxManifest(spec)
+	man, err := sandboxManifest(spec)
 	if err != nil {
 		return nil, err
 	}
-	if s.cfg.CheckManifest != nil {
-		if err := s.cfg.CheckManifest(m); err != nil {
+	if m.cfg.CheckManifest != nil {
+		if err := m.cfg.CheckManifest(man); err != nil {
 			return nil, fmt.Errorf("manifest: %w", err)
 		}
 	}
-	return m, nil
+	return man, nil
 }
 
-// checkResumeRequest checks the fields of a ResumeRunRequest that
-// validateSpec does not see.
-func checkResumeRequest(m *harnessv1.ResumeRunRequest) error {
-	if m.GetRunId() == "" {
-		return nil
+// checkCallID checks an approval's call id.
+func checkCallID(id string) error {
+	if id == "" {
+		return badField("call_id", "missing")
 	}
-	if err := checkRunID("run_id", m.GetRunId()); err != nil {
-		return err
-	}
-	if len(m.GetRunState()) > 0 {
-		return badField("run_id", "give run_id or run_state, not both")
+	if err := checkName("call_id", id); err != nil || len(id) > maxCallIDBytes {
+		return badField("call_id", "not a call id")
 	}
 	return nil
 }
 
-// checkTerminalStart checks a terminal's first message.
-func checkTerminalStart(st *harnessv1.TerminalStart) error {
-	if err := checkSandboxID("start.sandbox_id", st.GetSandboxId()); err != nil {
+// checkListOptions checks ListRuns' options and returns the stored status
+// to filter on ("" for all).
+func checkListOptions(o ListRunsOptions) (string, error) {
+	if o.PageSize < 0 || o.PageSize > maxPageSize {
+		return "", badField("page_size", "must be between 0 and %d", maxPageSize)
+	}
+	if tok := o.PageToken; len(tok) > maxPageTokenBytes || strings.ContainsFunc(tok, func(r rune) bool {
+		return !(r == '.' || r == '-' || r == '_' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'))
+	}) {
+		return "", badField("page_token", "not a page token of this service")
+	}
+	if o.Status == "" {
+		return "", nil
+	}
+	st := storedStatus(o.Status)
+	if st == "" {
+		return "", badField("status", "unknown run status %q", clip(string(o.Status)))
+	}
+	return st, nil
+}
+
+// cleanPath checks a workspace-relative path ("" is the root). The daemon
+// confines paths itself; this gives a clear error first.
+func cleanPath(p string) (string, error) {
+	if err := checkText("path", p, maxPathBytes); err != nil {
+		return "", err
+	}
+	p = strings.TrimPrefix(p, "/")
+	if slices.Contains(strings.Split(p, "/"), "..") {
+		return "", badField("path", "%q: .. is not allowed", clip(p))
+	}
+	if p == "" {
+		return ".", nil
+	}
+	return p, nil
+}
+
+// checkTerminal checks a terminal's sandbox and options.
+func checkTerminal(sandboxID string, o TerminalOptions) error {
+	if err := checkSandboxID("start.sandbox_id", sandboxID); err != nil {
 		return err
 	}
-	if st.GetCols() > maxTerminalSize || st.GetRows() > maxTerminalSize {
-		return badField("start", "%dx%d: cols and rows are at most %d", st.GetCols(), st.GetRows(), maxTerminalSize)
+	if o.Cols > maxTerminalSize || o.Rows > maxTerminalSize {
+		return badField("start", "%dx%d: cols and rows are at most %d", o.Cols, o.Rows, maxTerminalSize)
 	}
-	argv := st.GetCommand()
+	argv := o.Command
 	if len(argv) > maxTerminalArgs {
 		return badField("start.command", "%d arguments; the limit is %d", len(argv), maxTerminalArgs)
 	}
@@ -433,9 +450,9 @@ func checkTerminalStart(st *harnessv1.TerminalStart) error {
 }
 
 // checkTerminalSize checks a resize.
-func checkTerminalSize(sz *harnessv1.TerminalSize) error {
-	if sz.GetCols() == 0 || sz.GetRows() == 0 || sz.GetCols() > maxTerminalSize || sz.GetRows() > maxTerminalSize {
-		return badField("resize", "%dx%d: cols and rows are between 1 and %d", sz.GetCols(), sz.GetRows(), maxTerminalSize)
+func checkTerminalSize(sz TerminalSize) error {
+	if sz.Cols == 0 || sz.Rows == 0 || sz.Cols > maxTerminalSize || sz.Rows > maxTerminalSize {
+		return badField("resize", "%dx%d: cols and rows are between 1 and %d", sz.Cols, sz.Rows, maxTerminalSize)
 	}
 	return nil
 }
