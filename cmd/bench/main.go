@@ -63,6 +63,11 @@ type config struct {
 	onlyServe bool
 	// Exec over a unix socket and TCP beside grpcfloor (execpath.go).
 	onlyExec bool
+	// exec_command's round trips beside the old ReadOutput loop
+	// (execcommand.go); zero rounds skip it.
+	execCommandRounds  int
+	execCommandLatency time.Duration
+	onlyExecCommand    bool
 	// Archive and restore only (benchArchive).
 	onlyArchive bool
 	// Idle figures only: size, idle RSS and working set, package init cost
@@ -109,6 +114,9 @@ func main() {
 	flag.BoolVar(&cfg.onlyKube, "only-kubernetes", false, "measure only the kubernetes figures")
 	flag.BoolVar(&cfg.onlyArchive, "only-archive", false, "measure only archive and restore of the -tree-files / -tree-bytes workspace beside tar --zstd")
 	flag.BoolVar(&cfg.onlyExec, "only-exec", false, "measure only the exec path over a unix socket and TCP (with grpcfloor)")
+	flag.IntVar(&cfg.execCommandRounds, "exec-command-rounds", 10, "exec_command of a command printing 50 lines 20 ms apart: rounds per side, beside the old ReadOutput loop (0: skip)")
+	flag.DurationVar(&cfg.execCommandLatency, "exec-command-latency", 2*time.Millisecond, "exec_command figure: latency a proxy adds each way for its port-forward stand-in (0: skip that part)")
+	flag.BoolVar(&cfg.onlyExecCommand, "only-exec-command", false, "measure only exec_command's round trips and wall time beside the old ReadOutput loop, over a unix socket and through a latency proxy")
 	flag.BoolVar(&cfg.onlyIdle, "only-idle", false, "measure only the idle figures beside grpcfloor: binary size, idle RSS, idle working set (clear_refs), package init cost (GODEBUG=inittrace=1)")
 	flag.IntVar(&cfg.burstExecs, "burst-execs", 1000, "Execs in the burst before the after-burst RSS reading")
 	flag.BoolVar(&cfg.onlyMemory, "only-memory", false, "measure only the daemon's RSS after a burst (and its peak during it)")
@@ -177,6 +185,13 @@ func run(ctx context.Context, cfg config) error {
 	}
 	if cfg.onlyExec {
 		r, err := benchExecPath(ctx, cfg.binDir, cfg.execN)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
+	if cfg.onlyExecCommand {
+		r, err := benchExecCommand(ctx, cfg.binDir, max(cfg.execCommandRounds, 1), cfg.execCommandLatency)
 		if err != nil {
 			return err
 		}
@@ -255,6 +270,13 @@ func run(ctx context.Context, cfg config) error {
 		return err
 	}
 	add(r...)
+	if cfg.execCommandRounds > 0 {
+		fmt.Fprintln(os.Stderr, "exec_command round trips ...")
+		if r, err = benchExecCommand(ctx, cfg.binDir, cfg.execCommandRounds, cfg.execCommandLatency); err != nil {
+			return err
+		}
+		add(r...)
+	}
 	fmt.Fprintln(os.Stderr, "ReadFile and WriteFile over a unix socket and TCP beside a socket copy ...")
 	if r, err = benchTransfer(ctx, cfg.binDir, cfg.transferBytes); err != nil {
 		return err

@@ -8,6 +8,14 @@
 // a byte cursor kept per process against the daemon's offset-addressed
 // output log, so nothing is lost between calls or across a reconnect.
 //
+// A call is at most two round trips to the daemon whatever the output:
+// Start (exec_command) or WriteStdin (write_stdin with input), then one
+// Attach stream that delivers output as it comes and ends with the exit or
+// is cancelled at the yield time. While it is attached the daemon holds
+// the process back rather than drop output the call has not received
+// (bounded by the daemon's follower stall timeout); between calls nothing
+// holds it back, and output the daemon had to drop is reported.
+//
 // The model-facing contract (tool and parameter names, defaults, the output
 // header lines, yield clamps, the process table limit, token truncation)
 // follows the OpenAI Agents SDK's sandbox Shell capability, which models are

@@ -220,33 +220,31 @@ func (s *Shell) write(ctx context.Context, p *proc, data []byte) error {
 // deadline passes, passing it to call.Emit as it comes, and renders it.
 // Output stays in the daemon until read, so output produced between calls
 // is returned by the next one; bytes the daemon had to drop are reported.
+//
+// It is one round trip however the output comes: an Attach stream (Follow)
+// that ends with the exit or is cancelled at the deadline. Cancelling it
+// neither kills nor holds back the process (the daemon's flow control
+// holds a process back only for a follower still attached), and output
+// the stream carried but was not read by then is read again by the next
+// call, from the cursor.
 func (s *Shell) collect(ctx context.Context, call tool.Context, p *proc, deadline time.Time, maxTokens int) (update, error) {
 	c := newCollector(s.opts.MaxOutputBytes)
-	var exit *agentclient.ExitStatus
-	for {
-		wait := max(time.Until(deadline), 0)
-		resp, err := p.agent.ReadOutput(ctx, p.pid, agentclient.ReadOutputOptions{Cursor: p.cursor, YieldTime: wait})
-		if err != nil {
-			if errors.Is(err, errkind.ErrNotFound) {
-				s.remove(p)
-				return update{notFound: true}, nil
-			}
-			return update{}, err
-		}
-		if n := resp.DroppedBytes; n > 0 {
+	exit, err := s.follow(ctx, p, deadline, func(o *agentclient.Output) {
+		if n := o.DroppedBytes; n > 0 {
 			c.add([]byte(fmt.Sprintf("\n[%d bytes of output were lost: the sandbox's output buffer overflowed before they were read]\n", n)))
 		}
-		for _, ch := range resp.Chunks {
+		for _, ch := range o.Chunks {
 			c.add(ch.Data)
 			s.emit(call, p, ch)
 		}
-		p.cursor = resp.NextCursor
-		if exit = resp.Exit; exit != nil {
-			break
+		p.cursor = o.NextCursor
+	})
+	if err != nil {
+		if errors.Is(err, errkind.ErrNotFound) {
+			s.remove(p)
+			return update{notFound: true}, nil
 		}
-		if !time.Now().Before(deadline) {
-			break
-		}
+		return update{}, err
 	}
 	u := update{exit: exit}
 	if exit != nil {
@@ -257,6 +255,35 @@ func (s *Shell) collect(ctx context.Context, call tool.Context, p *proc, deadlin
 	}
 	u.out = render(c, maxTokens, s.opts.EstimateTokens)
 	return u, nil
+}
+
+// follow passes p's output from its cursor to take, whose argument and
+// data are valid only during the call, until the process exits (its exit
+// status is returned) or the deadline passes (nil, nil: it runs on). An
+// error of ctx (the caller's) is returned as such.
+func (s *Shell) follow(ctx context.Context, p *proc, deadline time.Time, take func(*agentclient.Output)) (*agentclient.ExitStatus, error) {
+	if !time.Now().Before(deadline) {
+		// No time left to wait in: take what is there.
+		o, err := p.agent.ReadOutput(ctx, p.pid, agentclient.ReadOutputOptions{Cursor: p.cursor})
+		if err != nil {
+			return nil, err
+		}
+		take(o)
+		return o.Exit, nil
+	}
+	window, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	exit, err := p.agent.Follow(window, p.pid, agentclient.FollowOptions{Cursor: p.cursor}, func(o *agentclient.Output) error {
+		take(o)
+		return nil
+	})
+	// The yield time passed. The daemon may end the stream first (its end
+	// of the deadline: gRPC sends it along), before this side's timer
+	// has cancelled window: the clock says so then.
+	if err != nil && ctx.Err() == nil && (window.Err() != nil || !time.Now().Before(deadline)) {
+		return nil, nil
+	}
+	return exit, err
 }
 
 // emit passes the part of ch not emitted before to call.Emit.
