@@ -95,6 +95,8 @@ func parseFlags(args []string) (server.Config, logOptions, error) {
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve Prometheus metrics at /metrics on this address (127.0.0.1:9464, tcp://host:port or unix:///path.sock); unauthenticated: bind it to a private address (default: off)")
 	fs.DurationVar(&cfg.ShutdownTimeout, "shutdown-timeout", cfg.ShutdownTimeout, "how long to drain on SIGTERM")
 	fs.DurationVar(&cfg.ReclaimIdle, "reclaim-idle", cfg.ReclaimIdle, "give memory back to the system once a burst of calls has been over this long (0: never)")
+	fs.IntVar(&cfg.MaxConnections, "max-connections", cfg.MaxConnections, "connections each --listen address keeps open at once; more are closed as soon as they are accepted (0: no cap)")
+	fs.DurationVar(&cfg.HandshakeTimeout, "handshake-timeout", cfg.HandshakeTimeout, "close a connection that has not finished its TLS and HTTP/2 handshakes and made a call with the token (a health check does not count) within this long")
 	fs.Int64Var(&cfg.ReclaimGrowth, "reclaim-growth-bytes", cfg.ReclaimGrowth, "under steady load, also give memory back once the runtime's memory grew this much since the last time (at most every 10 s, never during a transfer; 0: only when idle)")
 	d := &cfg.Daemon
 	fs.StringVar(&d.WorkspaceRoot, "workspace", d.WorkspaceRoot, "workspace root directory")

@@ -63,7 +63,10 @@
 // stage), and undo-in and undo-out when a failed swap is being undone. The
 // journal is rewritten at each phase (temporary file, fsync, rename, fsync
 // of the directory), after the directories the last phase changed are
-// fsynced. Within a phase every move is idempotent: an entry a phase has
+// fsynced. Before the journal says swap-out, every staged file and
+// directory is fsynced (several at once, as the extraction goes), so that
+// a power loss, not only a crash of the process, cannot leave the restored
+// tree with empty or truncated files once the swap has begun. Within a phase every move is idempotent: an entry a phase has
 // moved is no longer where that phase looks, so a phase run again carries
 // on where it stopped.
 //

@@ -90,6 +90,9 @@ type extractor struct {
 
 	parentPath string // the directory parentFile is open on
 	parentFile *os.File
+
+	// sync fsyncs what the extraction wrote (see stageSyncer).
+	sync *stageSyncer
 }
 
 // run extracts the archive read from r and checks it completely: when it
@@ -102,6 +105,8 @@ func (x *extractor) run(r io.Reader) error {
 	x.buf = make([]byte, copyBufSize)
 	x.meter = &meter{lim: &x.lim}
 	defer x.closeParent()
+	x.sync = newStageSyncer(x.opts.hooks.sync)
+	defer x.sync.stop()
 
 	br := bufio.NewReaderSize(x.meter.input(r), 64<<10)
 	var src io.Reader = br
@@ -297,14 +302,17 @@ func (x *extractor) file(p, name string, hdr *tar.Header) error {
 	if err == nil {
 		err = pathErr(opRestore, name, ignoreEINTR(func() error { return unix.Fchmod(fd, x.mode(hdr)) }))
 	}
-	if cerr := unix.Close(fd); err == nil && cerr != nil {
-		err = pathErr(opRestore, name, cerr)
+	if err == nil {
+		err = pathErr(opRestore, name, setMtime(dfd, base, hdr.ModTime))
 	}
 	if err != nil {
+		_ = unix.Close(fd)
 		return err
 	}
-	if err := setMtime(dfd, base, hdr.ModTime); err != nil {
-		return pathErr(opRestore, name, err)
+	// The file is complete, its metadata too: fsynced and closed from
+	// here on while the extraction goes on.
+	if err := x.sync.add(fd, p); err != nil {
+		return err
 	}
 	x.stats.Files++
 	return nil
@@ -403,9 +411,10 @@ func (x *extractor) hardLink(p, name string, hdr *tar.Header) error {
 	return nil
 }
 
-// finish checks every symbolic link against the complete archive and gives
+// finish checks every symbolic link against the complete archive, gives
 // directories their metadata, deepest first (children change their
-// parent's mtime).
+// parent's mtime), and returns once the staged tree is durable: every
+// file and directory fsynced (see stageSyncer).
 func (x *extractor) finish() error {
 	for _, p := range x.symlinks {
 		if err := x.checkLink(p, shown(p)); err != nil {
@@ -417,17 +426,46 @@ func (x *extractor) finish() error {
 			return pathErr(opRestore, streamName, err)
 		}
 		d := x.dirs[i]
+		// Opened while it is still the extraction's (mode 0700): its
+		// final mode may not let its owner read it.
+		fd, err := x.openDir(d.path)
+		if err != nil {
+			return pathErr(opRestore, shown(d.path), err)
+		}
 		if x.spine[d.path] {
 			if d.explicit {
 				x.spineMeta[d.path] = d
 			}
-			continue
-		}
-		if err := applyDirMeta(x.stage, d, x.chown); err != nil {
+		} else if err := applyDirMeta(x.stage, d, x.chown); err != nil {
+			_ = unix.Close(fd)
 			return pathErr(opRestore, shown(d.path), err)
 		}
+		if err := x.sync.add(fd, d.path); err != nil {
+			return err
+		}
 	}
-	return nil
+	fd, err := x.openDir("")
+	if err != nil {
+		return pathErr(opRestore, ".", err)
+	}
+	if err := x.sync.add(fd, ""); err != nil {
+		return err
+	}
+	return x.sync.wait()
+}
+
+// openDir opens the staged directory p ("" for the staging directory
+// itself) for an fsync.
+func (x *extractor) openDir(p string) (int, error) {
+	dir, base := split(p)
+	if p == "" {
+		base = "."
+	}
+	dfd, err := x.dirFD(dir)
+	if err != nil {
+		return -1, err
+	}
+	return openat(dfd, base, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW, 0)
 }
 
 // applyDirMeta gives the directory d.path of r its owner, mode and mtime.
@@ -508,15 +546,22 @@ func (x *extractor) refuseStream(sentinel error, format string, args ...any) err
 // list the entries of a directory together.
 func (x *extractor) at(p string) (int, string, error) {
 	dir, base := split(p)
+	dfd, err := x.dirFD(dir)
+	return dfd, base, err
+}
+
+// dirFD returns a descriptor of the staged directory dir ("" for the
+// staging directory), kept until the next call for another directory.
+func (x *extractor) dirFD(dir string) (int, error) {
 	if x.parentFile == nil || x.parentPath != dir {
 		x.closeParent()
 		f, err := x.stage.Open(orDot(dir))
 		if err != nil {
-			return -1, "", err
+			return -1, err
 		}
 		x.parentFile, x.parentPath = f, dir
 	}
-	return int(x.parentFile.Fd()), base, nil
+	return int(x.parentFile.Fd()), nil
 }
 
 // closeParent closes the cached parent directory.

@@ -368,12 +368,14 @@ func (t *tree) statDir(rel string) (dirRecord, error) {
 
 // setDir gives the kept directory rel the owner (when chown), the mode
 // (when mode) and the times of d, through a descriptor opened without
-// following links.
+// following links. The directory is fsynced with the others the phase
+// touched.
 func (t *tree) setDir(rel string, d dirRecord, chown, mode bool) error {
 	fd, err := t.dir(rel)
 	if err != nil {
 		return err
 	}
+	t.touched[rel] = true
 	if chown {
 		if err := unix.Fchown(fd, d.UID, d.GID); err != nil {
 			return err

@@ -123,6 +123,11 @@ type testHooks struct {
 	// declared size cannot fit, so that tests reach the written-bytes
 	// accounting.
 	ignoreDeclaredSize bool
+	// sync, when set, is called before each fsync of a staged file or
+	// directory with its stage-relative path ("" for the staging
+	// directory), from the syncer's goroutines; an error it returns fails
+	// that fsync.
+	sync func(rel string) error
 }
 
 // FingerprintOptions configures Fingerprint.

@@ -186,6 +186,9 @@ func (s *swapper) openStage() (*os.Root, error) {
 	if err := ignoreEINTR(func() error { return unix.Mkdirat(pfd, s.j.Stage, 0o700) }); err != nil {
 		return nil, pathErr(opRestore, PrivateDir, err)
 	}
+	// Its entry is fsynced with the rest of the stage's, before the
+	// journal says swap-out.
+	s.t.touched[PrivateDir] = true
 	fd, err := s.t.dir(s.stage)
 	if err != nil {
 		return nil, pathErr(opRestore, PrivateDir, err)

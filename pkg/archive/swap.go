@@ -372,6 +372,13 @@ func (s *swapper) restoreBefore(p string) error {
 // (the removals changed them). Failures are logged: what stays behind
 // holds no part of the workspace, and a later recovery removes it.
 func (s *swapper) cleanup(forward bool) {
+	// What the last phase moved is made durable before anything is
+	// removed: after a rollback the journal (undo-out) was written before
+	// the backup's entries moved back, and its removal must not outlive
+	// them.
+	if err := s.t.sync(); err != nil {
+		s.log.Warn("restore: could not make the last moves durable", zap.Error(err))
+	}
 	dirs := []string{s.backup, s.stage}
 	if !forward {
 		dirs = []string{s.stage, s.backup}

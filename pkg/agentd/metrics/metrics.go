@@ -12,6 +12,8 @@
 //	bulkhead_agentd_workspace_bytes_total{op}             counter  archive bytes sent (archive), received (restore), materialization bytes received (materialize)
 //	bulkhead_agentd_rpc_duration_seconds{method,code}     histogram  calls by method (bulkhead.agentd.v1.ProcessService/Start) and gRPC code (OK, NotFound, ...)
 //	bulkhead_agentd_auth_rejected_total{reason}           counter  calls refused for their token; reason: missing, malformed, invalid
+//	bulkhead_agentd_connections_open                      gauge    connections accepted and not yet closed
+//	bulkhead_agentd_connections_refused_total{reason}     counter  connections closed by the daemon unserved; reason: limit (over --max-connections), handshake (no authenticated call within --handshake-timeout), calls (too many calls before an authenticated one)
 //	bulkhead_agentd_build_info{version}                   gauge    always 1
 //	process_resident_memory_bytes                         gauge    the daemon's resident memory
 //	go_goroutines                                         gauge    goroutines
@@ -104,6 +106,19 @@ const (
 
 var reasonNames = [numReasons]string{"missing", "malformed", "invalid"}
 
+// ConnReason says why a connection was closed unserved.
+type ConnReason int
+
+// Reasons of ConnRefused.
+const (
+	ConnLimit     ConnReason = iota // over the cap on open connections
+	ConnHandshake                   // no authenticated call within the handshake timeout
+	ConnCalls                       // too many calls before an authenticated one
+	numConnReasons
+)
+
+var connReasonNames = [numConnReasons]string{"limit", "handshake", "calls"}
+
 // OtherMethod is the method label of calls to methods the Set was not told
 // about (see New): unknown names are never copied into labels.
 const OtherMethod = "other"
@@ -136,6 +151,8 @@ type Set struct {
 	fileWritten atomic.Uint64
 	workspace   [numWorkspaceOps]atomic.Uint64
 	auth        [numReasons]atomic.Uint64
+	connsOpen   atomic.Int64
+	connRefused [numConnReasons]atomic.Uint64
 
 	// rpc holds one histogram per method label and code, made on first use.
 	rpc sync.Map // rpcKey -> *histogram
@@ -223,6 +240,27 @@ func (s *Set) AuthRejected(r AuthReason) {
 	}
 }
 
+// ConnOpened counts a connection accepted; ConnClosed one that ended.
+func (s *Set) ConnOpened() {
+	if s != nil {
+		s.connsOpen.Add(1)
+	}
+}
+
+// ConnClosed counts a connection that ConnOpened counted and that ended.
+func (s *Set) ConnClosed() {
+	if s != nil {
+		s.connsOpen.Add(-1)
+	}
+}
+
+// ConnRefused counts a connection the daemon closed unserved.
+func (s *Set) ConnRefused(r ConnReason) {
+	if s != nil && r >= 0 && r < numConnReasons {
+		s.connRefused[r].Add(1)
+	}
+}
+
 // ObserveRPC records one finished call: its full method name, its gRPC
 // status code (as a number) and how long it took.
 func (s *Set) ObserveRPC(fullMethod string, code uint32, d time.Duration) {
@@ -292,6 +330,12 @@ func (s *Set) WriteText(w io.Writer) error {
 	e.family("bulkhead_agentd_auth_rejected_total", "counter", "Calls refused for their bearer token, by reason.")
 	for i, name := range reasonNames {
 		e.sample("bulkhead_agentd_auth_rejected_total", []string{"reason", name}, float64(s.auth[i].Load()))
+	}
+	e.family("bulkhead_agentd_connections_open", "gauge", "Connections accepted and not yet closed.")
+	e.sample("bulkhead_agentd_connections_open", nil, float64(s.connsOpen.Load()))
+	e.family("bulkhead_agentd_connections_refused_total", "counter", "Connections the daemon closed unserved, by reason.")
+	for i, name := range connReasonNames {
+		e.sample("bulkhead_agentd_connections_refused_total", []string{"reason", name}, float64(s.connRefused[i].Load()))
 	}
 	s.writeRPC(e)
 	e.family("bulkhead_agentd_build_info", "gauge", "The daemon's version; always 1.")

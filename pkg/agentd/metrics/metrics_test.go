@@ -47,6 +47,14 @@ func TestWriteTextParses(t *testing.T) {
 	s.FileWrittenBytes(200)
 	s.AuthRejected(AuthInvalid)
 	s.AuthRejected(AuthMissing)
+	s.ConnOpened()
+	s.ConnOpened()
+	s.ConnClosed()
+	s.ConnRefused(ConnLimit)
+	s.ConnRefused(ConnLimit)
+	s.ConnRefused(ConnHandshake)
+	s.ConnRefused(ConnCalls)
+	s.ConnRefused(ConnReason(5)) // ignored
 	s.WorkspaceBytes(Restore, 33)
 	s.WorkspaceBytes(WorkspaceOp(7), 1) // ignored
 	s.ObserveRPC("/bulkhead.agentd.v1.ProcessService/Exec", 0, 2*time.Millisecond)
@@ -71,6 +79,8 @@ func TestWriteTextParses(t *testing.T) {
 		"bulkhead_agentd_file_written_bytes_total":   dto.MetricType_COUNTER,
 		"bulkhead_agentd_workspace_bytes_total":      dto.MetricType_COUNTER,
 		"bulkhead_agentd_auth_rejected_total":        dto.MetricType_COUNTER,
+		"bulkhead_agentd_connections_open":           dto.MetricType_GAUGE,
+		"bulkhead_agentd_connections_refused_total":  dto.MetricType_COUNTER,
 		"bulkhead_agentd_rpc_duration_seconds":       dto.MetricType_HISTOGRAM,
 		"bulkhead_agentd_build_info":                 dto.MetricType_GAUGE,
 		"process_resident_memory_bytes":              dto.MetricType_GAUGE,
@@ -88,6 +98,16 @@ func TestWriteTextParses(t *testing.T) {
 	}
 	if len(fams) != len(want) {
 		t.Errorf("%d families, want %d", len(fams), len(want))
+	}
+	if v := fams["bulkhead_agentd_connections_open"].GetMetric()[0].GetGauge().GetValue(); v != 1 {
+		t.Errorf("connections_open = %v, want 1", v)
+	}
+	refused := map[string]float64{}
+	for _, m := range fams["bulkhead_agentd_connections_refused_total"].GetMetric() {
+		refused[label(m, "reason")] = m.GetCounter().GetValue()
+	}
+	if refused["limit"] != 2 || refused["handshake"] != 1 || refused["calls"] != 1 || len(refused) != 3 {
+		t.Errorf("connections refused = %v", refused)
 	}
 	if v := fams["bulkhead_agentd_processes_running"].GetMetric()[0].GetGauge().GetValue(); v != 3 {
 		t.Errorf("processes_running = %v", v)

@@ -199,6 +199,19 @@ type earlyRefusal struct {
 // and a log line.
 func (e *earlyRefusal) handle(ctx context.Context, info *tap.Info) (context.Context, error) {
 	err := e.auth.checkHeader(info.Header, info.FullMethodName)
+	health := strings.HasPrefix(info.FullMethodName, healthPrefix)
+	if err == nil && !health {
+		// The connection carried the token: its handshake timeout and
+		// its budget of calls without one no longer apply (see
+		// connLimiter).
+		authenticated(ctx)
+		return ctx, nil
+	}
+	if !callBeforeAuth(ctx) {
+		// Closed: a client that sends calls without the token and
+		// does not read the answers would make the daemon queue them.
+		return ctx, status.Error(codes.ResourceExhausted, "too many calls without the token on one connection")
+	}
 	if err == nil {
 		return ctx, nil
 	}

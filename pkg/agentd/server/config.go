@@ -45,6 +45,17 @@ type Config struct {
 	// most once per 10 s and only when no transfer is in flight. 0
 	// disables it.
 	ReclaimGrowth int64
+	// MaxConnections is how many connections each listen address keeps
+	// open at once; one more is closed as soon as it is accepted (and
+	// counted in the metrics). 0 means no cap. Default
+	// DefaultMaxConnections.
+	MaxConnections int
+	// HandshakeTimeout is how long a new connection has to finish its
+	// TLS handshake (when on) and HTTP/2 preface, and, unless
+	// InsecureNoAuth, to make its first call with the token (a health
+	// check does not count); a connection that has not is closed.
+	// Default DefaultHandshakeTimeout; it must be positive.
+	HandshakeTimeout time.Duration
 	// BulkGOMAXPROCS is GOMAXPROCS while an Archive or Restore runs, when
 	// it is above the count at the time: their compression and file work
 	// overlap on a second P. 0 leaves GOMAXPROCS alone.
@@ -61,7 +72,8 @@ const maxTokenBytes = 4096
 
 // DefaultConfig returns a Config with every default filled in.
 func DefaultConfig() Config {
-	return Config{TokenFD: -1, ShutdownTimeout: 10 * time.Second, ReclaimIdle: DefaultReclaimIdle, ReclaimGrowth: DefaultReclaimGrowth, Daemon: agentd.DefaultConfig()}
+	return Config{TokenFD: -1, ShutdownTimeout: 10 * time.Second, ReclaimIdle: DefaultReclaimIdle, ReclaimGrowth: DefaultReclaimGrowth,
+		MaxConnections: DefaultMaxConnections, HandshakeTimeout: DefaultHandshakeTimeout, Daemon: agentd.DefaultConfig()}
 }
 
 // Validate checks the configuration without touching the token source.
@@ -99,6 +111,12 @@ func (c *Config) Validate() error {
 	}
 	if c.ReclaimIdle < 0 {
 		return fmt.Errorf("--reclaim-idle %s: must not be negative", c.ReclaimIdle)
+	}
+	if c.MaxConnections < 0 {
+		return fmt.Errorf("--max-connections %d: want 0 (no cap) or more", c.MaxConnections)
+	}
+	if c.HandshakeTimeout <= 0 {
+		return fmt.Errorf("--handshake-timeout %s: must be positive", c.HandshakeTimeout)
 	}
 	if c.ReclaimGrowth < 0 {
 		return fmt.Errorf("--reclaim-growth-bytes %d: must not be negative", c.ReclaimGrowth)

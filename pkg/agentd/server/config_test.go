@@ -39,6 +39,9 @@ func TestConfigValidate(t *testing.T) {
 		{"negative reclaim idle", func(c *Config) { c.ReclaimIdle = -time.Second }, "--reclaim-idle"},
 		{"no reclaiming under load", func(c *Config) { c.ReclaimGrowth = 0 }, ""},
 		{"negative reclaim growth", func(c *Config) { c.ReclaimGrowth = -1 }, "--reclaim-growth-bytes"},
+		{"no connection cap", func(c *Config) { c.MaxConnections = 0 }, ""},
+		{"negative connection cap", func(c *Config) { c.MaxConnections = -1 }, "--max-connections"},
+		{"no handshake timeout", func(c *Config) { c.HandshakeTimeout = 0 }, "--handshake-timeout"},
 		{"relative workspace", func(c *Config) { c.Daemon.WorkspaceRoot = "ws" }, "absolute"},
 		{"workspace is /", func(c *Config) { c.Daemon.WorkspaceRoot = "/" }, "must not be /"},
 	}

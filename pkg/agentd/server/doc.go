@@ -7,6 +7,12 @@
 // code and counts bytes streamed and refused tokens (package metrics),
 // served as Prometheus text on an unauthenticated listener of its own.
 //
+// Each listener keeps at most Config.MaxConnections connections open and
+// closes one that has not made a call with the token within
+// Config.HandshakeTimeout, or that makes more than 32 calls without it
+// (connLimiter), so that connections alone, made by anyone who can reach
+// the address, hold a bounded amount of memory.
+//
 // SystemService.RotateToken replaces the token at run time (a warm pool
 // hands each claimed sandbox a fresh one, so the token the sandbox was
 // started with is useless afterwards). It is authenticated with the current

@@ -108,6 +108,7 @@ type Option func(*options)
 type options struct {
 	metrics   bool
 	bulkProcs int
+	handshake time.Duration
 }
 
 // WithMetrics makes New count calls, bytes and refused tokens in
@@ -123,6 +124,15 @@ func WithBulkGOMAXPROCS(n int) Option {
 	return func(o *options) { o.bulkProcs = n }
 }
 
+// WithHandshakeTimeout bounds how long a new connection may take to
+// finish its TLS handshake (when on) and the HTTP/2 preface and settings
+// (grpc.ConnectionTimeout); DefaultHandshakeTimeout unless given. Run
+// also closes a connection that has made no authenticated call by then
+// (see Config.HandshakeTimeout).
+func WithHandshakeTimeout(d time.Duration) Option {
+	return func(o *options) { o.handshake = d }
+}
+
 // New builds the gRPC server with auth, logging, panic recovery and the
 // drain gate, and registers every service plus health and reflection.
 // token may be nil only with insecureNoAuth.
@@ -130,7 +140,7 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	if len(token) == 0 && !insecureNoAuth {
 		return nil, errors.New("refusing to serve without a token")
 	}
-	var o options
+	o := options{handshake: DefaultHandshakeTimeout}
 	for _, opt := range extra {
 		opt(&o)
 	}
@@ -166,6 +176,9 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 		// calls without the token refused on their headers (earlyRefusal).
 		grpc.MaxHeaderListSize(maxHeaderListBytes),
 		grpc.MaxConcurrentStreams(maxConcurrentStreams(maxProcs)),
+		// A connection stalled in its handshake or preface is closed
+		// (gRPC's default waits 120 s); see also connLimiter.
+		grpc.ConnectionTimeout(o.handshake),
 		grpc.ChainUnaryInterceptor(unary...),
 		grpc.ChainStreamInterceptor(stream...),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: keepaliveTime, Timeout: keepaliveTimeout}),
@@ -281,7 +294,7 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 	if err != nil {
 		return err
 	}
-	srvOpts := []Option{WithBulkGOMAXPROCS(cfg.BulkGOMAXPROCS)}
+	srvOpts := []Option{WithBulkGOMAXPROCS(cfg.BulkGOMAXPROCS), WithHandshakeTimeout(cfg.HandshakeTimeout)}
 	if cfg.MetricsListen != "" {
 		srvOpts = append(srvOpts, WithMetrics())
 	}
@@ -305,9 +318,17 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 			return err
 		}
 	}
+	// Without a token there is no authenticated call to wait for: only
+	// gRPC's handshake timeout applies.
+	authTimeout := cfg.HandshakeTimeout
+	if cfg.InsecureNoAuth {
+		authTimeout = 0
+	}
 	for _, l := range listeners {
-		log.Info("listening", zap.String("address", l.Addr().Network()+"://"+l.Addr().String()))
-		go func(l net.Listener) { serveErr <- srv.GRPC.Serve(l) }(l)
+		log.Info("listening", zap.String("address", l.Addr().Network()+"://"+l.Addr().String()),
+			zap.Int("max_connections", cfg.MaxConnections))
+		l := limitConnections(l, cfg.MaxConnections, authTimeout, srv.Metrics, log)
+		go func() { serveErr <- srv.GRPC.Serve(l) }()
 	}
 	log.Info("sandbox-agentd ready", zap.String("workspace", cfg.Daemon.WorkspaceRoot), zap.Bool("tls", creds != nil), zap.Bool("auth", !cfg.InsecureNoAuth))
 	stopReclaim := srv.startReclaimer(ctx, cfg.ReclaimIdle, cfg.ReclaimGrowth)

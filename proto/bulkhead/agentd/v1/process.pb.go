@@ -266,11 +266,17 @@ func (x *ProcessSpec) GetTimeout() *durationpb.Duration {
 	return nil
 }
 
-// TerminalSize is a terminal's size in character cells.
+// TerminalSize is a terminal's size in character cells. Each dimension is
+// 1 to 65535 (the kernel keeps it in 16 bits); a larger value is refused
+// with INVALID_ARGUMENT, never truncated. In a ProcessSpec a zero dimension
+// (or no size) takes the default, 24 rows or 80 columns; a ResizeRequest
+// refuses zero.
 type TerminalSize struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Rows          uint32                 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
-	Cols          uint32                 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Rows: 1 to 65535 (0 in a ProcessSpec: 24).
+	Rows uint32 `protobuf:"varint,1,opt,name=rows,proto3" json:"rows,omitempty"`
+	// Columns: 1 to 65535 (0 in a ProcessSpec: 80).
+	Cols          uint32 `protobuf:"varint,2,opt,name=cols,proto3" json:"cols,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
