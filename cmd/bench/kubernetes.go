@@ -3,8 +3,10 @@ package main
 // Kubernetes figures, through a real API server and kubelet
 // (internal/testing/testservers/kube): create-to-first-exec of a sandbox claimed
 // from a warm pool, beside a cold Pod and the Docker provider's container
-// (same run); and many sandboxes created, used and deleted, with the
-// provider's API requests per sandbox.
+// (same run); exec_command's round trips over port-forward beside the old
+// ReadOutput loop (execcommand.go), counted by an interceptor given to the
+// provider (Config.AgentDialOptions); and many sandboxes created, used and
+// deleted, with the provider's API requests per sandbox.
 
 import (
 	"context"
@@ -12,6 +14,8 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -57,29 +61,44 @@ func (k *kubeBench) provider(pools []kubernetes.Pool) (*kubernetes.Provider, err
 	}, rc, zap.NewNop())
 }
 
-// benchKubernetes starts a cluster, loads the sandbox image and takes the
-// figures; many is the sandbox count of the create/use/delete figure.
-func benchKubernetes(ctx context.Context, rounds, many int) ([]row, error) {
+// startKubeBench starts a cluster, loads the sandbox image into it and
+// makes a namespace. Without Docker or a cluster it returns a row saying
+// so (and no kubeBench); the caller stops the returned one.
+func startKubeBench(ctx context.Context) (*kubeBench, []row, error) {
 	const what = "kubernetes: "
 	if s := dockerStatus(ctx); s != "" {
-		return []row{{what + "figures", s, "", "", ""}}, nil
+		return nil, []row{{what + "figures", s, "", "", ""}}, nil
 	}
 	c, err := kubeserver.New(ctx, kubeserver.Options{Logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, f+"\n", a...) }})
 	if err != nil {
 		if c != nil {
 			c.Stop()
 		}
-		return []row{{what + "figures", "skipped: the test cluster did not start: " + err.Error(), "", "", ""}}, nil
+		return nil, []row{{what + "figures", "skipped: the test cluster did not start: " + err.Error(), "", "", ""}}, nil
 	}
-	defer c.Stop()
 	if err := c.LoadDockerImage(ctx, kubernetes.DefaultImage); err != nil {
-		return nil, err
+		c.Stop()
+		return nil, nil, err
 	}
 	ns, err := c.CreateNamespace(ctx, "bench-")
 	if err != nil {
-		return nil, err
+		c.Stop()
+		return nil, nil, err
 	}
-	k := &kubeBench{c: c, ns: ns}
+	return &kubeBench{c: c, ns: ns}, nil, nil
+}
+
+// benchKubernetes starts a cluster, loads the sandbox image and takes the
+// figures; many is the sandbox count of the create/use/delete figure,
+// execCommandRounds the rounds per side of exec_command over port-forward
+// (0: skip it).
+func benchKubernetes(ctx context.Context, rounds, many, execCommandRounds int) ([]row, error) {
+	const what = "kubernetes: "
+	k, skipped, err := startKubeBench(ctx)
+	if k == nil {
+		return skipped, err
+	}
+	defer k.c.Stop()
 	p, err := k.provider([]kubernetes.Pool{{Name: "bench", Size: rounds + 1}})
 	if err != nil {
 		return nil, err
@@ -128,6 +147,14 @@ func benchKubernetes(ctx context.Context, rounds, many int) ([]row, error) {
 		row{what + "cold Pod create to first exec's exit (median)", ms(cold), "docker " + ms(dockerD), ratio(cold, dockerD), ""},
 	)
 
+	if execCommandRounds > 0 {
+		fmt.Fprintln(os.Stderr, "kubernetes: exec_command over port-forward beside the ReadOutput loop ...")
+		r, err := k.execCommandRows(ctx, execCommandRounds)
+		if err != nil {
+			return nil, err
+		}
+		rows = append(rows, r...)
+	}
 	if many > 0 {
 		fmt.Fprintf(os.Stderr, "kubernetes: %d sandboxes created, used, deleted ...\n", many)
 		r, err := k.benchMany(ctx, kc, many)
@@ -137,6 +164,97 @@ func benchKubernetes(ctx context.Context, rounds, many int) ([]row, error) {
 		rows = append(rows, r...)
 	}
 	return rows, nil
+}
+
+// benchExecCommandKube starts a cluster for exec_command's figure over
+// port-forward alone (-only-exec-command -exec-command-kube).
+func benchExecCommandKube(ctx context.Context, rounds int) ([]row, error) {
+	k, skipped, err := startKubeBench(ctx)
+	if k == nil {
+		return skipped, err
+	}
+	defer k.c.Stop()
+	fmt.Fprintln(os.Stderr, "kubernetes: exec_command over port-forward beside the ReadOutput loop ...")
+	return k.execCommandRows(ctx, rounds)
+}
+
+// execCommandRows takes exec_command's figure (execcommand.go) against one
+// sandbox reached by port-forward through the cluster's API server and
+// kubelet, as a harness outside the cluster reaches it: the provider's
+// daemon client carries the call counter's interceptors
+// (Config.AgentDialOptions). The daemon's processor time is read from its
+// process on this machine (the cluster's node is this machine), when
+// found.
+func (k *kubeBench) execCommandRows(ctx context.Context, rounds int) ([]row, error) {
+	rc, err := clientcmd.BuildConfigFromFlags("", k.c.AdminKubeconfig)
+	if err != nil {
+		return nil, err
+	}
+	cnt := &callCounter{}
+	p, err := kubernetes.New(kubernetes.Config{
+		Namespace: k.ns, ImagePullPolicy: corev1.PullNever, Connect: kubernetes.ConnectPortForward,
+		StopTimeout: 3 * time.Second, AgentDialOptions: cnt.dialOptions(),
+	}, rc, zap.NewNop())
+	if err != nil {
+		return nil, err
+	}
+	defer p.Close()
+	kc := compute.NewClient(p, compute.ClientOptions{Log: zap.NewNop()})
+	s, err := kc.Create(ctx, compute.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes exec_command: %w", err)
+	}
+	defer func() { _ = kc.Delete(context.Background(), s) }()
+	if err := s.Start(ctx); err != nil {
+		return nil, fmt.Errorf("kubernetes exec_command: %w", err)
+	}
+	pid := 0
+	if st, err := s.State(); err == nil {
+		if ks, err := kubernetes.DecodeState(st.ProviderState); err == nil && ks.UID != "" {
+			pid = podProcess(ks.UID, "sandbox-agentd")
+		}
+	}
+	if pid == 0 {
+		fmt.Fprintln(os.Stderr, "kubernetes: exec_command: the Pod's sandbox-agentd is not a process seen here; no CPU row")
+	}
+	t := &execCommandTimer{c: s.Agent(), cnt: cnt, daemonPID: pid}
+	r, err := t.rows(ctx, rounds, "Kubernetes port-forward (the test cluster's API server and kubelet)")
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes: %w", err)
+	}
+	r[0].figure = "kubernetes: " + r[0].figure // the rows under it are indented
+	return r, nil
+}
+
+// podProcess is the pid of the process named comm in the Pod whose UID is
+// uid, found by its cgroup (the kubelet's cgroupfs and systemd layouts
+// alike), or 0.
+func podProcess(uid, comm string) int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0
+	}
+	marks := []string{"pod" + uid, "pod" + strings.ReplaceAll(uid, "-", "_")}
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/comm", pid))
+		if err != nil || strings.TrimSpace(string(b)) != comm {
+			continue
+		}
+		cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+		if err != nil {
+			continue
+		}
+		for _, m := range marks {
+			if strings.Contains(string(cg), m) {
+				return pid
+			}
+		}
+	}
+	return 0
 }
 
 // benchMany creates, uses (one exec) and deletes n sandboxes, a few at a

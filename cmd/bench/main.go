@@ -68,6 +68,10 @@ type config struct {
 	execCommandRounds  int
 	execCommandLatency time.Duration
 	onlyExecCommand    bool
+	// execCommandKube adds the figure over a real Kubernetes port-forward
+	// to -only-exec-command (the full bench has it in its Kubernetes
+	// section).
+	execCommandKube bool
 	// Archive and restore only (benchArchive).
 	onlyArchive bool
 	// Idle figures only: size, idle RSS and working set, package init cost
@@ -114,9 +118,10 @@ func main() {
 	flag.BoolVar(&cfg.onlyKube, "only-kubernetes", false, "measure only the kubernetes figures")
 	flag.BoolVar(&cfg.onlyArchive, "only-archive", false, "measure only archive and restore of the -tree-files / -tree-bytes workspace beside tar --zstd")
 	flag.BoolVar(&cfg.onlyExec, "only-exec", false, "measure only the exec path over a unix socket and TCP (with grpcfloor)")
-	flag.IntVar(&cfg.execCommandRounds, "exec-command-rounds", 10, "exec_command of a command printing 50 lines 20 ms apart: rounds per side, beside the old ReadOutput loop (0: skip)")
+	flag.IntVar(&cfg.execCommandRounds, "exec-command-rounds", 10, "exec_command of a command printing 50 lines 20 ms apart: rounds per side, beside the old ReadOutput loop, here and over port-forward in the kubernetes section (0: skip)")
 	flag.DurationVar(&cfg.execCommandLatency, "exec-command-latency", 2*time.Millisecond, "exec_command figure: latency a proxy adds each way for its port-forward stand-in (0: skip that part)")
 	flag.BoolVar(&cfg.onlyExecCommand, "only-exec-command", false, "measure only exec_command's round trips and wall time beside the old ReadOutput loop, over a unix socket and through a latency proxy")
+	flag.BoolVar(&cfg.execCommandKube, "exec-command-kube", false, "with -only-exec-command: also over a real Kubernetes port-forward (starts the test cluster; needs root, containerd and Docker's bulkhead/sandbox:dev); the full bench measures it in its kubernetes section")
 	flag.BoolVar(&cfg.onlyIdle, "only-idle", false, "measure only the idle figures beside grpcfloor: binary size, idle RSS, idle working set (clear_refs), package init cost (GODEBUG=inittrace=1)")
 	flag.IntVar(&cfg.burstExecs, "burst-execs", 1000, "Execs in the burst before the after-burst RSS reading")
 	flag.BoolVar(&cfg.onlyMemory, "only-memory", false, "measure only the daemon's RSS after a burst (and its peak during it)")
@@ -195,6 +200,13 @@ func run(ctx context.Context, cfg config) error {
 		if err != nil {
 			return err
 		}
+		if cfg.execCommandKube {
+			k, err := benchExecCommandKube(ctx, max(cfg.execCommandRounds, 1))
+			if err != nil {
+				return err
+			}
+			r = append(r, k...)
+		}
 		return report(cfg, r)
 	}
 	if cfg.onlyMounts {
@@ -226,7 +238,7 @@ func run(ctx context.Context, cfg config) error {
 		return report(cfg, r)
 	}
 	if cfg.onlyKube {
-		r, err := benchKubernetes(ctx, cfg.kubeRounds, cfg.kubeSandboxes)
+		r, err := benchKubernetes(ctx, cfg.kubeRounds, cfg.kubeSandboxes, cfg.execCommandRounds)
 		if err != nil {
 			return err
 		}
@@ -356,7 +368,7 @@ func run(ctx context.Context, cfg config) error {
 	}
 	if cfg.kubeRounds > 0 {
 		fmt.Fprintln(os.Stderr, "kubernetes ...")
-		r, err = benchKubernetes(ctx, cfg.kubeRounds, cfg.kubeSandboxes)
+		r, err = benchKubernetes(ctx, cfg.kubeRounds, cfg.kubeSandboxes, cfg.execCommandRounds)
 		if err != nil {
 			return err
 		}

@@ -48,6 +48,10 @@
 // subresource into the Pod (`nc` in the image talks to the daemon over the
 // Pod's loopback), for RuntimeClasses such as gVisor or Kata where the
 // kubelet's port-forward cannot reach the sandbox's network stack.
+// Config.AgentDialOptions adds gRPC dial options (interceptors, a stats
+// handler) to every daemon client the provider makes, whichever the way:
+// `make bench` counts the daemon calls of exec_command over port-forward
+// with them.
 //
 // # RBAC
 //
@@ -88,6 +92,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/grpc"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -235,6 +240,13 @@ type Config struct {
 	// provider builds from a kubeconfig (default 50 and 100).
 	QPS   float32
 	Burst int
+	// AgentDialOptions are extra gRPC dial options for every daemon client
+	// the provider makes (Launch, a warm pool claim, Reattach), appended
+	// after the provider's own: interceptors that count or time the daemon
+	// calls (grpc.WithChainUnaryInterceptor, WithChainStreamInterceptor), a
+	// stats handler, default call options. They must not replace the
+	// connection: a grpc.WithContextDialer here would bypass Connect.
+	AgentDialOptions []grpc.DialOption
 }
 
 // CreateOptions are per-sandbox overrides, given as LaunchSpec.Options

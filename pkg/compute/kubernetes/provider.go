@@ -327,6 +327,7 @@ func (p *Provider) connect(ctx context.Context, st State, pod *corev1.Pod, token
 	if err != nil {
 		return nil, err
 	}
+	dopts = append(dopts, p.cfg.AgentDialOptions...)
 	ac, err := agentclient.Dial(agentclient.Options{Address: addr, Token: token, DialOptions: dopts, TracerProvider: compute.RPCTracing(ctx)})
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes: pod %s: %w", pod.Name, err)
