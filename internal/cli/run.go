@@ -253,29 +253,45 @@ func chooseModel(f *runFlags, g *globals, skipTurns int) (model.Model, string, f
 		label = "OPENAI_API_KEY is not set: "
 	}
 	if rec != "" {
-		r, err := replay.LoadRecording(rec)
+		m, closeModel, err := replayModel(g, rec, func(turns []replay.Turn) (*replay.Server, error) {
+			if skipTurns > len(turns) {
+				return nil, fmt.Errorf("the recording %s has %d turns; the resumed run already made %d", rec, len(turns), skipTurns)
+			}
+			// A resumed run continues the recording where the run stopped.
+			return replay.NewServer(turns[skipTurns:]...), nil
+		})
 		if err != nil {
-			return nil, "", nil, err
-		}
-		turns := r.ScriptTurns()
-		if skipTurns > len(turns) {
-			return nil, "", nil, fmt.Errorf("the recording %s has %d turns; the resumed run already made %d", rec, len(turns), skipTurns)
-		}
-		// A resumed run continues the recording where the run stopped.
-		srv := replay.NewServer(turns[skipTurns:]...)
-		m, err := model.NewOpenAI(model.Config{APIKey: "replay", BaseURL: srv.URL(), Logger: g.logger(), Retry: model.RetryPolicy{MaxAttempts: 1}})
-		if err != nil {
-			srv.Close()
 			return nil, "", nil, err
 		}
 		label += fmt.Sprintf("[REPLAY] replaying the recorded model session %s (no model is called); the sandbox, tools and commands are real.", rec)
-		return m, label, srv.Close, nil
+		return m, label, closeModel, nil
 	}
 	m, err := model.NewOpenAI(model.Config{Logger: g.logger()})
 	if err != nil {
 		return nil, "", nil, fmt.Errorf("%w (set OPENAI_API_KEY, or pass --replay FILE to replay a recorded session)", err)
 	}
 	return m, "", func() {}, nil
+}
+
+// replayModel is a model answering from the recording at path (no model is
+// called): script serves the recording's turns (`harness run` queues them,
+// `harness serve` replays them from the start for every run); the returned
+// func closes its server.
+func replayModel(g *globals, path string, script func(turns []replay.Turn) (*replay.Server, error)) (model.Model, func(), error) {
+	r, err := replay.LoadRecording(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	srv, err := script(r.ScriptTurns())
+	if err != nil {
+		return nil, nil, err
+	}
+	m, err := model.NewOpenAI(model.Config{APIKey: "replay", BaseURL: srv.URL(), Logger: g.logger(), Retry: model.RetryPolicy{MaxAttempts: 1}})
+	if err != nil {
+		srv.Close()
+		return nil, nil, err
+	}
+	return m, srv.Close, nil
 }
 
 // printer shows run events.

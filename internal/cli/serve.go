@@ -25,6 +25,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/metrics"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/console"
@@ -51,6 +52,7 @@ type serveFlags struct {
 	tenantClaim    string
 	store          string
 	model          string
+	replay         string
 	instructions   string
 	maxTurns       int
 	retention      time.Duration
@@ -82,7 +84,11 @@ or a JWT verified against --jwks-file (with --jwt-issuer and --jwt-audience; the
 --tenant-claim). Tenants are namespaced by source: the token tenant alice is token:alice, a JWT's
 is jwt:ISSUER:CLAIM, so a JWT with sub "alice" is another tenant. The model is called with
 $OPENAI_API_KEY and $OPENAI_BASE_URL, which stay in this process: no request carries or receives a key,
-and a request may name only the default model or one --allow-model lists.
+and a request may name only the default model or one --allow-model lists. Without a key the service
+starts with runs off (StartRun and ResumeRun answer FailedPrecondition; sandboxes and the console
+work). --replay FILE serves runs from a recorded model session instead, with no key: every run
+replays it from its first turn (a resumed run from where it stopped), and the sandboxes, tools and
+commands are real.
 
 A non-loopback --listen needs --tls-cert and --tls-key (HTTP/2 and HTTP/1.1 over TLS, so gRPC clients
 work), or --insecure-listen to serve plain HTTP anyway (behind a TLS-terminating proxy). Prometheus
@@ -125,6 +131,7 @@ their turn, their sandboxes are persisted, and the next start continues them.`,
 	fl.StringVar(&f.tenantClaim, "tenant-claim", "sub", "with --jwks-file: the claim naming the tenant")
 	fl.StringVar(&f.store, "store", "", "where runs are kept: bolt:PATH or postgres://... (default bolt: under the state directory)")
 	fl.StringVar(&f.model, "model", "", "default model name (default $BULKHEAD_MODEL, then "+DefaultModel+")")
+	fl.StringVar(&f.replay, "replay", "", "run every run on this recorded model session (from its first turn) instead of calling a model; no key needed")
 	fl.StringVar(&f.instructions, "instructions", "", "instructions of agents that give none (default: a coding-task prompt)")
 	fl.IntVar(&f.maxTurns, "max-turns", 30, "most model calls of a run (a request may ask for fewer)")
 	fl.DurationVar(&f.retention, "sandbox-retention", 15*time.Minute, "keep a finished run's sandbox this long for its files (0: delete at once)")
@@ -382,10 +389,11 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	}
 	defer flush()
 	log := g.logger()
-	mdl, err := model.NewOpenAI(model.Config{Logger: log})
+	mdl, closeModel, err := f.serveModel(g)
 	if err != nil {
-		return fmt.Errorf("%w (set OPENAI_API_KEY; OPENAI_BASE_URL for another endpoint)", err)
+		return err
 	}
+	defer closeModel()
 	st, err := f.openStore(ctx, g)
 	if err != nil {
 		return err
@@ -462,6 +470,37 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 		serveErr = errors.Join(serveErr, fmt.Errorf("metrics: %w", err))
 	}
 	return serveErr
+}
+
+// serveModel is the service's model: a replay of --replay (every run
+// replays the recording from its first turn: replay.FromStart), the
+// OpenAI model with $OPENAI_API_KEY, or, without a key, none: runs are
+// off (said once on stderr) and the rest of the service works. The
+// returned func closes a replay's server.
+func (f *serveFlags) serveModel(g *globals) (model.Model, func(), error) {
+	if f.replay != "" {
+		m, closeModel, err := replayModel(g, f.replay, func(turns []replay.Turn) (*replay.Server, error) {
+			srv := replay.NewServer()
+			srv.DiscardRequests() // a service's conversations are not kept
+			srv.SetFallback(replay.FromStart(turns...))
+			return srv, nil
+		})
+		if err != nil {
+			return nil, nil, usageErr(compute.ErrInvalidArgument, "--replay: %v", err)
+		}
+		fmt.Fprintf(g.streams.Err, "harness: [REPLAY] every run replays the recorded model session %s from its first turn (no model is called); the sandboxes, tools and commands are real\n", f.replay)
+		return m, closeModel, nil
+	}
+	if os.Getenv("OPENAI_API_KEY") == "" {
+		fmt.Fprintln(g.streams.Err, "harness: runs are off: OPENAI_API_KEY is not set, so this service has no model and StartRun and ResumeRun answer FailedPrecondition; "+
+			"sandboxes and the console work. Set OPENAI_API_KEY, or give --replay FILE to serve runs from a recorded model session.")
+		return nil, func() {}, nil
+	}
+	m, err := model.NewOpenAI(model.Config{Logger: g.logger()})
+	if err != nil {
+		return nil, nil, fmt.Errorf("%w (OPENAI_BASE_URL for another endpoint)", err)
+	}
+	return m, func() {}, nil
 }
 
 // serveMetrics makes the service's Prometheus metrics (pkg/harness/metrics)

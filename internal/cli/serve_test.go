@@ -112,14 +112,6 @@ type served struct {
 func startServe(t *testing.T, cmd, final, modelKey string, extra ...string) *served {
 	t.Helper()
 	testenv.Require(t, testenv.Linux)
-	bin := agentdtest.Binaries(t).Agentd
-	state := testenv.SearchableTempDir(t)
-	s := &served{t: t, token: "tok-" + strings.ToLower(t.Name()) + "-0123456789", errb: &syncbuf.Buffer{}, done: make(chan int, 1),
-		client: http.DefaultClient}
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte(s.token+" acme\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
 	script := replay.NewServer()
 	t.Cleanup(script.Close)
 	script.SetFallback(func(req *replay.Request) replay.Turn {
@@ -130,6 +122,23 @@ func startServe(t *testing.T, cmd, final, modelKey string, extra ...string) *ser
 	})
 	t.Setenv("OPENAI_API_KEY", modelKey)
 	t.Setenv("OPENAI_BASE_URL", script.URL())
+	return launchServe(t, extra...)
+}
+
+// launchServe starts `harness serve` with a local provider, a tokens file
+// and the model the environment gives (or none), with further serve flags
+// extra, and waits until it serves.
+func launchServe(t *testing.T, extra ...string) *served {
+	t.Helper()
+	testenv.Require(t, testenv.Linux)
+	bin := agentdtest.Binaries(t).Agentd
+	state := testenv.SearchableTempDir(t)
+	s := &served{t: t, token: "tok-" + strings.ToLower(t.Name()) + "-0123456789", errb: &syncbuf.Buffer{}, done: make(chan int, 1),
+		client: http.DefaultClient}
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte(s.token+" acme\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	t.Cleanup(cancel)
 	s.ctx = ctx

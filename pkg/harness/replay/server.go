@@ -123,6 +123,8 @@ type Server struct {
 	queue     []Responder
 	fallback  Responder
 	requests  []*Request
+	received  int
+	discard   bool
 	responses int
 	failures  []string
 	closeOnce sync.Once
@@ -182,6 +184,15 @@ func (s *Server) SetFallback(r Responder) {
 	s.fallback = r
 }
 
+// DiscardRequests stops keeping the requests received (Requests returns
+// those kept before): a long-lived server, such as the model of `harness
+// serve --replay`, would otherwise keep every conversation it was sent.
+func (s *Server) DiscardRequests() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.discard = true
+}
+
 // Requests returns the requests received so far, in order.
 func (s *Server) Requests() []*Request {
 	s.mu.Lock()
@@ -230,8 +241,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	}
 
 	s.mu.Lock()
-	s.requests = append(s.requests, req)
-	req.N = len(s.requests)
+	s.received++
+	req.N = s.received
+	if !s.discard {
+		s.requests = append(s.requests, req)
+	}
 	var next Responder
 	if len(s.queue) > 0 {
 		next, s.queue = s.queue[0], s.queue[1:]

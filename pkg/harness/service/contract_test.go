@@ -25,6 +25,9 @@ func TestContractCarriesNoCredentials(t *testing.T) {
 		for i := 0; i < md.Fields().Len(); i++ {
 			f := md.Fields().Get(i)
 			name := string(f.Name())
+			if md.IsMapEntry() && name == "key" {
+				continue // a map's key (labels, env), named by the map's field
+			}
 			for _, s := range suspicious {
 				if strings.Contains(name, s) && !allowed[name] {
 					t.Errorf("%s.%s may carry a credential", md.FullName(), name)

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
+	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/manager"
@@ -134,9 +136,157 @@ func decisionOf(r *harnessv1.ApproveToolCallRequest) manager.Decision {
 
 func sandboxProto(sb manager.Sandbox) *harnessv1.Sandbox {
 	out := &harnessv1.Sandbox{SandboxId: sb.ID, RunId: sb.RunID, Provider: sb.Provider, CreateTime: timestamppb.New(sb.Created),
-		Status: harnessv1.SandboxStatus_SANDBOX_STATUS_STOPPED, ExpireTime: timeProto(sb.Expires)}
+		Status: harnessv1.SandboxStatus_SANDBOX_STATUS_STOPPED, ExpireTime: timeProto(sb.Expires), Labels: sb.Labels}
 	if sb.Status == manager.SandboxRunning {
 		out.Status = harnessv1.SandboxStatus_SANDBOX_STATUS_RUNNING
+	}
+	if sb.IdleTimeout > 0 {
+		out.IdleTimeout = durationpb.New(sb.IdleTimeout)
+	}
+	return out
+}
+
+// durationOf is a duration field (0 when unset).
+func durationOf(field string, d *durationpb.Duration) (time.Duration, error) {
+	if d == nil {
+		return 0, nil
+	}
+	if err := d.CheckValid(); err != nil {
+		return 0, invalid(field, "%v", err)
+	}
+	return d.AsDuration(), nil
+}
+
+// sandboxSpecOf is a CreateSandboxRequest's spec.
+func sandboxSpecOf(r *harnessv1.CreateSandboxRequest) (manager.SandboxSpec, error) {
+	ttl, err := durationOf("ttl", r.GetTtl())
+	if err != nil {
+		return manager.SandboxSpec{}, err
+	}
+	idle, err := durationOf("idle_timeout", r.GetIdleTimeout())
+	if err != nil {
+		return manager.SandboxSpec{}, err
+	}
+	return manager.SandboxSpec{Manifest: r.GetManifest(), TTL: ttl, IdleTimeout: idle, Labels: r.GetLabels()}, nil
+}
+
+// sandboxStatusOf is a SandboxStatus filter ("" for unspecified).
+func sandboxStatusOf(st harnessv1.SandboxStatus) (manager.SandboxStatus, error) {
+	switch st {
+	case harnessv1.SandboxStatus_SANDBOX_STATUS_UNSPECIFIED:
+		return "", nil
+	case harnessv1.SandboxStatus_SANDBOX_STATUS_RUNNING:
+		return manager.SandboxRunning, nil
+	case harnessv1.SandboxStatus_SANDBOX_STATUS_STOPPED:
+		return manager.SandboxStopped, nil
+	}
+	return "", invalid("status", "unknown sandbox status %d", st)
+}
+
+func listSandboxesOptionsOf(r *harnessv1.ListSandboxesRequest) (manager.ListSandboxesOptions, error) {
+	st, err := sandboxStatusOf(r.GetStatus())
+	if err != nil {
+		return manager.ListSandboxesOptions{}, err
+	}
+	return manager.ListSandboxesOptions{RunID: r.GetRunId(), Labels: r.GetLabels(), Status: st,
+		PageSize: int(r.GetPageSize()), PageToken: r.GetPageToken()}, nil
+}
+
+// commandOf is a command request's spec (RunCommand, Exec, StartProcess:
+// the same fields).
+func commandOf(command string, argv []string, cwd string, env map[string]string, user string, timeout *durationpb.Duration) (manager.CommandSpec, error) {
+	d, err := durationOf("timeout", timeout)
+	if err != nil {
+		return manager.CommandSpec{}, err
+	}
+	return manager.CommandSpec{Command: command, Argv: argv, Cwd: cwd, Env: env, User: user, Timeout: d}, nil
+}
+
+// textOrBytes puts output in the text field when it is valid UTF-8, else
+// in the bytes field: never both.
+func textOrBytes(b []byte) (string, []byte) {
+	if utf8.Valid(b) {
+		return string(b), nil
+	}
+	return "", b
+}
+
+func runCommandProto(r *manager.CommandResult) *harnessv1.RunCommandResponse {
+	out := &harnessv1.RunCommandResponse{ExitCode: int32(r.Exit.ExitCode), Signal: r.Exit.Signal, TimedOut: r.Exit.TimedOut,
+		DroppedBytes: r.Dropped}
+	out.Stdout, out.StdoutBytes = textOrBytes(r.Stdout)
+	out.Stderr, out.StderrBytes = textOrBytes(r.Stderr)
+	return out
+}
+
+func outputStreamProto(s manager.OutputStream) harnessv1.OutputStream {
+	if s == manager.Stderr {
+		return harnessv1.OutputStream_OUTPUT_STREAM_STDERR
+	}
+	return harnessv1.OutputStream_OUTPUT_STREAM_STDOUT
+}
+
+func outputProto(c manager.OutputChunk) *harnessv1.ExecOutput {
+	return &harnessv1.ExecOutput{Stream: outputStreamProto(c.Stream), Data: c.Data}
+}
+
+func exitedProto(e *manager.ProcessExit) *harnessv1.ExecExited {
+	if e == nil {
+		return nil
+	}
+	return &harnessv1.ExecExited{ExitCode: int32(e.ExitCode), Signal: e.Signal, TimedOut: e.TimedOut, DroppedBytes: e.Dropped}
+}
+
+// execProtos are an Exec event's messages: started, each chunk, exited.
+func execProtos(ev manager.ExecEvent) []*harnessv1.ExecResponse {
+	var out []*harnessv1.ExecResponse
+	if ev.ProcessID != "" {
+		out = append(out, &harnessv1.ExecResponse{Kind: &harnessv1.ExecResponse_Started{Started: &harnessv1.ExecStarted{ProcessId: ev.ProcessID}}})
+	}
+	for _, c := range ev.Output {
+		out = append(out, &harnessv1.ExecResponse{Kind: &harnessv1.ExecResponse_Output{Output: outputProto(c)}})
+	}
+	if ev.Exit != nil {
+		out = append(out, &harnessv1.ExecResponse{Kind: &harnessv1.ExecResponse_Exited{Exited: exitedProto(ev.Exit)}})
+	}
+	return out
+}
+
+func processProto(p manager.Process) *harnessv1.Process {
+	out := &harnessv1.Process{ProcessId: p.ID, Argv: p.Argv, Cwd: p.Cwd, User: p.User, StartTime: timeProto(p.Started),
+		State: harnessv1.ProcessState_PROCESS_STATE_EXITED}
+	if p.Running {
+		out.State = harnessv1.ProcessState_PROCESS_STATE_RUNNING
+	}
+	if e := p.Exit; e != nil {
+		out.ExitCode, out.Signal, out.TimedOut, out.ExitTime = int32(e.ExitCode), e.Signal, e.TimedOut, timeProto(e.At)
+	}
+	return out
+}
+
+func processOutputProto(o *manager.ProcessOutput) *harnessv1.ReadProcessOutputResponse {
+	out := &harnessv1.ReadProcessOutputResponse{NextCursor: o.NextCursor, DroppedBytes: o.Dropped, Exited: exitedProto(o.Exit)}
+	for _, c := range o.Output {
+		out.Output = append(out.Output, outputProto(c))
+	}
+	return out
+}
+
+var patchKinds = map[string]harnessv1.PatchChangeKind{
+	"created": harnessv1.PatchChangeKind_PATCH_CHANGE_KIND_CREATED,
+	"updated": harnessv1.PatchChangeKind_PATCH_CHANGE_KIND_UPDATED,
+	"moved":   harnessv1.PatchChangeKind_PATCH_CHANGE_KIND_MOVED,
+	"deleted": harnessv1.PatchChangeKind_PATCH_CHANGE_KIND_DELETED,
+}
+
+func patchResultProto(r *manager.PatchResult) *harnessv1.ApplyPatchResponse {
+	out := &harnessv1.ApplyPatchResponse{}
+	for _, c := range r.Changes {
+		out.Changes = append(out.Changes, &harnessv1.PatchChange{Kind: patchKinds[c.Kind], Path: c.Path, NewPath: c.NewPath})
+	}
+	if rj := r.Rejection; rj != nil {
+		out.Rejection = &harnessv1.PatchRejection{Path: rj.Path, Message: rj.Message, ExpectedLines: rj.ExpectedLines,
+			ClosestLine: int32(rj.ClosestLine), ClosestLines: rj.ClosestLines}
 	}
 	return out
 }

@@ -212,6 +212,52 @@ func (s *Service) serveFile(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// serveUpload writes a sandbox file from a PUT's body (atomically: the
+// file is replaced once the whole body arrived): ?mode=0755 sets a new
+// file's permission bits (octal), ?parents=false refuses to make missing
+// directories. A body over the policy's file cap is refused
+// (ResourceExhausted, 429 by the error table), before anything is read
+// when its length is declared.
+func (s *Service) serveUpload(w http.ResponseWriter, r *http.Request) {
+	tenant, _ := auth.Tenant(r.Context())
+	q := r.URL.Query()
+	o := manager.WriteFileOptions{CreateParents: true}
+	if v := q.Get("mode"); v != "" {
+		n, err := strconv.ParseUint(v, 8, 32)
+		if err != nil {
+			httpError(w, invalid("mode", "%q is not octal permission bits", clip(v)))
+			return
+		}
+		o.Mode = uint32(n)
+	}
+	if v := q.Get("parents"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			httpError(w, invalid("parents", "%q is not true or false", clip(v)))
+			return
+		}
+		o.CreateParents = b
+	}
+	limit := s.m.MaxFileBytes()
+	if r.ContentLength > limit {
+		httpError(w, connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("file: %d bytes; the limit is %d", r.ContentLength, limit)))
+		return
+	}
+	fe, err := s.m.WriteFile(r.Context(), tenant, r.PathValue("sandbox_id"), r.PathValue("path"), o, r.Body)
+	if err != nil {
+		httpError(w, err)
+		return
+	}
+	data, err := protojson.Marshal(fileEntryProto(*fe))
+	if err != nil {
+		httpError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(data)
+}
+
 // serveTerminalWS serves the terminal over a WebSocket: binary messages
 // both ways carry terminal bytes; the client's text messages are JSON
 // resizes {"cols":N,"rows":N}; the server's last text message is

@@ -26,8 +26,11 @@
 // show every tenant's activity): serve them on a listener of their own.
 // Run events are also served as Server-Sent Events
 // (GET /v1/runs/{id}/events), the form browsers and simple HTTP clients read
-// natively; files download with a plain GET, and the terminal is offered as
-// a WebSocket, because browsers cannot open bidirectional gRPC streams.
+// natively; files download with a plain GET and upload with a plain PUT
+// (curl), and the terminal is offered as a WebSocket, because browsers
+// cannot open bidirectional gRPC streams. Tenants make sandboxes of their
+// own too (SandboxService.CreateSandbox: sandboxes as a service, with
+// commands and files; see manager/apisandbox.go).
 //
 // Tenancy. Every request is authenticated (see package auth) and bound to a
 // tenant, whose id is namespaced by its source (token:alice,
@@ -84,7 +87,10 @@ type Config struct {
 	// Compute makes the runs' sandboxes (required). Give it a snapshot
 	// store so checkpointed sandboxes survive their daemon.
 	Compute *compute.Client
-	// Model is the model every run calls (required); it holds the API key.
+	// Model is the model every run calls; it holds the API key. Nil turns
+	// runs off (manager.Config.Model): StartRun, ResumeRun and
+	// ApproveToolCall answer FailedPrecondition (manager.ErrNoModel);
+	// sandboxes and the rest work.
 	Model model.Model
 	// DefaultModel is the model name of runs that name none (required).
 	DefaultModel string
@@ -130,6 +136,11 @@ type Config struct {
 	// required when Quotas.Sandbox caps CPU or memory, so a cap is never
 	// silently dropped.
 	ProviderOptions func(SandboxResources) (any, error)
+	// Sandboxes bounds the sandboxes tenants make through the API (ttl,
+	// idle timeout) and what the sandbox calls do (command timeouts,
+	// output and file sizes); zero fields take manager.SandboxPolicy's
+	// defaults.
+	Sandboxes manager.SandboxPolicy
 	// MaxRequestBytes bounds one request message, after decompression
 	// (0: 16 MiB).
 	MaxRequestBytes int
@@ -176,7 +187,8 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 		DefaultModel: cfg.DefaultModel, Models: cfg.Models, Log: cfg.Log, DefaultInstructions: cfg.DefaultInstructions,
 		MaxTurns: cfg.MaxTurns, SandboxRetention: cfg.SandboxRetention, EventBuffer: cfg.EventBuffer,
 		DrainTimeout: cfg.DrainTimeout, Quotas: cfg.Quotas, CheckManifest: cfg.CheckManifest,
-		ProviderOptions: cfg.ProviderOptions, Observer: cfg.Observer, Runs: cfg.Runs, Now: cfg.Now})
+		ProviderOptions: cfg.ProviderOptions, Observer: cfg.Observer, Runs: cfg.Runs, Now: cfg.Now,
+		Sandboxes: cfg.Sandboxes})
 	if err != nil {
 		return nil, fmt.Errorf("service: %w", err)
 	}
@@ -199,10 +211,12 @@ func (s *Service) Handler() http.Handler {
 	mux := http.NewServeMux()
 	opts := []connect.HandlerOption{connect.WithInterceptors(&authInterceptor{auth: s.cfg.Auth}),
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)}
+	opts = append(opts, strictJSONCodecs()...)
 	mux.Handle(harnessv1connect.NewRunServiceHandler(&runAPI{m: s.m}, opts...))
 	mux.Handle(harnessv1connect.NewSandboxServiceHandler(&sandboxAPI{m: s.m}, opts...))
 	mux.Handle("GET /v1/runs/{run_id}/events", s.httpAuth(http.HandlerFunc(s.serveSSE)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/files/{path...}", s.httpAuth(http.HandlerFunc(s.serveFile)))
+	mux.Handle("PUT /v1/sandboxes/{sandbox_id}/files/{path...}", s.httpAuth(http.HandlerFunc(s.serveUpload)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/terminal", s.wsAuth(http.HandlerFunc(s.serveTerminalWS)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	if s.cfg.Console != nil {

@@ -18,12 +18,15 @@ import (
 
 // StartRun stores a new run of tenant and starts driving it; the run holds
 // one of the tenant's run slots and one of its sandbox slots (resource
-// exhausted when either quota is full).
+// exhausted when either quota is full). Without a model: ErrNoModel.
 func (m *Manager) StartRun(ctx context.Context, tenant string, spec RunSpec) (*Run, error) {
 	if err := m.enter(tenant); err != nil {
 		return nil, err
 	}
 	defer m.leave()
+	if err := m.runsOff(); err != nil {
+		return nil, err
+	}
 	spec = spec.clone()
 	man, err := m.validateSpec(&spec, true)
 	if err != nil {
@@ -109,12 +112,16 @@ func (m *Manager) Reject(ctx context.Context, tenant, runID, callID, reason stri
 
 // Decide approves or rejects a pending call of a tenant's run (Approve
 // and Reject): failed precondition when the run is not waiting for
-// approval, not found for a call it does not wait for.
+// approval, not found for a call it does not wait for. A decision may
+// continue the run: without a model, ErrNoModel (nothing is recorded).
 func (m *Manager) Decide(ctx context.Context, tenant, runID string, d Decision) (*Run, error) {
 	if err := m.enter(tenant); err != nil {
 		return nil, err
 	}
 	defer m.leave()
+	if err := m.runsOff(); err != nil {
+		return nil, err
+	}
 	if err := checkRunID("run_id", runID); err != nil {
 		return nil, err
 	}
@@ -212,12 +219,15 @@ func (m *Manager) Cancel(ctx context.Context, tenant, runID, reason string) (*Ru
 
 // Resume continues a tenant's failed or canceled run from its saved
 // state, with its sandbox (the one kept for it, or one rebuilt from its
-// snapshot).
+// snapshot). Without a model: ErrNoModel.
 func (m *Manager) Resume(ctx context.Context, tenant, runID string) (*Run, error) {
 	if err := m.enter(tenant); err != nil {
 		return nil, err
 	}
 	defer m.leave()
+	if err := m.runsOff(); err != nil {
+		return nil, err
+	}
 	if err := checkRunID("run_id", runID); err != nil {
 		return nil, err
 	}
@@ -228,11 +238,15 @@ func (m *Manager) Resume(ctx context.Context, tenant, runID string) (*Run, error
 // `harness run` saves; untrusted like the rest), with spec's agent,
 // manifest and policies (its Input is not used: the state holds the
 // conversation). A state cannot name sandboxes: the run gets a fresh one.
+// Without a model: ErrNoModel.
 func (m *Manager) ResumeFromState(ctx context.Context, tenant string, state []byte, spec RunSpec) (*Run, error) {
 	if err := m.enter(tenant); err != nil {
 		return nil, err
 	}
 	defer m.leave()
+	if err := m.runsOff(); err != nil {
+		return nil, err
+	}
 	if len(state) == 0 {
 		return nil, badField("run_state", "missing")
 	}

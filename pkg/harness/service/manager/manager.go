@@ -21,8 +21,9 @@
 // Errors. Every error a method returns is classified by pkg/errkind
 // (errors.Is(err, errkind.ErrNotFound), errkind.ClassOf): not found,
 // invalid argument, resource exhausted (a quota, ErrQuotaExceeded),
-// failed precondition (a run in the wrong state), unavailable (shutting
-// down); the rest carry the class of their cause, or none (internal).
+// failed precondition (a run in the wrong state; ErrNoModel, a manager
+// without a model), unavailable (shutting down); the rest carry the class
+// of their cause, or none (internal).
 //
 // Runs. A run is driven by the harness Runner in this process. The manager
 // owns each run's sandbox session (created before the first turn and
@@ -80,7 +81,11 @@ type Config struct {
 	// Compute makes the runs' sandboxes (required). Give it a snapshot
 	// store so checkpointed sandboxes survive their daemon.
 	Compute *compute.Client
-	// Model is the model every run calls (required); it holds the API key.
+	// Model is the model every run calls; it holds the API key. Nil turns
+	// runs off: StartRun, Resume, ResumeFromState and Decide fail with
+	// failed precondition (ErrNoModel), runs recovered from the store are
+	// left as they are for a manager with a model, and the rest (sandboxes,
+	// reading runs and events, cancelling) works as usual.
 	Model model.Model
 	// DefaultModel is the model name of runs that name none (required).
 	DefaultModel string
@@ -120,6 +125,10 @@ type Config struct {
 	// or replaces gets its result. It is required when Quotas.Sandbox caps
 	// CPU or memory, so a cap is never silently dropped.
 	ProviderOptions func(SandboxResources) (any, error)
+	// Sandboxes bounds the sandboxes tenants make through the API and
+	// what calls do in any sandbox (zero fields: SandboxPolicy's
+	// defaults).
+	Sandboxes SandboxPolicy
 	// Observer, when set, is told how every run goes (RunConfig.Observer).
 	Observer harness.RunObserver
 	// Runs, when set, is kept told how many stored runs are in each state
@@ -169,6 +178,8 @@ type Manager struct {
 	// providerOpts and limits go with every sandbox the manager makes.
 	providerOpts any
 	limits       compute.Limits
+	// api are the sandboxes made through the API (apisandbox.go).
+	api apiSandboxes
 }
 
 // New makes a manager and recovers what the store holds from an earlier
@@ -182,8 +193,6 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, errors.New("manager: no store")
 	case cfg.Compute == nil:
 		return nil, errors.New("manager: no compute client")
-	case cfg.Model == nil:
-		return nil, errors.New("manager: no model")
 	case cfg.DefaultModel == "":
 		return nil, errors.New("manager: no default model name")
 	}
@@ -212,6 +221,11 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return nil, fmt.Errorf("manager: %w", err)
 	}
 	cfg.Quotas = q
+	pol, err := cfg.Sandboxes.withDefaults()
+	if err != nil {
+		return nil, fmt.Errorf("manager: %w", err)
+	}
+	cfg.Sandboxes = pol
 	var popts any
 	if cfg.ProviderOptions != nil {
 		if popts, err = cfg.ProviderOptions(q.Sandbox); err != nil {
@@ -243,6 +257,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := m.countRuns(ctx); err != nil {
 		return fail(err)
 	}
+	m.api = apiSandboxes{policy: pol, boxes: map[string]*box{}}
+	if err := m.recoverAPISandboxes(ctx); err != nil {
+		return fail(err)
+	}
 	if err := m.recoverRetained(ctx); err != nil {
 		return fail(err)
 	}
@@ -258,6 +276,19 @@ func (m *Manager) now() time.Time { return m.cfg.Now().UTC().Truncate(time.Micro
 
 // DefaultModel is the model name of runs that name none.
 func (m *Manager) DefaultModel() string { return m.cfg.DefaultModel }
+
+// ErrNoModel answers the calls that would start or continue a run when the
+// manager has no model (Config.Model nil): failed precondition.
+var ErrNoModel error = &kindError{kind: errkind.ErrFailedPrecondition, err: errors.New("runs are off: this service has no model key " +
+	"(start harness serve with OPENAI_API_KEY set, or with --replay FILE for a scripted model); sandboxes work without one")}
+
+// runsOff is ErrNoModel when the manager has no model, else nil.
+func (m *Manager) runsOff() error {
+	if m.cfg.Model == nil {
+		return ErrNoModel
+	}
+	return nil
+}
 
 // errShutDown answers calls made after Shutdown.
 var errShutDown = unavailable("the run manager is shut down")
@@ -339,6 +370,7 @@ func (m *Manager) Shutdown(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	errs = append(errs, m.releaseAPISandboxes()...)
 	// Every event published so far reaches the store before the caller
 	// may close it (ended runs flushed theirs in endRun).
 	m.mu.Lock()

@@ -31,9 +31,10 @@ type Quotas struct {
 	// Runs bounds a tenant's active runs: pending, running, waiting for
 	// approval or checkpointed (default DefaultRuns).
 	Runs int
-	// Sandboxes bounds a tenant's live sandboxes: its active runs' and
-	// the ones kept for finished runs (Config.SandboxRetention) until they
-	// are deleted (default DefaultSandboxes).
+	// Sandboxes bounds a tenant's live sandboxes: its active runs', the
+	// ones kept for finished runs (Config.SandboxRetention) until they are
+	// deleted, and the ones it made through the API (CreateSandbox) until
+	// they are deleted (default DefaultSandboxes).
 	Sandboxes int
 	// Sandbox caps every sandbox the service makes. Requests cannot ask
 	// for resources (neither StartRunRequest nor an untrusted manifest has
@@ -164,7 +165,7 @@ type usage struct {
 
 	mu        sync.Mutex
 	runs      map[string]map[string]struct{} // tenant -> active run ids
-	sandboxes map[string]map[string]struct{} // tenant -> run ids holding a sandbox
+	sandboxes map[string]map[string]struct{} // tenant -> run ids holding a sandbox, and API sandbox ids
 	fetch     map[string]*bucket             // tenant -> git fetch budget
 }
 
@@ -189,10 +190,28 @@ func (u *usage) reserve(tenant, runID string, sandbox bool) error {
 	}
 	if sandbox && !hasSandbox && u.q.Sandboxes > 0 && len(sbs) >= u.q.Sandboxes {
 		return &quotaError{quota: quotaSandboxes, msg: fmt.Sprintf(
-			"the tenant holds %d sandboxes (of its active runs, and of finished runs until their retention ends) and the limit is %d",
+			"the tenant holds %d sandboxes (of its active runs, of finished runs until their retention ends, and made with CreateSandbox) and the limit is %d",
 			len(sbs), u.q.Sandboxes)}
 	}
 	u.addLocked(tenant, runID, sandbox)
+	return nil
+}
+
+// reserveSandbox takes a sandbox slot for a sandbox made through the API
+// (by its id, which no run id equals).
+func (u *usage) reserveSandbox(tenant, id string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	sbs := u.sandboxes[tenant]
+	if _, has := sbs[id]; has {
+		return nil
+	}
+	if u.q.Sandboxes > 0 && len(sbs) >= u.q.Sandboxes {
+		return &quotaError{quota: quotaSandboxes, msg: fmt.Sprintf(
+			"the tenant holds %d sandboxes (of its active runs, of finished runs until their retention ends, and made with CreateSandbox) and the limit is %d; delete one",
+			len(sbs), u.q.Sandboxes)}
+	}
+	add(u.sandboxes, tenant, id)
 	return nil
 }
 

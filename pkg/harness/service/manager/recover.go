@@ -57,7 +57,7 @@ func (m *Manager) recover(ctx context.Context) error {
 			lr.state = st
 			if len(st.Undecided()) == 0 {
 				// Every call was decided but the run had not continued.
-				if err := m.startDriveLocked(lr, st, "restart"); err != nil {
+				if err := m.continueRecovered(lr, st); err != nil {
 					lr.mu.Unlock()
 					return err
 				}
@@ -74,7 +74,7 @@ func (m *Manager) recover(ctx context.Context) error {
 				data, _ := st.Encode()
 				_ = lr.updateLocked(ctx, func(r *store.Run) { r.Status, r.RunState, r.Checkpoint = statusWaiting, data, nil })
 				m.announceLocked(lr)
-			} else if err := m.startDriveLocked(lr, st, "restart"); err != nil {
+			} else if err := m.continueRecovered(lr, st); err != nil {
 				lr.mu.Unlock()
 				return err
 			}
@@ -83,7 +83,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		case statusPending:
 			// No turn had started: start (or continue) it now.
 			lr.mu.Lock()
-			err := m.startDriveLocked(lr, st, "restart")
+			err := m.continueRecovered(lr, st)
 			lr.mu.Unlock()
 			if err != nil {
 				return err
@@ -104,4 +104,16 @@ func (m *Manager) recover(ctx context.Context) error {
 			zap.Int("runs", legacy))
 	}
 	return nil
+}
+
+// continueRecovered starts driving a recovered run (lr.mu held). Without a
+// model (Config.Model nil) the run is left as the store has it, for a
+// manager with one to continue.
+func (m *Manager) continueRecovered(lr *liveRun, st *harness.RunState) error {
+	err := m.startDriveLocked(lr, st, "restart")
+	if errors.Is(err, ErrNoModel) {
+		m.log.Warn("run left as it is: this service has no model to continue it", zap.String("run", lr.id))
+		return nil
+	}
+	return err
 }

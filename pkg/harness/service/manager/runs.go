@@ -365,8 +365,11 @@ func (m *Manager) acquireSession(ctx context.Context, tenant string, rec *store.
 }
 
 // startDriveLocked starts a goroutine driving lr from st (nil: a fresh run
-// on its input). lr.mu must be held.
+// on its input). lr.mu must be held. Without a model: ErrNoModel.
 func (m *Manager) startDriveLocked(lr *liveRun, st *harness.RunState, cause string) error {
+	if err := m.runsOff(); err != nil {
+		return err
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closing || !m.drives.enter() {

@@ -14,16 +14,18 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
 )
 
-// The sandboxes of a tenant: its runs', live or kept for finished runs.
-// Files are read and terminals run as the sandbox's account (the run's
-// run_as), never as root, and paths are workspace-relative.
+// The sandboxes of a tenant: its runs', live or kept for finished runs,
+// and those it made through the API (apisandbox.go). Files are read and
+// written, and terminals and commands run, as the sandbox's account (the
+// run's run_as, the manifest's) or a user its manifest declares, never as
+// root, and paths are workspace-relative.
 
 // errNoSandbox: the id names no live sandbox of the tenant.
 var errNoSandbox = fmt.Errorf("sandbox: %w", store.ErrNotFound)
 
-// sandbox returns the live session of a tenant's sandbox. Another tenant's
-// sandbox and a deleted sandbox answer not found; a malformed id invalid
-// argument.
+// sandbox returns the live session of a tenant's run's sandbox (open
+// finds API sandboxes too). Another tenant's sandbox and a deleted sandbox
+// answer not found; a malformed id invalid argument.
 func (m *Manager) sandbox(ctx context.Context, tenant, id string) (*compute.Session, error) {
 	if err := checkSandboxID("sandbox_id", id); err != nil {
 		return nil, err
@@ -59,56 +61,6 @@ func (m *Manager) sandbox(ctx context.Context, tenant, id string) (*compute.Sess
 	return nil, errNoSandbox
 }
 
-// ListSandboxes returns a tenant's sandboxes: those of its active runs and
-// those kept for its finished runs; with runID, that run's only (not found
-// when the tenant has no such run).
-func (m *Manager) ListSandboxes(ctx context.Context, tenant, runID string) ([]Sandbox, error) {
-	if err := m.enter(tenant); err != nil {
-		return nil, err
-	}
-	defer m.leave()
-	var runs []*store.Run
-	if runID != "" {
-		if err := checkRunID("run_id", runID); err != nil {
-			return nil, err
-		}
-		r, err := m.cfg.Store.GetRun(ctx, tenant, runID)
-		if err != nil {
-			return nil, err
-		}
-		runs = []*store.Run{r}
-	} else {
-		// Only the runs holding a sandbox, through the store's index.
-		var err error
-		if runs, err = m.cfg.Store.SandboxRuns(ctx, tenant); err != nil {
-			return nil, err
-		}
-	}
-	var out []Sandbox
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	for _, r := range runs {
-		if r.SandboxID == "" || r.SandboxGone {
-			continue
-		}
-		_, live := m.sessions[r.ID]
-		_, active := m.runs[r.ID]
-		_, kept := m.retained[r.ID]
-		if !live && !active && !kept {
-			continue
-		}
-		sb := Sandbox{ID: r.SandboxID, RunID: r.ID, Provider: r.Provider, Created: r.Created, Status: SandboxStopped}
-		if live {
-			sb.Status = SandboxRunning
-		}
-		if !r.SandboxExpires.IsZero() && terminal(r.Status) {
-			sb.Expires = r.SandboxExpires
-		}
-		out = append(out, sb)
-	}
-	return out, nil
-}
-
 func fileType(t compute.FileType) FileType {
 	switch t {
 	case compute.FileRegular:
@@ -130,10 +82,11 @@ func (m *Manager) ListDir(ctx context.Context, tenant, sandboxID, path string) (
 	defer m.leave()
 	ctx, cancel := m.bound(ctx)
 	defer cancel()
-	sess, err := m.sandbox(ctx, tenant, sandboxID)
+	sess, done, err := m.open(ctx, tenant, sandboxID)
 	if err != nil {
 		return nil, err
 	}
+	defer done()
 	p, err := cleanPath(path)
 	if err != nil {
 		return nil, err
@@ -170,10 +123,11 @@ func (m *Manager) ReadFile(ctx context.Context, tenant, sandboxID, path string, 
 	defer m.leave()
 	ctx, cancel := m.bound(ctx)
 	defer cancel()
-	sess, err := m.sandbox(ctx, tenant, sandboxID)
+	sess, done, err := m.open(ctx, tenant, sandboxID)
 	if err != nil {
 		return err
 	}
+	defer done()
 	p, err := cleanPath(path)
 	if err != nil {
 		return err
@@ -196,10 +150,11 @@ func (m *Manager) Download(ctx context.Context, tenant, sandboxID, path string, 
 	defer m.leave()
 	ctx, cancel := m.bound(ctx)
 	defer cancel()
-	sess, err := m.sandbox(ctx, tenant, sandboxID)
+	sess, done, err := m.open(ctx, tenant, sandboxID)
 	if err != nil {
 		return err
 	}
+	defer done()
 	p, err := cleanPath(path)
 	if err != nil {
 		return err
@@ -218,9 +173,10 @@ func (m *Manager) Download(ctx context.Context, tenant, sandboxID, path string, 
 
 // Terminal is a terminal about to start in a sandbox (OpenTerminal).
 type Terminal struct {
-	m     *Manager
-	sess  *compute.Session
-	start TerminalOptions
+	m         *Manager
+	sess      *compute.Session
+	sandboxID string
+	start     TerminalOptions
 }
 
 // OpenTerminal checks a terminal's options and finds its sandbox, before
@@ -235,11 +191,12 @@ func (m *Manager) OpenTerminal(ctx context.Context, tenant, sandboxID string, o 
 		return nil, err
 	}
 	o.Command = slices.Clone(o.Command)
-	sess, err := m.sandbox(ctx, tenant, sandboxID)
+	sess, done, err := m.open(ctx, tenant, sandboxID)
 	if err != nil {
 		return nil, err
 	}
-	return &Terminal{m: m, sess: sess, start: o}, nil
+	done()
+	return &Terminal{m: m, sess: sess, sandboxID: sandboxID, start: o}, nil
 }
 
 // Run runs the terminal's PTY process in the sandbox and pumps bytes both
@@ -254,6 +211,7 @@ func (t *Terminal) Run(ctx context.Context, tio TerminalIO) error {
 		return errShutDown
 	}
 	defer m.tasks.leave()
+	defer m.busyBox(t.sandboxID)()
 	ctx, stop := m.bound(ctx)
 	defer stop()
 	return m.runTerminal(ctx, t.sess, t.start, tio)

@@ -181,14 +181,180 @@ const (
 	SandboxStopped SandboxStatus = "stopped"
 )
 
-// Sandbox is a run's sandbox.
+// Sandbox is a tenant's sandbox: a run's, or one made with CreateSandbox
+// (RunID "").
 type Sandbox struct {
 	ID, RunID, Provider string
 	Status              SandboxStatus
 	Created             time.Time
-	// Expires is when a finished run's sandbox is deleted (zero: while
-	// the run is active).
+	// Expires is when the sandbox is deleted: a finished run's at the end
+	// of its retention (zero while the run is active); an API sandbox's
+	// at its ttl.
 	Expires time.Time
+	// Labels are an API sandbox's labels (a run's has none).
+	Labels map[string]string
+	// IdleTimeout deletes an API sandbox once no call used it this long.
+	IdleTimeout time.Duration
+}
+
+// SandboxSpec is how a sandbox is asked for (CreateSandbox). Every field
+// is untrusted input.
+type SandboxSpec struct {
+	// Manifest is the workspace's manifest (YAML or JSON), read by the
+	// rules of untrusted documents exactly like RunSpec.Manifest; "" is
+	// an empty workspace.
+	Manifest string `json:"manifest,omitempty"`
+	// TTL deletes the sandbox this long after it was made (0: the
+	// policy's default; at most its maximum).
+	TTL time.Duration `json:"-"`
+	// IdleTimeout deletes it once no call used it this long (0: the
+	// policy's default; at most its maximum).
+	IdleTimeout time.Duration `json:"-"`
+	// Labels find it again (ListSandboxesOptions.Labels): at most 32; keys
+	// of 1 to 63 bytes of a-z, 0-9, '.', '_', '-', '/', starting and ending
+	// with a letter or digit; values at most 256 bytes of text.
+	Labels map[string]string `json:"-"`
+}
+
+// ListSandboxesOptions filter and page ListSandboxes.
+type ListSandboxesOptions struct {
+	// RunID keeps that run's sandbox only (not found when the tenant has
+	// no such run); "" keeps every sandbox.
+	RunID string
+	// Labels keeps the sandboxes carrying every one of these labels (a
+	// run's sandbox carries none).
+	Labels map[string]string
+	// Status keeps the sandboxes in one status ("": all).
+	Status SandboxStatus
+	// PageSize bounds the page: 0 to 500 (0: 50).
+	PageSize int
+	// PageToken continues from an earlier page's next token.
+	PageToken string
+}
+
+// CommandSpec is a command to run in a sandbox. Every field is untrusted
+// input.
+type CommandSpec struct {
+	// Command is a shell command line (`/bin/sh -c Command`); Argv a
+	// program and its arguments. Exactly one is set.
+	Command string
+	Argv    []string
+	// Cwd is the workspace-relative working directory ("": the root).
+	Cwd string
+	// Env is set on top of the sandbox's clean defaults.
+	Env map[string]string
+	// User is the sandbox account: a user the sandbox's manifest declares,
+	// or "" for its run_as account; never root or a system account.
+	User string
+	// Stdin is written to the process's stdin, which is then closed
+	// (RunCommand, Exec).
+	Stdin []byte
+	// KeepStdin keeps a stdin pipe open for WriteStdin (StartProcess).
+	KeepStdin bool
+	// Timeout kills the process after this long (0: the policy's
+	// default; at most its maximum).
+	Timeout time.Duration
+}
+
+// OutputStream is where output came from.
+type OutputStream string
+
+// Output streams.
+const (
+	Stdout OutputStream = "stdout"
+	Stderr OutputStream = "stderr"
+)
+
+// OutputChunk is a piece of a process's output.
+type OutputChunk struct {
+	Stream OutputStream
+	Data   []byte
+}
+
+// ProcessExit is how a process ended.
+type ProcessExit struct {
+	// ExitCode is 128+N when signal N killed the process.
+	ExitCode int
+	Signal   string
+	// TimedOut is set when its timeout killed it.
+	TimedOut bool
+	// Dropped counts output bytes the sandbox's bounded buffer dropped.
+	Dropped int64
+	At      time.Time
+}
+
+// CommandResult is what RunCommand's command printed and how it ended.
+type CommandResult struct {
+	// Stdout and Stderr are the output, each up to the policy's cap (cut
+	// at a UTF-8 character's boundary when the rest is UTF-8).
+	Stdout, Stderr []byte
+	Exit           ProcessExit
+	// Dropped counts the bytes not returned: past the caps, or dropped
+	// by the sandbox's buffer.
+	Dropped int64
+}
+
+// ExecEvent is one event of Exec: the start (ProcessID), output, the exit.
+type ExecEvent struct {
+	// ProcessID is set in the first event only.
+	ProcessID string
+	Output    []OutputChunk
+	// Exit is set in the last event only.
+	Exit *ProcessExit
+}
+
+// Process is a process of a sandbox.
+type Process struct {
+	ID      string
+	Argv    []string
+	Cwd     string
+	User    string
+	Running bool
+	Started time.Time
+	// Exit is set once it exited.
+	Exit *ProcessExit
+}
+
+// ProcessOutput is a batch of a started process's output.
+type ProcessOutput struct {
+	Output     []OutputChunk
+	NextCursor int64
+	// Dropped bytes lie between the cursor and the oldest byte buffered.
+	Dropped int64
+	// Exit is set once the process exited and all its output was read.
+	Exit *ProcessExit
+}
+
+// WriteFileOptions tune WriteFile.
+type WriteFileOptions struct {
+	// Mode is a new file's permission bits (0: 0644; at most 0777).
+	Mode uint32
+	// CreateParents makes missing parent directories.
+	CreateParents bool
+}
+
+// PatchChange is one operation a patch applied.
+type PatchChange struct {
+	// Kind is created, updated, moved or deleted.
+	Kind string
+	// Path is as the patch wrote it; NewPath where a moved file went.
+	Path, NewPath string
+}
+
+// PatchRejection says why a patch did not apply.
+type PatchRejection struct {
+	Path, Message string
+	ExpectedLines []string
+	// ClosestLine is the 1-based first line of the closest region (0:
+	// none); ClosestLines that region.
+	ClosestLine  int
+	ClosestLines []string
+}
+
+// PatchResult is what ApplyPatch changed, or (nothing changed) why not.
+type PatchResult struct {
+	Changes   []PatchChange
+	Rejection *PatchRejection
 }
 
 // FileType is the type of a file in a sandbox.

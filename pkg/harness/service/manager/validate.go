@@ -27,6 +27,7 @@ import (
 	"regexp/syntax"
 	"slices"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -453,6 +454,230 @@ func checkTerminal(sandboxID string, o TerminalOptions) error {
 func checkTerminalSize(sz TerminalSize) error {
 	if sz.Cols == 0 || sz.Rows == 0 || sz.Cols > maxTerminalSize || sz.Rows > maxTerminalSize {
 		return badField("resize", "%dx%d: cols and rows are between 1 and %d", sz.Cols, sz.Rows, maxTerminalSize)
+	}
+	return nil
+}
+
+// Bounds of the sandbox API's fields (sandboxes made through the API,
+// commands, files).
+const (
+	// maxLabels bounds a sandbox's labels; maxLabelKeyBytes a key (a
+	// Kubernetes label name's length) and maxLabelValueBytes a value.
+	maxLabels          = 32
+	maxLabelKeyBytes   = 63
+	maxLabelValueBytes = 256
+	// maxCommandBytes bounds a command line, and argv's total bytes;
+	// maxArgs argv's length.
+	maxCommandBytes = 64 << 10
+	maxArgs         = 1024
+	// maxEnvVars and maxEnvBytes bound a command's environment; a name
+	// is at most maxEnvNameBytes.
+	maxEnvVars      = 128
+	maxEnvNameBytes = 256
+	maxEnvBytes     = 256 << 10
+	// maxStdinBytes bounds the stdin bytes of one call.
+	maxStdinBytes = 8 << 20
+	// maxPatchBytes bounds a patch's text.
+	maxPatchBytes = 8 << 20
+	// maxProcessIDBytes bounds a process id.
+	maxProcessIDBytes = 128
+	// maxOutputWait bounds how long ReadProcessOutput waits for output.
+	maxOutputWait = 30 * time.Second
+)
+
+// labelKey is the syntax of a label's key.
+var labelKey = regexp.MustCompile(`^[a-z0-9]([a-z0-9._/-]*[a-z0-9])?$`)
+
+// checkLabels checks labels (a sandbox's, or a filter's).
+func checkLabels(field string, labels map[string]string) error {
+	if len(labels) > maxLabels {
+		return badField(field, "%d labels; the limit is %d", len(labels), maxLabels)
+	}
+	for k, v := range labels {
+		if len(k) > maxLabelKeyBytes || !labelKey.MatchString(k) {
+			return badField(field, "key %q: 1 to %d bytes of a-z, 0-9, '.', '_', '-', '/', starting and ending with a letter or digit",
+				clip(k), maxLabelKeyBytes)
+		}
+		if err := checkName(field+"["+k+"]", v); err != nil || len(v) > maxLabelValueBytes {
+			return badField(field+"["+k+"]", "values are at most %d bytes of text without control characters", maxLabelValueBytes)
+		}
+	}
+	return nil
+}
+
+// bounded is a duration field: 0 takes def; negative, or more than max,
+// is refused; less than min too.
+func bounded(field string, d, def, least, most time.Duration) (time.Duration, error) {
+	switch {
+	case d == 0:
+		return def, nil
+	case d < 0:
+		return 0, badField(field, "must not be negative")
+	case d < least:
+		return 0, badField(field, "%s; the least is %s", d, least)
+	case d > most:
+		return 0, badField(field, "%s; the limit is %s", d, most)
+	}
+	return d, nil
+}
+
+// checkCommand checks a command's fields but its user (resolveUser checks
+// it against the sandbox's manifest).
+func checkCommand(c CommandSpec) error {
+	switch {
+	case c.Command == "" && len(c.Argv) == 0:
+		return badField("command", "missing: give command or argv")
+	case c.Command != "" && len(c.Argv) > 0:
+		return badField("argv", "give command or argv, not both")
+	}
+	if err := checkText("command", c.Command, maxCommandBytes); err != nil {
+		return err
+	}
+	if len(c.Argv) > maxArgs {
+		return badField("argv", "%d arguments; the limit is %d", len(c.Argv), maxArgs)
+	}
+	total := 0
+	for i, a := range c.Argv {
+		total += len(a)
+		if err := checkText(fmt.Sprintf("argv[%d]", i), a, maxCommandBytes); err != nil {
+			return err
+		}
+	}
+	if total > maxCommandBytes {
+		return badField("argv", "%d bytes; the limit is %d", total, maxCommandBytes)
+	}
+	if len(c.Argv) > 0 && c.Argv[0] == "" {
+		return badField("argv[0]", "empty program")
+	}
+	if err := checkWorkdir("cwd", c.Cwd); err != nil {
+		return err
+	}
+	if len(c.Env) > maxEnvVars {
+		return badField("env", "%d variables; the limit is %d", len(c.Env), maxEnvVars)
+	}
+	total = 0
+	for k, v := range c.Env {
+		total += len(k) + len(v)
+		if k == "" || len(k) > maxEnvNameBytes || strings.ContainsFunc(k, func(r rune) bool {
+			return !(r == '_' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'))
+		}) || (k[0] >= '0' && k[0] <= '9') {
+			return badField("env", "%q is not a variable name (letters, digits and '_', not starting with a digit)", clip(k))
+		}
+		if err := checkText("env["+k+"]", v, maxEnvBytes); err != nil {
+			return err
+		}
+	}
+	if total > maxEnvBytes {
+		return badField("env", "%d bytes; the limit is %d", total, maxEnvBytes)
+	}
+	if len(c.Stdin) > maxStdinBytes {
+		return badField("stdin", "%d bytes; the limit is %d", len(c.Stdin), maxStdinBytes)
+	}
+	return nil
+}
+
+// resolveUser is the account a call runs as in a sandbox made from man:
+// "" is the manifest's run_as (the sandbox's own account when it names
+// none); any other name must be a user man declares (the sandbox's own
+// account is one), never root nor a system account's name: the run_as
+// policy of requests (resolveRunAs).
+func resolveUser(man *manifest.Manifest, user string) (string, error) {
+	const field = "user"
+	switch {
+	case user == "":
+		return man.RunAs, nil
+	case user == "root":
+		return "", badField(field, "a request cannot run as root; leave user empty for the sandbox's own account")
+	case reservedAccount(user):
+		return "", badField(field, "%q is a system account's name; run as a user the manifest declares, or leave user empty", clip(user))
+	}
+	if err := checkName(field, user); err != nil {
+		return "", err
+	}
+	for _, u := range man.Users {
+		if u.Name == user {
+			return user, nil
+		}
+	}
+	if user == compute.DefaultRunAsName && man.RunAs == "" {
+		return "", nil
+	}
+	return "", badField(field, "user %q is not declared in the sandbox's manifest", clip(user))
+}
+
+// checkProcessID checks a process id field.
+func checkProcessID(id string) error {
+	if id == "" {
+		return badField("process_id", "missing")
+	}
+	if len(id) > maxProcessIDBytes || strings.ContainsFunc(id, func(r rune) bool {
+		return !(r == '.' || r == '-' || r == '_' || r == ':' || (r >= '0' && r <= '9') || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z'))
+	}) {
+		return badField("process_id", "%q is not a process id", clip(id))
+	}
+	return nil
+}
+
+// signals are the signals a request may send.
+var signals = map[string]bool{"SIGTERM": true, "SIGKILL": true, "SIGINT": true, "SIGHUP": true, "SIGQUIT": true,
+	"SIGUSR1": true, "SIGUSR2": true, "SIGSTOP": true, "SIGCONT": true}
+
+// checkSignal returns a signal field's name with its SIG prefix.
+func checkSignal(sig string) (string, error) {
+	s := strings.ToUpper(sig)
+	if !strings.HasPrefix(s, "SIG") {
+		s = "SIG" + s
+	}
+	if !signals[s] {
+		return "", badField("signal", "%q is not one of SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP, SIGCONT", clip(sig))
+	}
+	return s, nil
+}
+
+// checkMode checks permission bits (no setuid, setgid or sticky bit).
+func checkMode(field string, mode uint32) error {
+	if mode > 0o777 {
+		return badField(field, "%#o: permission bits are at most 0777", mode)
+	}
+	return nil
+}
+
+// filePath is a workspace-relative path that must name something below
+// the root (cleanPath's "" is the root itself).
+func filePath(p string) (string, error) {
+	c, err := cleanPath(p)
+	if err != nil {
+		return "", err
+	}
+	if c == "." || strings.Trim(c, "/.") == "" {
+		return "", badField("path", "missing: name a path below the workspace root")
+	}
+	return c, nil
+}
+
+// checkSandboxListOptions checks ListSandboxes' options.
+func checkSandboxListOptions(o ListSandboxesOptions) error {
+	if o.RunID != "" {
+		if err := checkRunID("run_id", o.RunID); err != nil {
+			return err
+		}
+	}
+	if err := checkLabels("labels", o.Labels); err != nil {
+		return err
+	}
+	switch o.Status {
+	case "", SandboxRunning, SandboxStopped:
+	default:
+		return badField("status", "unknown sandbox status %q", clip(string(o.Status)))
+	}
+	if o.PageSize < 0 || o.PageSize > maxPageSize {
+		return badField("page_size", "must be between 0 and %d", maxPageSize)
+	}
+	if tok := o.PageToken; tok != "" {
+		micros, id, ok := strings.Cut(tok, ".")
+		if len(tok) > maxPageTokenBytes || !ok || checkSandboxID("page_token", id) != nil || strings.Trim(micros, "0123456789") != "" || micros == "" {
+			return badField("page_token", "not a page token of this service")
+		}
 	}
 	return nil
 }

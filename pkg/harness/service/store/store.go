@@ -1,12 +1,15 @@
 // Package store persists the runs of `harness serve`: each run's record
-// (tenant, status, spec, RunState, sandbox session state) and its event log.
+// (tenant, status, spec, RunState, sandbox session state) and its event log,
+// and the sandboxes tenants make through the API (SandboxService's
+// CreateSandbox), which belong to no run: a record of their own kind
+// (Sandbox), so a restarted service finds them again.
 // Two implementations satisfy the one Store interface and pass the same
 // conformance suite (storetest): bolt (bbolt, the default: pure Go, one file,
 // no server) and postgres (pgx, for several replicas or an operated database).
 //
-// A store is tenant-aware: reading a run through another tenant answers
-// ErrNotFound, the same as a run that does not exist, so callers cannot tell
-// one from the other.
+// A store is tenant-aware: reading a run or a sandbox through another tenant
+// answers ErrNotFound, the same as one that does not exist, so callers
+// cannot tell one from the other.
 package store
 
 import (
@@ -71,6 +74,31 @@ type Run struct {
 	OutputTokens int64  `json:"output_tokens,omitempty"`
 }
 
+// Sandbox is the stored record of a sandbox made through the API (not a
+// run's: those are kept on their Run). Spec and SessionState are opaque
+// JSON the service writes; none holds a credential.
+type Sandbox struct {
+	ID      string    `json:"id"`
+	Tenant  string    `json:"tenant"`
+	Created time.Time `json:"created"`
+	Updated time.Time `json:"updated"`
+	// Spec is how the sandbox was asked for (its manifest).
+	Spec []byte `json:"spec,omitempty"`
+	// Labels are the tenant's labels.
+	Labels map[string]string `json:"labels,omitempty"`
+	// SessionState is the compute.State of the sandbox (nil until it is
+	// made).
+	SessionState []byte `json:"session_state,omitempty"`
+	// Provider made the sandbox.
+	Provider string `json:"provider,omitempty"`
+	// Expires is when the sandbox is deleted (its ttl).
+	Expires time.Time `json:"expires,omitzero"`
+	// IdleTimeout deletes the sandbox once unused this long (zero: never).
+	IdleTimeout time.Duration `json:"idle_timeout,omitempty"`
+	// Gone is set once the sandbox was deleted.
+	Gone bool `json:"gone,omitempty"`
+}
+
 // Event is one stored event of a run's log.
 type Event struct {
 	Seq  uint64
@@ -118,6 +146,20 @@ type Store interface {
 	Events(ctx context.Context, runID string, after uint64, limit int) ([]Event, error)
 	// LastSequence is the sequence of the run's last event (0: none).
 	LastSequence(ctx context.Context, runID string) (uint64, error)
+
+	// CreateSandbox stores a new API sandbox (ErrExists when its id is
+	// taken).
+	CreateSandbox(ctx context.Context, sb *Sandbox) error
+	// UpdateSandbox replaces an API sandbox's record (ErrNotFound when
+	// absent; its tenant and creation time cannot change).
+	UpdateSandbox(ctx context.Context, sb *Sandbox) error
+	// GetSandbox returns a tenant's API sandbox, gone or not (ErrNotFound
+	// for another tenant's).
+	GetSandbox(ctx context.Context, tenant, id string) (*Sandbox, error)
+	// LiveSandboxes returns every tenant's API sandboxes that are not gone,
+	// through an index (gone ones are not read): a starting service takes
+	// them back.
+	LiveSandboxes(ctx context.Context) ([]*Sandbox, error)
 	// Close releases the store.
 	Close() error
 }

@@ -9,6 +9,7 @@ package harnessv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -74,6 +75,106 @@ func (SandboxStatus) EnumDescriptor() ([]byte, []int) {
 	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{0}
 }
 
+// OutputStream names where output came from.
+type OutputStream int32
+
+const (
+	OutputStream_OUTPUT_STREAM_UNSPECIFIED OutputStream = 0
+	OutputStream_OUTPUT_STREAM_STDOUT      OutputStream = 1
+	OutputStream_OUTPUT_STREAM_STDERR      OutputStream = 2
+)
+
+// Enum value maps for OutputStream.
+var (
+	OutputStream_name = map[int32]string{
+		0: "OUTPUT_STREAM_UNSPECIFIED",
+		1: "OUTPUT_STREAM_STDOUT",
+		2: "OUTPUT_STREAM_STDERR",
+	}
+	OutputStream_value = map[string]int32{
+		"OUTPUT_STREAM_UNSPECIFIED": 0,
+		"OUTPUT_STREAM_STDOUT":      1,
+		"OUTPUT_STREAM_STDERR":      2,
+	}
+)
+
+func (x OutputStream) Enum() *OutputStream {
+	p := new(OutputStream)
+	*p = x
+	return p
+}
+
+func (x OutputStream) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OutputStream) Descriptor() protoreflect.EnumDescriptor {
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[1].Descriptor()
+}
+
+func (OutputStream) Type() protoreflect.EnumType {
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[1]
+}
+
+func (x OutputStream) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OutputStream.Descriptor instead.
+func (OutputStream) EnumDescriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+// ProcessState is whether a process still runs.
+type ProcessState int32
+
+const (
+	ProcessState_PROCESS_STATE_UNSPECIFIED ProcessState = 0
+	ProcessState_PROCESS_STATE_RUNNING     ProcessState = 1
+	ProcessState_PROCESS_STATE_EXITED      ProcessState = 2
+)
+
+// Enum value maps for ProcessState.
+var (
+	ProcessState_name = map[int32]string{
+		0: "PROCESS_STATE_UNSPECIFIED",
+		1: "PROCESS_STATE_RUNNING",
+		2: "PROCESS_STATE_EXITED",
+	}
+	ProcessState_value = map[string]int32{
+		"PROCESS_STATE_UNSPECIFIED": 0,
+		"PROCESS_STATE_RUNNING":     1,
+		"PROCESS_STATE_EXITED":      2,
+	}
+)
+
+func (x ProcessState) Enum() *ProcessState {
+	p := new(ProcessState)
+	*p = x
+	return p
+}
+
+func (x ProcessState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ProcessState) Descriptor() protoreflect.EnumDescriptor {
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[2].Descriptor()
+}
+
+func (ProcessState) Type() protoreflect.EnumType {
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[2]
+}
+
+func (x ProcessState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ProcessState.Descriptor instead.
+func (ProcessState) EnumDescriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
 // FileType is the type of a directory entry.
 type FileType int32
 
@@ -114,11 +215,11 @@ func (x FileType) String() string {
 }
 
 func (FileType) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[1].Descriptor()
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[3].Descriptor()
 }
 
 func (FileType) Type() protoreflect.EnumType {
-	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[1]
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[3]
 }
 
 func (x FileType) Number() protoreflect.EnumNumber {
@@ -127,21 +228,83 @@ func (x FileType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileType.Descriptor instead.
 func (FileType) EnumDescriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
-// Sandbox is one sandbox of a run.
+// PatchChangeKind is what a patch did to one file.
+type PatchChangeKind int32
+
+const (
+	PatchChangeKind_PATCH_CHANGE_KIND_UNSPECIFIED PatchChangeKind = 0
+	PatchChangeKind_PATCH_CHANGE_KIND_CREATED     PatchChangeKind = 1
+	PatchChangeKind_PATCH_CHANGE_KIND_UPDATED     PatchChangeKind = 2
+	PatchChangeKind_PATCH_CHANGE_KIND_MOVED       PatchChangeKind = 3
+	PatchChangeKind_PATCH_CHANGE_KIND_DELETED     PatchChangeKind = 4
+)
+
+// Enum value maps for PatchChangeKind.
+var (
+	PatchChangeKind_name = map[int32]string{
+		0: "PATCH_CHANGE_KIND_UNSPECIFIED",
+		1: "PATCH_CHANGE_KIND_CREATED",
+		2: "PATCH_CHANGE_KIND_UPDATED",
+		3: "PATCH_CHANGE_KIND_MOVED",
+		4: "PATCH_CHANGE_KIND_DELETED",
+	}
+	PatchChangeKind_value = map[string]int32{
+		"PATCH_CHANGE_KIND_UNSPECIFIED": 0,
+		"PATCH_CHANGE_KIND_CREATED":     1,
+		"PATCH_CHANGE_KIND_UPDATED":     2,
+		"PATCH_CHANGE_KIND_MOVED":       3,
+		"PATCH_CHANGE_KIND_DELETED":     4,
+	}
+)
+
+func (x PatchChangeKind) Enum() *PatchChangeKind {
+	p := new(PatchChangeKind)
+	*p = x
+	return p
+}
+
+func (x PatchChangeKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (PatchChangeKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[4].Descriptor()
+}
+
+func (PatchChangeKind) Type() protoreflect.EnumType {
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[4]
+}
+
+func (x PatchChangeKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use PatchChangeKind.Descriptor instead.
+func (PatchChangeKind) EnumDescriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{4}
+}
+
+// Sandbox is one sandbox of the tenant: a run's, or one made with
+// CreateSandbox.
 type Sandbox struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	// The run it belongs to.
+	// The run it belongs to ("" for a sandbox made with CreateSandbox).
 	RunId string `protobuf:"bytes,2,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
 	// The provider that made it: "local", "docker", "remote".
 	Provider   string                 `protobuf:"bytes,3,opt,name=provider,proto3" json:"provider,omitempty"`
 	Status     SandboxStatus          `protobuf:"varint,4,opt,name=status,proto3,enum=bulkhead.harness.v1.SandboxStatus" json:"status,omitempty"`
 	CreateTime *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
-	// When the service deletes it (unset while its run is active).
-	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// When the service deletes it: a run's, once the run finished (unset
+	// while its run is active); an API sandbox's, at its ttl.
+	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	// The labels given to CreateSandbox.
+	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// An API sandbox is deleted once no call used it for this long.
+	IdleTimeout   *durationpb.Duration `protobuf:"bytes,8,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -218,18 +381,255 @@ func (x *Sandbox) GetExpireTime() *timestamppb.Timestamp {
 	return nil
 }
 
+func (x *Sandbox) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *Sandbox) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+// CreateSandboxRequest makes a sandbox.
+type CreateSandboxRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workspace's manifest (YAML or JSON), read by the rules of untrusted
+	// documents, exactly like StartRunRequest.manifest ("" is an empty
+	// workspace).
+	Manifest string `protobuf:"bytes,1,opt,name=manifest,proto3" json:"manifest,omitempty"`
+	// Delete it this long after it was made (unset: the service's default;
+	// at most the service's maximum).
+	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Delete it once no call used it for this long (unset: the service's
+	// default; at most the service's maximum).
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,3,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// Labels to find it by (ListSandboxesRequest.labels): at most 32; keys
+	// are 1 to 63 bytes of a-z, 0-9, '.', '_', '-', '/' starting and ending
+	// with a letter or digit; values at most 256 bytes of text.
+	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSandboxRequest) Reset() {
+	*x = CreateSandboxRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSandboxRequest) ProtoMessage() {}
+
+func (x *CreateSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSandboxRequest.ProtoReflect.Descriptor instead.
+func (*CreateSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *CreateSandboxRequest) GetManifest() string {
+	if x != nil {
+		return x.Manifest
+	}
+	return ""
+}
+
+func (x *CreateSandboxRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+func (x *CreateSandboxRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+// CreateSandboxResponse is the sandbox made, running.
+type CreateSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CreateSandboxResponse) Reset() {
+	*x = CreateSandboxResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CreateSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CreateSandboxResponse) ProtoMessage() {}
+
+func (x *CreateSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CreateSandboxResponse.ProtoReflect.Descriptor instead.
+func (*CreateSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CreateSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+// GetSandboxRequest names a sandbox.
+type GetSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxRequest) Reset() {
+	*x = GetSandboxRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxRequest) ProtoMessage() {}
+
+func (x *GetSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *GetSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// GetSandboxResponse is the sandbox.
+type GetSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxResponse) Reset() {
+	*x = GetSandboxResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxResponse) ProtoMessage() {}
+
+func (x *GetSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *GetSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
 // ListSandboxesRequest lists sandboxes.
 type ListSandboxesRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Only the sandbox of this run ("" for all).
-	RunId         string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	RunId string `protobuf:"bytes,1,opt,name=run_id,json=runId,proto3" json:"run_id,omitempty"`
+	// Only the sandboxes carrying every one of these labels (a run's
+	// sandbox carries none).
+	Labels map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Only the sandboxes in this status (UNSPECIFIED: all).
+	Status SandboxStatus `protobuf:"varint,3,opt,name=status,proto3,enum=bulkhead.harness.v1.SandboxStatus" json:"status,omitempty"`
+	// At most this many sandboxes (0: 50; at most 500).
+	PageSize int32 `protobuf:"varint,4,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page ("" for the first).
+	PageToken     string `protobuf:"bytes,5,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListSandboxesRequest) Reset() {
 	*x = ListSandboxesRequest{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[1]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -241,7 +641,7 @@ func (x *ListSandboxesRequest) String() string {
 func (*ListSandboxesRequest) ProtoMessage() {}
 
 func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[1]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -254,7 +654,7 @@ func (x *ListSandboxesRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxesRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *ListSandboxesRequest) GetRunId() string {
@@ -264,17 +664,47 @@ func (x *ListSandboxesRequest) GetRunId() string {
 	return ""
 }
 
-// ListSandboxesResponse is the tenant's sandboxes.
+func (x *ListSandboxesRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+func (x *ListSandboxesRequest) GetStatus() SandboxStatus {
+	if x != nil {
+		return x.Status
+	}
+	return SandboxStatus_SANDBOX_STATUS_UNSPECIFIED
+}
+
+func (x *ListSandboxesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListSandboxesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListSandboxesResponse is (a page of) the tenant's sandboxes.
 type ListSandboxesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Sandboxes     []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// "" on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListSandboxesResponse) Reset() {
 	*x = ListSandboxesResponse{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[2]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -286,7 +716,7 @@ func (x *ListSandboxesResponse) String() string {
 func (*ListSandboxesResponse) ProtoMessage() {}
 
 func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[2]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -299,12 +729,1521 @@ func (x *ListSandboxesResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxesResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxesResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *ListSandboxesResponse) GetSandboxes() []*Sandbox {
 	if x != nil {
 		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *ListSandboxesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
+// DeleteSandboxRequest names the sandbox to delete.
+type DeleteSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSandboxRequest) Reset() {
+	*x = DeleteSandboxRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSandboxRequest) ProtoMessage() {}
+
+func (x *DeleteSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSandboxRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *DeleteSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// DeleteSandboxResponse: the sandbox is deleted.
+type DeleteSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSandboxResponse) Reset() {
+	*x = DeleteSandboxResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSandboxResponse) ProtoMessage() {}
+
+func (x *DeleteSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSandboxResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{8}
+}
+
+// SetTimeoutRequest moves an API sandbox's deadlines.
+type SetTimeoutRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Delete it this long from now (unset: the ttl deadline stays).
+	Ttl *durationpb.Duration `protobuf:"bytes,2,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	// Its new idle timeout (unset: it stays).
+	IdleTimeout   *durationpb.Duration `protobuf:"bytes,3,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTimeoutRequest) Reset() {
+	*x = SetTimeoutRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTimeoutRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTimeoutRequest) ProtoMessage() {}
+
+func (x *SetTimeoutRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTimeoutRequest.ProtoReflect.Descriptor instead.
+func (*SetTimeoutRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SetTimeoutRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SetTimeoutRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+func (x *SetTimeoutRequest) GetIdleTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.IdleTimeout
+	}
+	return nil
+}
+
+// SetTimeoutResponse is the sandbox with its new deadlines.
+type SetTimeoutResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox       *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SetTimeoutResponse) Reset() {
+	*x = SetTimeoutResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SetTimeoutResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SetTimeoutResponse) ProtoMessage() {}
+
+func (x *SetTimeoutResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SetTimeoutResponse.ProtoReflect.Descriptor instead.
+func (*SetTimeoutResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SetTimeoutResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+// RunCommandRequest runs a command. Exactly one of command and argv.
+type RunCommandRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// A shell command line, run as `/bin/sh -c COMMAND`.
+	Command string `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	// The program and its arguments, run without a shell.
+	Argv []string `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	// The working directory, relative to the workspace root ("" for the root).
+	Cwd string `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// Environment variables, set on top of the sandbox's clean defaults.
+	Env map[string]string `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The sandbox account to run as: a user the sandbox's manifest declares,
+	// or "" for the sandbox's run_as account (never root or a system
+	// account).
+	User string `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	// Written to the command's stdin, which is then closed.
+	Stdin string `protobuf:"bytes,7,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	// Kill the command after this long (unset: the service's default; at
+	// most the service's maximum).
+	Timeout       *durationpb.Duration `protobuf:"bytes,8,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCommandRequest) Reset() {
+	*x = RunCommandRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCommandRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCommandRequest) ProtoMessage() {}
+
+func (x *RunCommandRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCommandRequest.ProtoReflect.Descriptor instead.
+func (*RunCommandRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *RunCommandRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RunCommandRequest) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *RunCommandRequest) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *RunCommandRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *RunCommandRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *RunCommandRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *RunCommandRequest) GetStdin() string {
+	if x != nil {
+		return x.Stdin
+	}
+	return ""
+}
+
+func (x *RunCommandRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// RunCommandResponse is how the command ended and what it printed. Each
+// stream comes either as text (stdout, stderr: when it is valid UTF-8) or,
+// when it is not, as raw bytes (stdout_bytes, stderr_bytes; base64 in
+// JSON), never both.
+type RunCommandResponse struct {
+	state       protoimpl.MessageState `protogen:"open.v1"`
+	Stdout      string                 `protobuf:"bytes,1,opt,name=stdout,proto3" json:"stdout,omitempty"`
+	Stderr      string                 `protobuf:"bytes,2,opt,name=stderr,proto3" json:"stderr,omitempty"`
+	StdoutBytes []byte                 `protobuf:"bytes,3,opt,name=stdout_bytes,json=stdoutBytes,proto3" json:"stdout_bytes,omitempty"`
+	StderrBytes []byte                 `protobuf:"bytes,4,opt,name=stderr_bytes,json=stderrBytes,proto3" json:"stderr_bytes,omitempty"`
+	// The exit code (128+N when killed by signal N).
+	ExitCode int32 `protobuf:"varint,5,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// The signal that killed it ("SIGKILL"), if any.
+	Signal string `protobuf:"bytes,6,opt,name=signal,proto3" json:"signal,omitempty"`
+	// Set when the service killed it at its timeout.
+	TimedOut bool `protobuf:"varint,7,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	// Bytes of output not returned: past the size cap of each stream, or
+	// dropped by the sandbox's bounded buffer.
+	DroppedBytes  int64 `protobuf:"varint,8,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunCommandResponse) Reset() {
+	*x = RunCommandResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunCommandResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunCommandResponse) ProtoMessage() {}
+
+func (x *RunCommandResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunCommandResponse.ProtoReflect.Descriptor instead.
+func (*RunCommandResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{12}
+}
+
+func (x *RunCommandResponse) GetStdout() string {
+	if x != nil {
+		return x.Stdout
+	}
+	return ""
+}
+
+func (x *RunCommandResponse) GetStderr() string {
+	if x != nil {
+		return x.Stderr
+	}
+	return ""
+}
+
+func (x *RunCommandResponse) GetStdoutBytes() []byte {
+	if x != nil {
+		return x.StdoutBytes
+	}
+	return nil
+}
+
+func (x *RunCommandResponse) GetStderrBytes() []byte {
+	if x != nil {
+		return x.StderrBytes
+	}
+	return nil
+}
+
+func (x *RunCommandResponse) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *RunCommandResponse) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+func (x *RunCommandResponse) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
+}
+
+func (x *RunCommandResponse) GetDroppedBytes() int64 {
+	if x != nil {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
+// ExecRequest runs a command and streams its output (fields as
+// RunCommandRequest's).
+type ExecRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Command       string                 `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	Argv          []string               `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	Cwd           string                 `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Env           map[string]string      `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	User          string                 `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	Stdin         []byte                 `protobuf:"bytes,7,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Timeout       *durationpb.Duration   `protobuf:"bytes,8,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecRequest) Reset() {
+	*x = ExecRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecRequest) ProtoMessage() {}
+
+func (x *ExecRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecRequest.ProtoReflect.Descriptor instead.
+func (*ExecRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ExecRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ExecRequest) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *ExecRequest) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *ExecRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *ExecRequest) GetStdin() []byte {
+	if x != nil {
+		return x.Stdin
+	}
+	return nil
+}
+
+func (x *ExecRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// ExecStarted: the process started.
+type ExecStarted struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	ProcessId     string                 `protobuf:"bytes,1,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecStarted) Reset() {
+	*x = ExecStarted{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[14]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecStarted) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecStarted) ProtoMessage() {}
+
+func (x *ExecStarted) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[14]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecStarted.ProtoReflect.Descriptor instead.
+func (*ExecStarted) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{14}
+}
+
+func (x *ExecStarted) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+// ExecOutput is a piece of the process's output.
+type ExecOutput struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Stream        OutputStream           `protobuf:"varint,1,opt,name=stream,proto3,enum=bulkhead.harness.v1.OutputStream" json:"stream,omitempty"`
+	Data          []byte                 `protobuf:"bytes,2,opt,name=data,proto3" json:"data,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecOutput) Reset() {
+	*x = ExecOutput{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[15]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecOutput) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecOutput) ProtoMessage() {}
+
+func (x *ExecOutput) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[15]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecOutput.ProtoReflect.Descriptor instead.
+func (*ExecOutput) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{15}
+}
+
+func (x *ExecOutput) GetStream() OutputStream {
+	if x != nil {
+		return x.Stream
+	}
+	return OutputStream_OUTPUT_STREAM_UNSPECIFIED
+}
+
+func (x *ExecOutput) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+// ExecExited: the process ended (the last message).
+type ExecExited struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	ExitCode int32                  `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal   string                 `protobuf:"bytes,2,opt,name=signal,proto3" json:"signal,omitempty"`
+	TimedOut bool                   `protobuf:"varint,3,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	// Bytes of output the sandbox's bounded buffer dropped.
+	DroppedBytes  int64 `protobuf:"varint,4,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecExited) Reset() {
+	*x = ExecExited{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[16]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecExited) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecExited) ProtoMessage() {}
+
+func (x *ExecExited) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[16]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecExited.ProtoReflect.Descriptor instead.
+func (*ExecExited) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{16}
+}
+
+func (x *ExecExited) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *ExecExited) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+func (x *ExecExited) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
+}
+
+func (x *ExecExited) GetDroppedBytes() int64 {
+	if x != nil {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
+// ExecResponse is one event of an Exec: started, output..., exited.
+type ExecResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*ExecResponse_Started
+	//	*ExecResponse_Output
+	//	*ExecResponse_Exited
+	Kind          isExecResponse_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExecResponse) Reset() {
+	*x = ExecResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExecResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExecResponse) ProtoMessage() {}
+
+func (x *ExecResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExecResponse.ProtoReflect.Descriptor instead.
+func (*ExecResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *ExecResponse) GetKind() isExecResponse_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetStarted() *ExecStarted {
+	if x != nil {
+		if x, ok := x.Kind.(*ExecResponse_Started); ok {
+			return x.Started
+		}
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetOutput() *ExecOutput {
+	if x != nil {
+		if x, ok := x.Kind.(*ExecResponse_Output); ok {
+			return x.Output
+		}
+	}
+	return nil
+}
+
+func (x *ExecResponse) GetExited() *ExecExited {
+	if x != nil {
+		if x, ok := x.Kind.(*ExecResponse_Exited); ok {
+			return x.Exited
+		}
+	}
+	return nil
+}
+
+type isExecResponse_Kind interface {
+	isExecResponse_Kind()
+}
+
+type ExecResponse_Started struct {
+	Started *ExecStarted `protobuf:"bytes,1,opt,name=started,proto3,oneof"`
+}
+
+type ExecResponse_Output struct {
+	Output *ExecOutput `protobuf:"bytes,2,opt,name=output,proto3,oneof"`
+}
+
+type ExecResponse_Exited struct {
+	Exited *ExecExited `protobuf:"bytes,3,opt,name=exited,proto3,oneof"`
+}
+
+func (*ExecResponse_Started) isExecResponse_Kind() {}
+
+func (*ExecResponse_Output) isExecResponse_Kind() {}
+
+func (*ExecResponse_Exited) isExecResponse_Kind() {}
+
+// Process is a process of a sandbox.
+type Process struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	ProcessId string                 `protobuf:"bytes,1,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	Argv      []string               `protobuf:"bytes,2,rep,name=argv,proto3" json:"argv,omitempty"`
+	Cwd       string                 `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	User      string                 `protobuf:"bytes,4,opt,name=user,proto3" json:"user,omitempty"`
+	State     ProcessState           `protobuf:"varint,5,opt,name=state,proto3,enum=bulkhead.harness.v1.ProcessState" json:"state,omitempty"`
+	StartTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=start_time,json=startTime,proto3" json:"start_time,omitempty"`
+	// Once exited: how.
+	ExitCode      int32                  `protobuf:"varint,7,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	Signal        string                 `protobuf:"bytes,8,opt,name=signal,proto3" json:"signal,omitempty"`
+	TimedOut      bool                   `protobuf:"varint,9,opt,name=timed_out,json=timedOut,proto3" json:"timed_out,omitempty"`
+	ExitTime      *timestamppb.Timestamp `protobuf:"bytes,10,opt,name=exit_time,json=exitTime,proto3" json:"exit_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Process) Reset() {
+	*x = Process{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Process) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Process) ProtoMessage() {}
+
+func (x *Process) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Process.ProtoReflect.Descriptor instead.
+func (*Process) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *Process) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *Process) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *Process) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *Process) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *Process) GetState() ProcessState {
+	if x != nil {
+		return x.State
+	}
+	return ProcessState_PROCESS_STATE_UNSPECIFIED
+}
+
+func (x *Process) GetStartTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.StartTime
+	}
+	return nil
+}
+
+func (x *Process) GetExitCode() int32 {
+	if x != nil {
+		return x.ExitCode
+	}
+	return 0
+}
+
+func (x *Process) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+func (x *Process) GetTimedOut() bool {
+	if x != nil {
+		return x.TimedOut
+	}
+	return false
+}
+
+func (x *Process) GetExitTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExitTime
+	}
+	return nil
+}
+
+// StartProcessRequest starts a command (fields as RunCommandRequest's).
+type StartProcessRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Command   string                 `protobuf:"bytes,2,opt,name=command,proto3" json:"command,omitempty"`
+	Argv      []string               `protobuf:"bytes,3,rep,name=argv,proto3" json:"argv,omitempty"`
+	Cwd       string                 `protobuf:"bytes,4,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	Env       map[string]string      `protobuf:"bytes,5,rep,name=env,proto3" json:"env,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	User      string                 `protobuf:"bytes,6,opt,name=user,proto3" json:"user,omitempty"`
+	// Keep a stdin pipe open for WriteStdin (without it stdin is /dev/null).
+	Stdin         bool                 `protobuf:"varint,7,opt,name=stdin,proto3" json:"stdin,omitempty"`
+	Timeout       *durationpb.Duration `protobuf:"bytes,8,opt,name=timeout,proto3" json:"timeout,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartProcessRequest) Reset() {
+	*x = StartProcessRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartProcessRequest) ProtoMessage() {}
+
+func (x *StartProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartProcessRequest.ProtoReflect.Descriptor instead.
+func (*StartProcessRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *StartProcessRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *StartProcessRequest) GetCommand() string {
+	if x != nil {
+		return x.Command
+	}
+	return ""
+}
+
+func (x *StartProcessRequest) GetArgv() []string {
+	if x != nil {
+		return x.Argv
+	}
+	return nil
+}
+
+func (x *StartProcessRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *StartProcessRequest) GetEnv() map[string]string {
+	if x != nil {
+		return x.Env
+	}
+	return nil
+}
+
+func (x *StartProcessRequest) GetUser() string {
+	if x != nil {
+		return x.User
+	}
+	return ""
+}
+
+func (x *StartProcessRequest) GetStdin() bool {
+	if x != nil {
+		return x.Stdin
+	}
+	return false
+}
+
+func (x *StartProcessRequest) GetTimeout() *durationpb.Duration {
+	if x != nil {
+		return x.Timeout
+	}
+	return nil
+}
+
+// StartProcessResponse is the started process.
+type StartProcessResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Process       *Process               `protobuf:"bytes,1,opt,name=process,proto3" json:"process,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StartProcessResponse) Reset() {
+	*x = StartProcessResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StartProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StartProcessResponse) ProtoMessage() {}
+
+func (x *StartProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StartProcessResponse.ProtoReflect.Descriptor instead.
+func (*StartProcessResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *StartProcessResponse) GetProcess() *Process {
+	if x != nil {
+		return x.Process
+	}
+	return nil
+}
+
+// ReadProcessOutputRequest reads a process's output.
+type ReadProcessOutputRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ProcessId string                 `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	// The byte offset to read from (the previous next_cursor; 0 first).
+	Cursor int64 `protobuf:"varint,3,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	// Wait up to this long for output when none is there yet (at most 30s).
+	Wait          *durationpb.Duration `protobuf:"bytes,4,opt,name=wait,proto3" json:"wait,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadProcessOutputRequest) Reset() {
+	*x = ReadProcessOutputRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadProcessOutputRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadProcessOutputRequest) ProtoMessage() {}
+
+func (x *ReadProcessOutputRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadProcessOutputRequest.ProtoReflect.Descriptor instead.
+func (*ReadProcessOutputRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ReadProcessOutputRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ReadProcessOutputRequest) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *ReadProcessOutputRequest) GetCursor() int64 {
+	if x != nil {
+		return x.Cursor
+	}
+	return 0
+}
+
+func (x *ReadProcessOutputRequest) GetWait() *durationpb.Duration {
+	if x != nil {
+		return x.Wait
+	}
+	return nil
+}
+
+// ReadProcessOutputResponse is a batch of output.
+type ReadProcessOutputResponse struct {
+	state  protoimpl.MessageState `protogen:"open.v1"`
+	Output []*ExecOutput          `protobuf:"bytes,1,rep,name=output,proto3" json:"output,omitempty"`
+	// Where the next read starts.
+	NextCursor int64 `protobuf:"varint,2,opt,name=next_cursor,json=nextCursor,proto3" json:"next_cursor,omitempty"`
+	// Bytes lost between the cursor and the oldest byte still buffered.
+	DroppedBytes int64 `protobuf:"varint,3,opt,name=dropped_bytes,json=droppedBytes,proto3" json:"dropped_bytes,omitempty"`
+	// Set once the process exited and all its output was returned.
+	Exited        *ExecExited `protobuf:"bytes,4,opt,name=exited,proto3" json:"exited,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReadProcessOutputResponse) Reset() {
+	*x = ReadProcessOutputResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReadProcessOutputResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReadProcessOutputResponse) ProtoMessage() {}
+
+func (x *ReadProcessOutputResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReadProcessOutputResponse.ProtoReflect.Descriptor instead.
+func (*ReadProcessOutputResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *ReadProcessOutputResponse) GetOutput() []*ExecOutput {
+	if x != nil {
+		return x.Output
+	}
+	return nil
+}
+
+func (x *ReadProcessOutputResponse) GetNextCursor() int64 {
+	if x != nil {
+		return x.NextCursor
+	}
+	return 0
+}
+
+func (x *ReadProcessOutputResponse) GetDroppedBytes() int64 {
+	if x != nil {
+		return x.DroppedBytes
+	}
+	return 0
+}
+
+func (x *ReadProcessOutputResponse) GetExited() *ExecExited {
+	if x != nil {
+		return x.Exited
+	}
+	return nil
+}
+
+// WriteStdinRequest writes to a process's stdin.
+type WriteStdinRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ProcessId string                 `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	Data      []byte                 `protobuf:"bytes,3,opt,name=data,proto3" json:"data,omitempty"`
+	// The stdin offset of data's first byte (the previous next_offset; 0
+	// first): a resent write is not applied twice.
+	Offset int64 `protobuf:"varint,4,opt,name=offset,proto3" json:"offset,omitempty"`
+	// Close stdin after data.
+	Close         bool `protobuf:"varint,5,opt,name=close,proto3" json:"close,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteStdinRequest) Reset() {
+	*x = WriteStdinRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteStdinRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteStdinRequest) ProtoMessage() {}
+
+func (x *WriteStdinRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteStdinRequest.ProtoReflect.Descriptor instead.
+func (*WriteStdinRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *WriteStdinRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WriteStdinRequest) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *WriteStdinRequest) GetData() []byte {
+	if x != nil {
+		return x.Data
+	}
+	return nil
+}
+
+func (x *WriteStdinRequest) GetOffset() int64 {
+	if x != nil {
+		return x.Offset
+	}
+	return 0
+}
+
+func (x *WriteStdinRequest) GetClose() bool {
+	if x != nil {
+		return x.Close
+	}
+	return false
+}
+
+// WriteStdinResponse is the offset after the write.
+type WriteStdinResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	NextOffset    int64                  `protobuf:"varint,1,opt,name=next_offset,json=nextOffset,proto3" json:"next_offset,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteStdinResponse) Reset() {
+	*x = WriteStdinResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteStdinResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteStdinResponse) ProtoMessage() {}
+
+func (x *WriteStdinResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteStdinResponse.ProtoReflect.Descriptor instead.
+func (*WriteStdinResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{24}
+}
+
+func (x *WriteStdinResponse) GetNextOffset() int64 {
+	if x != nil {
+		return x.NextOffset
+	}
+	return 0
+}
+
+// SignalProcessRequest signals a process.
+type SignalProcessRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	ProcessId string                 `protobuf:"bytes,2,opt,name=process_id,json=processId,proto3" json:"process_id,omitempty"`
+	// SIGTERM, SIGKILL, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2, SIGSTOP or
+	// SIGCONT (the SIG prefix may be left out).
+	Signal        string `protobuf:"bytes,3,opt,name=signal,proto3" json:"signal,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalProcessRequest) Reset() {
+	*x = SignalProcessRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[25]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalProcessRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalProcessRequest) ProtoMessage() {}
+
+func (x *SignalProcessRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[25]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalProcessRequest.ProtoReflect.Descriptor instead.
+func (*SignalProcessRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{25}
+}
+
+func (x *SignalProcessRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SignalProcessRequest) GetProcessId() string {
+	if x != nil {
+		return x.ProcessId
+	}
+	return ""
+}
+
+func (x *SignalProcessRequest) GetSignal() string {
+	if x != nil {
+		return x.Signal
+	}
+	return ""
+}
+
+// SignalProcessResponse: the signal was sent.
+type SignalProcessResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SignalProcessResponse) Reset() {
+	*x = SignalProcessResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[26]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SignalProcessResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SignalProcessResponse) ProtoMessage() {}
+
+func (x *SignalProcessResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[26]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SignalProcessResponse.ProtoReflect.Descriptor instead.
+func (*SignalProcessResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{26}
+}
+
+// ListProcessesRequest names a sandbox.
+type ListProcessesRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProcessesRequest) Reset() {
+	*x = ListProcessesRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[27]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProcessesRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProcessesRequest) ProtoMessage() {}
+
+func (x *ListProcessesRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[27]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProcessesRequest.ProtoReflect.Descriptor instead.
+func (*ListProcessesRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *ListProcessesRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// ListProcessesResponse is the sandbox's processes.
+type ListProcessesResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Processes     []*Process             `protobuf:"bytes,1,rep,name=processes,proto3" json:"processes,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListProcessesResponse) Reset() {
+	*x = ListProcessesResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[28]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListProcessesResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListProcessesResponse) ProtoMessage() {}
+
+func (x *ListProcessesResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[28]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListProcessesResponse.ProtoReflect.Descriptor instead.
+func (*ListProcessesResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{28}
+}
+
+func (x *ListProcessesResponse) GetProcesses() []*Process {
+	if x != nil {
+		return x.Processes
 	}
 	return nil
 }
@@ -326,7 +2265,7 @@ type FileEntry struct {
 
 func (x *FileEntry) Reset() {
 	*x = FileEntry{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[3]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -338,7 +2277,7 @@ func (x *FileEntry) String() string {
 func (*FileEntry) ProtoMessage() {}
 
 func (x *FileEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[3]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -351,7 +2290,7 @@ func (x *FileEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use FileEntry.ProtoReflect.Descriptor instead.
 func (*FileEntry) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *FileEntry) GetName() string {
@@ -408,7 +2347,7 @@ type ListSandboxDirRequest struct {
 
 func (x *ListSandboxDirRequest) Reset() {
 	*x = ListSandboxDirRequest{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[4]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -420,7 +2359,7 @@ func (x *ListSandboxDirRequest) String() string {
 func (*ListSandboxDirRequest) ProtoMessage() {}
 
 func (x *ListSandboxDirRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[4]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -433,7 +2372,7 @@ func (x *ListSandboxDirRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxDirRequest.ProtoReflect.Descriptor instead.
 func (*ListSandboxDirRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ListSandboxDirRequest) GetSandboxId() string {
@@ -460,7 +2399,7 @@ type ListSandboxDirResponse struct {
 
 func (x *ListSandboxDirResponse) Reset() {
 	*x = ListSandboxDirResponse{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[5]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -472,7 +2411,7 @@ func (x *ListSandboxDirResponse) String() string {
 func (*ListSandboxDirResponse) ProtoMessage() {}
 
 func (x *ListSandboxDirResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[5]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -485,7 +2424,7 @@ func (x *ListSandboxDirResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListSandboxDirResponse.ProtoReflect.Descriptor instead.
 func (*ListSandboxDirResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{5}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListSandboxDirResponse) GetEntries() []*FileEntry {
@@ -510,7 +2449,7 @@ type ReadSandboxFileRequest struct {
 
 func (x *ReadSandboxFileRequest) Reset() {
 	*x = ReadSandboxFileRequest{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[6]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -522,7 +2461,7 @@ func (x *ReadSandboxFileRequest) String() string {
 func (*ReadSandboxFileRequest) ProtoMessage() {}
 
 func (x *ReadSandboxFileRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[6]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -535,7 +2474,7 @@ func (x *ReadSandboxFileRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadSandboxFileRequest.ProtoReflect.Descriptor instead.
 func (*ReadSandboxFileRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{6}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *ReadSandboxFileRequest) GetSandboxId() string {
@@ -578,7 +2517,7 @@ type ReadSandboxFileResponse struct {
 
 func (x *ReadSandboxFileResponse) Reset() {
 	*x = ReadSandboxFileResponse{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[7]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[33]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -590,7 +2529,7 @@ func (x *ReadSandboxFileResponse) String() string {
 func (*ReadSandboxFileResponse) ProtoMessage() {}
 
 func (x *ReadSandboxFileResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[7]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[33]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -603,7 +2542,7 @@ func (x *ReadSandboxFileResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReadSandboxFileResponse.ProtoReflect.Descriptor instead.
 func (*ReadSandboxFileResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{7}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{33}
 }
 
 func (x *ReadSandboxFileResponse) GetData() []byte {
@@ -620,6 +2559,794 @@ func (x *ReadSandboxFileResponse) GetOffset() int64 {
 	return 0
 }
 
+// WriteFileHeader starts a WriteFile.
+type WriteFileHeader struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Relative to the workspace root.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Permission bits of a new file (0: 0644).
+	Mode uint32 `protobuf:"varint,3,opt,name=mode,proto3" json:"mode,omitempty"`
+	// Make missing parent directories.
+	CreateParents bool `protobuf:"varint,4,opt,name=create_parents,json=createParents,proto3" json:"create_parents,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileHeader) Reset() {
+	*x = WriteFileHeader{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[34]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileHeader) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileHeader) ProtoMessage() {}
+
+func (x *WriteFileHeader) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[34]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileHeader.ProtoReflect.Descriptor instead.
+func (*WriteFileHeader) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{34}
+}
+
+func (x *WriteFileHeader) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *WriteFileHeader) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *WriteFileHeader) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+func (x *WriteFileHeader) GetCreateParents() bool {
+	if x != nil {
+		return x.CreateParents
+	}
+	return false
+}
+
+// WriteFileRequest is one message of a WriteFile: the header first, then
+// the file's bytes.
+type WriteFileRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Types that are valid to be assigned to Kind:
+	//
+	//	*WriteFileRequest_Header
+	//	*WriteFileRequest_Data
+	Kind          isWriteFileRequest_Kind `protobuf_oneof:"kind"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileRequest) Reset() {
+	*x = WriteFileRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[35]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileRequest) ProtoMessage() {}
+
+func (x *WriteFileRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[35]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileRequest.ProtoReflect.Descriptor instead.
+func (*WriteFileRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{35}
+}
+
+func (x *WriteFileRequest) GetKind() isWriteFileRequest_Kind {
+	if x != nil {
+		return x.Kind
+	}
+	return nil
+}
+
+func (x *WriteFileRequest) GetHeader() *WriteFileHeader {
+	if x != nil {
+		if x, ok := x.Kind.(*WriteFileRequest_Header); ok {
+			return x.Header
+		}
+	}
+	return nil
+}
+
+func (x *WriteFileRequest) GetData() []byte {
+	if x != nil {
+		if x, ok := x.Kind.(*WriteFileRequest_Data); ok {
+			return x.Data
+		}
+	}
+	return nil
+}
+
+type isWriteFileRequest_Kind interface {
+	isWriteFileRequest_Kind()
+}
+
+type WriteFileRequest_Header struct {
+	Header *WriteFileHeader `protobuf:"bytes,1,opt,name=header,proto3,oneof"`
+}
+
+type WriteFileRequest_Data struct {
+	Data []byte `protobuf:"bytes,2,opt,name=data,proto3,oneof"`
+}
+
+func (*WriteFileRequest_Header) isWriteFileRequest_Kind() {}
+
+func (*WriteFileRequest_Data) isWriteFileRequest_Kind() {}
+
+// WriteFileResponse is the written file.
+type WriteFileResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	File          *FileEntry             `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *WriteFileResponse) Reset() {
+	*x = WriteFileResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[36]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *WriteFileResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*WriteFileResponse) ProtoMessage() {}
+
+func (x *WriteFileResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[36]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use WriteFileResponse.ProtoReflect.Descriptor instead.
+func (*WriteFileResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{36}
+}
+
+func (x *WriteFileResponse) GetFile() *FileEntry {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+// StatRequest names a path.
+type StatRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Relative to the workspace root ("" for the root).
+	Path          string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatRequest) Reset() {
+	*x = StatRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[37]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatRequest) ProtoMessage() {}
+
+func (x *StatRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[37]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatRequest.ProtoReflect.Descriptor instead.
+func (*StatRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{37}
+}
+
+func (x *StatRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *StatRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+// StatResponse describes it.
+type StatResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	File          *FileEntry             `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *StatResponse) Reset() {
+	*x = StatResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[38]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *StatResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*StatResponse) ProtoMessage() {}
+
+func (x *StatResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[38]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use StatResponse.ProtoReflect.Descriptor instead.
+func (*StatResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{38}
+}
+
+func (x *StatResponse) GetFile() *FileEntry {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+// RemoveRequest names the path to remove.
+type RemoveRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Relative to the workspace root (not the root itself).
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Remove a non-empty directory with everything under it.
+	Recursive     bool `protobuf:"varint,3,opt,name=recursive,proto3" json:"recursive,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveRequest) Reset() {
+	*x = RemoveRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[39]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveRequest) ProtoMessage() {}
+
+func (x *RemoveRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[39]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveRequest.ProtoReflect.Descriptor instead.
+func (*RemoveRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{39}
+}
+
+func (x *RemoveRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RemoveRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *RemoveRequest) GetRecursive() bool {
+	if x != nil {
+		return x.Recursive
+	}
+	return false
+}
+
+// RemoveResponse: the path is gone.
+type RemoveResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RemoveResponse) Reset() {
+	*x = RemoveResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[40]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RemoveResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RemoveResponse) ProtoMessage() {}
+
+func (x *RemoveResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[40]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RemoveResponse.ProtoReflect.Descriptor instead.
+func (*RemoveResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{40}
+}
+
+// MakeDirRequest names the directory to make.
+type MakeDirRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Relative to the workspace root.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Make missing parents too (an existing directory is then no error).
+	Parents bool `protobuf:"varint,3,opt,name=parents,proto3" json:"parents,omitempty"`
+	// Permission bits (0: 0755).
+	Mode          uint32 `protobuf:"varint,4,opt,name=mode,proto3" json:"mode,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MakeDirRequest) Reset() {
+	*x = MakeDirRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[41]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MakeDirRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MakeDirRequest) ProtoMessage() {}
+
+func (x *MakeDirRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[41]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MakeDirRequest.ProtoReflect.Descriptor instead.
+func (*MakeDirRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{41}
+}
+
+func (x *MakeDirRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *MakeDirRequest) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *MakeDirRequest) GetParents() bool {
+	if x != nil {
+		return x.Parents
+	}
+	return false
+}
+
+func (x *MakeDirRequest) GetMode() uint32 {
+	if x != nil {
+		return x.Mode
+	}
+	return 0
+}
+
+// MakeDirResponse is the directory.
+type MakeDirResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	File          *FileEntry             `protobuf:"bytes,1,opt,name=file,proto3" json:"file,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *MakeDirResponse) Reset() {
+	*x = MakeDirResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[42]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *MakeDirResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*MakeDirResponse) ProtoMessage() {}
+
+func (x *MakeDirResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[42]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use MakeDirResponse.ProtoReflect.Descriptor instead.
+func (*MakeDirResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{42}
+}
+
+func (x *MakeDirResponse) GetFile() *FileEntry {
+	if x != nil {
+		return x.File
+	}
+	return nil
+}
+
+// ApplyPatchRequest applies a patch.
+type ApplyPatchRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// The V4A patch text.
+	Patch string `protobuf:"bytes,2,opt,name=patch,proto3" json:"patch,omitempty"`
+	// The directory its paths are relative to ("" for the workspace root).
+	Cwd string `protobuf:"bytes,3,opt,name=cwd,proto3" json:"cwd,omitempty"`
+	// Check that it applies without changing anything.
+	DryRun        bool `protobuf:"varint,4,opt,name=dry_run,json=dryRun,proto3" json:"dry_run,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyPatchRequest) Reset() {
+	*x = ApplyPatchRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[43]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyPatchRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyPatchRequest) ProtoMessage() {}
+
+func (x *ApplyPatchRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[43]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyPatchRequest.ProtoReflect.Descriptor instead.
+func (*ApplyPatchRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{43}
+}
+
+func (x *ApplyPatchRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ApplyPatchRequest) GetPatch() string {
+	if x != nil {
+		return x.Patch
+	}
+	return ""
+}
+
+func (x *ApplyPatchRequest) GetCwd() string {
+	if x != nil {
+		return x.Cwd
+	}
+	return ""
+}
+
+func (x *ApplyPatchRequest) GetDryRun() bool {
+	if x != nil {
+		return x.DryRun
+	}
+	return false
+}
+
+// PatchChange is one applied operation.
+type PatchChange struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  PatchChangeKind        `protobuf:"varint,1,opt,name=kind,proto3,enum=bulkhead.harness.v1.PatchChangeKind" json:"kind,omitempty"`
+	// The path as the patch wrote it.
+	Path string `protobuf:"bytes,2,opt,name=path,proto3" json:"path,omitempty"`
+	// Where a moved file went.
+	NewPath       string `protobuf:"bytes,3,opt,name=new_path,json=newPath,proto3" json:"new_path,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PatchChange) Reset() {
+	*x = PatchChange{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[44]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PatchChange) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PatchChange) ProtoMessage() {}
+
+func (x *PatchChange) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[44]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PatchChange.ProtoReflect.Descriptor instead.
+func (*PatchChange) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{44}
+}
+
+func (x *PatchChange) GetKind() PatchChangeKind {
+	if x != nil {
+		return x.Kind
+	}
+	return PatchChangeKind_PATCH_CHANGE_KIND_UNSPECIFIED
+}
+
+func (x *PatchChange) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *PatchChange) GetNewPath() string {
+	if x != nil {
+		return x.NewPath
+	}
+	return ""
+}
+
+// PatchRejection says why a patch did not apply.
+type PatchRejection struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The file whose operation failed.
+	Path string `protobuf:"bytes,1,opt,name=path,proto3" json:"path,omitempty"`
+	// What went wrong, for the author of the patch.
+	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The lines the patch expected to find.
+	ExpectedLines []string `protobuf:"bytes,3,rep,name=expected_lines,json=expectedLines,proto3" json:"expected_lines,omitempty"`
+	// The 1-based first line of the region of the file closest to them (0:
+	// none), and that region.
+	ClosestLine   int32    `protobuf:"varint,4,opt,name=closest_line,json=closestLine,proto3" json:"closest_line,omitempty"`
+	ClosestLines  []string `protobuf:"bytes,5,rep,name=closest_lines,json=closestLines,proto3" json:"closest_lines,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PatchRejection) Reset() {
+	*x = PatchRejection{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[45]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PatchRejection) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PatchRejection) ProtoMessage() {}
+
+func (x *PatchRejection) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[45]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PatchRejection.ProtoReflect.Descriptor instead.
+func (*PatchRejection) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{45}
+}
+
+func (x *PatchRejection) GetPath() string {
+	if x != nil {
+		return x.Path
+	}
+	return ""
+}
+
+func (x *PatchRejection) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *PatchRejection) GetExpectedLines() []string {
+	if x != nil {
+		return x.ExpectedLines
+	}
+	return nil
+}
+
+func (x *PatchRejection) GetClosestLine() int32 {
+	if x != nil {
+		return x.ClosestLine
+	}
+	return 0
+}
+
+func (x *PatchRejection) GetClosestLines() []string {
+	if x != nil {
+		return x.ClosestLines
+	}
+	return nil
+}
+
+// ApplyPatchResponse is what the patch changed, in patch order, or, when
+// it did not apply (nothing changed), why.
+type ApplyPatchResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Changes       []*PatchChange         `protobuf:"bytes,1,rep,name=changes,proto3" json:"changes,omitempty"`
+	Rejection     *PatchRejection        `protobuf:"bytes,2,opt,name=rejection,proto3" json:"rejection,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ApplyPatchResponse) Reset() {
+	*x = ApplyPatchResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[46]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ApplyPatchResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ApplyPatchResponse) ProtoMessage() {}
+
+func (x *ApplyPatchResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[46]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ApplyPatchResponse.ProtoReflect.Descriptor instead.
+func (*ApplyPatchResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{46}
+}
+
+func (x *ApplyPatchResponse) GetChanges() []*PatchChange {
+	if x != nil {
+		return x.Changes
+	}
+	return nil
+}
+
+func (x *ApplyPatchResponse) GetRejection() *PatchRejection {
+	if x != nil {
+		return x.Rejection
+	}
+	return nil
+}
+
 // TerminalStart opens the terminal.
 type TerminalStart struct {
 	state     protoimpl.MessageState `protogen:"open.v1"`
@@ -634,7 +3361,7 @@ type TerminalStart struct {
 
 func (x *TerminalStart) Reset() {
 	*x = TerminalStart{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[8]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -646,7 +3373,7 @@ func (x *TerminalStart) String() string {
 func (*TerminalStart) ProtoMessage() {}
 
 func (x *TerminalStart) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[8]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -659,7 +3386,7 @@ func (x *TerminalStart) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalStart.ProtoReflect.Descriptor instead.
 func (*TerminalStart) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{8}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *TerminalStart) GetSandboxId() string {
@@ -701,7 +3428,7 @@ type TerminalSize struct {
 
 func (x *TerminalSize) Reset() {
 	*x = TerminalSize{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[9]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -713,7 +3440,7 @@ func (x *TerminalSize) String() string {
 func (*TerminalSize) ProtoMessage() {}
 
 func (x *TerminalSize) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[9]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -726,7 +3453,7 @@ func (x *TerminalSize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalSize.ProtoReflect.Descriptor instead.
 func (*TerminalSize) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{9}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *TerminalSize) GetCols() uint32 {
@@ -758,7 +3485,7 @@ type OpenTerminalRequest struct {
 
 func (x *OpenTerminalRequest) Reset() {
 	*x = OpenTerminalRequest{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[10]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -770,7 +3497,7 @@ func (x *OpenTerminalRequest) String() string {
 func (*OpenTerminalRequest) ProtoMessage() {}
 
 func (x *OpenTerminalRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[10]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -783,7 +3510,7 @@ func (x *OpenTerminalRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenTerminalRequest.ProtoReflect.Descriptor instead.
 func (*OpenTerminalRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{10}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *OpenTerminalRequest) GetKind() isOpenTerminalRequest_Kind {
@@ -856,7 +3583,7 @@ type TerminalExited struct {
 
 func (x *TerminalExited) Reset() {
 	*x = TerminalExited{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[11]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -868,7 +3595,7 @@ func (x *TerminalExited) String() string {
 func (*TerminalExited) ProtoMessage() {}
 
 func (x *TerminalExited) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[11]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -881,7 +3608,7 @@ func (x *TerminalExited) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TerminalExited.ProtoReflect.Descriptor instead.
 func (*TerminalExited) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{11}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *TerminalExited) GetExitCode() int32 {
@@ -912,7 +3639,7 @@ type OpenTerminalResponse struct {
 
 func (x *OpenTerminalResponse) Reset() {
 	*x = OpenTerminalResponse{}
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[12]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -924,7 +3651,7 @@ func (x *OpenTerminalResponse) String() string {
 func (*OpenTerminalResponse) ProtoMessage() {}
 
 func (x *OpenTerminalResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[12]
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -937,7 +3664,7 @@ func (x *OpenTerminalResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use OpenTerminalResponse.ProtoReflect.Descriptor instead.
 func (*OpenTerminalResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{12}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *OpenTerminalResponse) GetKind() isOpenTerminalResponse_Kind {
@@ -986,7 +3713,7 @@ var File_bulkhead_harness_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!bulkhead/harness/v1/sandbox.proto\x12\x13bulkhead.harness.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\x91\x02\n" +
+	"!bulkhead/harness/v1/sandbox.proto\x12\x13bulkhead.harness.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x03\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x15\n" +
@@ -996,11 +3723,169 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\vcreate_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\x12;\n" +
 	"\vexpire_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"expireTime\"-\n" +
+	"expireTime\x12@\n" +
+	"\x06labels\x18\a \x03(\v2(.bulkhead.harness.v1.Sandbox.LabelsEntryR\x06labels\x12<\n" +
+	"\fidle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x02\n" +
+	"\x14CreateSandboxRequest\x12\x1a\n" +
+	"\bmanifest\x18\x01 \x01(\tR\bmanifest\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12<\n" +
+	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12M\n" +
+	"\x06labels\x18\x04 \x03(\v25.bulkhead.harness.v1.CreateSandboxRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +
+	"\x15CreateSandboxResponse\x126\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.bulkhead.harness.v1.SandboxR\asandbox\"2\n" +
+	"\x11GetSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"L\n" +
+	"\x12GetSandboxResponse\x126\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.bulkhead.harness.v1.SandboxR\asandbox\"\xaf\x02\n" +
 	"\x14ListSandboxesRequest\x12\x15\n" +
-	"\x06run_id\x18\x01 \x01(\tR\x05runId\"S\n" +
+	"\x06run_id\x18\x01 \x01(\tR\x05runId\x12M\n" +
+	"\x06labels\x18\x02 \x03(\v25.bulkhead.harness.v1.ListSandboxesRequest.LabelsEntryR\x06labels\x12:\n" +
+	"\x06status\x18\x03 \x01(\x0e2\".bulkhead.harness.v1.SandboxStatusR\x06status\x12\x1b\n" +
+	"\tpage_size\x18\x04 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x05 \x01(\tR\tpageToken\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"{\n" +
 	"\x15ListSandboxesResponse\x12:\n" +
-	"\tsandboxes\x18\x01 \x03(\v2\x1c.bulkhead.harness.v1.SandboxR\tsandboxes\"\xcb\x01\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x1c.bulkhead.harness.v1.SandboxR\tsandboxes\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"5\n" +
+	"\x14DeleteSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"\x17\n" +
+	"\x15DeleteSandboxResponse\"\x9d\x01\n" +
+	"\x11SetTimeoutRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12+\n" +
+	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12<\n" +
+	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\"L\n" +
+	"\x12SetTimeoutResponse\x126\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.bulkhead.harness.v1.SandboxR\asandbox\"\xcc\x02\n" +
+	"\x11RunCommandRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
+	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12\x10\n" +
+	"\x03cwd\x18\x04 \x01(\tR\x03cwd\x12A\n" +
+	"\x03env\x18\x05 \x03(\v2/.bulkhead.harness.v1.RunCommandRequest.EnvEntryR\x03env\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12\x14\n" +
+	"\x05stdin\x18\a \x01(\tR\x05stdin\x123\n" +
+	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x81\x02\n" +
+	"\x12RunCommandResponse\x12\x16\n" +
+	"\x06stdout\x18\x01 \x01(\tR\x06stdout\x12\x16\n" +
+	"\x06stderr\x18\x02 \x01(\tR\x06stderr\x12!\n" +
+	"\fstdout_bytes\x18\x03 \x01(\fR\vstdoutBytes\x12!\n" +
+	"\fstderr_bytes\x18\x04 \x01(\fR\vstderrBytes\x12\x1b\n" +
+	"\texit_code\x18\x05 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x06 \x01(\tR\x06signal\x12\x1b\n" +
+	"\ttimed_out\x18\a \x01(\bR\btimedOut\x12#\n" +
+	"\rdropped_bytes\x18\b \x01(\x03R\fdroppedBytes\"\xc0\x02\n" +
+	"\vExecRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
+	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12\x10\n" +
+	"\x03cwd\x18\x04 \x01(\tR\x03cwd\x12;\n" +
+	"\x03env\x18\x05 \x03(\v2).bulkhead.harness.v1.ExecRequest.EnvEntryR\x03env\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12\x14\n" +
+	"\x05stdin\x18\a \x01(\fR\x05stdin\x123\n" +
+	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\",\n" +
+	"\vExecStarted\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x01 \x01(\tR\tprocessId\"[\n" +
+	"\n" +
+	"ExecOutput\x129\n" +
+	"\x06stream\x18\x01 \x01(\x0e2!.bulkhead.harness.v1.OutputStreamR\x06stream\x12\x12\n" +
+	"\x04data\x18\x02 \x01(\fR\x04data\"\x83\x01\n" +
+	"\n" +
+	"ExecExited\x12\x1b\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\x02 \x01(\tR\x06signal\x12\x1b\n" +
+	"\ttimed_out\x18\x03 \x01(\bR\btimedOut\x12#\n" +
+	"\rdropped_bytes\x18\x04 \x01(\x03R\fdroppedBytes\"\xca\x01\n" +
+	"\fExecResponse\x12<\n" +
+	"\astarted\x18\x01 \x01(\v2 .bulkhead.harness.v1.ExecStartedH\x00R\astarted\x129\n" +
+	"\x06output\x18\x02 \x01(\v2\x1f.bulkhead.harness.v1.ExecOutputH\x00R\x06output\x129\n" +
+	"\x06exited\x18\x03 \x01(\v2\x1f.bulkhead.harness.v1.ExecExitedH\x00R\x06exitedB\x06\n" +
+	"\x04kind\"\xe1\x02\n" +
+	"\aProcess\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x01 \x01(\tR\tprocessId\x12\x12\n" +
+	"\x04argv\x18\x02 \x03(\tR\x04argv\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x12\n" +
+	"\x04user\x18\x04 \x01(\tR\x04user\x127\n" +
+	"\x05state\x18\x05 \x01(\x0e2!.bulkhead.harness.v1.ProcessStateR\x05state\x129\n" +
+	"\n" +
+	"start_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\tstartTime\x12\x1b\n" +
+	"\texit_code\x18\a \x01(\x05R\bexitCode\x12\x16\n" +
+	"\x06signal\x18\b \x01(\tR\x06signal\x12\x1b\n" +
+	"\ttimed_out\x18\t \x01(\bR\btimedOut\x127\n" +
+	"\texit_time\x18\n" +
+	" \x01(\v2\x1a.google.protobuf.TimestampR\bexitTime\"\xd0\x02\n" +
+	"\x13StartProcessRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
+	"\acommand\x18\x02 \x01(\tR\acommand\x12\x12\n" +
+	"\x04argv\x18\x03 \x03(\tR\x04argv\x12\x10\n" +
+	"\x03cwd\x18\x04 \x01(\tR\x03cwd\x12C\n" +
+	"\x03env\x18\x05 \x03(\v21.bulkhead.harness.v1.StartProcessRequest.EnvEntryR\x03env\x12\x12\n" +
+	"\x04user\x18\x06 \x01(\tR\x04user\x12\x14\n" +
+	"\x05stdin\x18\a \x01(\bR\x05stdin\x123\n" +
+	"\atimeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\atimeout\x1a6\n" +
+	"\bEnvEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"N\n" +
+	"\x14StartProcessResponse\x126\n" +
+	"\aprocess\x18\x01 \x01(\v2\x1c.bulkhead.harness.v1.ProcessR\aprocess\"\x9f\x01\n" +
+	"\x18ReadProcessOutputRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x16\n" +
+	"\x06cursor\x18\x03 \x01(\x03R\x06cursor\x12-\n" +
+	"\x04wait\x18\x04 \x01(\v2\x19.google.protobuf.DurationR\x04wait\"\xd3\x01\n" +
+	"\x19ReadProcessOutputResponse\x127\n" +
+	"\x06output\x18\x01 \x03(\v2\x1f.bulkhead.harness.v1.ExecOutputR\x06output\x12\x1f\n" +
+	"\vnext_cursor\x18\x02 \x01(\x03R\n" +
+	"nextCursor\x12#\n" +
+	"\rdropped_bytes\x18\x03 \x01(\x03R\fdroppedBytes\x127\n" +
+	"\x06exited\x18\x04 \x01(\v2\x1f.bulkhead.harness.v1.ExecExitedR\x06exited\"\x93\x01\n" +
+	"\x11WriteStdinRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x12\n" +
+	"\x04data\x18\x03 \x01(\fR\x04data\x12\x16\n" +
+	"\x06offset\x18\x04 \x01(\x03R\x06offset\x12\x14\n" +
+	"\x05close\x18\x05 \x01(\bR\x05close\"5\n" +
+	"\x12WriteStdinResponse\x12\x1f\n" +
+	"\vnext_offset\x18\x01 \x01(\x03R\n" +
+	"nextOffset\"l\n" +
+	"\x14SignalProcessRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1d\n" +
+	"\n" +
+	"process_id\x18\x02 \x01(\tR\tprocessId\x12\x16\n" +
+	"\x06signal\x18\x03 \x01(\tR\x06signal\"\x17\n" +
+	"\x15SignalProcessResponse\"5\n" +
+	"\x14ListProcessesRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"S\n" +
+	"\x15ListProcessesResponse\x12:\n" +
+	"\tprocesses\x18\x01 \x03(\v2\x1c.bulkhead.harness.v1.ProcessR\tprocesses\"\xcb\x01\n" +
 	"\tFileEntry\x12\x12\n" +
 	"\x04name\x18\x01 \x01(\tR\x04name\x12\x12\n" +
 	"\x04path\x18\x02 \x01(\tR\x04path\x121\n" +
@@ -1023,7 +3908,58 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\x05limit\x18\x04 \x01(\x03R\x05limit\"E\n" +
 	"\x17ReadSandboxFileResponse\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\x12\x16\n" +
-	"\x06offset\x18\x02 \x01(\x03R\x06offset\"p\n" +
+	"\x06offset\x18\x02 \x01(\x03R\x06offset\"\x7f\n" +
+	"\x0fWriteFileHeader\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x12\n" +
+	"\x04mode\x18\x03 \x01(\rR\x04mode\x12%\n" +
+	"\x0ecreate_parents\x18\x04 \x01(\bR\rcreateParents\"p\n" +
+	"\x10WriteFileRequest\x12>\n" +
+	"\x06header\x18\x01 \x01(\v2$.bulkhead.harness.v1.WriteFileHeaderH\x00R\x06header\x12\x14\n" +
+	"\x04data\x18\x02 \x01(\fH\x00R\x04dataB\x06\n" +
+	"\x04kind\"G\n" +
+	"\x11WriteFileResponse\x122\n" +
+	"\x04file\x18\x01 \x01(\v2\x1e.bulkhead.harness.v1.FileEntryR\x04file\"@\n" +
+	"\vStatRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\"B\n" +
+	"\fStatResponse\x122\n" +
+	"\x04file\x18\x01 \x01(\v2\x1e.bulkhead.harness.v1.FileEntryR\x04file\"`\n" +
+	"\rRemoveRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x1c\n" +
+	"\trecursive\x18\x03 \x01(\bR\trecursive\"\x10\n" +
+	"\x0eRemoveResponse\"q\n" +
+	"\x0eMakeDirRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x18\n" +
+	"\aparents\x18\x03 \x01(\bR\aparents\x12\x12\n" +
+	"\x04mode\x18\x04 \x01(\rR\x04mode\"E\n" +
+	"\x0fMakeDirResponse\x122\n" +
+	"\x04file\x18\x01 \x01(\v2\x1e.bulkhead.harness.v1.FileEntryR\x04file\"s\n" +
+	"\x11ApplyPatchRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05patch\x18\x02 \x01(\tR\x05patch\x12\x10\n" +
+	"\x03cwd\x18\x03 \x01(\tR\x03cwd\x12\x17\n" +
+	"\adry_run\x18\x04 \x01(\bR\x06dryRun\"v\n" +
+	"\vPatchChange\x128\n" +
+	"\x04kind\x18\x01 \x01(\x0e2$.bulkhead.harness.v1.PatchChangeKindR\x04kind\x12\x12\n" +
+	"\x04path\x18\x02 \x01(\tR\x04path\x12\x19\n" +
+	"\bnew_path\x18\x03 \x01(\tR\anewPath\"\xad\x01\n" +
+	"\x0ePatchRejection\x12\x12\n" +
+	"\x04path\x18\x01 \x01(\tR\x04path\x12\x18\n" +
+	"\amessage\x18\x02 \x01(\tR\amessage\x12%\n" +
+	"\x0eexpected_lines\x18\x03 \x03(\tR\rexpectedLines\x12!\n" +
+	"\fclosest_line\x18\x04 \x01(\x05R\vclosestLine\x12#\n" +
+	"\rclosest_lines\x18\x05 \x03(\tR\fclosestLines\"\x93\x01\n" +
+	"\x12ApplyPatchResponse\x12:\n" +
+	"\achanges\x18\x01 \x03(\v2 .bulkhead.harness.v1.PatchChangeR\achanges\x12A\n" +
+	"\trejection\x18\x02 \x01(\v2#.bulkhead.harness.v1.PatchRejectionR\trejection\"p\n" +
 	"\rTerminalStart\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x18\n" +
@@ -1048,17 +3984,52 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\rSandboxStatus\x12\x1e\n" +
 	"\x1aSANDBOX_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATUS_RUNNING\x10\x01\x12\x1a\n" +
-	"\x16SANDBOX_STATUS_STOPPED\x10\x02*~\n" +
+	"\x16SANDBOX_STATUS_STOPPED\x10\x02*a\n" +
+	"\fOutputStream\x12\x1d\n" +
+	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
+	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
+	"\x14OUTPUT_STREAM_STDERR\x10\x02*b\n" +
+	"\fProcessState\x12\x1d\n" +
+	"\x19PROCESS_STATE_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15PROCESS_STATE_RUNNING\x10\x01\x12\x18\n" +
+	"\x14PROCESS_STATE_EXITED\x10\x02*~\n" +
 	"\bFileType\x12\x19\n" +
 	"\x15FILE_TYPE_UNSPECIFIED\x10\x00\x12\x12\n" +
 	"\x0eFILE_TYPE_FILE\x10\x01\x12\x17\n" +
 	"\x13FILE_TYPE_DIRECTORY\x10\x02\x12\x15\n" +
 	"\x11FILE_TYPE_SYMLINK\x10\x03\x12\x13\n" +
-	"\x0fFILE_TYPE_OTHER\x10\x042\xbc\x03\n" +
+	"\x0fFILE_TYPE_OTHER\x10\x04*\xae\x01\n" +
+	"\x0fPatchChangeKind\x12!\n" +
+	"\x1dPATCH_CHANGE_KIND_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19PATCH_CHANGE_KIND_CREATED\x10\x01\x12\x1d\n" +
+	"\x19PATCH_CHANGE_KIND_UPDATED\x10\x02\x12\x1b\n" +
+	"\x17PATCH_CHANGE_KIND_MOVED\x10\x03\x12\x1d\n" +
+	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042\xb3\x0f\n" +
 	"\x0eSandboxService\x12f\n" +
-	"\rListSandboxes\x12).bulkhead.harness.v1.ListSandboxesRequest\x1a*.bulkhead.harness.v1.ListSandboxesResponse\x12i\n" +
+	"\rCreateSandbox\x12).bulkhead.harness.v1.CreateSandboxRequest\x1a*.bulkhead.harness.v1.CreateSandboxResponse\x12]\n" +
+	"\n" +
+	"GetSandbox\x12&.bulkhead.harness.v1.GetSandboxRequest\x1a'.bulkhead.harness.v1.GetSandboxResponse\x12f\n" +
+	"\rListSandboxes\x12).bulkhead.harness.v1.ListSandboxesRequest\x1a*.bulkhead.harness.v1.ListSandboxesResponse\x12f\n" +
+	"\rDeleteSandbox\x12).bulkhead.harness.v1.DeleteSandboxRequest\x1a*.bulkhead.harness.v1.DeleteSandboxResponse\x12]\n" +
+	"\n" +
+	"SetTimeout\x12&.bulkhead.harness.v1.SetTimeoutRequest\x1a'.bulkhead.harness.v1.SetTimeoutResponse\x12]\n" +
+	"\n" +
+	"RunCommand\x12&.bulkhead.harness.v1.RunCommandRequest\x1a'.bulkhead.harness.v1.RunCommandResponse\x12M\n" +
+	"\x04Exec\x12 .bulkhead.harness.v1.ExecRequest\x1a!.bulkhead.harness.v1.ExecResponse0\x01\x12c\n" +
+	"\fStartProcess\x12(.bulkhead.harness.v1.StartProcessRequest\x1a).bulkhead.harness.v1.StartProcessResponse\x12r\n" +
+	"\x11ReadProcessOutput\x12-.bulkhead.harness.v1.ReadProcessOutputRequest\x1a..bulkhead.harness.v1.ReadProcessOutputResponse\x12]\n" +
+	"\n" +
+	"WriteStdin\x12&.bulkhead.harness.v1.WriteStdinRequest\x1a'.bulkhead.harness.v1.WriteStdinResponse\x12f\n" +
+	"\rSignalProcess\x12).bulkhead.harness.v1.SignalProcessRequest\x1a*.bulkhead.harness.v1.SignalProcessResponse\x12f\n" +
+	"\rListProcesses\x12).bulkhead.harness.v1.ListProcessesRequest\x1a*.bulkhead.harness.v1.ListProcessesResponse\x12i\n" +
 	"\x0eListSandboxDir\x12*.bulkhead.harness.v1.ListSandboxDirRequest\x1a+.bulkhead.harness.v1.ListSandboxDirResponse\x12n\n" +
-	"\x0fReadSandboxFile\x12+.bulkhead.harness.v1.ReadSandboxFileRequest\x1a,.bulkhead.harness.v1.ReadSandboxFileResponse0\x01\x12g\n" +
+	"\x0fReadSandboxFile\x12+.bulkhead.harness.v1.ReadSandboxFileRequest\x1a,.bulkhead.harness.v1.ReadSandboxFileResponse0\x01\x12\\\n" +
+	"\tWriteFile\x12%.bulkhead.harness.v1.WriteFileRequest\x1a&.bulkhead.harness.v1.WriteFileResponse(\x01\x12K\n" +
+	"\x04Stat\x12 .bulkhead.harness.v1.StatRequest\x1a!.bulkhead.harness.v1.StatResponse\x12Q\n" +
+	"\x06Remove\x12\".bulkhead.harness.v1.RemoveRequest\x1a#.bulkhead.harness.v1.RemoveResponse\x12T\n" +
+	"\aMakeDir\x12#.bulkhead.harness.v1.MakeDirRequest\x1a$.bulkhead.harness.v1.MakeDirResponse\x12]\n" +
+	"\n" +
+	"ApplyPatch\x12&.bulkhead.harness.v1.ApplyPatchRequest\x1a'.bulkhead.harness.v1.ApplyPatchResponse\x12g\n" +
 	"\fOpenTerminal\x12(.bulkhead.harness.v1.OpenTerminalRequest\x1a).bulkhead.harness.v1.OpenTerminalResponse(\x010\x01BFZDgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1;harnessv1b\x06proto3"
 
 var (
@@ -1073,50 +4044,168 @@ func file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_bulkhead_harness_v1_sandbox_proto_rawDescData
 }
 
-var file_bulkhead_harness_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 2)
-var file_bulkhead_harness_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
+var file_bulkhead_harness_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
+var file_bulkhead_harness_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
 var file_bulkhead_harness_v1_sandbox_proto_goTypes = []any{
-	(SandboxStatus)(0),              // 0: bulkhead.harness.v1.SandboxStatus
-	(FileType)(0),                   // 1: bulkhead.harness.v1.FileType
-	(*Sandbox)(nil),                 // 2: bulkhead.harness.v1.Sandbox
-	(*ListSandboxesRequest)(nil),    // 3: bulkhead.harness.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),   // 4: bulkhead.harness.v1.ListSandboxesResponse
-	(*FileEntry)(nil),               // 5: bulkhead.harness.v1.FileEntry
-	(*ListSandboxDirRequest)(nil),   // 6: bulkhead.harness.v1.ListSandboxDirRequest
-	(*ListSandboxDirResponse)(nil),  // 7: bulkhead.harness.v1.ListSandboxDirResponse
-	(*ReadSandboxFileRequest)(nil),  // 8: bulkhead.harness.v1.ReadSandboxFileRequest
-	(*ReadSandboxFileResponse)(nil), // 9: bulkhead.harness.v1.ReadSandboxFileResponse
-	(*TerminalStart)(nil),           // 10: bulkhead.harness.v1.TerminalStart
-	(*TerminalSize)(nil),            // 11: bulkhead.harness.v1.TerminalSize
-	(*OpenTerminalRequest)(nil),     // 12: bulkhead.harness.v1.OpenTerminalRequest
-	(*TerminalExited)(nil),          // 13: bulkhead.harness.v1.TerminalExited
-	(*OpenTerminalResponse)(nil),    // 14: bulkhead.harness.v1.OpenTerminalResponse
-	(*timestamppb.Timestamp)(nil),   // 15: google.protobuf.Timestamp
+	(SandboxStatus)(0),                // 0: bulkhead.harness.v1.SandboxStatus
+	(OutputStream)(0),                 // 1: bulkhead.harness.v1.OutputStream
+	(ProcessState)(0),                 // 2: bulkhead.harness.v1.ProcessState
+	(FileType)(0),                     // 3: bulkhead.harness.v1.FileType
+	(PatchChangeKind)(0),              // 4: bulkhead.harness.v1.PatchChangeKind
+	(*Sandbox)(nil),                   // 5: bulkhead.harness.v1.Sandbox
+	(*CreateSandboxRequest)(nil),      // 6: bulkhead.harness.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),     // 7: bulkhead.harness.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),         // 8: bulkhead.harness.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 9: bulkhead.harness.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 10: bulkhead.harness.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 11: bulkhead.harness.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),      // 12: bulkhead.harness.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),     // 13: bulkhead.harness.v1.DeleteSandboxResponse
+	(*SetTimeoutRequest)(nil),         // 14: bulkhead.harness.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),        // 15: bulkhead.harness.v1.SetTimeoutResponse
+	(*RunCommandRequest)(nil),         // 16: bulkhead.harness.v1.RunCommandRequest
+	(*RunCommandResponse)(nil),        // 17: bulkhead.harness.v1.RunCommandResponse
+	(*ExecRequest)(nil),               // 18: bulkhead.harness.v1.ExecRequest
+	(*ExecStarted)(nil),               // 19: bulkhead.harness.v1.ExecStarted
+	(*ExecOutput)(nil),                // 20: bulkhead.harness.v1.ExecOutput
+	(*ExecExited)(nil),                // 21: bulkhead.harness.v1.ExecExited
+	(*ExecResponse)(nil),              // 22: bulkhead.harness.v1.ExecResponse
+	(*Process)(nil),                   // 23: bulkhead.harness.v1.Process
+	(*StartProcessRequest)(nil),       // 24: bulkhead.harness.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),      // 25: bulkhead.harness.v1.StartProcessResponse
+	(*ReadProcessOutputRequest)(nil),  // 26: bulkhead.harness.v1.ReadProcessOutputRequest
+	(*ReadProcessOutputResponse)(nil), // 27: bulkhead.harness.v1.ReadProcessOutputResponse
+	(*WriteStdinRequest)(nil),         // 28: bulkhead.harness.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 29: bulkhead.harness.v1.WriteStdinResponse
+	(*SignalProcessRequest)(nil),      // 30: bulkhead.harness.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 31: bulkhead.harness.v1.SignalProcessResponse
+	(*ListProcessesRequest)(nil),      // 32: bulkhead.harness.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 33: bulkhead.harness.v1.ListProcessesResponse
+	(*FileEntry)(nil),                 // 34: bulkhead.harness.v1.FileEntry
+	(*ListSandboxDirRequest)(nil),     // 35: bulkhead.harness.v1.ListSandboxDirRequest
+	(*ListSandboxDirResponse)(nil),    // 36: bulkhead.harness.v1.ListSandboxDirResponse
+	(*ReadSandboxFileRequest)(nil),    // 37: bulkhead.harness.v1.ReadSandboxFileRequest
+	(*ReadSandboxFileResponse)(nil),   // 38: bulkhead.harness.v1.ReadSandboxFileResponse
+	(*WriteFileHeader)(nil),           // 39: bulkhead.harness.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),          // 40: bulkhead.harness.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 41: bulkhead.harness.v1.WriteFileResponse
+	(*StatRequest)(nil),               // 42: bulkhead.harness.v1.StatRequest
+	(*StatResponse)(nil),              // 43: bulkhead.harness.v1.StatResponse
+	(*RemoveRequest)(nil),             // 44: bulkhead.harness.v1.RemoveRequest
+	(*RemoveResponse)(nil),            // 45: bulkhead.harness.v1.RemoveResponse
+	(*MakeDirRequest)(nil),            // 46: bulkhead.harness.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 47: bulkhead.harness.v1.MakeDirResponse
+	(*ApplyPatchRequest)(nil),         // 48: bulkhead.harness.v1.ApplyPatchRequest
+	(*PatchChange)(nil),               // 49: bulkhead.harness.v1.PatchChange
+	(*PatchRejection)(nil),            // 50: bulkhead.harness.v1.PatchRejection
+	(*ApplyPatchResponse)(nil),        // 51: bulkhead.harness.v1.ApplyPatchResponse
+	(*TerminalStart)(nil),             // 52: bulkhead.harness.v1.TerminalStart
+	(*TerminalSize)(nil),              // 53: bulkhead.harness.v1.TerminalSize
+	(*OpenTerminalRequest)(nil),       // 54: bulkhead.harness.v1.OpenTerminalRequest
+	(*TerminalExited)(nil),            // 55: bulkhead.harness.v1.TerminalExited
+	(*OpenTerminalResponse)(nil),      // 56: bulkhead.harness.v1.OpenTerminalResponse
+	nil,                               // 57: bulkhead.harness.v1.Sandbox.LabelsEntry
+	nil,                               // 58: bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
+	nil,                               // 59: bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
+	nil,                               // 60: bulkhead.harness.v1.RunCommandRequest.EnvEntry
+	nil,                               // 61: bulkhead.harness.v1.ExecRequest.EnvEntry
+	nil,                               // 62: bulkhead.harness.v1.StartProcessRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),     // 63: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 64: google.protobuf.Duration
 }
 var file_bulkhead_harness_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: bulkhead.harness.v1.Sandbox.status:type_name -> bulkhead.harness.v1.SandboxStatus
-	15, // 1: bulkhead.harness.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
-	15, // 2: bulkhead.harness.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
-	2,  // 3: bulkhead.harness.v1.ListSandboxesResponse.sandboxes:type_name -> bulkhead.harness.v1.Sandbox
-	1,  // 4: bulkhead.harness.v1.FileEntry.type:type_name -> bulkhead.harness.v1.FileType
-	15, // 5: bulkhead.harness.v1.FileEntry.modify_time:type_name -> google.protobuf.Timestamp
-	5,  // 6: bulkhead.harness.v1.ListSandboxDirResponse.entries:type_name -> bulkhead.harness.v1.FileEntry
-	10, // 7: bulkhead.harness.v1.OpenTerminalRequest.start:type_name -> bulkhead.harness.v1.TerminalStart
-	11, // 8: bulkhead.harness.v1.OpenTerminalRequest.resize:type_name -> bulkhead.harness.v1.TerminalSize
-	13, // 9: bulkhead.harness.v1.OpenTerminalResponse.exited:type_name -> bulkhead.harness.v1.TerminalExited
-	3,  // 10: bulkhead.harness.v1.SandboxService.ListSandboxes:input_type -> bulkhead.harness.v1.ListSandboxesRequest
-	6,  // 11: bulkhead.harness.v1.SandboxService.ListSandboxDir:input_type -> bulkhead.harness.v1.ListSandboxDirRequest
-	8,  // 12: bulkhead.harness.v1.SandboxService.ReadSandboxFile:input_type -> bulkhead.harness.v1.ReadSandboxFileRequest
-	12, // 13: bulkhead.harness.v1.SandboxService.OpenTerminal:input_type -> bulkhead.harness.v1.OpenTerminalRequest
-	4,  // 14: bulkhead.harness.v1.SandboxService.ListSandboxes:output_type -> bulkhead.harness.v1.ListSandboxesResponse
-	7,  // 15: bulkhead.harness.v1.SandboxService.ListSandboxDir:output_type -> bulkhead.harness.v1.ListSandboxDirResponse
-	9,  // 16: bulkhead.harness.v1.SandboxService.ReadSandboxFile:output_type -> bulkhead.harness.v1.ReadSandboxFileResponse
-	14, // 17: bulkhead.harness.v1.SandboxService.OpenTerminal:output_type -> bulkhead.harness.v1.OpenTerminalResponse
-	14, // [14:18] is the sub-list for method output_type
-	10, // [10:14] is the sub-list for method input_type
-	10, // [10:10] is the sub-list for extension type_name
-	10, // [10:10] is the sub-list for extension extendee
-	0,  // [0:10] is the sub-list for field type_name
+	63, // 1: bulkhead.harness.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
+	63, // 2: bulkhead.harness.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
+	57, // 3: bulkhead.harness.v1.Sandbox.labels:type_name -> bulkhead.harness.v1.Sandbox.LabelsEntry
+	64, // 4: bulkhead.harness.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	64, // 5: bulkhead.harness.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	64, // 6: bulkhead.harness.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	58, // 7: bulkhead.harness.v1.CreateSandboxRequest.labels:type_name -> bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
+	5,  // 8: bulkhead.harness.v1.CreateSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
+	5,  // 9: bulkhead.harness.v1.GetSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
+	59, // 10: bulkhead.harness.v1.ListSandboxesRequest.labels:type_name -> bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
+	0,  // 11: bulkhead.harness.v1.ListSandboxesRequest.status:type_name -> bulkhead.harness.v1.SandboxStatus
+	5,  // 12: bulkhead.harness.v1.ListSandboxesResponse.sandboxes:type_name -> bulkhead.harness.v1.Sandbox
+	64, // 13: bulkhead.harness.v1.SetTimeoutRequest.ttl:type_name -> google.protobuf.Duration
+	64, // 14: bulkhead.harness.v1.SetTimeoutRequest.idle_timeout:type_name -> google.protobuf.Duration
+	5,  // 15: bulkhead.harness.v1.SetTimeoutResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
+	60, // 16: bulkhead.harness.v1.RunCommandRequest.env:type_name -> bulkhead.harness.v1.RunCommandRequest.EnvEntry
+	64, // 17: bulkhead.harness.v1.RunCommandRequest.timeout:type_name -> google.protobuf.Duration
+	61, // 18: bulkhead.harness.v1.ExecRequest.env:type_name -> bulkhead.harness.v1.ExecRequest.EnvEntry
+	64, // 19: bulkhead.harness.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	1,  // 20: bulkhead.harness.v1.ExecOutput.stream:type_name -> bulkhead.harness.v1.OutputStream
+	19, // 21: bulkhead.harness.v1.ExecResponse.started:type_name -> bulkhead.harness.v1.ExecStarted
+	20, // 22: bulkhead.harness.v1.ExecResponse.output:type_name -> bulkhead.harness.v1.ExecOutput
+	21, // 23: bulkhead.harness.v1.ExecResponse.exited:type_name -> bulkhead.harness.v1.ExecExited
+	2,  // 24: bulkhead.harness.v1.Process.state:type_name -> bulkhead.harness.v1.ProcessState
+	63, // 25: bulkhead.harness.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	63, // 26: bulkhead.harness.v1.Process.exit_time:type_name -> google.protobuf.Timestamp
+	62, // 27: bulkhead.harness.v1.StartProcessRequest.env:type_name -> bulkhead.harness.v1.StartProcessRequest.EnvEntry
+	64, // 28: bulkhead.harness.v1.StartProcessRequest.timeout:type_name -> google.protobuf.Duration
+	23, // 29: bulkhead.harness.v1.StartProcessResponse.process:type_name -> bulkhead.harness.v1.Process
+	64, // 30: bulkhead.harness.v1.ReadProcessOutputRequest.wait:type_name -> google.protobuf.Duration
+	20, // 31: bulkhead.harness.v1.ReadProcessOutputResponse.output:type_name -> bulkhead.harness.v1.ExecOutput
+	21, // 32: bulkhead.harness.v1.ReadProcessOutputResponse.exited:type_name -> bulkhead.harness.v1.ExecExited
+	23, // 33: bulkhead.harness.v1.ListProcessesResponse.processes:type_name -> bulkhead.harness.v1.Process
+	3,  // 34: bulkhead.harness.v1.FileEntry.type:type_name -> bulkhead.harness.v1.FileType
+	63, // 35: bulkhead.harness.v1.FileEntry.modify_time:type_name -> google.protobuf.Timestamp
+	34, // 36: bulkhead.harness.v1.ListSandboxDirResponse.entries:type_name -> bulkhead.harness.v1.FileEntry
+	39, // 37: bulkhead.harness.v1.WriteFileRequest.header:type_name -> bulkhead.harness.v1.WriteFileHeader
+	34, // 38: bulkhead.harness.v1.WriteFileResponse.file:type_name -> bulkhead.harness.v1.FileEntry
+	34, // 39: bulkhead.harness.v1.StatResponse.file:type_name -> bulkhead.harness.v1.FileEntry
+	34, // 40: bulkhead.harness.v1.MakeDirResponse.file:type_name -> bulkhead.harness.v1.FileEntry
+	4,  // 41: bulkhead.harness.v1.PatchChange.kind:type_name -> bulkhead.harness.v1.PatchChangeKind
+	49, // 42: bulkhead.harness.v1.ApplyPatchResponse.changes:type_name -> bulkhead.harness.v1.PatchChange
+	50, // 43: bulkhead.harness.v1.ApplyPatchResponse.rejection:type_name -> bulkhead.harness.v1.PatchRejection
+	52, // 44: bulkhead.harness.v1.OpenTerminalRequest.start:type_name -> bulkhead.harness.v1.TerminalStart
+	53, // 45: bulkhead.harness.v1.OpenTerminalRequest.resize:type_name -> bulkhead.harness.v1.TerminalSize
+	55, // 46: bulkhead.harness.v1.OpenTerminalResponse.exited:type_name -> bulkhead.harness.v1.TerminalExited
+	6,  // 47: bulkhead.harness.v1.SandboxService.CreateSandbox:input_type -> bulkhead.harness.v1.CreateSandboxRequest
+	8,  // 48: bulkhead.harness.v1.SandboxService.GetSandbox:input_type -> bulkhead.harness.v1.GetSandboxRequest
+	10, // 49: bulkhead.harness.v1.SandboxService.ListSandboxes:input_type -> bulkhead.harness.v1.ListSandboxesRequest
+	12, // 50: bulkhead.harness.v1.SandboxService.DeleteSandbox:input_type -> bulkhead.harness.v1.DeleteSandboxRequest
+	14, // 51: bulkhead.harness.v1.SandboxService.SetTimeout:input_type -> bulkhead.harness.v1.SetTimeoutRequest
+	16, // 52: bulkhead.harness.v1.SandboxService.RunCommand:input_type -> bulkhead.harness.v1.RunCommandRequest
+	18, // 53: bulkhead.harness.v1.SandboxService.Exec:input_type -> bulkhead.harness.v1.ExecRequest
+	24, // 54: bulkhead.harness.v1.SandboxService.StartProcess:input_type -> bulkhead.harness.v1.StartProcessRequest
+	26, // 55: bulkhead.harness.v1.SandboxService.ReadProcessOutput:input_type -> bulkhead.harness.v1.ReadProcessOutputRequest
+	28, // 56: bulkhead.harness.v1.SandboxService.WriteStdin:input_type -> bulkhead.harness.v1.WriteStdinRequest
+	30, // 57: bulkhead.harness.v1.SandboxService.SignalProcess:input_type -> bulkhead.harness.v1.SignalProcessRequest
+	32, // 58: bulkhead.harness.v1.SandboxService.ListProcesses:input_type -> bulkhead.harness.v1.ListProcessesRequest
+	35, // 59: bulkhead.harness.v1.SandboxService.ListSandboxDir:input_type -> bulkhead.harness.v1.ListSandboxDirRequest
+	37, // 60: bulkhead.harness.v1.SandboxService.ReadSandboxFile:input_type -> bulkhead.harness.v1.ReadSandboxFileRequest
+	40, // 61: bulkhead.harness.v1.SandboxService.WriteFile:input_type -> bulkhead.harness.v1.WriteFileRequest
+	42, // 62: bulkhead.harness.v1.SandboxService.Stat:input_type -> bulkhead.harness.v1.StatRequest
+	44, // 63: bulkhead.harness.v1.SandboxService.Remove:input_type -> bulkhead.harness.v1.RemoveRequest
+	46, // 64: bulkhead.harness.v1.SandboxService.MakeDir:input_type -> bulkhead.harness.v1.MakeDirRequest
+	48, // 65: bulkhead.harness.v1.SandboxService.ApplyPatch:input_type -> bulkhead.harness.v1.ApplyPatchRequest
+	54, // 66: bulkhead.harness.v1.SandboxService.OpenTerminal:input_type -> bulkhead.harness.v1.OpenTerminalRequest
+	7,  // 67: bulkhead.harness.v1.SandboxService.CreateSandbox:output_type -> bulkhead.harness.v1.CreateSandboxResponse
+	9,  // 68: bulkhead.harness.v1.SandboxService.GetSandbox:output_type -> bulkhead.harness.v1.GetSandboxResponse
+	11, // 69: bulkhead.harness.v1.SandboxService.ListSandboxes:output_type -> bulkhead.harness.v1.ListSandboxesResponse
+	13, // 70: bulkhead.harness.v1.SandboxService.DeleteSandbox:output_type -> bulkhead.harness.v1.DeleteSandboxResponse
+	15, // 71: bulkhead.harness.v1.SandboxService.SetTimeout:output_type -> bulkhead.harness.v1.SetTimeoutResponse
+	17, // 72: bulkhead.harness.v1.SandboxService.RunCommand:output_type -> bulkhead.harness.v1.RunCommandResponse
+	22, // 73: bulkhead.harness.v1.SandboxService.Exec:output_type -> bulkhead.harness.v1.ExecResponse
+	25, // 74: bulkhead.harness.v1.SandboxService.StartProcess:output_type -> bulkhead.harness.v1.StartProcessResponse
+	27, // 75: bulkhead.harness.v1.SandboxService.ReadProcessOutput:output_type -> bulkhead.harness.v1.ReadProcessOutputResponse
+	29, // 76: bulkhead.harness.v1.SandboxService.WriteStdin:output_type -> bulkhead.harness.v1.WriteStdinResponse
+	31, // 77: bulkhead.harness.v1.SandboxService.SignalProcess:output_type -> bulkhead.harness.v1.SignalProcessResponse
+	33, // 78: bulkhead.harness.v1.SandboxService.ListProcesses:output_type -> bulkhead.harness.v1.ListProcessesResponse
+	36, // 79: bulkhead.harness.v1.SandboxService.ListSandboxDir:output_type -> bulkhead.harness.v1.ListSandboxDirResponse
+	38, // 80: bulkhead.harness.v1.SandboxService.ReadSandboxFile:output_type -> bulkhead.harness.v1.ReadSandboxFileResponse
+	41, // 81: bulkhead.harness.v1.SandboxService.WriteFile:output_type -> bulkhead.harness.v1.WriteFileResponse
+	43, // 82: bulkhead.harness.v1.SandboxService.Stat:output_type -> bulkhead.harness.v1.StatResponse
+	45, // 83: bulkhead.harness.v1.SandboxService.Remove:output_type -> bulkhead.harness.v1.RemoveResponse
+	47, // 84: bulkhead.harness.v1.SandboxService.MakeDir:output_type -> bulkhead.harness.v1.MakeDirResponse
+	51, // 85: bulkhead.harness.v1.SandboxService.ApplyPatch:output_type -> bulkhead.harness.v1.ApplyPatchResponse
+	56, // 86: bulkhead.harness.v1.SandboxService.OpenTerminal:output_type -> bulkhead.harness.v1.OpenTerminalResponse
+	67, // [67:87] is the sub-list for method output_type
+	47, // [47:67] is the sub-list for method input_type
+	47, // [47:47] is the sub-list for extension type_name
+	47, // [47:47] is the sub-list for extension extendee
+	0,  // [0:47] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_harness_v1_sandbox_proto_init() }
@@ -1124,12 +4213,21 @@ func file_bulkhead_harness_v1_sandbox_proto_init() {
 	if File_bulkhead_harness_v1_sandbox_proto != nil {
 		return
 	}
-	file_bulkhead_harness_v1_sandbox_proto_msgTypes[10].OneofWrappers = []any{
+	file_bulkhead_harness_v1_sandbox_proto_msgTypes[17].OneofWrappers = []any{
+		(*ExecResponse_Started)(nil),
+		(*ExecResponse_Output)(nil),
+		(*ExecResponse_Exited)(nil),
+	}
+	file_bulkhead_harness_v1_sandbox_proto_msgTypes[35].OneofWrappers = []any{
+		(*WriteFileRequest_Header)(nil),
+		(*WriteFileRequest_Data)(nil),
+	}
+	file_bulkhead_harness_v1_sandbox_proto_msgTypes[49].OneofWrappers = []any{
 		(*OpenTerminalRequest_Start)(nil),
 		(*OpenTerminalRequest_Stdin)(nil),
 		(*OpenTerminalRequest_Resize)(nil),
 	}
-	file_bulkhead_harness_v1_sandbox_proto_msgTypes[12].OneofWrappers = []any{
+	file_bulkhead_harness_v1_sandbox_proto_msgTypes[51].OneofWrappers = []any{
 		(*OpenTerminalResponse_Output)(nil),
 		(*OpenTerminalResponse_Exited)(nil),
 	}
@@ -1138,8 +4236,8 @@ func file_bulkhead_harness_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_harness_v1_sandbox_proto_rawDesc), len(file_bulkhead_harness_v1_sandbox_proto_rawDesc)),
-			NumEnums:      2,
-			NumMessages:   13,
+			NumEnums:      5,
+			NumMessages:   58,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

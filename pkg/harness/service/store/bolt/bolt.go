@@ -26,6 +26,11 @@ var (
 	// bucketSandboxes indexes the runs that hold a sandbox
 	// (store.Run.HoldsSandbox) like bucketIndex: tenant 0 inverted-created id -> nil.
 	bucketSandboxes = []byte("sandboxes")
+	// bucketAPISandboxes holds the sandboxes made through the API (id ->
+	// JSON record); bucketAPIIndex indexes those not gone (LiveSandboxes)
+	// like bucketIndex: tenant 0 inverted-created id -> nil.
+	bucketAPISandboxes = []byte("api_sandboxes")
+	bucketAPIIndex     = []byte("api_sandbox_index")
 )
 
 // Store is a store.Store in a bbolt file.
@@ -42,7 +47,7 @@ func Open(path string) (*Store, error) {
 		return nil, fmt.Errorf("open run store %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bbolt.Tx) error {
-		for _, b := range [][]byte{bucketRuns, bucketIndex, bucketEvents} {
+		for _, b := range [][]byte{bucketRuns, bucketIndex, bucketEvents, bucketAPISandboxes, bucketAPIIndex} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -77,10 +82,13 @@ func Open(path string) (*Store, error) {
 func (s *Store) Close() error { return s.db.Close() }
 
 // indexKey orders a tenant's runs newest first.
-func indexKey(r *store.Run) []byte {
-	k := append([]byte(r.Tenant), 0)
-	k = binary.BigEndian.AppendUint64(k, math.MaxUint64-uint64(r.Created.UnixNano()))
-	return append(k, r.ID...)
+func indexKey(r *store.Run) []byte { return tenantKey(r.Tenant, r.Created, r.ID) }
+
+// tenantKey orders a tenant's records newest first.
+func tenantKey(tenant string, created time.Time, id string) []byte {
+	k := append([]byte(tenant), 0)
+	k = binary.BigEndian.AppendUint64(k, math.MaxUint64-uint64(created.UnixNano()))
+	return append(k, id...)
 }
 
 func seqKey(seq uint64) []byte { return binary.BigEndian.AppendUint64(nil, seq) }
@@ -354,4 +362,111 @@ func (s *Store) LastSequence(_ context.Context, runID string) (uint64, error) {
 		return 0, err
 	}
 	return last, nil
+}
+
+// The sandboxes made through the API.
+
+func sandboxKey(sb *store.Sandbox) []byte { return tenantKey(sb.Tenant, sb.Created, sb.ID) }
+
+func decodeSandbox(id string, data []byte) (*store.Sandbox, error) {
+	var sb store.Sandbox
+	if err := json.Unmarshal(data, &sb); err != nil {
+		return nil, fmt.Errorf("sandbox %s: stored record: %w", id, err)
+	}
+	return &sb, nil
+}
+
+// putSandbox stores sb and keeps its index entry as sb.Gone says.
+func putSandbox(tx *bbolt.Tx, sb *store.Sandbox, data []byte) error {
+	if err := tx.Bucket(bucketAPISandboxes).Put([]byte(sb.ID), data); err != nil {
+		return err
+	}
+	idx := tx.Bucket(bucketAPIIndex)
+	if sb.Gone {
+		return idx.Delete(sandboxKey(sb))
+	}
+	return idx.Put(sandboxKey(sb), nil)
+}
+
+// CreateSandbox implements store.Store.
+func (s *Store) CreateSandbox(_ context.Context, sb *store.Sandbox) error {
+	data, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bbolt.Tx) error { // group commit, as CreateRun
+		if tx.Bucket(bucketAPISandboxes).Get([]byte(sb.ID)) != nil {
+			return fmt.Errorf("sandbox %s: %w", sb.ID, store.ErrExists)
+		}
+		return putSandbox(tx, sb, data)
+	})
+}
+
+// UpdateSandbox implements store.Store.
+func (s *Store) UpdateSandbox(_ context.Context, sb *store.Sandbox) error {
+	data, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	return s.db.Batch(func(tx *bbolt.Tx) error {
+		old := tx.Bucket(bucketAPISandboxes).Get([]byte(sb.ID))
+		if old == nil {
+			return fmt.Errorf("sandbox %s: %w", sb.ID, store.ErrNotFound)
+		}
+		prev, err := decodeSandbox(sb.ID, old)
+		if err != nil {
+			return err
+		}
+		if prev.Tenant != sb.Tenant || !prev.Created.Equal(sb.Created) {
+			return fmt.Errorf("sandbox %s: tenant and creation time cannot change", sb.ID)
+		}
+		return putSandbox(tx, sb, data)
+	})
+}
+
+// GetSandbox implements store.Store.
+func (s *Store) GetSandbox(_ context.Context, tenant, id string) (*store.Sandbox, error) {
+	var out *store.Sandbox
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		data := tx.Bucket(bucketAPISandboxes).Get([]byte(id))
+		if data == nil {
+			return fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+		}
+		sb, err := decodeSandbox(id, data)
+		if err != nil {
+			return err
+		}
+		if sb.Tenant != tenant {
+			return fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+		}
+		out = sb
+		return nil
+	})
+	return out, err
+}
+
+// LiveSandboxes implements store.Store.
+func (s *Store) LiveSandboxes(_ context.Context) ([]*store.Sandbox, error) {
+	var out []*store.Sandbox
+	err := s.db.View(func(tx *bbolt.Tx) error {
+		sbs := tx.Bucket(bucketAPISandboxes)
+		return tx.Bucket(bucketAPIIndex).ForEach(func(k, _ []byte) error {
+			i := bytes.IndexByte(k, 0)
+			if i < 0 || len(k) < i+1+8 {
+				return nil
+			}
+			id := string(k[i+1+8:])
+			data := sbs.Get([]byte(id))
+			if data == nil {
+				return nil
+			}
+			sb, err := decodeSandbox(id, data)
+			if err != nil {
+				return err
+			}
+			out = append(out, sb)
+			return nil
+		})
+	})
+	return out, err
 }

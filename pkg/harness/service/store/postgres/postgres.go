@@ -46,7 +46,16 @@ CREATE TABLE IF NOT EXISTS bulkhead_run_events (
 	seq    bigint NOT NULL,
 	data   bytea NOT NULL,
 	PRIMARY KEY (run_id, seq)
-);`
+);
+-- The sandboxes made through the API (store.Sandbox); gone mirrors its Gone.
+CREATE TABLE IF NOT EXISTS bulkhead_sandboxes (
+	id      text PRIMARY KEY,
+	tenant  text NOT NULL,
+	created timestamptz NOT NULL,
+	gone    boolean NOT NULL DEFAULT false,
+	record  jsonb NOT NULL
+);
+CREATE INDEX IF NOT EXISTS bulkhead_sandboxes_live ON bulkhead_sandboxes (created, id) WHERE NOT gone;`
 
 // Store is a store.Store in PostgreSQL.
 type Store struct {
@@ -276,4 +285,90 @@ func (s *Store) LastSequence(ctx context.Context, runID string) (uint64, error) 
 		return 0, fmt.Errorf("last event of %s: %w", runID, err)
 	}
 	return uint64(last), nil
+}
+
+// The sandboxes made through the API.
+
+func scanSandboxes(rows pgx.Rows) ([]*store.Sandbox, error) {
+	defer rows.Close()
+	var out []*store.Sandbox
+	for rows.Next() {
+		var data []byte
+		if err := rows.Scan(&data); err != nil {
+			return nil, err
+		}
+		var sb store.Sandbox
+		if err := json.Unmarshal(data, &sb); err != nil {
+			return nil, fmt.Errorf("stored sandbox record: %w", err)
+		}
+		out = append(out, &sb)
+	}
+	return out, rows.Err()
+}
+
+// CreateSandbox implements store.Store.
+func (s *Store) CreateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	data, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	_, err = s.pool.Exec(ctx, `INSERT INTO bulkhead_sandboxes (id, tenant, created, gone, record) VALUES ($1, $2, $3, $4, $5)`,
+		sb.ID, sb.Tenant, sb.Created, sb.Gone, data)
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, store.ErrExists)
+	}
+	if err != nil {
+		return fmt.Errorf("create sandbox %s: %w", sb.ID, err)
+	}
+	return nil
+}
+
+// UpdateSandbox implements store.Store.
+func (s *Store) UpdateSandbox(ctx context.Context, sb *store.Sandbox) error {
+	data, err := json.Marshal(sb)
+	if err != nil {
+		return err
+	}
+	// The tenant (and the created column) stay: an update through
+	// another tenant finds nothing.
+	tag, err := s.pool.Exec(ctx, `UPDATE bulkhead_sandboxes SET gone = $3, record = $4 WHERE id = $1 AND tenant = $2`,
+		sb.ID, sb.Tenant, sb.Gone, data)
+	if err != nil {
+		return fmt.Errorf("update sandbox %s: %w", sb.ID, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("sandbox %s: %w", sb.ID, store.ErrNotFound)
+	}
+	return nil
+}
+
+// GetSandbox implements store.Store.
+func (s *Store) GetSandbox(ctx context.Context, tenant, id string) (*store.Sandbox, error) {
+	rows, err := s.pool.Query(ctx, `SELECT record FROM bulkhead_sandboxes WHERE id = $1 AND tenant = $2`, id, tenant)
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	sbs, err := scanSandboxes(rows)
+	if err != nil {
+		return nil, fmt.Errorf("get sandbox %s: %w", id, err)
+	}
+	if len(sbs) == 0 {
+		return nil, fmt.Errorf("sandbox %s: %w", id, store.ErrNotFound)
+	}
+	return sbs[0], nil
+}
+
+// LiveSandboxes implements store.Store (through the partial index
+// bulkhead_sandboxes_live).
+func (s *Store) LiveSandboxes(ctx context.Context) ([]*store.Sandbox, error) {
+	rows, err := s.pool.Query(ctx, `SELECT record FROM bulkhead_sandboxes WHERE NOT gone ORDER BY created, id`)
+	if err != nil {
+		return nil, fmt.Errorf("list live sandboxes: %w", err)
+	}
+	sbs, err := scanSandboxes(rows)
+	if err != nil {
+		return nil, fmt.Errorf("list live sandboxes: %w", err)
+	}
+	return sbs, nil
 }

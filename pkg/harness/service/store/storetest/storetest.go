@@ -161,6 +161,96 @@ func Run(t *testing.T, open func(t *testing.T) store.Store) {
 			t.Fatalf("held sandboxes %s, want run-o, run-s0 and run-s1", got)
 		}
 	})
+	t.Run("APISandboxes", func(t *testing.T) {
+		s := open(t)
+		mkSb := func(id, tenant string, n int) *store.Sandbox {
+			c := base.Add(time.Duration(n) * time.Second)
+			return &store.Sandbox{ID: id, Tenant: tenant, Created: c, Updated: c, Spec: []byte(`{"manifest":""}`),
+				Labels: map[string]string{"team": "a", "n": fmt.Sprint(n)}, Expires: c.Add(time.Hour), IdleTimeout: 5 * time.Minute}
+		}
+		ids := func(sbs []*store.Sandbox, err error) string {
+			if err != nil {
+				t.Fatal(err)
+			}
+			var out []string
+			for _, sb := range sbs {
+				out = append(out, sb.ID)
+			}
+			return fmt.Sprint(out)
+		}
+		for i := range 3 {
+			if err := s.CreateSandbox(ctx, mkSb(fmt.Sprintf("sbx-a%d", i), "acme", i)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := s.CreateSandbox(ctx, mkSb("sbx-o", "other", 9)); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.CreateSandbox(ctx, mkSb("sbx-a0", "acme", 0)); !errors.Is(err, store.ErrExists) {
+			t.Fatalf("second create: %v, want ErrExists", err)
+		}
+		got, err := s.GetSandbox(ctx, "acme", "sbx-a1")
+		if err != nil || got.ID != "sbx-a1" || got.Labels["n"] != "1" || got.IdleTimeout != 5*time.Minute ||
+			!got.Expires.Equal(base.Add(time.Second+time.Hour)) || !got.Created.Equal(base.Add(time.Second)) || string(got.Spec) != `{"manifest":""}` {
+			t.Fatalf("get: %+v %v", got, err)
+		}
+		// Another tenant's id is the same as an unknown one.
+		if _, err := s.GetSandbox(ctx, "other", "sbx-a1"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("other tenant: %v, want ErrNotFound", err)
+		}
+		if _, err := s.GetSandbox(ctx, "acme", "sbx-404"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("unknown: %v, want ErrNotFound", err)
+		}
+		live := func() string {
+			sbs, err := s.LiveSandboxes(ctx)
+			slices.SortFunc(sbs, func(a, b *store.Sandbox) int { return strings.Compare(a.ID, b.ID) })
+			return ids(sbs, err)
+		}
+		if got := live(); got != "[sbx-a0 sbx-a1 sbx-a2 sbx-o]" {
+			t.Fatalf("live sandboxes %s, want every tenant's", got)
+		}
+		// An update keeps the record; a gone sandbox leaves the lists but
+		// can still be read.
+		got.SessionState, got.Provider = []byte(`{"v":1}`), "local"
+		if err := s.UpdateSandbox(ctx, got); err != nil {
+			t.Fatal(err)
+		}
+		gone, _ := s.GetSandbox(ctx, "acme", "sbx-a0")
+		gone.Gone = true
+		if err := s.UpdateSandbox(ctx, gone); err != nil {
+			t.Fatal(err)
+		}
+		if again, err := s.GetSandbox(ctx, "acme", "sbx-a1"); err != nil || string(again.SessionState) != `{"v":1}` || again.Provider != "local" {
+			t.Fatalf("after update: %+v %v", again, err)
+		}
+		if again, err := s.GetSandbox(ctx, "acme", "sbx-a0"); err != nil || !again.Gone {
+			t.Fatalf("gone: %+v %v", again, err)
+		}
+		if got := live(); got != "[sbx-a1 sbx-a2 sbx-o]" {
+			t.Fatalf("live sandboxes after a deletion %s, want [sbx-a1 sbx-a2 sbx-o]", got)
+		}
+		if err := s.UpdateSandbox(ctx, mkSb("sbx-404", "acme", 0)); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("update unknown: %v", err)
+		}
+		moved := *got
+		moved.Tenant = "other"
+		if err := s.UpdateSandbox(ctx, &moved); err == nil {
+			t.Fatal("an update moved a sandbox to another tenant")
+		}
+		if again, err := s.GetSandbox(ctx, "acme", "sbx-a1"); err != nil || again.Tenant != "acme" {
+			t.Fatalf("after a refused move: %+v %v", again, err)
+		}
+		// Runs are not sandboxes.
+		if err := s.CreateRun(ctx, mk("run-x", "acme", 0)); err != nil {
+			t.Fatal(err)
+		}
+		if got := live(); got != "[sbx-a1 sbx-a2 sbx-o]" {
+			t.Fatalf("live sandboxes with a run stored %s", got)
+		}
+		if _, err := s.GetRun(ctx, "acme", "sbx-a1"); !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("a sandbox read as a run: %v", err)
+		}
+	})
 	t.Run("Events", func(t *testing.T) {
 		s := open(t)
 		if err := s.CreateRun(ctx, mk("run-e", "acme", 0)); err != nil {

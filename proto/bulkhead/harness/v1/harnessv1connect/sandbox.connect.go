@@ -33,15 +33,59 @@ const (
 // reflection-formatted method names, remove the leading slash and convert the remaining slash to a
 // period.
 const (
+	// SandboxServiceCreateSandboxProcedure is the fully-qualified name of the SandboxService's
+	// CreateSandbox RPC.
+	SandboxServiceCreateSandboxProcedure = "/bulkhead.harness.v1.SandboxService/CreateSandbox"
+	// SandboxServiceGetSandboxProcedure is the fully-qualified name of the SandboxService's GetSandbox
+	// RPC.
+	SandboxServiceGetSandboxProcedure = "/bulkhead.harness.v1.SandboxService/GetSandbox"
 	// SandboxServiceListSandboxesProcedure is the fully-qualified name of the SandboxService's
 	// ListSandboxes RPC.
 	SandboxServiceListSandboxesProcedure = "/bulkhead.harness.v1.SandboxService/ListSandboxes"
+	// SandboxServiceDeleteSandboxProcedure is the fully-qualified name of the SandboxService's
+	// DeleteSandbox RPC.
+	SandboxServiceDeleteSandboxProcedure = "/bulkhead.harness.v1.SandboxService/DeleteSandbox"
+	// SandboxServiceSetTimeoutProcedure is the fully-qualified name of the SandboxService's SetTimeout
+	// RPC.
+	SandboxServiceSetTimeoutProcedure = "/bulkhead.harness.v1.SandboxService/SetTimeout"
+	// SandboxServiceRunCommandProcedure is the fully-qualified name of the SandboxService's RunCommand
+	// RPC.
+	SandboxServiceRunCommandProcedure = "/bulkhead.harness.v1.SandboxService/RunCommand"
+	// SandboxServiceExecProcedure is the fully-qualified name of the SandboxService's Exec RPC.
+	SandboxServiceExecProcedure = "/bulkhead.harness.v1.SandboxService/Exec"
+	// SandboxServiceStartProcessProcedure is the fully-qualified name of the SandboxService's
+	// StartProcess RPC.
+	SandboxServiceStartProcessProcedure = "/bulkhead.harness.v1.SandboxService/StartProcess"
+	// SandboxServiceReadProcessOutputProcedure is the fully-qualified name of the SandboxService's
+	// ReadProcessOutput RPC.
+	SandboxServiceReadProcessOutputProcedure = "/bulkhead.harness.v1.SandboxService/ReadProcessOutput"
+	// SandboxServiceWriteStdinProcedure is the fully-qualified name of the SandboxService's WriteStdin
+	// RPC.
+	SandboxServiceWriteStdinProcedure = "/bulkhead.harness.v1.SandboxService/WriteStdin"
+	// SandboxServiceSignalProcessProcedure is the fully-qualified name of the SandboxService's
+	// SignalProcess RPC.
+	SandboxServiceSignalProcessProcedure = "/bulkhead.harness.v1.SandboxService/SignalProcess"
+	// SandboxServiceListProcessesProcedure is the fully-qualified name of the SandboxService's
+	// ListProcesses RPC.
+	SandboxServiceListProcessesProcedure = "/bulkhead.harness.v1.SandboxService/ListProcesses"
 	// SandboxServiceListSandboxDirProcedure is the fully-qualified name of the SandboxService's
 	// ListSandboxDir RPC.
 	SandboxServiceListSandboxDirProcedure = "/bulkhead.harness.v1.SandboxService/ListSandboxDir"
 	// SandboxServiceReadSandboxFileProcedure is the fully-qualified name of the SandboxService's
 	// ReadSandboxFile RPC.
 	SandboxServiceReadSandboxFileProcedure = "/bulkhead.harness.v1.SandboxService/ReadSandboxFile"
+	// SandboxServiceWriteFileProcedure is the fully-qualified name of the SandboxService's WriteFile
+	// RPC.
+	SandboxServiceWriteFileProcedure = "/bulkhead.harness.v1.SandboxService/WriteFile"
+	// SandboxServiceStatProcedure is the fully-qualified name of the SandboxService's Stat RPC.
+	SandboxServiceStatProcedure = "/bulkhead.harness.v1.SandboxService/Stat"
+	// SandboxServiceRemoveProcedure is the fully-qualified name of the SandboxService's Remove RPC.
+	SandboxServiceRemoveProcedure = "/bulkhead.harness.v1.SandboxService/Remove"
+	// SandboxServiceMakeDirProcedure is the fully-qualified name of the SandboxService's MakeDir RPC.
+	SandboxServiceMakeDirProcedure = "/bulkhead.harness.v1.SandboxService/MakeDir"
+	// SandboxServiceApplyPatchProcedure is the fully-qualified name of the SandboxService's ApplyPatch
+	// RPC.
+	SandboxServiceApplyPatchProcedure = "/bulkhead.harness.v1.SandboxService/ApplyPatch"
 	// SandboxServiceOpenTerminalProcedure is the fully-qualified name of the SandboxService's
 	// OpenTerminal RPC.
 	SandboxServiceOpenTerminalProcedure = "/bulkhead.harness.v1.SandboxService/OpenTerminal"
@@ -49,12 +93,61 @@ const (
 
 // SandboxServiceClient is a client for the bulkhead.harness.v1.SandboxService service.
 type SandboxServiceClient interface {
+	// CreateSandbox makes a sandbox of the tenant from a manifest (checked
+	// like StartRun's). It counts against the tenant's live-sandbox quota
+	// (ResourceExhausted when full) and is deleted at its ttl, or once it was
+	// idle for its idle timeout, whichever comes first; it survives a restart
+	// of the service.
+	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
+	// GetSandbox returns one of the tenant's sandboxes.
+	GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
 	// ListSandboxes lists the tenant's live sandboxes, newest first.
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
+	// DeleteSandbox deletes a sandbox made with CreateSandbox, or the one kept
+	// for a finished run (FailedPrecondition while its run is active).
+	DeleteSandbox(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error)
+	// SetTimeout moves the deadlines of a sandbox made with CreateSandbox:
+	// the ttl counts again from now, and the idle timeout is replaced.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// RunCommand runs a command to completion and returns its output (up to a
+	// size cap per stream; the rest is counted, not kept). For plain JSON
+	// clients; Exec streams the output instead.
+	RunCommand(context.Context, *connect.Request[v1.RunCommandRequest]) (*connect.Response[v1.RunCommandResponse], error)
+	// Exec runs a command and streams its start, its output as it comes, and
+	// its exit. The process is killed when the client goes away.
+	Exec(context.Context, *connect.Request[v1.ExecRequest]) (*connect.ServerStreamForClient[v1.ExecResponse], error)
+	// StartProcess starts a command and returns at once; read its output
+	// with ReadProcessOutput, feed it with WriteStdin, signal it, list it.
+	StartProcess(context.Context, *connect.Request[v1.StartProcessRequest]) (*connect.Response[v1.StartProcessResponse], error)
+	// ReadProcessOutput reads a started process's output from a cursor,
+	// waiting up to a bound for some.
+	ReadProcessOutput(context.Context, *connect.Request[v1.ReadProcessOutputRequest]) (*connect.Response[v1.ReadProcessOutputResponse], error)
+	// WriteStdin writes to (or closes) a started process's stdin.
+	WriteStdin(context.Context, *connect.Request[v1.WriteStdinRequest]) (*connect.Response[v1.WriteStdinResponse], error)
+	// SignalProcess sends a signal to a process's whole process group.
+	SignalProcess(context.Context, *connect.Request[v1.SignalProcessRequest]) (*connect.Response[v1.SignalProcessResponse], error)
+	// ListProcesses lists the sandbox's processes (running, or exited and
+	// not reaped yet).
+	ListProcesses(context.Context, *connect.Request[v1.ListProcessesRequest]) (*connect.Response[v1.ListProcessesResponse], error)
 	// ListSandboxDir lists a directory of a sandbox's workspace.
 	ListSandboxDir(context.Context, *connect.Request[v1.ListSandboxDirRequest]) (*connect.Response[v1.ListSandboxDirResponse], error)
 	// ReadSandboxFile streams a file of a sandbox's workspace in chunks.
 	ReadSandboxFile(context.Context, *connect.Request[v1.ReadSandboxFileRequest]) (*connect.ServerStreamForClient[v1.ReadSandboxFileResponse], error)
+	// WriteFile writes a file of a sandbox's workspace, atomically: the first
+	// message is a WriteFileHeader, the others carry its bytes in order (size
+	// capped). The file is replaced only once every byte arrived.
+	WriteFile(context.Context) *connect.ClientStreamForClient[v1.WriteFileRequest, v1.WriteFileResponse]
+	// Stat describes a path (a final symlink is not followed).
+	Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error)
+	// Remove removes a file, or a directory (a non-empty one only when
+	// recursive).
+	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
+	// MakeDir makes a directory.
+	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
+	// ApplyPatch applies a V4A patch (the `*** Begin Patch` ... `*** End
+	// Patch` text) all or nothing, and returns what it changed or why it did
+	// not apply (a malformed patch is InvalidArgument).
+	ApplyPatch(context.Context, *connect.Request[v1.ApplyPatchRequest]) (*connect.Response[v1.ApplyPatchResponse], error)
 	// OpenTerminal runs a shell (or the given command) on a PTY in the
 	// sandbox: the first request is a TerminalStart, later ones carry stdin
 	// bytes or a resize; responses carry output bytes, then the exit. Needs
@@ -73,10 +166,76 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 	baseURL = strings.TrimRight(baseURL, "/")
 	sandboxServiceMethods := v1.File_bulkhead_harness_v1_sandbox_proto.Services().ByName("SandboxService").Methods()
 	return &sandboxServiceClient{
+		createSandbox: connect.NewClient[v1.CreateSandboxRequest, v1.CreateSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceCreateSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("CreateSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		getSandbox: connect.NewClient[v1.GetSandboxRequest, v1.GetSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceGetSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("GetSandbox")),
+			connect.WithClientOptions(opts...),
+		),
 		listSandboxes: connect.NewClient[v1.ListSandboxesRequest, v1.ListSandboxesResponse](
 			httpClient,
 			baseURL+SandboxServiceListSandboxesProcedure,
 			connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxes")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteSandbox: connect.NewClient[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceDeleteSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("DeleteSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		setTimeout: connect.NewClient[v1.SetTimeoutRequest, v1.SetTimeoutResponse](
+			httpClient,
+			baseURL+SandboxServiceSetTimeoutProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+			connect.WithClientOptions(opts...),
+		),
+		runCommand: connect.NewClient[v1.RunCommandRequest, v1.RunCommandResponse](
+			httpClient,
+			baseURL+SandboxServiceRunCommandProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RunCommand")),
+			connect.WithClientOptions(opts...),
+		),
+		exec: connect.NewClient[v1.ExecRequest, v1.ExecResponse](
+			httpClient,
+			baseURL+SandboxServiceExecProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Exec")),
+			connect.WithClientOptions(opts...),
+		),
+		startProcess: connect.NewClient[v1.StartProcessRequest, v1.StartProcessResponse](
+			httpClient,
+			baseURL+SandboxServiceStartProcessProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("StartProcess")),
+			connect.WithClientOptions(opts...),
+		),
+		readProcessOutput: connect.NewClient[v1.ReadProcessOutputRequest, v1.ReadProcessOutputResponse](
+			httpClient,
+			baseURL+SandboxServiceReadProcessOutputProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ReadProcessOutput")),
+			connect.WithClientOptions(opts...),
+		),
+		writeStdin: connect.NewClient[v1.WriteStdinRequest, v1.WriteStdinResponse](
+			httpClient,
+			baseURL+SandboxServiceWriteStdinProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("WriteStdin")),
+			connect.WithClientOptions(opts...),
+		),
+		signalProcess: connect.NewClient[v1.SignalProcessRequest, v1.SignalProcessResponse](
+			httpClient,
+			baseURL+SandboxServiceSignalProcessProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SignalProcess")),
+			connect.WithClientOptions(opts...),
+		),
+		listProcesses: connect.NewClient[v1.ListProcessesRequest, v1.ListProcessesResponse](
+			httpClient,
+			baseURL+SandboxServiceListProcessesProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListProcesses")),
 			connect.WithClientOptions(opts...),
 		),
 		listSandboxDir: connect.NewClient[v1.ListSandboxDirRequest, v1.ListSandboxDirResponse](
@@ -91,6 +250,36 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ReadSandboxFile")),
 			connect.WithClientOptions(opts...),
 		),
+		writeFile: connect.NewClient[v1.WriteFileRequest, v1.WriteFileResponse](
+			httpClient,
+			baseURL+SandboxServiceWriteFileProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("WriteFile")),
+			connect.WithClientOptions(opts...),
+		),
+		stat: connect.NewClient[v1.StatRequest, v1.StatResponse](
+			httpClient,
+			baseURL+SandboxServiceStatProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Stat")),
+			connect.WithClientOptions(opts...),
+		),
+		remove: connect.NewClient[v1.RemoveRequest, v1.RemoveResponse](
+			httpClient,
+			baseURL+SandboxServiceRemoveProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("Remove")),
+			connect.WithClientOptions(opts...),
+		),
+		makeDir: connect.NewClient[v1.MakeDirRequest, v1.MakeDirResponse](
+			httpClient,
+			baseURL+SandboxServiceMakeDirProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("MakeDir")),
+			connect.WithClientOptions(opts...),
+		),
+		applyPatch: connect.NewClient[v1.ApplyPatchRequest, v1.ApplyPatchResponse](
+			httpClient,
+			baseURL+SandboxServiceApplyPatchProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ApplyPatch")),
+			connect.WithClientOptions(opts...),
+		),
 		openTerminal: connect.NewClient[v1.OpenTerminalRequest, v1.OpenTerminalResponse](
 			httpClient,
 			baseURL+SandboxServiceOpenTerminalProcedure,
@@ -102,15 +291,86 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 
 // sandboxServiceClient implements SandboxServiceClient.
 type sandboxServiceClient struct {
-	listSandboxes   *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
-	listSandboxDir  *connect.Client[v1.ListSandboxDirRequest, v1.ListSandboxDirResponse]
-	readSandboxFile *connect.Client[v1.ReadSandboxFileRequest, v1.ReadSandboxFileResponse]
-	openTerminal    *connect.Client[v1.OpenTerminalRequest, v1.OpenTerminalResponse]
+	createSandbox     *connect.Client[v1.CreateSandboxRequest, v1.CreateSandboxResponse]
+	getSandbox        *connect.Client[v1.GetSandboxRequest, v1.GetSandboxResponse]
+	listSandboxes     *connect.Client[v1.ListSandboxesRequest, v1.ListSandboxesResponse]
+	deleteSandbox     *connect.Client[v1.DeleteSandboxRequest, v1.DeleteSandboxResponse]
+	setTimeout        *connect.Client[v1.SetTimeoutRequest, v1.SetTimeoutResponse]
+	runCommand        *connect.Client[v1.RunCommandRequest, v1.RunCommandResponse]
+	exec              *connect.Client[v1.ExecRequest, v1.ExecResponse]
+	startProcess      *connect.Client[v1.StartProcessRequest, v1.StartProcessResponse]
+	readProcessOutput *connect.Client[v1.ReadProcessOutputRequest, v1.ReadProcessOutputResponse]
+	writeStdin        *connect.Client[v1.WriteStdinRequest, v1.WriteStdinResponse]
+	signalProcess     *connect.Client[v1.SignalProcessRequest, v1.SignalProcessResponse]
+	listProcesses     *connect.Client[v1.ListProcessesRequest, v1.ListProcessesResponse]
+	listSandboxDir    *connect.Client[v1.ListSandboxDirRequest, v1.ListSandboxDirResponse]
+	readSandboxFile   *connect.Client[v1.ReadSandboxFileRequest, v1.ReadSandboxFileResponse]
+	writeFile         *connect.Client[v1.WriteFileRequest, v1.WriteFileResponse]
+	stat              *connect.Client[v1.StatRequest, v1.StatResponse]
+	remove            *connect.Client[v1.RemoveRequest, v1.RemoveResponse]
+	makeDir           *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
+	applyPatch        *connect.Client[v1.ApplyPatchRequest, v1.ApplyPatchResponse]
+	openTerminal      *connect.Client[v1.OpenTerminalRequest, v1.OpenTerminalResponse]
+}
+
+// CreateSandbox calls bulkhead.harness.v1.SandboxService.CreateSandbox.
+func (c *sandboxServiceClient) CreateSandbox(ctx context.Context, req *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
+	return c.createSandbox.CallUnary(ctx, req)
+}
+
+// GetSandbox calls bulkhead.harness.v1.SandboxService.GetSandbox.
+func (c *sandboxServiceClient) GetSandbox(ctx context.Context, req *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {
+	return c.getSandbox.CallUnary(ctx, req)
 }
 
 // ListSandboxes calls bulkhead.harness.v1.SandboxService.ListSandboxes.
 func (c *sandboxServiceClient) ListSandboxes(ctx context.Context, req *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
 	return c.listSandboxes.CallUnary(ctx, req)
+}
+
+// DeleteSandbox calls bulkhead.harness.v1.SandboxService.DeleteSandbox.
+func (c *sandboxServiceClient) DeleteSandbox(ctx context.Context, req *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error) {
+	return c.deleteSandbox.CallUnary(ctx, req)
+}
+
+// SetTimeout calls bulkhead.harness.v1.SandboxService.SetTimeout.
+func (c *sandboxServiceClient) SetTimeout(ctx context.Context, req *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return c.setTimeout.CallUnary(ctx, req)
+}
+
+// RunCommand calls bulkhead.harness.v1.SandboxService.RunCommand.
+func (c *sandboxServiceClient) RunCommand(ctx context.Context, req *connect.Request[v1.RunCommandRequest]) (*connect.Response[v1.RunCommandResponse], error) {
+	return c.runCommand.CallUnary(ctx, req)
+}
+
+// Exec calls bulkhead.harness.v1.SandboxService.Exec.
+func (c *sandboxServiceClient) Exec(ctx context.Context, req *connect.Request[v1.ExecRequest]) (*connect.ServerStreamForClient[v1.ExecResponse], error) {
+	return c.exec.CallServerStream(ctx, req)
+}
+
+// StartProcess calls bulkhead.harness.v1.SandboxService.StartProcess.
+func (c *sandboxServiceClient) StartProcess(ctx context.Context, req *connect.Request[v1.StartProcessRequest]) (*connect.Response[v1.StartProcessResponse], error) {
+	return c.startProcess.CallUnary(ctx, req)
+}
+
+// ReadProcessOutput calls bulkhead.harness.v1.SandboxService.ReadProcessOutput.
+func (c *sandboxServiceClient) ReadProcessOutput(ctx context.Context, req *connect.Request[v1.ReadProcessOutputRequest]) (*connect.Response[v1.ReadProcessOutputResponse], error) {
+	return c.readProcessOutput.CallUnary(ctx, req)
+}
+
+// WriteStdin calls bulkhead.harness.v1.SandboxService.WriteStdin.
+func (c *sandboxServiceClient) WriteStdin(ctx context.Context, req *connect.Request[v1.WriteStdinRequest]) (*connect.Response[v1.WriteStdinResponse], error) {
+	return c.writeStdin.CallUnary(ctx, req)
+}
+
+// SignalProcess calls bulkhead.harness.v1.SandboxService.SignalProcess.
+func (c *sandboxServiceClient) SignalProcess(ctx context.Context, req *connect.Request[v1.SignalProcessRequest]) (*connect.Response[v1.SignalProcessResponse], error) {
+	return c.signalProcess.CallUnary(ctx, req)
+}
+
+// ListProcesses calls bulkhead.harness.v1.SandboxService.ListProcesses.
+func (c *sandboxServiceClient) ListProcesses(ctx context.Context, req *connect.Request[v1.ListProcessesRequest]) (*connect.Response[v1.ListProcessesResponse], error) {
+	return c.listProcesses.CallUnary(ctx, req)
 }
 
 // ListSandboxDir calls bulkhead.harness.v1.SandboxService.ListSandboxDir.
@@ -123,6 +383,31 @@ func (c *sandboxServiceClient) ReadSandboxFile(ctx context.Context, req *connect
 	return c.readSandboxFile.CallServerStream(ctx, req)
 }
 
+// WriteFile calls bulkhead.harness.v1.SandboxService.WriteFile.
+func (c *sandboxServiceClient) WriteFile(ctx context.Context) *connect.ClientStreamForClient[v1.WriteFileRequest, v1.WriteFileResponse] {
+	return c.writeFile.CallClientStream(ctx)
+}
+
+// Stat calls bulkhead.harness.v1.SandboxService.Stat.
+func (c *sandboxServiceClient) Stat(ctx context.Context, req *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error) {
+	return c.stat.CallUnary(ctx, req)
+}
+
+// Remove calls bulkhead.harness.v1.SandboxService.Remove.
+func (c *sandboxServiceClient) Remove(ctx context.Context, req *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
+	return c.remove.CallUnary(ctx, req)
+}
+
+// MakeDir calls bulkhead.harness.v1.SandboxService.MakeDir.
+func (c *sandboxServiceClient) MakeDir(ctx context.Context, req *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error) {
+	return c.makeDir.CallUnary(ctx, req)
+}
+
+// ApplyPatch calls bulkhead.harness.v1.SandboxService.ApplyPatch.
+func (c *sandboxServiceClient) ApplyPatch(ctx context.Context, req *connect.Request[v1.ApplyPatchRequest]) (*connect.Response[v1.ApplyPatchResponse], error) {
+	return c.applyPatch.CallUnary(ctx, req)
+}
+
 // OpenTerminal calls bulkhead.harness.v1.SandboxService.OpenTerminal.
 func (c *sandboxServiceClient) OpenTerminal(ctx context.Context) *connect.BidiStreamForClient[v1.OpenTerminalRequest, v1.OpenTerminalResponse] {
 	return c.openTerminal.CallBidiStream(ctx)
@@ -130,12 +415,61 @@ func (c *sandboxServiceClient) OpenTerminal(ctx context.Context) *connect.BidiSt
 
 // SandboxServiceHandler is an implementation of the bulkhead.harness.v1.SandboxService service.
 type SandboxServiceHandler interface {
+	// CreateSandbox makes a sandbox of the tenant from a manifest (checked
+	// like StartRun's). It counts against the tenant's live-sandbox quota
+	// (ResourceExhausted when full) and is deleted at its ttl, or once it was
+	// idle for its idle timeout, whichever comes first; it survives a restart
+	// of the service.
+	CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error)
+	// GetSandbox returns one of the tenant's sandboxes.
+	GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error)
 	// ListSandboxes lists the tenant's live sandboxes, newest first.
 	ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error)
+	// DeleteSandbox deletes a sandbox made with CreateSandbox, or the one kept
+	// for a finished run (FailedPrecondition while its run is active).
+	DeleteSandbox(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error)
+	// SetTimeout moves the deadlines of a sandbox made with CreateSandbox:
+	// the ttl counts again from now, and the idle timeout is replaced.
+	SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error)
+	// RunCommand runs a command to completion and returns its output (up to a
+	// size cap per stream; the rest is counted, not kept). For plain JSON
+	// clients; Exec streams the output instead.
+	RunCommand(context.Context, *connect.Request[v1.RunCommandRequest]) (*connect.Response[v1.RunCommandResponse], error)
+	// Exec runs a command and streams its start, its output as it comes, and
+	// its exit. The process is killed when the client goes away.
+	Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecResponse]) error
+	// StartProcess starts a command and returns at once; read its output
+	// with ReadProcessOutput, feed it with WriteStdin, signal it, list it.
+	StartProcess(context.Context, *connect.Request[v1.StartProcessRequest]) (*connect.Response[v1.StartProcessResponse], error)
+	// ReadProcessOutput reads a started process's output from a cursor,
+	// waiting up to a bound for some.
+	ReadProcessOutput(context.Context, *connect.Request[v1.ReadProcessOutputRequest]) (*connect.Response[v1.ReadProcessOutputResponse], error)
+	// WriteStdin writes to (or closes) a started process's stdin.
+	WriteStdin(context.Context, *connect.Request[v1.WriteStdinRequest]) (*connect.Response[v1.WriteStdinResponse], error)
+	// SignalProcess sends a signal to a process's whole process group.
+	SignalProcess(context.Context, *connect.Request[v1.SignalProcessRequest]) (*connect.Response[v1.SignalProcessResponse], error)
+	// ListProcesses lists the sandbox's processes (running, or exited and
+	// not reaped yet).
+	ListProcesses(context.Context, *connect.Request[v1.ListProcessesRequest]) (*connect.Response[v1.ListProcessesResponse], error)
 	// ListSandboxDir lists a directory of a sandbox's workspace.
 	ListSandboxDir(context.Context, *connect.Request[v1.ListSandboxDirRequest]) (*connect.Response[v1.ListSandboxDirResponse], error)
 	// ReadSandboxFile streams a file of a sandbox's workspace in chunks.
 	ReadSandboxFile(context.Context, *connect.Request[v1.ReadSandboxFileRequest], *connect.ServerStream[v1.ReadSandboxFileResponse]) error
+	// WriteFile writes a file of a sandbox's workspace, atomically: the first
+	// message is a WriteFileHeader, the others carry its bytes in order (size
+	// capped). The file is replaced only once every byte arrived.
+	WriteFile(context.Context, *connect.ClientStream[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error)
+	// Stat describes a path (a final symlink is not followed).
+	Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error)
+	// Remove removes a file, or a directory (a non-empty one only when
+	// recursive).
+	Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error)
+	// MakeDir makes a directory.
+	MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error)
+	// ApplyPatch applies a V4A patch (the `*** Begin Patch` ... `*** End
+	// Patch` text) all or nothing, and returns what it changed or why it did
+	// not apply (a malformed patch is InvalidArgument).
+	ApplyPatch(context.Context, *connect.Request[v1.ApplyPatchRequest]) (*connect.Response[v1.ApplyPatchResponse], error)
 	// OpenTerminal runs a shell (or the given command) on a PTY in the
 	// sandbox: the first request is a TerminalStart, later ones carry stdin
 	// bytes or a resize; responses carry output bytes, then the exit. Needs
@@ -150,10 +484,76 @@ type SandboxServiceHandler interface {
 // and JSON codecs. They also support gzip compression.
 func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.HandlerOption) (string, http.Handler) {
 	sandboxServiceMethods := v1.File_bulkhead_harness_v1_sandbox_proto.Services().ByName("SandboxService").Methods()
+	sandboxServiceCreateSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceCreateSandboxProcedure,
+		svc.CreateSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("CreateSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceGetSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceGetSandboxProcedure,
+		svc.GetSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("GetSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceListSandboxesHandler := connect.NewUnaryHandler(
 		SandboxServiceListSandboxesProcedure,
 		svc.ListSandboxes,
 		connect.WithSchema(sandboxServiceMethods.ByName("ListSandboxes")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceDeleteSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceDeleteSandboxProcedure,
+		svc.DeleteSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("DeleteSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSetTimeoutHandler := connect.NewUnaryHandler(
+		SandboxServiceSetTimeoutProcedure,
+		svc.SetTimeout,
+		connect.WithSchema(sandboxServiceMethods.ByName("SetTimeout")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRunCommandHandler := connect.NewUnaryHandler(
+		SandboxServiceRunCommandProcedure,
+		svc.RunCommand,
+		connect.WithSchema(sandboxServiceMethods.ByName("RunCommand")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceExecHandler := connect.NewServerStreamHandler(
+		SandboxServiceExecProcedure,
+		svc.Exec,
+		connect.WithSchema(sandboxServiceMethods.ByName("Exec")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceStartProcessHandler := connect.NewUnaryHandler(
+		SandboxServiceStartProcessProcedure,
+		svc.StartProcess,
+		connect.WithSchema(sandboxServiceMethods.ByName("StartProcess")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceReadProcessOutputHandler := connect.NewUnaryHandler(
+		SandboxServiceReadProcessOutputProcedure,
+		svc.ReadProcessOutput,
+		connect.WithSchema(sandboxServiceMethods.ByName("ReadProcessOutput")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceWriteStdinHandler := connect.NewUnaryHandler(
+		SandboxServiceWriteStdinProcedure,
+		svc.WriteStdin,
+		connect.WithSchema(sandboxServiceMethods.ByName("WriteStdin")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSignalProcessHandler := connect.NewUnaryHandler(
+		SandboxServiceSignalProcessProcedure,
+		svc.SignalProcess,
+		connect.WithSchema(sandboxServiceMethods.ByName("SignalProcess")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListProcessesHandler := connect.NewUnaryHandler(
+		SandboxServiceListProcessesProcedure,
+		svc.ListProcesses,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListProcesses")),
 		connect.WithHandlerOptions(opts...),
 	)
 	sandboxServiceListSandboxDirHandler := connect.NewUnaryHandler(
@@ -168,6 +568,36 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ReadSandboxFile")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceWriteFileHandler := connect.NewClientStreamHandler(
+		SandboxServiceWriteFileProcedure,
+		svc.WriteFile,
+		connect.WithSchema(sandboxServiceMethods.ByName("WriteFile")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceStatHandler := connect.NewUnaryHandler(
+		SandboxServiceStatProcedure,
+		svc.Stat,
+		connect.WithSchema(sandboxServiceMethods.ByName("Stat")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRemoveHandler := connect.NewUnaryHandler(
+		SandboxServiceRemoveProcedure,
+		svc.Remove,
+		connect.WithSchema(sandboxServiceMethods.ByName("Remove")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceMakeDirHandler := connect.NewUnaryHandler(
+		SandboxServiceMakeDirProcedure,
+		svc.MakeDir,
+		connect.WithSchema(sandboxServiceMethods.ByName("MakeDir")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceApplyPatchHandler := connect.NewUnaryHandler(
+		SandboxServiceApplyPatchProcedure,
+		svc.ApplyPatch,
+		connect.WithSchema(sandboxServiceMethods.ByName("ApplyPatch")),
+		connect.WithHandlerOptions(opts...),
+	)
 	sandboxServiceOpenTerminalHandler := connect.NewBidiStreamHandler(
 		SandboxServiceOpenTerminalProcedure,
 		svc.OpenTerminal,
@@ -176,12 +606,44 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 	)
 	return "/bulkhead.harness.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
+		case SandboxServiceCreateSandboxProcedure:
+			sandboxServiceCreateSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceGetSandboxProcedure:
+			sandboxServiceGetSandboxHandler.ServeHTTP(w, r)
 		case SandboxServiceListSandboxesProcedure:
 			sandboxServiceListSandboxesHandler.ServeHTTP(w, r)
+		case SandboxServiceDeleteSandboxProcedure:
+			sandboxServiceDeleteSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceSetTimeoutProcedure:
+			sandboxServiceSetTimeoutHandler.ServeHTTP(w, r)
+		case SandboxServiceRunCommandProcedure:
+			sandboxServiceRunCommandHandler.ServeHTTP(w, r)
+		case SandboxServiceExecProcedure:
+			sandboxServiceExecHandler.ServeHTTP(w, r)
+		case SandboxServiceStartProcessProcedure:
+			sandboxServiceStartProcessHandler.ServeHTTP(w, r)
+		case SandboxServiceReadProcessOutputProcedure:
+			sandboxServiceReadProcessOutputHandler.ServeHTTP(w, r)
+		case SandboxServiceWriteStdinProcedure:
+			sandboxServiceWriteStdinHandler.ServeHTTP(w, r)
+		case SandboxServiceSignalProcessProcedure:
+			sandboxServiceSignalProcessHandler.ServeHTTP(w, r)
+		case SandboxServiceListProcessesProcedure:
+			sandboxServiceListProcessesHandler.ServeHTTP(w, r)
 		case SandboxServiceListSandboxDirProcedure:
 			sandboxServiceListSandboxDirHandler.ServeHTTP(w, r)
 		case SandboxServiceReadSandboxFileProcedure:
 			sandboxServiceReadSandboxFileHandler.ServeHTTP(w, r)
+		case SandboxServiceWriteFileProcedure:
+			sandboxServiceWriteFileHandler.ServeHTTP(w, r)
+		case SandboxServiceStatProcedure:
+			sandboxServiceStatHandler.ServeHTTP(w, r)
+		case SandboxServiceRemoveProcedure:
+			sandboxServiceRemoveHandler.ServeHTTP(w, r)
+		case SandboxServiceMakeDirProcedure:
+			sandboxServiceMakeDirHandler.ServeHTTP(w, r)
+		case SandboxServiceApplyPatchProcedure:
+			sandboxServiceApplyPatchHandler.ServeHTTP(w, r)
 		case SandboxServiceOpenTerminalProcedure:
 			sandboxServiceOpenTerminalHandler.ServeHTTP(w, r)
 		default:
@@ -193,8 +655,52 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 // UnimplementedSandboxServiceHandler returns CodeUnimplemented from all methods.
 type UnimplementedSandboxServiceHandler struct{}
 
+func (UnimplementedSandboxServiceHandler) CreateSandbox(context.Context, *connect.Request[v1.CreateSandboxRequest]) (*connect.Response[v1.CreateSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.CreateSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) GetSandbox(context.Context, *connect.Request[v1.GetSandboxRequest]) (*connect.Response[v1.GetSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.GetSandbox is not implemented"))
+}
+
 func (UnimplementedSandboxServiceHandler) ListSandboxes(context.Context, *connect.Request[v1.ListSandboxesRequest]) (*connect.Response[v1.ListSandboxesResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ListSandboxes is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) DeleteSandbox(context.Context, *connect.Request[v1.DeleteSandboxRequest]) (*connect.Response[v1.DeleteSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.DeleteSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SetTimeout(context.Context, *connect.Request[v1.SetTimeoutRequest]) (*connect.Response[v1.SetTimeoutResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.SetTimeout is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RunCommand(context.Context, *connect.Request[v1.RunCommandRequest]) (*connect.Response[v1.RunCommandResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.RunCommand is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Exec(context.Context, *connect.Request[v1.ExecRequest], *connect.ServerStream[v1.ExecResponse]) error {
+	return connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.Exec is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) StartProcess(context.Context, *connect.Request[v1.StartProcessRequest]) (*connect.Response[v1.StartProcessResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.StartProcess is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ReadProcessOutput(context.Context, *connect.Request[v1.ReadProcessOutputRequest]) (*connect.Response[v1.ReadProcessOutputResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ReadProcessOutput is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) WriteStdin(context.Context, *connect.Request[v1.WriteStdinRequest]) (*connect.Response[v1.WriteStdinResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.WriteStdin is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SignalProcess(context.Context, *connect.Request[v1.SignalProcessRequest]) (*connect.Response[v1.SignalProcessResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.SignalProcess is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListProcesses(context.Context, *connect.Request[v1.ListProcessesRequest]) (*connect.Response[v1.ListProcessesResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ListProcesses is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) ListSandboxDir(context.Context, *connect.Request[v1.ListSandboxDirRequest]) (*connect.Response[v1.ListSandboxDirResponse], error) {
@@ -203,6 +709,26 @@ func (UnimplementedSandboxServiceHandler) ListSandboxDir(context.Context, *conne
 
 func (UnimplementedSandboxServiceHandler) ReadSandboxFile(context.Context, *connect.Request[v1.ReadSandboxFileRequest], *connect.ServerStream[v1.ReadSandboxFileResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ReadSandboxFile is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) WriteFile(context.Context, *connect.ClientStream[v1.WriteFileRequest]) (*connect.Response[v1.WriteFileResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.WriteFile is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Stat(context.Context, *connect.Request[v1.StatRequest]) (*connect.Response[v1.StatResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.Stat is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) Remove(context.Context, *connect.Request[v1.RemoveRequest]) (*connect.Response[v1.RemoveResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.Remove is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) MakeDir(context.Context, *connect.Request[v1.MakeDirRequest]) (*connect.Response[v1.MakeDirResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.MakeDir is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ApplyPatch(context.Context, *connect.Request[v1.ApplyPatchRequest]) (*connect.Response[v1.ApplyPatchResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ApplyPatch is not implemented"))
 }
 
 func (UnimplementedSandboxServiceHandler) OpenTerminal(context.Context, *connect.BidiStream[v1.OpenTerminalRequest, v1.OpenTerminalResponse]) error {
