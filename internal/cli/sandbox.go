@@ -45,6 +45,7 @@ sandbox again. The sandbox keeps running between commands until it is removed.`,
 		newSandboxCpCmd(g),
 		newSandboxSnapshotCmd(g),
 		newSandboxResumeCmd(g),
+		newSandboxPauseCmd(g),
 		newSandboxRmCmd(g),
 		newSandboxSyncCmd(g),
 	)
@@ -171,7 +172,8 @@ func reconnect(cmd *cobra.Command, g *globals, id string, mat materializer.Optio
 		r.release()
 		return nil, err
 	}
-	if !r.reattached {
+	if !r.reattached || s.Restored() {
+		// A new sandbox, or one no longer paused.
 		if err := saveSession(g, s); err != nil {
 			r.release()
 			return nil, err
@@ -181,8 +183,11 @@ func reconnect(cmd *cobra.Command, g *globals, id string, mat materializer.Optio
 }
 
 // noteRebuilt tells the user (on stderr) that a command found its sandbox
-// gone and rebuilt it.
+// gone and rebuilt it, or paused and restored it.
 func (r *reconnected) noteRebuilt(w io.Writer) {
+	if r.sess.Restored() {
+		fmt.Fprintf(w, "note: the sandbox of session %s was paused; restored it with its processes\n", r.sess.ID())
+	}
 	if !r.reattached {
 		fmt.Fprintf(w, "note: the sandbox of session %s was gone; %s\n", r.sess.ID(), r.rebuiltHow())
 	}

@@ -179,13 +179,19 @@ The subcommands ls, rm and gc list, delete and garbage-collect the store's snaps
 
 // newSandboxResumeCmd returns `harness sandbox resume`.
 func newSandboxResumeCmd(g *globals) *cobra.Command {
-	var mf manifestFlags
+	var (
+		mf      manifestFlags
+		discard bool
+	)
 	cmd := &cobra.Command{
-		Use:   "resume ID [--manifest m.yaml]",
-		Short: "Reattach to a session's sandbox, or rebuild it from its snapshot when it is gone",
-		Long: `Resume a session: reattach to its sandbox when it still runs, otherwise launch a replacement and
-restore the workspace from the session's snapshot (or build it from the manifest when there is no
-snapshot). --manifest gives the trusted manifest again, for host sources the saved state leaves out.`,
+		Use:   "resume ID [--manifest m.yaml] [--discard-memory]",
+		Short: "Reattach to a session's sandbox, restore it when paused, or rebuild it from its snapshot when it is gone",
+		Long: `Resume a session: reattach to its sandbox when it still runs, restore it with its memory and
+processes when it was paused (` + "`harness sandbox pause`" + `), otherwise launch a replacement and restore
+the workspace from the session's snapshot (or build it from the manifest when there is no
+snapshot). --discard-memory rebuilds a paused sandbox from its workspace instead of restoring it
+(when a restore fails; its checkpoint is then deleted). --manifest gives the trusted manifest
+again, for host sources the saved state leaves out.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			m, base, err := mf.load()
@@ -196,11 +202,19 @@ snapshot). --manifest gives the trusted manifest again, for host sources the sav
 			if m != nil {
 				opts = append(opts, compute.WithTrustedManifest(m))
 			}
+			if discard {
+				opts = append(opts, compute.DiscardMemory())
+			}
+			start := time.Now()
 			r, err := reconnect(cmd, g, args[0], materializer.Options{BaseDir: base}, opts...)
 			if err != nil {
 				return err
 			}
 			defer r.release()
+			if r.sess.Restored() {
+				fmt.Fprintf(cmd.OutOrStdout(), "session %s: restored from its pause with its memory and processes (%s)\n", r.sess.ID(), time.Since(start).Round(time.Millisecond))
+				return nil
+			}
 			if r.reattached {
 				fmt.Fprintf(cmd.OutOrStdout(), "session %s: reattached to its running sandbox\n", r.sess.ID())
 				return nil
@@ -210,6 +224,7 @@ snapshot). --manifest gives the trusted manifest again, for host sources the sav
 		},
 	}
 	mf.add(cmd)
+	cmd.Flags().BoolVar(&discard, "discard-memory", false, "a paused sandbox: rebuild it from its workspace instead of restoring its memory and processes (deletes the checkpoint)")
 	return cmd
 }
 
@@ -269,9 +284,17 @@ func sandboxRm(cmd *cobra.Command, g *globals, id string, keep, noSync bool) err
 		st = &compute.State{Version: compute.StateVersion, Provider: found.Provider, SessionID: id,
 			Lifetime: found.Lifetime, ProviderState: found.State}
 	}
+	if found != nil && found.Paused && (noSync || !saved) {
+		// Not restored only to be deleted.
+		if err := client.DeleteState(ctx, st); err != nil {
+			return err
+		}
+		found = nil
+	}
 	if found != nil {
-		// Resume finds the sandbox again (the only way to a Session), then
-		// Delete removes it; nothing is started.
+		// Resume finds the sandbox again (the only way to a Session; a
+		// paused one is restored, for its mounts to sync), then Delete
+		// removes it; nothing is started.
 		s, err := client.Resume(ctx, st)
 		if err != nil {
 			return err

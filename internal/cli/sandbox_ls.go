@@ -22,6 +22,7 @@ type lsEntry struct {
 	// Sandbox is the provider's id of the sandbox; empty when it has none.
 	Sandbox     string        `json:"sandbox,omitempty"`
 	Running     bool          `json:"running"`
+	Paused      bool          `json:"paused,omitempty"`
 	Expired     bool          `json:"expired"`
 	CreatedAt   time.Time     `json:"created_at,omitzero"`
 	TTL         time.Duration `json:"ttl,omitempty"`
@@ -114,7 +115,7 @@ func sandboxList(cmd *cobra.Command, g *globals) ([]lsEntry, error) {
 	}
 	for _, info := range infos {
 		e := entry(info.SessionID, info.Provider)
-		e.Sandbox, e.Running, e.Expired = info.ID, info.Running, info.Expired(now)
+		e.Sandbox, e.Running, e.Paused, e.Expired = info.ID, info.Running, info.Paused, info.Expired(now)
 		e.CreatedAt, e.TTL, e.IdleTimeout = info.Lifetime.CreatedAt, info.Lifetime.TTL, info.Lifetime.IdleTimeout
 		e.LastActive = info.LastActive
 	}
@@ -147,6 +148,8 @@ func (e lsEntry) sandboxColumn() string {
 		return "gone"
 	case e.Running:
 		return "running"
+	case e.Paused:
+		return "paused"
 	}
 	return "stopped"
 }

@@ -99,7 +99,11 @@ Each tenant has quotas: active runs (--max-runs-per-tenant), live sandboxes, its
 for finished runs (--max-sandboxes-per-tenant), bytes its git checkouts bring in (per sandbox, and per
 tenant over --fetch-window); over a quota a request fails with ResourceExhausted naming it. Every
 sandbox gets --sandbox-cpus and --sandbox-memory (docker, kubernetes and local providers; local sandboxes
-also a cap of 512 processes, and need a root harness with the cgroup controllers) and --sandbox-disk.
+also a cap of 512 processes, and need a root harness with the cgroup controllers) and --sandbox-disk, which
+bounds what a snapshot restore writes into any sandbox and, for local sandboxes, is a disk cap: their
+workspace, homes and other writable directories live on an ext4 file system of that size of their own (a
+loop-mounted image; needs a root harness, mkfs.ext4 and loop devices), where a write past it fails with
+"No space left on device".
 
 Runs are kept in --store (bolt:PATH, the default under the state directory, or postgres://...). A
 restarted service resumes runs that wait for approval; on SIGTERM running runs stop at the end of
@@ -120,7 +124,7 @@ their turn, their sandboxes are persisted, and the next start continues them.`,
 	fl.IntVar(&f.quotas.sandboxes, "max-sandboxes-per-tenant", service.DefaultSandboxes, "most live sandboxes of one tenant, those kept for finished runs included (-1: no limit)")
 	fl.Float64Var(&f.quotas.cpus, "sandbox-cpus", 0, "CPU limit of every sandbox, e.g. 0.5 (docker, kubernetes, local; default: one CPU)")
 	fl.StringVar(&f.quotas.memory, "sandbox-memory", "", "memory limit of every sandbox, e.g. 2GiB (docker, kubernetes, local; default: 1 GiB)")
-	fl.StringVar(&f.quotas.disk, "sandbox-disk", "", "most bytes a snapshot restore may write into a sandbox, e.g. 10GiB (default: the daemon's limit); no provider caps what a sandbox's processes write yet")
+	fl.StringVar(&f.quotas.disk, "sandbox-disk", "", "disk of every sandbox, e.g. 10GiB: the most bytes a snapshot restore may write into it, and for local sandboxes a cap on what their processes write (a file system of that size of their own; default: no cap, restores bounded by the daemon's limit)")
 	fl.StringVar(&f.quotas.fetchPerSandbox, "max-fetch-bytes-per-sandbox", "1GiB", "most bytes the git checkouts of one sandbox bring in (none: no limit)")
 	fl.StringVar(&f.quotas.fetchPerTenant, "max-fetch-bytes-per-tenant", "10GiB", "most bytes one tenant's git checkouts bring in per --fetch-window (none: no limit)")
 	fl.DurationVar(&f.quotas.fetchWindow, "fetch-window", service.DefaultFetchWindow, "the window of --max-fetch-bytes-per-tenant (its budget refills evenly over it)")
@@ -305,14 +309,15 @@ func (q *quotaFlags) serviceQuotas() (service.Quotas, error) {
 // per-sandbox options (service.Config.ProviderOptions). Docker and
 // kubernetes cap a sandbox's CPU and memory (one CPU and 1 GiB unless
 // told); local sandboxes get the same defaults and a process cap
-// (service.DefaultSandboxProcesses), applied through cgroups. For the
+// (service.DefaultSandboxProcesses), applied through cgroups, and
+// --sandbox-disk as a disk cap (a file system of their own). For the
 // others a cap is refused rather than dropped.
 func sandboxOptions(provider string) func(service.SandboxResources) (any, error) {
 	return func(r service.SandboxResources) (any, error) {
 		if provider == "local" {
 			r = r.OrDefaults()
 			return &local.CreateOptions{Resources: local.Resources{CPUs: float64(r.MilliCPU) / 1000, Memory: r.MemoryBytes,
-				MaxProcesses: service.DefaultSandboxProcesses}}, nil
+				MaxProcesses: service.DefaultSandboxProcesses, Disk: r.DiskBytes}}, nil
 		}
 		if r.MilliCPU == 0 && r.MemoryBytes == 0 {
 			return nil, nil
@@ -333,7 +338,7 @@ func sandboxOptions(provider string) func(service.SandboxResources) (any, error)
 func checkSandboxOptions(opts any) error {
 	if o, ok := opts.(*local.CreateOptions); ok {
 		if err := local.CheckResources(o.Resources); err != nil {
-			return usageErr(compute.ErrFailedPrecondition, "local sandboxes of a service are capped (--sandbox-cpus, --sandbox-memory, and %d processes), which this process cannot do here: %v",
+			return usageErr(compute.ErrFailedPrecondition, "local sandboxes of a service are capped (--sandbox-cpus, --sandbox-memory, %d processes, and --sandbox-disk when given), which this process cannot do here: %v",
 				service.DefaultSandboxProcesses, err)
 		}
 	}

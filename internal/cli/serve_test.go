@@ -44,6 +44,16 @@ func TestServeSandboxOptions(t *testing.T) {
 	if o, ok := got.(*local.CreateOptions); err != nil || !ok || o.Resources != want {
 		t.Errorf("local caps: %#v, %v; want %+v", got, err, want)
 	}
+	// --sandbox-disk is a disk cap of local sandboxes (a file system of
+	// their own), besides bounding restores.
+	got, err = sandboxOptions("local")(service.SandboxResources{DiskBytes: 10 << 30})
+	want = local.Resources{CPUs: 1, Memory: 1 << 30, MaxProcesses: service.DefaultSandboxProcesses, Disk: 10 << 30}
+	if o, ok := got.(*local.CreateOptions); err != nil || !ok || o.Resources != want {
+		t.Errorf("local disk cap: %#v, %v; want %+v", got, err, want)
+	}
+	if err := checkSandboxOptions(&local.CreateOptions{Resources: local.Resources{Disk: 1 << 20}}); err == nil || !strings.Contains(err.Error(), "--sandbox-disk") {
+		t.Errorf("a disk cap below the minimum: %v", err)
+	}
 	if got, err := sandboxOptions("docker")(service.SandboxResources{}); got != nil || err != nil {
 		t.Errorf("docker defaults: %#v, %v; want the provider's own", got, err)
 	}

@@ -35,7 +35,7 @@ func Features() []string {
 		"file.atomic_write", "file.run_as", "file.grants",
 		"workspace.apply_patch", "workspace.apply_patch.atomic",
 		"workspace.archive", "workspace.restore", "workspace.fingerprint", "workspace.materialize",
-		"port.forward",
+		"port.forward", "system.prepare_checkpoint",
 	}
 }
 
@@ -53,6 +53,8 @@ type Daemon struct {
 	// restoreMu makes a Restore exclusive against other Restores, Archives
 	// and Fingerprints.
 	restoreMu sync.RWMutex
+	// ckpt is the checkpoint state (see checkpoint.go).
+	ckpt checkpointGate
 }
 
 // New prepares the workspace and the process engine.
@@ -203,6 +205,7 @@ func (d *Daemon) User(name string) (*userdb.User, error) {
 // Shutdown kills every process group, waits for them, kills what escaped
 // its group, and releases the workspace.
 func (d *Daemon) Shutdown(ctx context.Context) error {
+	d.stopCheckpointLease()
 	if d.relay != nil {
 		if rerr := d.relay.close(); rerr != nil {
 			d.log.Warn("closing the egress relay", zap.Error(rerr))

@@ -88,6 +88,14 @@ type relay struct {
 	mu     sync.Mutex
 	closed bool
 	conns  map[net.Conn]struct{}
+	// For a checkpoint (see checkpoint.go): while paused, no connection to
+	// the proxy's socket (a socket of the host's) is open or being made;
+	// connections relayed meanwhile wait for open, closed by resume.
+	paused  bool
+	open    chan struct{}
+	ups     map[net.Conn]struct{} // connections to the proxy
+	dialing int                   // dials in flight
+	dialed  *sync.Cond            // signalled when dialing drops
 }
 
 // startRelay listens on r.Listen and relays until close.
@@ -100,7 +108,8 @@ func startRelay(r EgressRelay, log *zap.Logger) (*relay, error) {
 		return nil, fmt.Errorf("egress relay: listen %s: %w", r.Listen, err)
 	}
 	rl := &relay{cfg: r, l: l, log: log.With(zap.String("egress_relay", r.Listen)),
-		slots: make(chan struct{}, egressRelayMaxConns), conns: map[net.Conn]struct{}{}}
+		slots: make(chan struct{}, egressRelayMaxConns), conns: map[net.Conn]struct{}{}, ups: map[net.Conn]struct{}{}}
+	rl.dialed = sync.NewCond(&rl.mu)
 	rl.wg.Add(1)
 	go rl.accept()
 	log.Info("egress relay listening", zap.String("listen", r.Listen), zap.String("proxy_socket", r.Socket))
@@ -148,6 +157,7 @@ func (rl *relay) track(c net.Conn) bool {
 func (rl *relay) untrack(c net.Conn) {
 	rl.mu.Lock()
 	delete(rl.conns, c)
+	delete(rl.ups, c)
 	rl.mu.Unlock()
 }
 
@@ -157,13 +167,8 @@ func (rl *relay) serve(c net.Conn) {
 	defer func() { <-rl.slots }()
 	defer rl.untrack(c)
 	defer c.Close()
-	up, err := net.DialTimeout("unix", rl.cfg.Socket, egressRelayDialTimeout)
-	if err != nil {
-		rl.log.Warn("egress relay: the harness's egress proxy does not answer", zap.Error(err))
-		return
-	}
-	if !rl.track(up) {
-		_ = up.Close()
+	up := rl.dialProxy()
+	if up == nil {
 		return
 	}
 	defer rl.untrack(up)
@@ -179,10 +184,86 @@ func (rl *relay) serve(c net.Conn) {
 	<-done
 }
 
+// dialProxy connects to the proxy's socket, waiting while the relay is
+// paused for a checkpoint; nil when the dial failed or the relay closed.
+func (rl *relay) dialProxy() net.Conn {
+	for {
+		rl.mu.Lock()
+		if rl.closed {
+			rl.mu.Unlock()
+			return nil
+		}
+		if rl.paused {
+			open := rl.open
+			rl.mu.Unlock()
+			<-open
+			continue
+		}
+		rl.dialing++
+		rl.mu.Unlock()
+		up, err := net.DialTimeout("unix", rl.cfg.Socket, egressRelayDialTimeout)
+		rl.mu.Lock()
+		// Closed before dialing drops: pause waits for it, so that no
+		// socket of the host's is open once it returned.
+		again := err == nil && rl.paused && !rl.closed
+		if err == nil && (rl.paused || rl.closed) {
+			_ = up.Close()
+			up = nil
+		}
+		if up != nil {
+			rl.conns[up] = struct{}{}
+			rl.ups[up] = struct{}{}
+		}
+		rl.dialing--
+		rl.dialed.Broadcast()
+		rl.mu.Unlock()
+		switch {
+		case err != nil:
+			rl.log.Warn("egress relay: the harness's egress proxy does not answer", zap.Error(err))
+			return nil
+		case again:
+			continue
+		}
+		return up
+	}
+}
+
+// pause closes every connection to the proxy (the relayed connections
+// they carried end) and makes new ones wait until resume; it returns once
+// no dial is in flight.
+func (rl *relay) pause() {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if rl.closed || rl.paused {
+		return
+	}
+	rl.paused, rl.open = true, make(chan struct{})
+	for up := range rl.ups {
+		_ = up.Close()
+	}
+	for rl.dialing > 0 {
+		rl.dialed.Wait()
+	}
+}
+
+// resume lets relayed connections reach the proxy again.
+func (rl *relay) resume() {
+	rl.mu.Lock()
+	defer rl.mu.Unlock()
+	if rl.paused {
+		rl.paused = false
+		close(rl.open)
+	}
+}
+
 // close stops accepting, closes every relayed connection and waits.
 func (rl *relay) close() error {
 	rl.mu.Lock()
 	rl.closed = true
+	if rl.paused {
+		rl.paused = false
+		close(rl.open) // waiting connections see closed
+	}
 	for c := range rl.conns {
 		_ = c.Close()
 	}

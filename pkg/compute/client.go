@@ -120,7 +120,7 @@ const (
 	attrSessionID  = "bulkhead.session.id"
 	attrProvider   = "bulkhead.provider"
 	attrSnapshotID = "bulkhead.snapshot.id"
-	attrResume     = "bulkhead.session.resume"   // "reattached" or "replaced"
+	attrResume     = "bulkhead.session.resume"   // "reattached", "restored" or "replaced"
 	attrKept       = "bulkhead.workspace.kept"   // a replacement found the workspace
 	attrRestore    = "bulkhead.snapshot.restore" // what Start did with the snapshot
 	attrRestored   = "bulkhead.session.restored"
@@ -257,9 +257,10 @@ func withDefaultRunAs(m *manifest.Manifest, p Provider) *manifest.Manifest {
 type ResumeOption func(*resumeOptions)
 
 type resumeOptions struct {
-	trusted  *manifest.Manifest
-	provider any
-	limits   Limits
+	trusted       *manifest.Manifest
+	provider      any
+	limits        Limits
+	discardMemory bool
 }
 
 // WithLimits sets the resumed session's limits.
@@ -280,8 +281,10 @@ func WithProviderOptions(v any) ResumeOption {
 }
 
 // Resume finds the session's sandbox again: it reattaches when the sandbox
-// still exists (restarting it if the provider can), and otherwise launches
-// a replacement on whatever survived (a directory, a volume). Call Start:
+// still exists (restarting it if the provider can; restoring a paused one
+// with its memory and processes, see Pauser and DiscardMemory), and
+// otherwise launches a replacement on whatever survived (a directory, a
+// volume). Call Start:
 // it is a no-op for a live sandbox and restores the snapshot for a
 // replacement, unless the fingerprint shows the kept workspace unchanged.
 func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (_ *Session, err error) {
@@ -308,7 +311,8 @@ func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (_
 			return nil, fmt.Errorf("%w: trusted manifest: %v", ErrInvalidArgument, err)
 		}
 	}
-	spec := LaunchSpec{SessionID: st.SessionID, Manifest: m, Lifetime: st.Lifetime, Prior: st.ProviderState, Options: o.provider}
+	spec := LaunchSpec{SessionID: st.SessionID, Manifest: m, Lifetime: st.Lifetime, Prior: st.ProviderState, Options: o.provider,
+		DiscardMemory: o.discardMemory}
 	init := sessionInit{id: st.SessionID, manifest: m, snapshotID: st.SnapshotID, skip: st.SkipPaths,
 		lifetime: st.Lifetime, fingerprint: st.Fingerprint, limits: o.limits}
 	if init.snapshotID == "" {
@@ -318,8 +322,12 @@ func (c *Client) Resume(ctx context.Context, st *State, opts ...ResumeOption) (_
 	sb, err := c.p.Reattach(ctx, spec, st.ProviderState)
 	switch {
 	case err == nil:
-		c.log.Info("sandbox reattached", zap.String("session", st.SessionID))
-		span.SetAttributes(attribute.String(attrResume, "reattached"))
+		how := "reattached"
+		if r, ok := sb.(RestoredSandbox); ok && r.Restored() {
+			how, init.restored = "restored", true
+		}
+		c.log.Info("sandbox "+how, zap.String("session", st.SessionID))
+		span.SetAttributes(attribute.String(attrResume, how))
 		init.live = st.Started
 		return newSession(c, sb, init), nil
 	case !errors.Is(err, ErrNotFound):

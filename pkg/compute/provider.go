@@ -72,6 +72,10 @@ type LaunchSpec struct {
 	// Options are provider-specific options for this sandbox (for example
 	// *docker.CreateOptions); nil means the provider's defaults.
 	Options any
+	// DiscardMemory tells Reattach not to restore a paused sandbox (see
+	// Pauser) but to return ErrNotFound, and Launch to delete its
+	// checkpoint once the replacement runs.
+	DiscardMemory bool
 }
 
 // OptionsAs reads LaunchSpec.Options for a provider whose options are of
@@ -149,8 +153,10 @@ type SandboxInfo struct {
 	Provider  string
 	SessionID string
 	// ID is the provider's name for it (container id, directory).
-	ID       string
-	Running  bool
+	ID      string
+	Running bool
+	// Paused is set for a sandbox paused with its memory (see Pauser).
+	Paused   bool
 	Lifetime Lifetime
 	// LastActive is the last recorded activity (zero when unknown).
 	LastActive time.Time

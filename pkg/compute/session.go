@@ -45,6 +45,10 @@ type Session struct {
 	closed      bool
 	closeErr    error
 	materialize *MaterializeResult
+	// paused: Pause checkpointed the sandbox; restored: Resume restored
+	// it from a pause (see pause.go).
+	paused   bool
+	restored bool
 }
 
 // sessionInit is what a new Session starts from.
@@ -56,13 +60,14 @@ type sessionInit struct {
 	lifetime    Lifetime
 	fingerprint string
 	live        bool // reattached to a sandbox whose workspace is ready
+	restored    bool // restored from a pause
 	limits      Limits
 }
 
 func newSession(c *Client, sb Sandbox, in sessionInit) *Session {
 	return &Session{c: c, sb: sb, id: in.id, manifest: in.manifest, snapshotID: in.snapshotID,
 		skip: in.skip, lifetime: in.lifetime, fingerprint: in.fingerprint, started: in.live, limits: in.limits,
-		hooks: slices.Clone(c.opts.PreStopHooks)}
+		restored: in.restored, hooks: slices.Clone(c.opts.PreStopHooks)}
 }
 
 // ID returns the session id.
@@ -325,6 +330,6 @@ func (s *Session) State() (*State, error) {
 	return &State{
 		Version: StateVersion, Provider: s.c.p.Name(), SessionID: s.id,
 		Manifest: s.manifest.Redacted(), SnapshotID: s.snapshotID, Fingerprint: s.fingerprint,
-		Started: s.started, SkipPaths: s.skip, Lifetime: s.lifetime, ProviderState: ps,
+		Started: s.started, SkipPaths: s.skip, Lifetime: s.lifetime, ProviderState: ps, Paused: s.paused,
 	}, nil
 }

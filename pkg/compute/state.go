@@ -32,6 +32,11 @@ type State struct {
 	// SkipPaths are left out of snapshots besides the ephemeral entries.
 	SkipPaths []string `json:"skip_paths,omitempty"`
 	Lifetime  Lifetime `json:"lifetime"`
+	// Paused is set when Session.Pause checkpointed the sandbox: Resume
+	// restores it with its memory and processes (the provider state says
+	// where its checkpoint is). A harness that predates pausing refuses
+	// the state rather than rebuilding the sandbox without its memory.
+	Paused bool `json:"paused,omitempty"`
 	// ProviderState finds the sandbox (container id, directory, address).
 	ProviderState json.RawMessage `json:"provider_state,omitempty"`
 }

@@ -100,6 +100,7 @@ type Server struct {
 	// interceptor runs) unless New was given WithMetrics.
 	Metrics *metrics.Set
 	log     *zap.Logger
+	system  *systemService
 }
 
 // Option adjusts New.
@@ -211,7 +212,8 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 	reflection.Register(gs)
-	agentdv1.RegisterSystemServiceServer(gs, &systemService{d: d, auth: auth})
+	sys := &systemService{d: d, auth: auth}
+	agentdv1.RegisterSystemServiceServer(gs, sys)
 	agentdv1.RegisterProcessServiceServer(gs, &processService{d: d, m: ms})
 	agentdv1.RegisterFileServiceServer(gs, &fileService{d: d, m: ms})
 	agentdv1.RegisterWorkspaceServiceServer(gs, &workspaceService{d: d, m: ms, bulk: newBulkProcs(o.bulkProcs)})
@@ -228,7 +230,7 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 		early.known[m] = true
 	}
 	ms.KnownMethods(methods)
-	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, reclaim: rec, Metrics: ms, log: log}, nil
+	return &Server{GRPC: gs, Health: hs, Daemon: d, drain: gate, reclaim: rec, Metrics: ms, log: log, system: sys}, nil
 }
 
 // Shutdown drains: health says NOT_SERVING, new work is refused, every
@@ -308,6 +310,10 @@ func Run(ctx context.Context, cfg Config, log *zap.Logger) error {
 		return err
 	}
 	serveErr := make(chan error, len(listeners)+1)
+	// Checkpoints (checkpoint.go): listeners that close and listen again,
+	// and SIGUSR1 to come back.
+	listeners = srv.checkpointable(cfg, listeners, serveErr)
+	defer resumeOnSignal(d, log)()
 	var stopMetrics func()
 	if cfg.MetricsListen != "" {
 		if stopMetrics, err = serveMetrics(cfg.MetricsListen, srv.Metrics, serveErr, log); err != nil {

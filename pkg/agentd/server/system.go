@@ -20,6 +20,9 @@ type systemService struct {
 	agentdv1.UnimplementedSystemServiceServer
 	d    *agentd.Daemon
 	auth *tokenAuth
+	// metricsUnix: the daemon serves metrics on a unix socket, which a
+	// checkpoint cannot save (see PrepareCheckpoint in checkpoint.go).
+	metricsUnix bool
 }
 
 // RotateToken replaces the bearer token (see tokenAuth.rotate). Neither the

@@ -188,6 +188,24 @@ func (c *Client) RotateToken(ctx context.Context, newToken string) error {
 	return nil
 }
 
+// PrepareCheckpoint readies the daemon for a checkpoint of its whole
+// sandbox (gVisor's `runsc checkpoint`, which cannot save a socket of the
+// host's): once it has answered and this client hung up (Close it; the
+// daemon waits half a second at most), it closes every connection, the
+// egress relay's connections to the proxy and its listeners, removing its
+// unix sockets last, and holds no socket of the host's until it receives
+// SIGUSR1 (after the restore) or opts.ResumeAfter passes. Processes,
+// their output and the workspace are untouched; it then listens again at
+// the same addresses with the same token. A daemon that predates it
+// answers an errkind.ErrUnimplemented error; one prepared already, an
+// errkind.ErrFailedPrecondition error.
+func (c *Client) PrepareCheckpoint(ctx context.Context, opts PrepareCheckpointOptions) error {
+	if _, err := c.system.PrepareCheckpoint(ctx, prepareCheckpointToProto(opts)); err != nil {
+		return wrap(err)
+	}
+	return nil
+}
+
 // Health asks the daemon's standard gRPC health service once. It returns
 // nil when the daemon reports SERVING, an errkind.ErrUnavailable error
 // naming the status it reported otherwise, and a compute error when the

@@ -311,6 +311,14 @@ func materializeResultOf(r *agentdv1.MaterializeResponse) *MaterializeResult {
 
 // The daemon.
 
+func prepareCheckpointToProto(o PrepareCheckpointOptions) *agentdv1.PrepareCheckpointRequest {
+	r := &agentdv1.PrepareCheckpointRequest{}
+	if o.ResumeAfter != 0 {
+		r.ResumeAfter = durationpb.New(o.ResumeAfter)
+	}
+	return r
+}
+
 func daemonInfoOf(r *agentdv1.InfoResponse) *DaemonInfo {
 	l := r.GetLimits()
 	out := &DaemonInfo{

@@ -71,6 +71,7 @@ func TestGoTypesCoverTheWire(t *testing.T) {
 		{&agentdv1.InfoResponse{}, DaemonInfo{}, nil},
 		{&agentdv1.Limits{}, DaemonLimits{}, nil},
 		{&agentdv1.PathGrant{}, PathGrant{}, nil},
+		{&agentdv1.PrepareCheckpointRequest{}, PrepareCheckpointOptions{}, nil},
 	} {
 		gt := reflect.TypeOf(c.goType)
 		fields := c.msg.ProtoReflect().Descriptor().Fields()
@@ -169,8 +170,9 @@ func TestConversionsToTheWire(t *testing.T) {
 	restore := restoreHeaderToProto(RestoreOptions{Exclude: []string{"x"}, PreserveOwnership: true, AllowExternalSymlinks: true,
 		Limits: ArchiveLimits{MaxMembers: 1, MaxExtractedBytes: 2, MaxInputBytes: 3}})
 	ops := operationsToProto([]PatchOperation{{Type: PatchUpdateFile, Path: "p", Diff: "d", MoveTo: "m"}})
+	ckpt := prepareCheckpointToProto(PrepareCheckpointOptions{ResumeAfter: 90 * time.Second})
 	for _, m := range []proto.Message{spec, hdr, plan, plan.GetGroups()[0], plan.GetUsers()[0], plan.GetEntries()[0], plan.GetGrants()[0],
-		restore, restore.GetLimits(), ops.GetOperations()[0]} {
+		restore, restore.GetLimits(), ops.GetOperations()[0], ckpt} {
 		checkAllHas(t, m)
 	}
 	if spec.GetTimeout().AsDuration() != 1500*time.Millisecond || spec.GetSize().GetCols() != 3 {
@@ -185,7 +187,13 @@ func TestConversionsToTheWire(t *testing.T) {
 	if ops.GetOperations()[0].GetType() != agentdv1.PatchOperationType_PATCH_OPERATION_TYPE_UPDATE_FILE {
 		t.Errorf("operations: %v", ops)
 	}
+	if ckpt.GetResumeAfter().AsDuration() != 90*time.Second {
+		t.Errorf("prepare checkpoint: %v", ckpt)
+	}
 	// Zero values are left out: the daemon's defaults apply.
+	if r := prepareCheckpointToProto(PrepareCheckpointOptions{}); r.GetResumeAfter() != nil {
+		t.Errorf("a zero lease must stay unset: %v", r)
+	}
 	if s := specToProto(ProcessSpec{Command: "c"}); s.GetSize() != nil || s.GetTimeout() != nil {
 		t.Errorf("a zero size and timeout must stay unset: %v", s)
 	}

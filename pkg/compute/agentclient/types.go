@@ -598,6 +598,14 @@ type MaterializeResult struct {
 
 // The daemon.
 
+// PrepareCheckpointOptions adjust PrepareCheckpoint.
+type PrepareCheckpointOptions struct {
+	// ResumeAfter is how long the daemon stays closed when no checkpoint
+	// comes (a harness that died meanwhile) before it listens again by
+	// itself; zero means the daemon's default (60 s), at most 10 minutes.
+	ResumeAfter time.Duration
+}
+
 // DaemonInfo describes the daemon.
 type DaemonInfo struct {
 	// Version is sandbox-agentd's semantic version.

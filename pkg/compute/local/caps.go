@@ -3,7 +3,8 @@ package local
 // Resource caps: a local sandbox (its daemon, or bubblewrap or runsc
 // around it, and everything they start) can run under a CPU, memory and
 // process-count cap, enforced by the kernel's cgroup controllers, as a
-// Docker container's are. Each controller is used where the host offers
+// Docker container's are (the disk cap is disk.go's: a file system of
+// the sandbox's own). Each controller is used where the host offers
 // it: in the cgroup v2 hierarchy (the sandbox's cgroup of cgroup.go, with
 // memory.max, memory.swap.max, cpu.max, pids.max) when the controller is
 // bound there, else in the cgroup v1 hierarchy that holds it (a cgroup of
@@ -83,6 +84,13 @@ type Resources struct {
 	// MaxProcesses bounds the sandbox's processes and threads: a fork past
 	// it fails (EAGAIN).
 	MaxProcesses int64
+	// Disk caps, in bytes, what the sandbox writes to the host's disk:
+	// its workspace, homes, accounts and socket directory live on a file
+	// system of that size of its own (an ext4 image on a loop device, see
+	// disk.go), where a write past it fails (ENOSPC). At least MinDisk.
+	// Needs a root harness, mkfs.ext4 and loop devices. A sandbox keeps
+	// the disk it was made with when it is replaced.
+	Disk int64
 }
 
 // MinMemory is the smallest memory cap: the daemon needs some to start.
@@ -105,10 +113,12 @@ func (r Resources) check() error {
 		return fmt.Errorf("%w: local sandbox CPU cap %v: want a number of CPUs, e.g. 0.5", compute.ErrInvalidArgument, r.CPUs)
 	case r.CPUs > 0 && r.CPUs < 0.01:
 		return fmt.Errorf("%w: local sandbox CPU cap %v: at least 0.01", compute.ErrInvalidArgument, r.CPUs)
-	case r.Memory < 0 || r.MaxProcesses < 0:
+	case r.Memory < 0 || r.MaxProcesses < 0 || r.Disk < 0:
 		return fmt.Errorf("%w: local sandbox caps must not be negative", compute.ErrInvalidArgument)
 	case r.Memory > 0 && r.Memory < MinMemory:
 		return fmt.Errorf("%w: local sandbox memory cap %d bytes: at least %d (the daemon needs some)", compute.ErrInvalidArgument, r.Memory, MinMemory)
+	case r.Disk > 0 && (r.Disk < MinDisk || r.Disk > maxDisk):
+		return fmt.Errorf("%w: local sandbox disk cap %d bytes: from %d (room for the file system's own metadata) to %d", compute.ErrInvalidArgument, r.Disk, MinDisk, int64(maxDisk))
 	}
 	return nil
 }
@@ -124,7 +134,7 @@ func (r Resources) merge(o Resources) Resources {
 		}
 		return base
 	}
-	r.Memory, r.MaxProcesses = pick(r.Memory, o.Memory), pick(r.MaxProcesses, o.MaxProcesses)
+	r.Memory, r.MaxProcesses, r.Disk = pick(r.Memory, o.Memory), pick(r.MaxProcesses, o.MaxProcesses), pick(r.Disk, o.Disk)
 	switch {
 	case o.CPUs < 0:
 		r.CPUs = 0
@@ -401,6 +411,11 @@ func planCaps(need []string, h cgroupHost) (capPlan, error) {
 func CheckResources(r Resources) error {
 	if err := r.check(); err != nil {
 		return err
+	}
+	if r.Disk > 0 {
+		if err := checkDiskCap(); err != nil {
+			return err
+		}
 	}
 	need := r.controllers()
 	if len(need) == 0 {

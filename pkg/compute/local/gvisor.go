@@ -337,6 +337,7 @@ func (p *Provider) gvisorSpec(dir string, daemonArgv []string) (ociSpec, error) 
 		// Last, after every tmpfs: the daemon binary may live below /tmp
 		// or below the hidden directory.
 		bind(daemonArgv[0], daemonArgv[0], false))
+	mounts = dropShadowedMounts(mounts)
 	namespaces := []ociNamespace{{"pid"}, {"ipc"}, {"uts"}, {"mount"}}
 	if !p.cfg.Network {
 		namespaces = append(namespaces, ociNamespace{"network"})
@@ -365,6 +366,33 @@ func (p *Provider) gvisorSpec(dir string, daemonArgv []string) (ociSpec, error) 
 		Mounts:   mounts,
 		Linux:    ociLinux{Namespaces: namespaces},
 	}, nil
+}
+
+// dropShadowedMounts drops a mount that a later one at the same
+// destination hides entirely (the root file system's /proc under gVisor's
+// own, say): runsc's restore compares a checkpoint's mounts by
+// destination, one each, and refuses duplicates that differ. A mount is
+// kept when a mount below its destination comes between it and the one
+// hiding it.
+func dropShadowedMounts(mounts []ociMount) []ociMount {
+	out := make([]ociMount, 0, len(mounts))
+	for i, m := range mounts {
+		shadowed := false
+		for j := i + 1; j < len(mounts); j++ {
+			d := mounts[j].Destination
+			if d == m.Destination {
+				shadowed = true
+				break
+			}
+			if strings.HasPrefix(d, strings.TrimSuffix(m.Destination, "/")+"/") {
+				break // something is mounted on it first
+			}
+		}
+		if !shadowed {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // gvisorKeep are the paths a gVisor sandbox on a root file system of its

@@ -83,6 +83,13 @@ type Options struct {
 	// user namespace mapping the ids it describes (see userns.go). Only a
 	// root harness may map ids other than its own.
 	UserNS *UserNS
+	// Restored, when set, starts a process that brings back a daemon that
+	// has its token already (gVisor's `runsc restore` of a checkpoint, see
+	// pause.go): no token is sent (Token must be the daemon's, and
+	// ExtraFiles start at descriptor 3), and Restored is called once the
+	// process started (exited is closed when it exits), before Start
+	// waits for the daemon to serve; its error fails Start.
+	Restored func(ctx context.Context, exited <-chan struct{}) error
 }
 
 // Sandbox is a running local daemon and a client connected to it.
@@ -162,14 +169,22 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 	_ = os.Remove(s.Socket) // a stale socket of an earlier daemon
 	token := opts.Token
 	if token == "" {
+		if opts.Restored != nil {
+			return fail(errors.New("restore a sandbox: its token is needed"))
+		}
 		var err error
 		if token, err = NewToken(); err != nil {
 			return fail(err)
 		}
 	}
-	tokenR, tokenW, err := os.Pipe()
-	if err != nil {
-		return fail(fmt.Errorf("token pipe: %w", err))
+	// The token's pipe (nil for a restored daemon, which has its token:
+	// closing a nil *os.File does nothing).
+	var tokenR, tokenW *os.File
+	var err error
+	if opts.Restored == nil {
+		if tokenR, tokenW, err = os.Pipe(); err != nil {
+			return fail(fmt.Errorf("token pipe: %w", err))
+		}
 	}
 	output, outputW, err := newStartLog(opts.Stderr, token)
 	if err != nil {
@@ -208,7 +223,10 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		if gateR != nil {
 			cmd.Stdin = gateR
 		}
-		cmd.ExtraFiles = append([]*os.File{tokenR}, opts.ExtraFiles...)
+		cmd.ExtraFiles = opts.ExtraFiles
+		if tokenR != nil {
+			cmd.ExtraFiles = append([]*os.File{tokenR}, opts.ExtraFiles...)
+		}
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // the daemon gets no harness secrets
 		cmd.Stdout = outputW
 		cmd.Stderr = outputW
@@ -286,8 +304,18 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		}
 	}
 	log.Debug("sandbox-agentd started", zap.Int("pid", cmd.Process.Pid), zap.String("socket", s.Socket))
-	_, werr := io.WriteString(tokenW, token)
-	tokenW.Close()
+	var werr error
+	if tokenW != nil {
+		_, werr = io.WriteString(tokenW, token)
+		tokenW.Close()
+	} else if err := opts.Restored(ctx, s.exited); err != nil {
+		select {
+		case <-s.exited: // say how, with what it printed
+			err = fmt.Errorf("sandbox restore: %w", s.exitedErr())
+		default:
+		}
+		return fail(err)
+	}
 	if werr != nil {
 		// Nobody holds the pipe's reading end any more: the sandbox most
 		// likely exited already (bwrap refusing its arguments does, at

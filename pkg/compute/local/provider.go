@@ -82,7 +82,7 @@ type Config struct {
 	// harness's user), not writable by others, and hold bin/sh. Needs
 	// bubblewrap or gVisor isolation. A service (`harness serve`) sets it.
 	RootFS string
-	// Resources caps every sandbox's CPU, memory and processes (zero
+	// Resources caps every sandbox's CPU, memory, processes and disk (zero
 	// fields: no cap); a launch's CreateOptions override it (see
 	// caps.go). Caps need cgroup controllers this harness may use (a root
 	// harness): New refuses caps it cannot apply, and so does a launch.
@@ -412,6 +412,8 @@ func (p *Provider) Name() string { return ProviderName }
 // providerState is what a session state records about a local sandbox.
 type providerState struct {
 	Dir string `json:"dir"`
+	// Checkpoint is where a paused sandbox's checkpoint is (see pause.go).
+	Checkpoint string `json:"checkpoint,omitempty"`
 }
 
 // meta is the private directory's record of its sandbox.
@@ -420,6 +422,9 @@ type meta struct {
 	Lifetime  compute.Lifetime  `json:"lifetime"`
 	Labels    map[string]string `json:"labels,omitempty"`
 	PID       int               `json:"pid"`
+	// Caps are the caps the sandbox was launched with (a restore from a
+	// pause makes them again: see pause.go).
+	Caps *Resources `json:"caps,omitempty"`
 }
 
 // Files of a private directory. The token is readable only by the harness
@@ -505,6 +510,14 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			return nil, err
 		}
 		idBase = base
+	}
+	// A disk cap: the directories the sandbox writes to are put on a file
+	// system of its own before anything is written there (see disk.go).
+	if kept, err = p.setupDisk(dir, res.Disk, kept); err != nil {
+		if !kept {
+			_ = removeTree(dir)
+		}
+		return nil, err
 	}
 	token, err := NewToken()
 	if err != nil {
@@ -616,10 +629,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	}
 	// The host's caps: under gVisor, room for runsc's own processes and
 	// threads besides the sandbox's (capped inside: see caps.go).
-	hostRes := res
-	if p.runsc != "" && res.MaxProcesses > 0 {
-		hostRes.MaxProcesses = gvisorHostProcesses(res.MaxProcesses)
-	}
+	hostRes := p.hostResources(res)
 	cgroups := func() error {
 		cgs, note, err := makeSandboxCgroups(dir, hostRes)
 		if err != nil {
@@ -674,28 +684,56 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			p.log.Warn("an unused sandbox cgroup could not be removed", zap.String("dir", dir), zap.Error(err))
 		}
 	}
-	m := meta{SessionID: spec.SessionID, Lifetime: spec.Lifetime, Labels: spec.Labels, PID: sb.PID()}
+	m := meta{SessionID: spec.SessionID, Lifetime: spec.Lifetime, Labels: spec.Labels, PID: sb.PID(), Caps: &res}
 	data, _ := json.Marshal(m)
 	if err := writeFileAtomic(filepath.Join(dir, metaFile), data, 0o600); err != nil {
 		_ = sb.Close(ctx)
 		_ = p.removeCgroup(ctx, dir)
 		return nil, err
 	}
+	// A replacement of a paused sandbox (compute.DiscardMemory): its
+	// memory image no longer matches the workspace.
+	p.dropCheckpoint(dir)
 	s := &sandbox{p: p, dir: dir, client: sb.Client, child: sb, kept: kept}
 	_ = s.Touch(ctx)
 	launched = true
 	return s, nil
 }
 
-// Reattach connects to a sandbox's daemon if it still runs.
-func (p *Provider) Reattach(ctx context.Context, _ compute.LaunchSpec, prior json.RawMessage) (compute.Sandbox, error) {
+// Reattach connects to a sandbox's daemon if it still runs, and restores
+// a paused one (see pause.go) unless spec.DiscardMemory.
+func (p *Provider) Reattach(ctx context.Context, spec compute.LaunchSpec, prior json.RawMessage) (compute.Sandbox, error) {
 	dir, err := p.dirOf(prior)
 	if err != nil {
 		return nil, err
 	}
+	if err := awaitCheckpoint(ctx, dir); err != nil {
+		return nil, err
+	}
 	pid, alive := p.running(dir)
-	if !alive {
+	paused := pausedAt(dir)
+	if alive && paused && p.runsc != "" && !p.containerRunning(ctx, dir, pid) {
+		// Checkpointed a moment ago (by a harness that died before it
+		// cleaned up): its runsc is ending.
+		if err := waitNoDaemons(ctx, dir, sandboxMarkers(dir)); err != nil {
+			return nil, err
+		}
+		pid, alive = p.running(dir)
+	}
+	switch {
+	case !alive && paused && spec.DiscardMemory:
+		return nil, fmt.Errorf("%w: the sandbox in %s is paused and its memory is to be discarded", compute.ErrNotFound, filepath.Base(dir))
+	case !alive && paused:
+		return p.restore(ctx, dir)
+	case !alive:
 		return nil, fmt.Errorf("%w: the sandbox daemon in %s is not running", compute.ErrNotFound, filepath.Base(dir))
+	}
+	// A pause that did not finish (its harness died) may have left the
+	// daemon closed: bring it back now rather than when its lease ends.
+	_, err = os.Stat(filepath.Join(dir, gvisorDir, checkpointPausing))
+	nudged := p.runsc != "" && (err == nil || paused)
+	if nudged {
+		p.nudge(ctx, dir, pid)
 	}
 	if err := p.resumeEgress(dir); err != nil {
 		// Fails closed: the sandbox has no way out until a harness serves
@@ -719,6 +757,9 @@ func (p *Provider) Reattach(ctx context.Context, _ compute.LaunchSpec, prior jso
 		}}); err != nil {
 		client.Close()
 		return nil, fmt.Errorf("the sandbox daemon (pid %d) does not answer: %w", pid, err)
+	}
+	if nudged {
+		p.dropCheckpoint(dir)
 	}
 	s := &sandbox{p: p, dir: dir, client: client, kept: true}
 	_ = s.Touch(ctx)
@@ -759,7 +800,8 @@ func (p *Provider) List(context.Context) ([]compute.SandboxInfo, error) {
 		}
 		_, alive := p.running(dir)
 		st, _ := json.Marshal(providerState{Dir: dir})
-		info := compute.SandboxInfo{Provider: ProviderName, SessionID: m.SessionID, ID: e.Name(), Running: alive, Lifetime: m.Lifetime, State: st}
+		info := compute.SandboxInfo{Provider: ProviderName, SessionID: m.SessionID, ID: e.Name(), Running: alive, Lifetime: m.Lifetime, State: st,
+			Paused: !alive && pausedAt(dir)}
 		if fi, err := os.Stat(filepath.Join(dir, activeFile)); err == nil {
 			info.LastActive = fi.ModTime()
 		}
@@ -808,20 +850,67 @@ func readMeta(dir string) (meta, error) {
 
 // sandbox is one local sandbox as a session holds it.
 type sandbox struct {
-	p      *Provider
-	dir    string
-	client *agentclient.Client
-	child  *Sandbox // set when this process started the daemon
-	kept   bool
+	p        *Provider
+	dir      string
+	child    *Sandbox // set when this process started the daemon
+	kept     bool
+	restored bool // brought back from a pause (see pause.go)
+
+	mu     sync.Mutex
+	client *agentclient.Client // replaced by reconnect
+	closed bool
+
+	// pauseMu makes pauses of this sandbox one at a time.
+	pauseMu sync.Mutex
 
 	closeOnce sync.Once
 	closeErr  error
 }
 
-func (s *sandbox) Agent() *agentclient.Client { return s.client }
+func (s *sandbox) Agent() *agentclient.Client { return s.agent() }
+
+func (s *sandbox) agent() *agentclient.Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.client
+}
+
+// Restored reports whether the sandbox was restored from a pause.
+func (s *sandbox) Restored() bool { return s.restored }
+
+// reconnect replaces the client (closed for a pause that did not happen)
+// and waits until the daemon answers.
+func (s *sandbox) reconnect(ctx context.Context) error {
+	token, err := os.ReadFile(filepath.Join(s.dir, tokenFile))
+	if err != nil {
+		return fmt.Errorf("sandbox token: %w", err)
+	}
+	client, err := agentclient.Dial(agentclient.Options{Address: "unix://" + filepath.Join(s.dir, runDir, socketName), Token: string(token), TracerProvider: compute.RPCTracing(ctx)})
+	if err != nil {
+		return err
+	}
+	if _, err := agentclient.WaitReady(ctx, client, agentclient.ReadyOptions{Timeout: s.p.cfg.ReadyTimeout}); err != nil {
+		client.Close()
+		return fmt.Errorf("the sandbox daemon does not answer again: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		client.Close()
+		return nil
+	}
+	old := s.client
+	s.client = client
+	_ = old.Close()
+	return nil
+}
 
 func (s *sandbox) State() (json.RawMessage, error) {
-	return json.Marshal(providerState{Dir: s.dir})
+	ps := providerState{Dir: s.dir}
+	if pausedAt(s.dir) {
+		ps.Checkpoint, _ = checkpointPaths(s.dir)
+	}
+	return json.Marshal(ps)
 }
 
 func (s *sandbox) WorkspaceKept() bool { return s.kept }
@@ -852,7 +941,12 @@ func (s *sandbox) Shutdown(ctx context.Context) error {
 
 // Close drops the connection; the sandbox keeps running. Idempotent.
 func (s *sandbox) Close() error {
-	s.closeOnce.Do(func() { s.closeErr = s.client.Close() })
+	s.closeOnce.Do(func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.closed = true
+		s.closeErr = s.client.Close()
+	})
 	return s.closeErr
 }
 
@@ -1253,6 +1347,10 @@ func writeFileAtomic(path string, data []byte, mode fs.FileMode) error {
 // removeTree removes dir, first making read-only directories in it
 // writable (a workspace may hold some).
 func removeTree(dir string) error {
+	// A sandbox's own disk is unmounted and released first (see disk.go).
+	if err := releaseDisk(dir); err != nil {
+		return err
+	}
 	if err := os.RemoveAll(dir); err == nil {
 		return nil
 	}

@@ -74,8 +74,10 @@ type SandboxResources struct {
 	// DiskBytes bounds what the service itself writes into a sandbox:
 	// the bytes a snapshot restore may extract (compute.ArchiveLimits);
 	// git checkouts are bounded by FetchBytesPerSandbox. It is passed to
-	// Config.ProviderOptions too, but no provider caps the disk a
-	// sandbox's processes write yet.
+	// Config.ProviderOptions too: `harness serve` gives local sandboxes a
+	// file system of that size of their own (local.Resources.Disk), which
+	// caps what their processes write; docker and kubernetes sandboxes get
+	// no disk cap from it.
 	DiskBytes int64
 }
 

@@ -9,6 +9,7 @@ package agentdv1
 import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
+	durationpb "google.golang.org/protobuf/types/known/durationpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -22,6 +23,91 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// PrepareCheckpointRequest says how long the daemon may stay closed.
+type PrepareCheckpointRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How long the daemon stays closed when no checkpoint comes (a harness
+	// that died meanwhile): it then listens again by itself. Unset or zero
+	// means 60 s; at most 10 minutes.
+	ResumeAfter   *durationpb.Duration `protobuf:"bytes,1,opt,name=resume_after,json=resumeAfter,proto3" json:"resume_after,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareCheckpointRequest) Reset() {
+	*x = PrepareCheckpointRequest{}
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[0]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareCheckpointRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareCheckpointRequest) ProtoMessage() {}
+
+func (x *PrepareCheckpointRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[0]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareCheckpointRequest.ProtoReflect.Descriptor instead.
+func (*PrepareCheckpointRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{0}
+}
+
+func (x *PrepareCheckpointRequest) GetResumeAfter() *durationpb.Duration {
+	if x != nil {
+		return x.ResumeAfter
+	}
+	return nil
+}
+
+// PrepareCheckpointResponse has no fields.
+type PrepareCheckpointResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PrepareCheckpointResponse) Reset() {
+	*x = PrepareCheckpointResponse{}
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PrepareCheckpointResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PrepareCheckpointResponse) ProtoMessage() {}
+
+func (x *PrepareCheckpointResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PrepareCheckpointResponse.ProtoReflect.Descriptor instead.
+func (*PrepareCheckpointResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{1}
+}
+
 // RotateTokenRequest carries the daemon's next bearer token.
 type RotateTokenRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -34,7 +120,7 @@ type RotateTokenRequest struct {
 
 func (x *RotateTokenRequest) Reset() {
 	*x = RotateTokenRequest{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[0]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -46,7 +132,7 @@ func (x *RotateTokenRequest) String() string {
 func (*RotateTokenRequest) ProtoMessage() {}
 
 func (x *RotateTokenRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[0]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -59,7 +145,7 @@ func (x *RotateTokenRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateTokenRequest.ProtoReflect.Descriptor instead.
 func (*RotateTokenRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{0}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *RotateTokenRequest) GetNewToken() string {
@@ -78,7 +164,7 @@ type RotateTokenResponse struct {
 
 func (x *RotateTokenResponse) Reset() {
 	*x = RotateTokenResponse{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[1]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -90,7 +176,7 @@ func (x *RotateTokenResponse) String() string {
 func (*RotateTokenResponse) ProtoMessage() {}
 
 func (x *RotateTokenResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[1]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -103,7 +189,7 @@ func (x *RotateTokenResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RotateTokenResponse.ProtoReflect.Descriptor instead.
 func (*RotateTokenResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{1}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{3}
 }
 
 // InfoRequest has no fields.
@@ -115,7 +201,7 @@ type InfoRequest struct {
 
 func (x *InfoRequest) Reset() {
 	*x = InfoRequest{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[2]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[4]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -127,7 +213,7 @@ func (x *InfoRequest) String() string {
 func (*InfoRequest) ProtoMessage() {}
 
 func (x *InfoRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[2]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[4]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -140,7 +226,7 @@ func (x *InfoRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoRequest.ProtoReflect.Descriptor instead.
 func (*InfoRequest) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{2}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{4}
 }
 
 // InfoResponse describes a running daemon.
@@ -177,7 +263,7 @@ type InfoResponse struct {
 
 func (x *InfoResponse) Reset() {
 	*x = InfoResponse{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[3]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -189,7 +275,7 @@ func (x *InfoResponse) String() string {
 func (*InfoResponse) ProtoMessage() {}
 
 func (x *InfoResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[3]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -202,7 +288,7 @@ func (x *InfoResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use InfoResponse.ProtoReflect.Descriptor instead.
 func (*InfoResponse) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{3}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *InfoResponse) GetVersion() string {
@@ -315,7 +401,7 @@ type Limits struct {
 
 func (x *Limits) Reset() {
 	*x = Limits{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[4]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -327,7 +413,7 @@ func (x *Limits) String() string {
 func (*Limits) ProtoMessage() {}
 
 func (x *Limits) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[4]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -340,7 +426,7 @@ func (x *Limits) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Limits.ProtoReflect.Descriptor instead.
 func (*Limits) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{4}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *Limits) GetMaxProcesses() int32 {
@@ -389,7 +475,7 @@ type PathGrant struct {
 
 func (x *PathGrant) Reset() {
 	*x = PathGrant{}
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[5]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -401,7 +487,7 @@ func (x *PathGrant) String() string {
 func (*PathGrant) ProtoMessage() {}
 
 func (x *PathGrant) ProtoReflect() protoreflect.Message {
-	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[5]
+	mi := &file_bulkhead_agentd_v1_system_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -414,7 +500,7 @@ func (x *PathGrant) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PathGrant.ProtoReflect.Descriptor instead.
 func (*PathGrant) Descriptor() ([]byte, []int) {
-	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{5}
+	return file_bulkhead_agentd_v1_system_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PathGrant) GetPath() string {
@@ -435,7 +521,10 @@ var File_bulkhead_agentd_v1_system_proto protoreflect.FileDescriptor
 
 const file_bulkhead_agentd_v1_system_proto_rawDesc = "" +
 	"\n" +
-	"\x1fbulkhead/agentd/v1/system.proto\x12\x12bulkhead.agentd.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"1\n" +
+	"\x1fbulkhead/agentd/v1/system.proto\x12\x12bulkhead.agentd.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"X\n" +
+	"\x18PrepareCheckpointRequest\x12<\n" +
+	"\fresume_after\x18\x01 \x01(\v2\x19.google.protobuf.DurationR\vresumeAfter\"\x1b\n" +
+	"\x19PrepareCheckpointResponse\"1\n" +
 	"\x12RotateTokenRequest\x12\x1b\n" +
 	"\tnew_token\x18\x01 \x01(\tR\bnewToken\"\x15\n" +
 	"\x13RotateTokenResponse\"\r\n" +
@@ -464,10 +553,11 @@ const file_bulkhead_agentd_v1_system_proto_rawDesc = "" +
 	"\x0fmax_patch_bytes\x18\x05 \x01(\x03R\rmaxPatchBytes\"<\n" +
 	"\tPathGrant\x12\x12\n" +
 	"\x04path\x18\x01 \x01(\tR\x04path\x12\x1b\n" +
-	"\tread_only\x18\x02 \x01(\bR\breadOnly2\xba\x01\n" +
+	"\tread_only\x18\x02 \x01(\bR\breadOnly2\xac\x02\n" +
 	"\rSystemService\x12I\n" +
 	"\x04Info\x12\x1f.bulkhead.agentd.v1.InfoRequest\x1a .bulkhead.agentd.v1.InfoResponse\x12^\n" +
-	"\vRotateToken\x12&.bulkhead.agentd.v1.RotateTokenRequest\x1a'.bulkhead.agentd.v1.RotateTokenResponseBDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
+	"\vRotateToken\x12&.bulkhead.agentd.v1.RotateTokenRequest\x1a'.bulkhead.agentd.v1.RotateTokenResponse\x12p\n" +
+	"\x11PrepareCheckpoint\x12,.bulkhead.agentd.v1.PrepareCheckpointRequest\x1a-.bulkhead.agentd.v1.PrepareCheckpointResponseBDZBgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1;agentdv1b\x06proto3"
 
 var (
 	file_bulkhead_agentd_v1_system_proto_rawDescOnce sync.Once
@@ -481,29 +571,35 @@ func file_bulkhead_agentd_v1_system_proto_rawDescGZIP() []byte {
 	return file_bulkhead_agentd_v1_system_proto_rawDescData
 }
 
-var file_bulkhead_agentd_v1_system_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_bulkhead_agentd_v1_system_proto_msgTypes = make([]protoimpl.MessageInfo, 8)
 var file_bulkhead_agentd_v1_system_proto_goTypes = []any{
-	(*RotateTokenRequest)(nil),    // 0: bulkhead.agentd.v1.RotateTokenRequest
-	(*RotateTokenResponse)(nil),   // 1: bulkhead.agentd.v1.RotateTokenResponse
-	(*InfoRequest)(nil),           // 2: bulkhead.agentd.v1.InfoRequest
-	(*InfoResponse)(nil),          // 3: bulkhead.agentd.v1.InfoResponse
-	(*Limits)(nil),                // 4: bulkhead.agentd.v1.Limits
-	(*PathGrant)(nil),             // 5: bulkhead.agentd.v1.PathGrant
-	(*timestamppb.Timestamp)(nil), // 6: google.protobuf.Timestamp
+	(*PrepareCheckpointRequest)(nil),  // 0: bulkhead.agentd.v1.PrepareCheckpointRequest
+	(*PrepareCheckpointResponse)(nil), // 1: bulkhead.agentd.v1.PrepareCheckpointResponse
+	(*RotateTokenRequest)(nil),        // 2: bulkhead.agentd.v1.RotateTokenRequest
+	(*RotateTokenResponse)(nil),       // 3: bulkhead.agentd.v1.RotateTokenResponse
+	(*InfoRequest)(nil),               // 4: bulkhead.agentd.v1.InfoRequest
+	(*InfoResponse)(nil),              // 5: bulkhead.agentd.v1.InfoResponse
+	(*Limits)(nil),                    // 6: bulkhead.agentd.v1.Limits
+	(*PathGrant)(nil),                 // 7: bulkhead.agentd.v1.PathGrant
+	(*durationpb.Duration)(nil),       // 8: google.protobuf.Duration
+	(*timestamppb.Timestamp)(nil),     // 9: google.protobuf.Timestamp
 }
 var file_bulkhead_agentd_v1_system_proto_depIdxs = []int32{
-	4, // 0: bulkhead.agentd.v1.InfoResponse.limits:type_name -> bulkhead.agentd.v1.Limits
-	5, // 1: bulkhead.agentd.v1.InfoResponse.grants:type_name -> bulkhead.agentd.v1.PathGrant
-	6, // 2: bulkhead.agentd.v1.InfoResponse.started_at:type_name -> google.protobuf.Timestamp
-	2, // 3: bulkhead.agentd.v1.SystemService.Info:input_type -> bulkhead.agentd.v1.InfoRequest
-	0, // 4: bulkhead.agentd.v1.SystemService.RotateToken:input_type -> bulkhead.agentd.v1.RotateTokenRequest
-	3, // 5: bulkhead.agentd.v1.SystemService.Info:output_type -> bulkhead.agentd.v1.InfoResponse
-	1, // 6: bulkhead.agentd.v1.SystemService.RotateToken:output_type -> bulkhead.agentd.v1.RotateTokenResponse
-	5, // [5:7] is the sub-list for method output_type
-	3, // [3:5] is the sub-list for method input_type
-	3, // [3:3] is the sub-list for extension type_name
-	3, // [3:3] is the sub-list for extension extendee
-	0, // [0:3] is the sub-list for field type_name
+	8, // 0: bulkhead.agentd.v1.PrepareCheckpointRequest.resume_after:type_name -> google.protobuf.Duration
+	6, // 1: bulkhead.agentd.v1.InfoResponse.limits:type_name -> bulkhead.agentd.v1.Limits
+	7, // 2: bulkhead.agentd.v1.InfoResponse.grants:type_name -> bulkhead.agentd.v1.PathGrant
+	9, // 3: bulkhead.agentd.v1.InfoResponse.started_at:type_name -> google.protobuf.Timestamp
+	4, // 4: bulkhead.agentd.v1.SystemService.Info:input_type -> bulkhead.agentd.v1.InfoRequest
+	2, // 5: bulkhead.agentd.v1.SystemService.RotateToken:input_type -> bulkhead.agentd.v1.RotateTokenRequest
+	0, // 6: bulkhead.agentd.v1.SystemService.PrepareCheckpoint:input_type -> bulkhead.agentd.v1.PrepareCheckpointRequest
+	5, // 7: bulkhead.agentd.v1.SystemService.Info:output_type -> bulkhead.agentd.v1.InfoResponse
+	3, // 8: bulkhead.agentd.v1.SystemService.RotateToken:output_type -> bulkhead.agentd.v1.RotateTokenResponse
+	1, // 9: bulkhead.agentd.v1.SystemService.PrepareCheckpoint:output_type -> bulkhead.agentd.v1.PrepareCheckpointResponse
+	7, // [7:10] is the sub-list for method output_type
+	4, // [4:7] is the sub-list for method input_type
+	4, // [4:4] is the sub-list for extension type_name
+	4, // [4:4] is the sub-list for extension extendee
+	0, // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_agentd_v1_system_proto_init() }
@@ -517,7 +613,7 @@ func file_bulkhead_agentd_v1_system_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_agentd_v1_system_proto_rawDesc), len(file_bulkhead_agentd_v1_system_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   8,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -19,8 +19,9 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	SystemService_Info_FullMethodName        = "/bulkhead.agentd.v1.SystemService/Info"
-	SystemService_RotateToken_FullMethodName = "/bulkhead.agentd.v1.SystemService/RotateToken"
+	SystemService_Info_FullMethodName              = "/bulkhead.agentd.v1.SystemService/Info"
+	SystemService_RotateToken_FullMethodName       = "/bulkhead.agentd.v1.SystemService/RotateToken"
+	SystemService_PrepareCheckpoint_FullMethodName = "/bulkhead.agentd.v1.SystemService/PrepareCheckpoint"
 )
 
 // SystemServiceClient is the client API for SystemService service.
@@ -40,6 +41,21 @@ type SystemServiceClient interface {
 	// that is too short, too predictable, not printable ASCII or equal to
 	// the current one is INVALID_ARGUMENT (the message never quotes it).
 	RotateToken(ctx context.Context, in *RotateTokenRequest, opts ...grpc.CallOption) (*RotateTokenResponse, error)
+	// PrepareCheckpoint readies the daemon for a checkpoint of its whole
+	// sandbox (gVisor's `runsc checkpoint`), which cannot save a socket of
+	// the host's: the daemon answers, then (once the caller hung up, or
+	// after half a second) closes every connection, the egress relay's
+	// connections to the harness's proxy (connections made to the relay
+	// meanwhile wait), and its listeners, removing their unix sockets last:
+	// once none of the daemon's unix sockets exists, it holds no socket of
+	// the host's. Processes, their output and cursors, and the workspace are
+	// untouched. The daemon listens again at the same addresses, with the
+	// same token, when it receives SIGUSR1 (`runsc kill ID SIGUSR1` after
+	// the restore; a SIGUSR1 at any other time does nothing) or when
+	// resume_after has passed, whichever comes first. A daemon that is
+	// prepared already, or serves metrics on a unix socket, answers
+	// FAILED_PRECONDITION.
+	PrepareCheckpoint(ctx context.Context, in *PrepareCheckpointRequest, opts ...grpc.CallOption) (*PrepareCheckpointResponse, error)
 }
 
 type systemServiceClient struct {
@@ -70,6 +86,16 @@ func (c *systemServiceClient) RotateToken(ctx context.Context, in *RotateTokenRe
 	return out, nil
 }
 
+func (c *systemServiceClient) PrepareCheckpoint(ctx context.Context, in *PrepareCheckpointRequest, opts ...grpc.CallOption) (*PrepareCheckpointResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(PrepareCheckpointResponse)
+	err := c.cc.Invoke(ctx, SystemService_PrepareCheckpoint_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // SystemServiceServer is the server API for SystemService service.
 // All implementations must embed UnimplementedSystemServiceServer
 // for forward compatibility.
@@ -87,6 +113,21 @@ type SystemServiceServer interface {
 	// that is too short, too predictable, not printable ASCII or equal to
 	// the current one is INVALID_ARGUMENT (the message never quotes it).
 	RotateToken(context.Context, *RotateTokenRequest) (*RotateTokenResponse, error)
+	// PrepareCheckpoint readies the daemon for a checkpoint of its whole
+	// sandbox (gVisor's `runsc checkpoint`), which cannot save a socket of
+	// the host's: the daemon answers, then (once the caller hung up, or
+	// after half a second) closes every connection, the egress relay's
+	// connections to the harness's proxy (connections made to the relay
+	// meanwhile wait), and its listeners, removing their unix sockets last:
+	// once none of the daemon's unix sockets exists, it holds no socket of
+	// the host's. Processes, their output and cursors, and the workspace are
+	// untouched. The daemon listens again at the same addresses, with the
+	// same token, when it receives SIGUSR1 (`runsc kill ID SIGUSR1` after
+	// the restore; a SIGUSR1 at any other time does nothing) or when
+	// resume_after has passed, whichever comes first. A daemon that is
+	// prepared already, or serves metrics on a unix socket, answers
+	// FAILED_PRECONDITION.
+	PrepareCheckpoint(context.Context, *PrepareCheckpointRequest) (*PrepareCheckpointResponse, error)
 	mustEmbedUnimplementedSystemServiceServer()
 }
 
@@ -102,6 +143,9 @@ func (UnimplementedSystemServiceServer) Info(context.Context, *InfoRequest) (*In
 }
 func (UnimplementedSystemServiceServer) RotateToken(context.Context, *RotateTokenRequest) (*RotateTokenResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method RotateToken not implemented")
+}
+func (UnimplementedSystemServiceServer) PrepareCheckpoint(context.Context, *PrepareCheckpointRequest) (*PrepareCheckpointResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method PrepareCheckpoint not implemented")
 }
 func (UnimplementedSystemServiceServer) mustEmbedUnimplementedSystemServiceServer() {}
 func (UnimplementedSystemServiceServer) testEmbeddedByValue()                       {}
@@ -160,6 +204,24 @@ func _SystemService_RotateToken_Handler(srv interface{}, ctx context.Context, de
 	return interceptor(ctx, in, info, handler)
 }
 
+func _SystemService_PrepareCheckpoint_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(PrepareCheckpointRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(SystemServiceServer).PrepareCheckpoint(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: SystemService_PrepareCheckpoint_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(SystemServiceServer).PrepareCheckpoint(ctx, req.(*PrepareCheckpointRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // SystemService_ServiceDesc is the grpc.ServiceDesc for SystemService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -174,6 +236,10 @@ var SystemService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "RotateToken",
 			Handler:    _SystemService_RotateToken_Handler,
+		},
+		{
+			MethodName: "PrepareCheckpoint",
+			Handler:    _SystemService_PrepareCheckpoint_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
