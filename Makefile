@@ -117,12 +117,12 @@ image-sandbox: build ## build only the small image bulkhead/sandbox:dev
 image-sandbox-full: build ## build only the debootstrap image bulkhead/sandbox-full:dev
 	./images/build.sh sandbox-full
 
-# The small image's root filesystem (busybox-static, git, etc/passwd and
-# group; no daemon, no Docker) as a directory: local sandboxes' own root
+# The small image's root filesystem (busybox-static, git, GNU wget, the CA
+# bundle, etc/passwd and group; no daemon, no Docker) as a directory: local sandboxes' own root
 # (harness --sandbox-rootfs bin/rootfs). bin/rootfs is a symbolic link to
 # bin/.rootfs-HASH, named by its contents, and changes only when they do.
 .PHONY: rootfs
-rootfs: ## write the sandbox root filesystem into bin/rootfs (for --sandbox-rootfs; needs busybox-static, no Docker)
+rootfs: ## write the sandbox root filesystem into bin/rootfs (for --sandbox-rootfs; needs busybox-static, git, wget and ca-certificates, no Docker)
 	./images/build.sh rootfs $(BIN)/rootfs
 
 # The Kubernetes cluster the kubernetes provider's tests run against

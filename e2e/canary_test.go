@@ -192,7 +192,9 @@ func runCanary(t *testing.T, run canaryRun, c canaryCase) canaryResult {
 			t.Fatal(err)
 		}
 	}
-	args := append([]string{"run", "--state-dir", state, "--agentd", filepath.Join(bin, "sandbox-agentd"), "--manifest", c.manifest}, run.args...)
+	// --keep-snapshot: the search after the run covers the workspace's
+	// snapshot too (a run deletes it by default).
+	args := append([]string{"run", "--keep-snapshot", "--state-dir", state, "--agentd", filepath.Join(bin, "sandbox-agentd"), "--manifest", c.manifest}, run.args...)
 	args = append(args, c.extraArgs...)
 	args = append(args, "Look around.")
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)

@@ -2,11 +2,12 @@
 # Builds the Bulkhead sandbox images locally, with no registry:
 #
 #   bulkhead/sandbox:dev       FROM scratch: busybox (Debian's busybox-static),
-#                              git (the host's, plus exactly the libraries ldd
-#                              reports), a minimal /etc, and sandbox-agentd.
+#                              git and GNU wget (the host's, plus exactly the
+#                              libraries ldd reports), the host's CA bundle, a
+#                              minimal /etc, and sandbox-agentd.
 #   bulkhead/sandbox-full:dev  a debootstrap --variant=minbase root filesystem
-#                              (bash, coreutils, python3, git, passwd) plus
-#                              sandbox-agentd.
+#                              (bash, coreutils, python3, git, passwd, curl,
+#                              wget, ca-certificates) plus sandbox-agentd.
 #
 # usage: images/build.sh [sandbox|sandbox-full|all]...
 #        images/build.sh rootfs DIR
@@ -112,7 +113,8 @@ copy_with_libs() {
 # ---------------------------------------------------------------- sandbox
 # stage_small STAGE: writes the small image's tree, without the daemon,
 # into the new directory STAGE: busybox and its applet links, git with its
-# libraries and helpers, and etc/passwd and etc/group.
+# libraries and helpers, GNU wget with its libraries, the CA bundle, and
+# etc/passwd and etc/group.
 stage_small() {
 	local stage="$1"
 	command -v busybox >/dev/null || [ -x /bin/busybox ] || die "busybox not found: apt-get install busybox-static"
@@ -122,6 +124,9 @@ stage_small() {
 	! ldd "$busybox" >/dev/null 2>&1 || die "$busybox is not static: apt-get install busybox-static"
 	local git=/usr/bin/git gitcore=/usr/lib/git-core
 	[ -x "$git" ] || die "$git not found: apt-get install git"
+	local wget=/usr/bin/wget cabundle=/etc/ssl/certs/ca-certificates.crt
+	{ [ -x "$wget" ] && "$wget" --version 2>/dev/null | grep -q '^GNU Wget'; } || die "GNU wget not found at $wget: apt-get install wget"
+	[ -s "$cabundle" ] || die "$cabundle not found: apt-get install ca-certificates"
 
 	mkdir -p "$stage"/{bin,sbin,usr/bin,usr/sbin,usr/local/bin,etc,dev,proc,sys,run/bulkhead,var/tmp,workspace}
 	chmod 0755 "$stage"
@@ -130,13 +135,28 @@ stage_small() {
 	chmod 1777 "$stage/var/tmp"
 	chmod 0700 "$stage/run/bulkhead"
 
-	# busybox and its applet links (what `busybox --install -s` makes).
+	# busybox and its applet links (what `busybox --install -s` makes),
+	# without its wget applet (see below for why): Debian's busybox-static
+	# is built with FEATURE_SH_STANDALONE, so its shell runs an applet in
+	# preference to any program of the same name in PATH, and a GNU wget in
+	# /usr/bin would never run from `sh -c`. The applet's name is renamed
+	# in the applet table, in place and to a name of the same length that
+	# keeps the table sorted (its lookup is a search of that sorted table):
+	# `wget` is then no applet, and the shell finds /usr/bin/wget.
 	install -m 0755 "$busybox" "$stage/bin/busybox"
+	local offsets
+	offsets="$(LC_ALL=C grep -obUaP '\x00wc\x00wget\x00which\x00' "$stage/bin/busybox" | cut -d: -f1)"
+	[ "$(printf '%s\n' "$offsets" | grep -c .)" = 1 ] ||
+		die "$busybox: its applet table does not hold wc, wget, which exactly once; cannot take its wget applet out"
+	printf 'wg-t' | dd of="$stage/bin/busybox" bs=1 seek=$((offsets + 4)) conv=notrunc status=none
+	if "$stage/bin/busybox" --list | grep -qx wget || ! "$stage/bin/busybox" --list | grep -qx wc; then
+		die "$busybox: renaming its wget applet failed"
+	fi
 	local applet
 	while read -r applet; do
-		case "$applet" in "" | bin/busybox | linuxrc | */) continue ;; esac
+		case "$applet" in "" | bin/busybox | linuxrc | */ | */wg-t) continue ;; esac
 		[ -e "$stage/$applet" ] || ln -s /bin/busybox "$stage/$applet"
-	done < <("$busybox" --list-full)
+	done < <("$stage/bin/busybox" --list-full)
 
 	# git, its libraries, and the git-core helpers local operations need:
 	# the builtin links, the shell-script helpers, and the templates.
@@ -161,6 +181,17 @@ stage_small() {
 	[ -d "$gitcore/mergetools" ] && cp -a "$gitcore/mergetools" "$stage$gitcore/"
 	[ -d /usr/share/git-core/templates ] && mkdir -p "$stage/usr/share/git-core" &&
 		cp -a /usr/share/git-core/templates "$stage/usr/share/git-core/"
+
+	# wget: GNU wget (the host's, plus the libraries ldd reports, as for
+	# git) in place of busybox's applet. Debian's busybox-static 1.35 is
+	# built without FEATURE_WGET_TIMEOUT yet still parses -T SECONDS, into
+	# a NULL pointer: `wget -T 10 URL` dies of SIGSEGV (exit 139) before it
+	# connects, wherever it runs. Its wget also sends an https:// URL to a
+	# proxy as a plain GET (the egress proxy tunnels https through CONNECT
+	# only) and prints none of a refusal's headers. The CA bundle lets wget
+	# (and git) check servers' certificates.
+	copy_with_libs "$wget" "$stage"
+	install -D -m 0644 "$cabundle" "$stage/etc/ssl/certs/ca-certificates.crt"
 
 	install -m 0644 "$here/sandbox/etc/passwd" "$here/sandbox/etc/group" "$stage/etc/"
 }

@@ -54,11 +54,11 @@ func Execute(ctx context.Context, args []string, s Streams) int {
 	var ee exitError
 	if errors.As(err, &ee) {
 		if ee.msg != "" {
-			fmt.Fprintf(s.Err, "%s: %s\n", cmd.CommandPath(), ee.msg)
+			fmt.Fprintf(s.Err, "%s: %s\n", cmd.CommandPath(), userMessage(cmd.CommandPath(), ee.msg))
 		}
 		return ee.code
 	}
-	fmt.Fprintf(s.Err, "%s: %s\n", cmd.CommandPath(), oneLine(err.Error()))
+	fmt.Fprintf(s.Err, "%s: %s\n", cmd.CommandPath(), userMessage(cmd.CommandPath(), err.Error()))
 	return 1
 }
 

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"time"
 
 	"github.com/spf13/cobra"
 
@@ -44,6 +45,7 @@ type runFlags struct {
 	export           string
 	instructions     string
 	keep             bool
+	keepSnapshot     bool
 	approvalFor      []string
 	allowCommands    []string
 	interactive      bool
@@ -61,6 +63,11 @@ func newRunCmd(g *globals) *cobra.Command {
 		Long: `Run an agent on TASK in a fresh sandbox made from --manifest, with the OpenAI Responses API
 ($OPENAI_API_KEY, $OPENAI_BASE_URL). Progress is shown as it happens (--json for JSON lines); the
 final output is printed last. The exit status is non-zero when the run fails.
+
+The sandbox is deleted at the end, and so is the snapshot of its workspace that closing it takes,
+unless --keep-snapshot (then the run says where it is and how to remove it) or --keep (the sandbox
+stays, with its snapshot). A run stopped for approval keeps both until it is resumed and ends.
+` + "`harness sandbox snapshot gc`" + ` removes old snapshots.
 
 --replay FILE replays a recorded model session instead of calling a model (offline, labelled as a
 replay); --replay-without-key FILE does so only when $OPENAI_API_KEY is not set.`,
@@ -90,7 +97,8 @@ replay); --replay-without-key FILE does so only when $OPENAI_API_KEY is not set.
 	fl.StringVar(&f.workdir, "workdir", "", "working directory of the run, relative to the workspace root")
 	fl.StringVar(&f.export, "export", "", "copy the final workspace into this local directory (created; must be empty)")
 	fl.StringVar(&f.instructions, "instructions", "", "the agent's instructions (default: a coding-task prompt)")
-	fl.BoolVar(&f.keep, "keep", false, "keep the sandbox after the run and print its session state file")
+	fl.BoolVar(&f.keep, "keep", false, "keep the sandbox after the run and print its session state file (its snapshot stays too)")
+	fl.BoolVar(&f.keepSnapshot, "keep-snapshot", false, "keep the final workspace's snapshot in the snapshot store (by default the run deletes it with its sandbox)")
 	g.addAllowDomainFlag(cmd)
 	fl.StringArrayVar(&f.approvalFor, "approval-for", nil, "tool whose calls need approval (repeatable), e.g. exec_command")
 	fl.StringArrayVar(&f.allowCommands, "allow-command", nil, "exec_command needs approval unless the whole command matches this regexp (repeatable)")
@@ -127,7 +135,7 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 	if f.resume != "" {
 		data, err := os.ReadFile(f.resume)
 		if err != nil {
-			return fmt.Errorf("resume: %w", err)
+			return fmt.Errorf("--resume: %w", err)
 		}
 		if resumed, err = harness.DecodeRunState(data); err != nil {
 			return err
@@ -230,11 +238,15 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 		stream = r.ResumeStreamed(ctx, agent, res.State, cfg)
 	}
 	if f.keep && res != nil && res.SessionState != nil {
-		if path, err := saveState(g, res.SessionState); err == nil {
-			fmt.Fprintf(cmd.ErrOrStderr(), "sandbox kept: %s (state in %s)\n", res.SessionState.SessionID, path)
+		st := res.SessionState
+		if path, err := saveState(g, st); err == nil {
+			fmt.Fprintf(cmd.ErrOrStderr(), "sandbox kept: %s (state in %s), with its workspace snapshot %s in %s; `harness%s sandbox rm %s` removes both\n",
+				st.SessionID, path, snapshotOf(st), storeName(g), storeArgs(g), st.SessionID)
 		} else {
 			runErr = errors.Join(runErr, err)
 		}
+	} else if res != nil && res.SessionState != nil {
+		finishSnapshot(cmd, g, res.SessionState, f.keepSnapshot)
 	}
 	if runErr != nil {
 		return runErr
@@ -265,6 +277,9 @@ func chooseModel(f *runFlags, g *globals, skipTurns int) (model.Model, string, f
 		}
 		label += fmt.Sprintf("[REPLAY] replaying the recorded model session %s (no model is called); the sandbox, tools and commands are real.", rec)
 		return m, label, closeModel, nil
+	}
+	if os.Getenv("OPENAI_API_KEY") == "" {
+		return nil, "", nil, errors.New("no OpenAI API key: set OPENAI_API_KEY, or pass --replay FILE to replay a recorded session")
 	}
 	m, err := model.NewOpenAI(model.Config{Logger: g.logger()})
 	if err != nil {
@@ -425,6 +440,76 @@ func export(ctx context.Context, s *compute.Session, dir string) error {
 		return fmt.Errorf("export workspace: %w", err)
 	}
 	return nil
+}
+
+// finishSnapshot deals with the snapshot of the workspace the run's
+// sandbox took when it was closed (and then deleted): it deletes it, or with
+// keep says where it is and how to remove it. A failed delete is a warning:
+// the run's work is done.
+func finishSnapshot(cmd *cobra.Command, g *globals, st *compute.State, keep bool) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(cmd.Context()), time.Minute)
+	defer cancel()
+	id := snapshotOf(st)
+	warn := func(err error) {
+		fmt.Fprintf(cmd.ErrOrStderr(), "harness: WARNING: the run's workspace snapshot %s stays in %s: %s; `harness%s sandbox snapshot rm %s` removes it\n",
+			id, storeName(g), oneLine(err.Error()), storeArgs(g), id)
+	}
+	store, err := g.snapshots()
+	if err != nil {
+		warn(err)
+		return
+	}
+	switch ok, err := store.Exists(ctx, id); {
+	case err != nil:
+		warn(err)
+		return
+	case !ok:
+		return // the sandbox was closed before anything was persisted
+	}
+	if keep {
+		fmt.Fprintf(cmd.ErrOrStderr(), "workspace snapshot kept: %s in %s; `harness%s sandbox create --id %s` starts a sandbox from it, `harness%s sandbox snapshot rm %s` removes it\n",
+			id, storeName(g), storeArgs(g), id, storeArgs(g), id)
+		return
+	}
+	if err := store.Delete(ctx, id); err != nil {
+		warn(err)
+	}
+}
+
+// storeName says where the snapshot store is: --snapshot-store, or the
+// state directory's snapshots/.
+func storeName(g *globals) string {
+	if g.storeFlags.store != "" {
+		return g.storeFlags.store
+	}
+	if dir, err := g.dir("snapshots"); err == nil {
+		return dir
+	}
+	return "the state directory's snapshots/"
+}
+
+// storeArgs are the global flags a later command needs to find the same
+// snapshot store and session states (with a leading space), or "".
+func storeArgs(g *globals) string {
+	var b strings.Builder
+	if g.stateDir != "" && g.stateDir != os.Getenv(stateDirEnv) {
+		fmt.Fprintf(&b, " --state-dir %s", shellQuote(g.stateDir))
+	}
+	if g.storeFlags.store != "" {
+		fmt.Fprintf(&b, " --snapshot-store %s", shellQuote(g.storeFlags.store))
+		if g.storeFlags.s3Endpoint != "" {
+			fmt.Fprintf(&b, " --s3-endpoint %s", shellQuote(g.storeFlags.s3Endpoint))
+		}
+	}
+	return b.String()
+}
+
+// shellQuote quotes s for a POSIX shell when it needs it.
+func shellQuote(s string) string {
+	if s != "" && strings.Trim(s, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_./:=@%+,") == "" {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
 }
 
 // saveState writes a session state under the state directory.

@@ -141,9 +141,16 @@ func TestRunStopsForApprovalAndResumes(t *testing.T) {
 		t.Fatalf("no resume hint:\n%s", errOut)
 	}
 	statePath := strings.Fields(errOut[i+len("--resume "):])[0]
-	// The sandbox stays alive (persisted) while the run waits.
+	// The sandbox stays alive (persisted) while the run waits, and so does
+	// its snapshot, which the stopped run's state names.
 	if entries, _ := os.ReadDir(filepath.Join(state, "local")); len(entries) != 1 {
 		t.Fatalf("sandboxes while waiting: %v", entries)
+	}
+	if got := snapshotFiles(t, filepath.Join(state, "snapshots")); len(got) != 1 {
+		t.Fatalf("snapshots while waiting: %v", got)
+	}
+	if _, out, _ := execute(t, state, "sandbox", "snapshot", "gc", "--max-age", "1ns"); !strings.Contains(out, "removed 0, kept 1 that saved states name") {
+		t.Fatalf("gc while the run waits: %s", out)
 	}
 	// A wrong id is refused and changes nothing.
 	if _, errOut, code := runCLI(t, append([]string{"run", "--resume", statePath, "--approve", "call_99"}, common...)...); code == 0 || !strings.Contains(errOut, "call_99") {
@@ -162,6 +169,9 @@ func TestRunStopsForApprovalAndResumes(t *testing.T) {
 	}
 	if entries, _ := os.ReadDir(filepath.Join(state, "local")); len(entries) != 0 {
 		t.Fatalf("sandboxes left after the run: %v", entries)
+	}
+	if got := snapshotFiles(t, filepath.Join(state, "snapshots")); len(got) != 0 {
+		t.Fatalf("snapshots left after the resumed run: %v", got)
 	}
 }
 

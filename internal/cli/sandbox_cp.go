@@ -65,9 +65,9 @@ new or empty local directory (symbolic links leading out of it are left out). Tr
 			src, dst := parseCpPath(args[0]), parseCpPath(args[1])
 			switch {
 			case src.remote && dst.remote:
-				return usageErr(compute.ErrInvalidArgument, "cp: both %s and %s are sandbox paths; copy through a local path", args[0], args[1])
+				return usageErr(compute.ErrInvalidArgument, "both %s and %s are sandbox paths; copy through a local path", args[0], args[1])
 			case !src.remote && !dst.remote:
-				return usageErr(compute.ErrInvalidArgument, "cp: neither %s nor %s is a sandbox path (ID:PATH)", args[0], args[1])
+				return usageErr(compute.ErrInvalidArgument, "neither %s nor %s is a sandbox path (ID:PATH)", args[0], args[1])
 			case dst.remote:
 				return copyIn(cmd, g, src.path, dst, user)
 			}
@@ -94,7 +94,7 @@ func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath, user strin
 	stderr := cmd.ErrOrStderr()
 	fi, err := os.Stat(local)
 	if err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	var tree []localEntry
 	var skipped int
@@ -106,7 +106,7 @@ func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath, user strin
 			return err
 		}
 	default:
-		return usageErr(compute.ErrInvalidArgument, "cp: %s is neither a regular file nor a directory", local)
+		return usageErr(compute.ErrInvalidArgument, "%s is neither a regular file nor a directory", local)
 	}
 	r, err := reconnect(cmd, g, dst.id, materializer.Options{})
 	if err != nil {
@@ -129,7 +129,7 @@ func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath, user strin
 		p := path.Join(target, e.rel)
 		if e.dir {
 			if _, err := agent.MakeDir(ctx, p, compute.MakeDirOptions{Mode: uint32(e.mode), Parents: true, User: as}); err != nil {
-				return fmt.Errorf("cp: %w", err)
+				return err
 			}
 			continue
 		}
@@ -172,7 +172,7 @@ func walkLocal(root string) ([]localEntry, int, error) {
 		return nil
 	})
 	if err != nil {
-		return nil, 0, fmt.Errorf("cp: %w", err)
+		return nil, 0, err
 	}
 	return tree, skipped, nil
 }
@@ -194,7 +194,7 @@ func remoteTarget(ctx context.Context, agent *agentclient.Client, dst, base stri
 		dst = path.Join(dst, base)
 	case err == nil:
 		if isDir {
-			return "", usageErr(compute.ErrNotDirectory, "cp: %s exists in the sandbox and is not a directory", dst)
+			return "", usageErr(compute.ErrNotDirectory, "%s exists in the sandbox and is not a directory", dst)
 		}
 		return dst, nil
 	case errors.Is(err, compute.ErrNotFound):
@@ -203,14 +203,14 @@ func remoteTarget(ctx context.Context, agent *agentclient.Client, dst, base stri
 		}
 		return dst, nil
 	default:
-		return "", fmt.Errorf("cp: %w", err)
+		return "", err
 	}
 	if isDir {
 		switch st, err := agent.Stat(ctx, dst, compute.StatOptions{}); {
 		case err == nil && st.Type != compute.FileDirectory:
-			return "", usageErr(compute.ErrNotDirectory, "cp: %s exists in the sandbox and is not a directory", dst)
+			return "", usageErr(compute.ErrNotDirectory, "%s exists in the sandbox and is not a directory", dst)
 		case err != nil && !errors.Is(err, compute.ErrNotFound):
-			return "", fmt.Errorf("cp: %w", err)
+			return "", err
 		}
 	}
 	return dst, nil
@@ -221,13 +221,13 @@ func remoteTarget(ctx context.Context, agent *agentclient.Client, dst, base stri
 func writeRemote(ctx context.Context, agent *agentclient.Client, local, remote, user string, e localEntry, prog *progress) error {
 	f, err := os.Open(local)
 	if err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	defer f.Close()
 	size := e.size
 	opts := compute.WriteFileOptions{Mode: uint32(e.mode), CreateParents: true, ExpectedSize: &size, User: user}
 	if _, err := agent.WriteFile(ctx, remote, opts, progressReader{r: f, p: prog}); err != nil {
-		return fmt.Errorf("cp %s: %w", local, err)
+		return fmt.Errorf("%s: %w", local, err)
 	}
 	return nil
 }
@@ -245,7 +245,7 @@ func copyOut(cmd *cobra.Command, g *globals, src cpPath, local string) error {
 	agent := r.sess.Agent()
 	info, err := agent.Stat(ctx, src.path, compute.StatOptions{})
 	if err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	name := path.Base(path.Clean(src.path))
 	if name == "." || name == "/" {
@@ -261,20 +261,20 @@ func copyOut(cmd *cobra.Command, g *globals, src cpPath, local string) error {
 	case compute.FileDirectory:
 		return copyDirOut(ctx, agent, src.path, target, newProgress(stderr, "cp "+name, -1), stderr)
 	case compute.FileSymlink:
-		return usageErr(compute.ErrInvalidArgument, "cp: %s is a symbolic link (to %s); copy what it points to", src.path, info.SymlinkTarget)
+		return usageErr(compute.ErrInvalidArgument, "%s is a symbolic link (to %s); copy what it points to", src.path, info.SymlinkTarget)
 	}
-	return usageErr(compute.ErrInvalidArgument, "cp: %s is neither a regular file nor a directory", src.path)
+	return usageErr(compute.ErrInvalidArgument, "%s is neither a regular file nor a directory", src.path)
 }
 
 // readRemote streams a sandbox file into a local file, written to a
 // temporary file beside it and renamed into place when complete.
 func readRemote(ctx context.Context, agent *agentclient.Client, remote, target string, info *compute.FileInfo, prog *progress) (err error) {
 	if fi, serr := os.Stat(target); serr == nil && fi.IsDir() {
-		return usageErr(compute.ErrIsDirectory, "cp: %s is a directory", target)
+		return usageErr(compute.ErrIsDirectory, "%s is a directory", target)
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(target), "."+filepath.Base(target)+".cp-*")
 	if err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	defer func() {
 		if err != nil {
@@ -285,20 +285,20 @@ func readRemote(ctx context.Context, agent *agentclient.Client, remote, target s
 	cw := &countingWriter{w: progressWriter{w: tmp, p: prog}}
 	got, err := agent.ReadFile(ctx, remote, compute.ReadFileOptions{}, cw)
 	if err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	prog.finish()
 	if want := got.Size; cw.n < want {
-		return fmt.Errorf("cp %s: read %d of its %d bytes (the daemon's read limit?)", remote, cw.n, want)
+		return fmt.Errorf("%s: read %d of its %d bytes (the daemon's read limit?)", remote, cw.n, want)
 	}
 	if err := tmp.Chmod(fs.FileMode(info.Mode & 0o777)); err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	if err := os.Rename(tmp.Name(), target); err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	return nil
 }
@@ -326,7 +326,7 @@ var errCopyStopped = errors.New("the copy stopped")
 func copyDirOut(ctx context.Context, agent *agentclient.Client, remote, target string, prog *progress, stderr io.Writer) (err error) {
 	sys, err := agent.Info(ctx)
 	if err != nil {
-		return fmt.Errorf("cp: %w", err)
+		return err
 	}
 	rel, err := workspaceRel(sys.WorkspaceRoot, remote)
 	if err != nil {
@@ -372,11 +372,11 @@ func copyDirOut(ctx context.Context, agent *agentclient.Client, remote, target s
 	prog.finish()
 	for _, e := range []error{aerr, f.err, rerr} {
 		if e != nil && !errors.Is(e, errCopyStopped) {
-			return fmt.Errorf("cp %s: %w", remote, e)
+			return fmt.Errorf("%s: %w", remote, e)
 		}
 	}
 	if f.matched == 0 {
-		return usageErr(compute.ErrNotFound, "cp: the workspace archive holds nothing under %s (is one of its parents a symbolic link?)", remote)
+		return usageErr(compute.ErrNotFound, "the workspace archive holds nothing under %s (is one of its parents a symbolic link?)", remote)
 	}
 	if f.skipped > 0 {
 		fmt.Fprintf(stderr, "cp: skipped %d links that point outside %s\n", f.skipped, remote)
@@ -390,7 +390,7 @@ func workspaceRel(root, p string) (string, error) {
 	c := path.Clean(p)
 	if !path.IsAbs(c) {
 		if c == ".." || strings.HasPrefix(c, "../") {
-			return "", usageErr(compute.ErrPathEscape, "cp: %s is outside the workspace", p)
+			return "", usageErr(compute.ErrPathEscape, "%s is outside the workspace", p)
 		}
 		return c, nil
 	}
@@ -401,7 +401,7 @@ func workspaceRel(root, p string) (string, error) {
 	case root != "" && strings.HasPrefix(c, root+"/"):
 		return c[len(root)+1:], nil
 	}
-	return "", usageErr(compute.ErrInvalidArgument, "cp: %s is outside the workspace (%s): only workspace directories can be copied out", p, root)
+	return "", usageErr(compute.ErrInvalidArgument, "%s is outside the workspace (%s): only workspace directories can be copied out", p, root)
 }
 
 // emptyTarget makes sure a local directory copy target is new or empty,
@@ -411,20 +411,20 @@ func emptyTarget(target string) (bool, error) {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		if err := os.Mkdir(target, 0o755); err != nil {
-			return false, fmt.Errorf("cp: %w", err)
+			return false, err
 		}
 		return true, nil
 	case err != nil:
-		return false, fmt.Errorf("cp: %w", err)
+		return false, err
 	case !fi.IsDir():
-		return false, usageErr(compute.ErrNotDirectory, "cp: %s exists and is not a directory", target)
+		return false, usageErr(compute.ErrNotDirectory, "%s exists and is not a directory", target)
 	}
 	entries, err := os.ReadDir(target)
 	if err != nil {
-		return false, fmt.Errorf("cp: %w", err)
+		return false, err
 	}
 	if len(entries) > 0 {
-		return false, usageErr(compute.ErrNotEmpty, "cp: %s is not empty: a directory is copied into a new or empty one", target)
+		return false, usageErr(compute.ErrNotEmpty, "%s is not empty: a directory is copied into a new or empty one", target)
 	}
 	return false, nil
 }
@@ -443,7 +443,7 @@ func siblingExcludes(ctx context.Context, agent *agentclient.Client, rel string)
 		for {
 			resp, err := agent.ListDir(ctx, dir, compute.ListDirOptions{PageToken: token})
 			if err != nil {
-				return nil, fmt.Errorf("cp: %w", err)
+				return nil, err
 			}
 			for _, e := range resp.Entries {
 				if len(e.RawName) == 0 && e.Name != part {

@@ -182,7 +182,7 @@ func sandboxShell(cmd *cobra.Command, g *globals, id, user string) error {
 	old, err := term.MakeRaw(inFd)
 	if err != nil {
 		hangUp(ctx, agent, pid)
-		return fmt.Errorf("shell: put the terminal in raw mode: %w", err)
+		return fmt.Errorf("put the terminal in raw mode: %w", err)
 	}
 	exit, err := runShell(ctx, agent, pid, in, out, stderr, sizeOf)
 	// Restore the terminal before anything else is printed.

@@ -160,7 +160,7 @@ entries:
 		{"two documents", "entries: {}\n---\nentries: {}\n", []string{`more than one YAML document; a manifest is a single document (line 2)`}},
 		{"empty document", "", []string{`the document is empty; a manifest is a mapping (line 1)`}},
 		{"not a mapping", "- a\n- b\n", []string{`expected a mapping, got a list (line 1)`}},
-		{"syntax error", "entries: {a: [\n", []string{`invalid YAML: line 1: did not find expected node content`}},
+		{"syntax error", "entries: {a: [\n", []string{`invalid YAML: did not find expected node content (line 1)`}},
 		{"merge key", "base: &b {type: dir}\n", []string{`base: unknown field (line 1)`}},
 		{"merge key use", "entries:\n  a:\n    <<: {type: dir}\n", []string{`merge keys (<<) are not supported (line 3)`}},
 		{"binary tag", "entries:\n  a: {type: file, content: !!binary aGk=}\n", []string{`!!binary values are not supported; use content_base64 (line 2)`}},
@@ -181,6 +181,50 @@ entries:
 				t.Errorf("errors.Is(err, ErrSyntax) = false for %v", err)
 			}
 		})
+	}
+}
+
+// TestYAMLSyntaxErrorLine: a YAML syntax error names the line the fault
+// is on, not the line of the mapping holding it (yaml.v3 says "line 2" for
+// a key indented wrongly on line 5) nor a line past it (an unclosed bracket
+// or quote is noticed at the end of the document).
+func TestYAMLSyntaxErrorLine(t *testing.T) {
+	head := "root: /workspace\nentries:\n  a.txt:\n    type: file\n"
+	tail := "\n# more\n\n  b.txt:\n    type: file\n"
+	cases := []struct{ name, line5, want string }{
+		{"key indented wrongly", "   content: x", "did not find expected key"},
+		{"tab indentation", "\tcontent: x", "found a tab character that violates indentation"},
+		{"unclosed bracket", "    content: [x", "did not find expected ',' or ']'"},
+		{"unclosed quote", `    content: "x`, "found unexpected end of stream"},
+		{"mapping in a plain value", "    content: a: b", "mapping values are not allowed in this context"},
+		{"list item in a mapping", "  - c.txt", "did not find expected key"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			doc := head + tc.line5 + tail
+			if got := strings.Split(doc, "\n")[4]; got != tc.line5 {
+				t.Fatalf("line 5 of the document is %q", got)
+			}
+			_, err := LoadTrusted([]byte(doc), FormatYAML)
+			got := problemsOf(t, err)
+			if want := "invalid YAML: " + tc.want + " (line 5)"; len(got) != 1 || got[0] != want {
+				t.Errorf("problems %q, want %q", got, want)
+			}
+			if !errors.Is(err, ErrSyntax) {
+				t.Errorf("errors.Is(err, ErrSyntax) = false for %v", err)
+			}
+		})
+	}
+	// A fault on the first line, and one past a long valid flow mapping
+	// that spans lines (prefixes of it do not parse on their own).
+	_, err := LoadTrusted([]byte("root: [\n"), FormatYAML)
+	if got := problemsOf(t, err); len(got) != 1 || !strings.HasSuffix(got[0], "(line 1)") {
+		t.Errorf("fault on line 1: %q", got)
+	}
+	doc := "environment: {A: x,\n  B: y,\n  C: z}\nentries:\n  a.txt:\n   type: file\n  content: x\n     bad: 1\n"
+	_, err = LoadTrusted([]byte(doc), FormatYAML)
+	if got := problemsOf(t, err); len(got) != 1 || !strings.HasSuffix(got[0], "(line 8)") {
+		t.Errorf("fault on line 8 after a flow mapping: %q", got)
 	}
 }
 

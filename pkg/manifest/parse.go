@@ -217,28 +217,145 @@ func parseYAML(data []byte) (n *node, ferr *FieldError) {
 			n, ferr = nil, syntaxErr(0, "invalid YAML: the parser could not read this document")
 		}
 	}()
-	dec := yaml.NewDecoder(bytes.NewReader(data))
+	lr := &lineReader{data: data}
+	dec := yaml.NewDecoder(lr)
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if err == io.EOF {
 			return &node{kind: kindNull, line: 1}, nil
 		}
-		return nil, yamlErr(err)
+		return nil, yamlErr(data, err, lr.lines)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err != io.EOF {
 		if err == nil {
 			return nil, syntaxErr(extra.Line, "more than one YAML document; a manifest is a single document")
 		}
-		return nil, yamlErr(err)
+		return nil, yamlErr(data, err, lr.lines)
 	}
 	c := &yamlConv{budget: 4*len(data) + 10000, expanding: map[*yaml.Node]bool{}}
 	return c.node(&doc, 0)
 }
 
-func yamlErr(err error) *FieldError {
+// yamlErr turns the YAML parser's error into a syntax error at the line
+// where the document goes wrong. The parser's own "line N" is the line of
+// the construct the fault is in (the mapping that holds it, counted from 0
+// for some errors), not of the fault: for a key indented wrongly on line 5
+// it says "line 2". The fault's line is the first line from which no
+// prefix of the document parses: the last line the parser read (lines
+// gives it, counted by lineReader) or, when the parser had to read on to
+// notice (an unclosed bracket or quote), the line where the construct it
+// could not finish began.
+func yamlErr(data []byte, err error, lines int) *FieldError {
 	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	return syntaxErr(0, "invalid YAML: %s", msg)
+	line, ok := yamlFaultLine(data, lines)
+	if !ok {
+		return syntaxErr(0, "invalid YAML: %s", msg)
+	}
+	return syntaxErr(line, "invalid YAML: %s", withoutLine(msg))
+}
+
+// withoutLine drops the "line N: " yaml.v3 puts before a syntax error.
+func withoutLine(msg string) string {
+	rest, ok := strings.CutPrefix(msg, "line ")
+	if !ok {
+		return msg
+	}
+	digits := len(rest) - len(strings.TrimLeft(rest, "0123456789"))
+	if after, ok := strings.CutPrefix(rest[digits:], ": "); ok && digits > 0 {
+		return after
+	}
+	return msg
+}
+
+// yamlFaultBudget bounds the bytes yamlFaultLine parses again (prefixes of
+// the document), so that a large document with a fault near its top costs
+// a bounded time; past it, the parser's own message stands.
+const yamlFaultBudget = 8 << 20
+
+// yamlFaultLine returns the first line L (1-based, at most upTo) such that
+// the document's first L-1 lines parse and its first L..upTo do not.
+func yamlFaultLine(data []byte, upTo int) (int, bool) {
+	if upTo < 1 {
+		return 0, false
+	}
+	ends := lineEnds(data)
+	if upTo > len(ends) {
+		upTo = len(ends)
+	}
+	spent := 0
+	for l := upTo; l >= 1; l-- {
+		prefix := data[:0]
+		if l >= 2 {
+			prefix = data[:ends[l-2]]
+		}
+		if spent += len(prefix); spent > yamlFaultBudget {
+			return 0, false
+		}
+		if yamlParses(prefix) {
+			return l, true
+		}
+	}
+	return 1, true // unreachable: no lines parse
+}
+
+// lineEnds returns the offset just past each line of data (its newline
+// included).
+func lineEnds(data []byte) []int {
+	var ends []int
+	for i, b := range data {
+		if b == '\n' {
+			ends = append(ends, i+1)
+		}
+	}
+	if len(data) > 0 && data[len(data)-1] != '\n' {
+		ends = append(ends, len(data))
+	}
+	return ends
+}
+
+// yamlParses reports whether every document in data parses.
+func yamlParses(data []byte) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	for {
+		var n yaml.Node
+		switch err := dec.Decode(&n); {
+		case err == io.EOF:
+			return true
+		case err != nil:
+			return false
+		}
+	}
+}
+
+// lineReader hands the YAML parser one line per Read and counts the lines
+// it handed over: when the parser fails, lines is how far it had read.
+type lineReader struct {
+	data  []byte
+	lines int
+}
+
+func (r *lineReader) Read(p []byte) (int, error) {
+	if len(r.data) == 0 {
+		return 0, io.EOF
+	}
+	n := bytes.IndexByte(r.data, '\n') + 1
+	if n == 0 {
+		n = len(r.data)
+	}
+	if n > len(p) {
+		n = len(p) // the rest of this line comes with the next Read
+	} else {
+		r.lines++
+	}
+	copy(p, r.data[:n])
+	r.data = r.data[n:]
+	return n, nil
 }
 
 func (c *yamlConv) node(y *yaml.Node, depth int) (*node, *FieldError) {

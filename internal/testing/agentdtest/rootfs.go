@@ -19,17 +19,19 @@ const rootfsTimeout = 5 * time.Minute
 
 // RootFS returns the directory of the sandbox root filesystem `make
 // rootfs` writes (the small image's tree: busybox-static's applets, git and
-// its libraries, etc/passwd and etc/group; see images/build.sh rootfs),
-// built by the script on the first call of the test binary into a
-// temporary directory that Run removes at the end: a root file system for
-// local sandboxes
-// (local.Config.RootFS). It needs busybox-static and git (tb skips, or
-// fails under CI=true, without them); a failed build fails tb. The
-// package's TestMain must run its tests through Run (or Main).
+// GNU wget with their libraries, the CA bundle, etc/passwd and etc/group;
+// see images/build.sh rootfs), built by the script on the first call of
+// the test binary into a temporary directory that Run removes at the end: a
+// root file system for local sandboxes (local.Config.RootFS). It needs
+// busybox-static, git, wget and ca-certificates (tb skips, or fails under
+// CI=true, without them); a failed build fails tb. The package's TestMain
+// must run its tests through Run (or Main).
 func RootFS(tb testing.TB) string {
 	tb.Helper()
 	testenv.Require(tb, testenv.Condition(staticBusybox(), "busybox-static (`apt-get install busybox-static`: a static busybox on PATH) for the sandbox root file system"),
-		testenv.Condition(executable("/usr/bin/git"), "/usr/bin/git (`apt-get install git`) for the sandbox root file system"))
+		testenv.Condition(executable("/usr/bin/git"), "/usr/bin/git (`apt-get install git`) for the sandbox root file system"),
+		testenv.Condition(gnuWget(), "GNU wget at /usr/bin/wget (`apt-get install wget`) for the sandbox root file system"),
+		testenv.Condition(fileExists("/etc/ssl/certs/ca-certificates.crt"), "/etc/ssl/certs/ca-certificates.crt (`apt-get install ca-certificates`) for the sandbox root file system"))
 	builds.mu.Lock()
 	defer builds.mu.Unlock()
 	if !builds.inMain {
@@ -54,6 +56,19 @@ func staticBusybox() bool {
 	}
 	// ldd fails on a static executable.
 	return exec.Command("ldd", p).Run() != nil
+}
+
+// gnuWget reports whether /usr/bin/wget is GNU wget (images/build.sh
+// copies it into the tree in place of busybox's applet).
+func gnuWget() bool {
+	out, err := exec.Command("/usr/bin/wget", "--version").Output()
+	return err == nil && strings.HasPrefix(string(out), "GNU Wget")
+}
+
+// fileExists reports whether path is a regular file.
+func fileExists(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 // executable reports whether path is an executable file.

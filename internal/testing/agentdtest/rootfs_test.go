@@ -2,7 +2,10 @@ package agentdtest
 
 import (
 	"os"
+	"os/exec"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -16,6 +19,14 @@ func TestRootFS(t *testing.T) {
 		if _, err := os.Lstat(filepath.Join(dir, p)); err != nil {
 			t.Errorf("%s: %v", p, err)
 		}
+	}
+	// wget is GNU wget, not busybox's applet (its shell would run the
+	// applet, which dies of SIGSEGV on -T, in preference to any wget file).
+	if out, err := exec.Command(filepath.Join(dir, "bin/busybox"), "--list").Output(); err != nil || slices.Contains(strings.Fields(string(out)), "wget") {
+		t.Errorf("busybox --list in the root file system: wget is an applet (%v)", err)
+	}
+	if fi, err := os.Lstat(filepath.Join(dir, "usr/bin/wget")); err != nil || !fi.Mode().IsRegular() {
+		t.Errorf("usr/bin/wget: %v, %v; want GNU wget's executable", fi, err)
 	}
 	if _, err := os.Lstat(filepath.Join(dir, "usr/local/bin/sandbox-agentd")); err == nil {
 		t.Error("the root file system holds a daemon: the local provider binds its own")
