@@ -351,7 +351,11 @@ func TestCallsWithoutTokenBounded(t *testing.T) {
 			t.Errorf("connection %d, %d calls without the token: still open", i, calls)
 		}
 	}
-	if bound := int64(rssSlack + conns*(512<<10)); after-idle > bound {
+	// The bound leaves room for what a loaded machine's garbage collector
+	// has not returned yet (+12.3 MiB seen in CI, +5 MiB on a quiet
+	// machine); without the call budget the same flood grew the daemon by
+	// 36 MiB, and it grows with the calls sent.
+	if bound := int64(rssSlack + conns*(1<<20)); after-idle > bound {
 		t.Errorf("daemon RSS grew by %.1f MiB (%.1f -> %.1f MiB), want at most %.0f MiB", mib(after-idle), mib(idle), mib(after), mib(bound))
 	}
 	if got := metricValue(scrapeMetrics(t, msock), "bulkhead_agentd_connections_refused_total", "reason", "calls"); got != conns {
