@@ -54,6 +54,11 @@ type config struct {
 	// Isolation figures (isolation.go).
 	isolationExecs int
 	onlyIsolation  bool
+	// Pause figures (pause.go); zero rounds skip them.
+	pauseRounds int
+	pauseSizes  string
+	pauseRootFS string
+	onlyPause   bool
 	// Kubernetes figures (kubernetes.go); zero rounds skip them.
 	kubeRounds    int
 	kubeSandboxes int
@@ -113,6 +118,10 @@ func main() {
 	flag.BoolVar(&cfg.onlyMounts, "only-mounts", false, "measure only the mount figure")
 	flag.IntVar(&cfg.isolationExecs, "isolation-execs", 200, "Execs of /bin/true per isolation (0: skip the isolation figures)")
 	flag.BoolVar(&cfg.onlyIsolation, "only-isolation", false, "measure only the isolation figures (plain, bubblewrap, gVisor, Docker)")
+	flag.IntVar(&cfg.pauseRounds, "pause-rounds", 3, "pause: gVisor pause/resume rounds per memory size with the image in the page cache, and as many with it evicted (0: skip the pause figures)")
+	flag.StringVar(&cfg.pauseSizes, "pause-sizes", "64,512,2048", "pause: MiB of memory the sandbox's process touches, comma-separated")
+	flag.StringVar(&cfg.pauseRootFS, "pause-rootfs", "", "pause: the sandbox root file system (default: BIN/rootfs from `make rootfs`, else one built by images/build.sh rootfs)")
+	flag.BoolVar(&cfg.onlyPause, "only-pause", false, "measure only the pause figures (needs root, runsc, busybox-static)")
 	flag.IntVar(&cfg.kubeRounds, "kube-rounds", 5, "kubernetes: rounds of warm claim / cold Pod / docker create to first exec (0: skip the kubernetes figures)")
 	flag.IntVar(&cfg.kubeSandboxes, "kube-sandboxes", 200, "kubernetes: sandboxes created, used and deleted through the API server (0: skip)")
 	flag.BoolVar(&cfg.onlyKube, "only-kubernetes", false, "measure only the kubernetes figures")
@@ -158,6 +167,13 @@ type row struct {
 }
 
 func run(ctx context.Context, cfg config) error {
+	if cfg.onlyPause {
+		r, err := runPause(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		return report(cfg, r)
+	}
 	if cfg.onlyTransfer {
 		r, err := benchTransfer(ctx, cfg.binDir, cfg.transferBytes)
 		if err != nil {
@@ -361,6 +377,14 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.isolationExecs > 0 {
 		fmt.Fprintln(os.Stderr, "isolation ...")
 		r, err = benchIsolation(ctx, cfg)
+		if err != nil {
+			return err
+		}
+		add(r...)
+	}
+	if cfg.pauseRounds > 0 {
+		fmt.Fprintln(os.Stderr, "pause ...")
+		r, err = runPause(ctx, cfg)
 		if err != nil {
 			return err
 		}
