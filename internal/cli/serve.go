@@ -53,6 +53,8 @@ type serveFlags struct {
 	store          string
 	model          string
 	replay         string
+	previewKey     string // --preview-key-file
+	previewHost    string // --preview-host
 	instructions   string
 	maxTurns       int
 	retention      time.Duration
@@ -135,6 +137,8 @@ their turn, their sandboxes are persisted, and the next start continues them.`,
 	fl.StringVar(&f.tenantClaim, "tenant-claim", "sub", "with --jwks-file: the claim naming the tenant")
 	fl.StringVar(&f.store, "store", "", "where runs are kept: bolt:PATH or postgres://... (default bolt: under the state directory)")
 	fl.StringVar(&f.model, "model", "", "default model name (default $BULKHEAD_MODEL, then "+DefaultModel+")")
+	fl.StringVar(&f.previewKey, "preview-key-file", "", "file holding the key (at least 32 bytes) that signs exposed ports' preview URLs; the same key keeps them valid across restarts (default: a random key, previews end with the process)")
+	fl.StringVar(&f.previewHost, "preview-host", "", "also serve previews on hosts of their own, e.g. '{token}.preview.example.com' (default: under /v1/preview/ on the API's address only)")
 	fl.StringVar(&f.replay, "replay", "", "run every run on this recorded model session (from its first turn) instead of calling a model; no key needed")
 	fl.StringVar(&f.instructions, "instructions", "", "instructions of agents that give none (default: a coding-task prompt)")
 	fl.IntVar(&f.maxTurns, "max-turns", 30, "most model calls of a run (a request may ask for fewer)")
@@ -348,6 +352,14 @@ func checkSandboxOptions(opts any) error {
 func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	var previewKey []byte
+	if f.previewKey != "" {
+		k, err := service.ReadPreviewKey(f.previewKey)
+		if err != nil {
+			return usageErr(compute.ErrInvalidArgument, "--preview-key-file: %v", err)
+		}
+		previewKey = k
+	}
 	if f.maxTurns <= 0 {
 		return usageErr(compute.ErrInvalidArgument, "--max-turns must be positive")
 	}
@@ -440,7 +452,8 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	}
 	svc, err := service.New(ctx, service.Config{Store: st, Compute: client, Model: mdl, DefaultModel: modelName, Models: f.models, Auth: authn, Log: log,
 		DefaultInstructions: instructions, MaxTurns: f.maxTurns, SandboxRetention: f.retention, DrainTimeout: f.drain,
-		Console: console.Handler(), Observer: m, Runs: m, Quotas: quotas, ProviderOptions: popts, CheckManifest: gitPolicy.CheckManifest})
+		Console: console.Handler(), Observer: m, Runs: m, Quotas: quotas, ProviderOptions: popts, CheckManifest: gitPolicy.CheckManifest,
+		PreviewKey: previewKey, PreviewHost: f.previewHost})
 	if err != nil {
 		return err
 	}

@@ -92,6 +92,9 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "--tokens-file", tokens, "--sandbox-memory", "lots"}, "--sandbox-memory"},
 		{[]string{"serve", "--tokens-file", tokens, "--max-fetch-bytes-per-tenant", "0"}, "must be positive (or none)"},
 		{[]string{"serve", "--tokens-file", tokens, "--sandbox-cpus", "2000"}, "--sandbox-cpus 2000"},
+		// Preview URLs' signing key: a file of at least 32 bytes.
+		{[]string{"serve", "--tokens-file", tokens, "--preview-key-file", filepath.Join(dir, "none")}, "--preview-key-file"},
+		{[]string{"serve", "--tokens-file", tokens, "--preview-key-file", tokens}, "--preview-key-file"},
 	} {
 		_, errOut, code := runCLI(t, append([]string{"--state-dir", dir}, c.args...)...)
 		if code == 0 || !strings.Contains(errOut, c.want) {

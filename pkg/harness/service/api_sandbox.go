@@ -12,7 +12,11 @@ import (
 )
 
 // sandboxAPI implements SandboxService over the run manager (see runAPI).
-type sandboxAPI struct{ m *manager.Manager }
+type sandboxAPI struct {
+	m *manager.Manager
+	// previewURL is the URL of a preview token (ports.go).
+	previewURL func(token string) string
+}
 
 func (a *sandboxAPI) ListSandboxes(ctx context.Context, req *connect.Request[harnessv1.ListSandboxesRequest]) (*connect.Response[harnessv1.ListSandboxesResponse], error) {
 	tenant, err := tenantOf(ctx)

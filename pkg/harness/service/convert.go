@@ -322,3 +322,10 @@ func terminalSizeOf(sz *harnessv1.TerminalSize) *manager.TerminalSize {
 func terminalExitProto(e manager.TerminalExit) *harnessv1.TerminalExited {
 	return &harnessv1.TerminalExited{ExitCode: e.ExitCode, Signal: e.Signal}
 }
+
+// exposedPortProto is an exposed port with its preview URL (url makes it
+// from the token).
+func exposedPortProto(p manager.ExposedPort, url func(token string) string) *harnessv1.ExposedPort {
+	return &harnessv1.ExposedPort{SandboxId: p.SandboxID, Port: uint32(p.Port), Url: url(p.Token),
+		CreateTime: timestamppb.New(p.Created), ExpireTime: timestamppb.New(p.Expires)}
+}

@@ -150,6 +150,22 @@ type Config struct {
 	// Runs, when set, is kept told how many stored runs are in each state
 	// but running (see RunGauge); pkg/harness/metrics implements it.
 	Runs RunGauge
+	// PreviewKey signs the preview URLs of exposed ports
+	// (SandboxService.ExposePort; at least manager.MinPreviewKeyBytes, see
+	// ReadPreviewKey). A restarted service with the same key keeps the
+	// URLs it gave working until they expire; nil makes a key at random,
+	// and the URLs end with the process (logged at start).
+	PreviewKey []byte
+	// PreviewHost, when set, serves previews on hosts of their own too: a
+	// pattern like "{token}.preview.example.com" (optionally with
+	// "http://" or "https://", the default, and a port), which ExposePort's
+	// URLs then use. Each preview is then its own origin. Without it
+	// previews are served at /v1/preview/{token}/ on the service's
+	// address, sandboxed by a Content-Security-Policy (see ports.go).
+	PreviewHost string
+	// Previews bounds exposed ports and the connections proxied to them
+	// (zero fields: manager.PreviewPolicy's defaults).
+	Previews manager.PreviewPolicy
 	// Console, when set, is served at / for paths the API does not take.
 	Console http.Handler
 	// Now is the clock (tests); nil means time.Now.
@@ -163,9 +179,10 @@ type RunGauge = manager.RunGauge
 // Service serves a run manager to tenants. Create it with New, serve
 // Handler, and call Shutdown before dropping it.
 type Service struct {
-	cfg Config
-	log *zap.Logger
-	m   *manager.Manager
+	cfg     Config
+	log     *zap.Logger
+	m       *manager.Manager
+	preview *previewProxy
 }
 
 // New makes a service and its manager, which recovers the runs the store
@@ -183,16 +200,20 @@ func New(ctx context.Context, cfg Config) (*Service, error) {
 	if cfg.MaxRequestBytes <= 0 {
 		cfg.MaxRequestBytes = DefaultMaxRequestBytes
 	}
+	host, err := parsePreviewHost(cfg.PreviewHost)
+	if err != nil {
+		return nil, fmt.Errorf("service: %w", err)
+	}
 	m, err := manager.New(ctx, manager.Config{Store: cfg.Store, Compute: cfg.Compute, Model: cfg.Model,
 		DefaultModel: cfg.DefaultModel, Models: cfg.Models, Log: cfg.Log, DefaultInstructions: cfg.DefaultInstructions,
 		MaxTurns: cfg.MaxTurns, SandboxRetention: cfg.SandboxRetention, EventBuffer: cfg.EventBuffer,
 		DrainTimeout: cfg.DrainTimeout, Quotas: cfg.Quotas, CheckManifest: cfg.CheckManifest,
 		ProviderOptions: cfg.ProviderOptions, Observer: cfg.Observer, Runs: cfg.Runs, Now: cfg.Now,
-		Sandboxes: cfg.Sandboxes})
+		Sandboxes: cfg.Sandboxes, PreviewKey: cfg.PreviewKey, Previews: cfg.Previews})
 	if err != nil {
 		return nil, fmt.Errorf("service: %w", err)
 	}
-	return &Service{cfg: cfg, log: cfg.Log, m: m}, nil
+	return &Service{cfg: cfg, log: cfg.Log, m: m, preview: newPreviewProxy(m, host, cfg.Log)}, nil
 }
 
 // Manager is the service's run manager, for a program that also calls it
@@ -203,8 +224,8 @@ func (s *Service) Manager() *manager.Manager { return s.m }
 const DefaultMaxRequestBytes = 16 << 20
 
 // Handler returns the HTTP handler of the whole API: Connect services, SSE
-// events, file downloads, the terminal WebSocket, /healthz, and the console
-// when configured. No metrics: they are every tenant's, served apart. Serve
+// events, file downloads, the terminal WebSocket, preview URLs of exposed
+// ports (ports.go), /healthz, and the console when configured. No metrics: they are every tenant's, served apart. Serve
 // it with ServeTLS, or Serve on loopback (both speak HTTP/2 for gRPC
 // clients).
 func (s *Service) Handler() http.Handler {
@@ -213,16 +234,17 @@ func (s *Service) Handler() http.Handler {
 		connect.WithReadMaxBytes(s.cfg.MaxRequestBytes)}
 	opts = append(opts, strictJSONCodecs()...)
 	mux.Handle(harnessv1connect.NewRunServiceHandler(&runAPI{m: s.m}, opts...))
-	mux.Handle(harnessv1connect.NewSandboxServiceHandler(&sandboxAPI{m: s.m}, opts...))
+	mux.Handle(harnessv1connect.NewSandboxServiceHandler(&sandboxAPI{m: s.m, previewURL: s.preview.url}, opts...))
 	mux.Handle("GET /v1/runs/{run_id}/events", s.httpAuth(http.HandlerFunc(s.serveSSE)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/files/{path...}", s.httpAuth(http.HandlerFunc(s.serveFile)))
 	mux.Handle("PUT /v1/sandboxes/{sandbox_id}/files/{path...}", s.httpAuth(http.HandlerFunc(s.serveUpload)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/terminal", s.wsAuth(http.HandlerFunc(s.serveTerminalWS)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	s.preview.register(mux) // /v1/preview/{token}/..., no credential: the token is
 	if s.cfg.Console != nil {
 		mux.Handle("/", s.cfg.Console)
 	}
-	return mux
+	return s.preview.byHost(mux)
 }
 
 // Serve serves h on ln with HTTP/1.1 and unencrypted HTTP/2 until ctx is

@@ -372,6 +372,7 @@ func (m *Manager) dropBox(b *box, reason string) error {
 	}
 	m.usage.releaseSandbox(b.tenant, b.id)
 	m.mu.Unlock()
+	m.ports.dropSandbox(b.id)
 	// An attach in progress ends first; none starts any more (gone).
 	b.attach.Lock()
 	defer b.attach.Unlock()

@@ -134,6 +134,14 @@ type Config struct {
 	// Runs, when set, is kept told how many stored runs are in each state
 	// but running (see RunGauge).
 	Runs RunGauge
+	// PreviewKey signs the preview tokens of exposed ports (ExposePort;
+	// at least MinPreviewKeyBytes). Give the same key to a restarted
+	// manager and the tokens it recorded keep working until they expire;
+	// nil makes one at random, and the tokens end with the manager.
+	PreviewKey []byte
+	// Previews bounds exposed ports and their proxied connections (zero
+	// fields: PreviewPolicy's defaults).
+	Previews PreviewPolicy
 	// Now is the clock (tests); nil means time.Now.
 	Now func() time.Time
 }
@@ -180,6 +188,8 @@ type Manager struct {
 	limits       compute.Limits
 	// api are the sandboxes made through the API (apisandbox.go).
 	api apiSandboxes
+	// ports are the exposed ports (ports.go).
+	ports *ports
 }
 
 // New makes a manager and recovers what the store holds from an earlier
@@ -254,6 +264,10 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		_ = m.Shutdown(sctx)
 		return nil, err
 	}
+	if m.ports, err = newPorts(m, cfg.PreviewKey, cfg.Previews, cfg.Log); err != nil {
+		stop()
+		return nil, fmt.Errorf("manager: %w", err)
+	}
 	if err := m.countRuns(ctx); err != nil {
 		return fail(err)
 	}
@@ -265,6 +279,9 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 		return fail(err)
 	}
 	if err := m.recover(ctx); err != nil {
+		return fail(err)
+	}
+	if err := m.recoverPorts(ctx); err != nil {
 		return fail(err)
 	}
 	return m, nil

@@ -90,6 +90,7 @@ func (m *Manager) deleteSandbox(tenant, runID string) {
 		m.usage.releaseSandbox(tenant, runID)
 	}
 	m.mu.Unlock()
+	m.ports.dropSandbox(sandboxID(runID))
 	if h == nil && rec == nil {
 		return
 	}

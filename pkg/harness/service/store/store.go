@@ -63,6 +63,8 @@ type Run struct {
 	SandboxExpires time.Time `json:"sandbox_expires,omitzero"`
 	// SandboxGone is set once the sandbox was deleted.
 	SandboxGone bool `json:"sandbox_gone,omitempty"`
+	// Ports are the sandbox's exposed ports (see Port).
+	Ports []Port `json:"ports,omitempty"`
 	// Checkpoint lists the pending call ids the service itself stopped
 	// (graceful shutdown) and approves on resume.
 	Checkpoint []string `json:"checkpoint,omitempty"`
@@ -97,6 +99,22 @@ type Sandbox struct {
 	IdleTimeout time.Duration `json:"idle_timeout,omitempty"`
 	// Gone is set once the sandbox was deleted.
 	Gone bool `json:"gone,omitempty"`
+	// Ports are the sandbox's exposed ports (see Port).
+	Ports []Port `json:"ports,omitempty"`
+}
+
+// Port is an exposed port of a sandbox (its preview URL), kept with the
+// sandbox's record so a restarted service with the same preview key
+// honours the URL until it expires. The URL's token is not stored: it is
+// Nonce with an HMAC under the service's key, which no store holds.
+type Port struct {
+	Port  int    `json:"port"`
+	Nonce []byte `json:"nonce"`
+	// KeyID names the key the token was signed with (a URL made under
+	// another key is not taken back).
+	KeyID   []byte    `json:"key_id"`
+	Created time.Time `json:"created"`
+	Expires time.Time `json:"expires"`
 }
 
 // Event is one stored event of a run's log.

@@ -3709,6 +3709,376 @@ func (*OpenTerminalResponse_Output) isOpenTerminalResponse_Kind() {}
 
 func (*OpenTerminalResponse_Exited) isOpenTerminalResponse_Kind() {}
 
+// ExposedPort is a port of a sandbox with a preview URL.
+type ExposedPort struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Port      uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// The preview URL: https://TOKEN.<preview host>/ when the service has a
+	// preview host, else the path /v1/preview/TOKEN/ on the service's own
+	// address. Anyone holding it reaches the port until it ends.
+	Url        string                 `protobuf:"bytes,3,opt,name=url,proto3" json:"url,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,4,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// When the URL stops working.
+	ExpireTime    *timestamppb.Timestamp `protobuf:"bytes,5,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExposedPort) Reset() {
+	*x = ExposedPort{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[52]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExposedPort) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExposedPort) ProtoMessage() {}
+
+func (x *ExposedPort) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[52]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExposedPort.ProtoReflect.Descriptor instead.
+func (*ExposedPort) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{52}
+}
+
+func (x *ExposedPort) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ExposedPort) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ExposedPort) GetUrl() string {
+	if x != nil {
+		return x.Url
+	}
+	return ""
+}
+
+func (x *ExposedPort) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *ExposedPort) GetExpireTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.ExpireTime
+	}
+	return nil
+}
+
+// ExposePortRequest names the port to expose.
+type ExposePortRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// 1 to 65535: a TCP port on 127.0.0.1 inside the sandbox.
+	Port uint32 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	// The URL works this long (unset: the service's default; at most the
+	// service's maximum).
+	Ttl           *durationpb.Duration `protobuf:"bytes,3,opt,name=ttl,proto3" json:"ttl,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExposePortRequest) Reset() {
+	*x = ExposePortRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[53]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExposePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExposePortRequest) ProtoMessage() {}
+
+func (x *ExposePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[53]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExposePortRequest.ProtoReflect.Descriptor instead.
+func (*ExposePortRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{53}
+}
+
+func (x *ExposePortRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ExposePortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+func (x *ExposePortRequest) GetTtl() *durationpb.Duration {
+	if x != nil {
+		return x.Ttl
+	}
+	return nil
+}
+
+// ExposePortResponse is the exposed port and its URL.
+type ExposePortResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Port          *ExposedPort           `protobuf:"bytes,1,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ExposePortResponse) Reset() {
+	*x = ExposePortResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[54]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ExposePortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ExposePortResponse) ProtoMessage() {}
+
+func (x *ExposePortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[54]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ExposePortResponse.ProtoReflect.Descriptor instead.
+func (*ExposePortResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{54}
+}
+
+func (x *ExposePortResponse) GetPort() *ExposedPort {
+	if x != nil {
+		return x.Port
+	}
+	return nil
+}
+
+// RevokePortRequest names the port whose URL ends.
+type RevokePortRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Port          uint32                 `protobuf:"varint,2,opt,name=port,proto3" json:"port,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokePortRequest) Reset() {
+	*x = RevokePortRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[55]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokePortRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokePortRequest) ProtoMessage() {}
+
+func (x *RevokePortRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[55]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokePortRequest.ProtoReflect.Descriptor instead.
+func (*RevokePortRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{55}
+}
+
+func (x *RevokePortRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *RevokePortRequest) GetPort() uint32 {
+	if x != nil {
+		return x.Port
+	}
+	return 0
+}
+
+// RevokePortResponse: the URL no longer works.
+type RevokePortResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RevokePortResponse) Reset() {
+	*x = RevokePortResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[56]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RevokePortResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RevokePortResponse) ProtoMessage() {}
+
+func (x *RevokePortResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[56]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RevokePortResponse.ProtoReflect.Descriptor instead.
+func (*RevokePortResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{56}
+}
+
+// ListPortsRequest names a sandbox.
+type ListPortsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPortsRequest) Reset() {
+	*x = ListPortsRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[57]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPortsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPortsRequest) ProtoMessage() {}
+
+func (x *ListPortsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[57]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPortsRequest.ProtoReflect.Descriptor instead.
+func (*ListPortsRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{57}
+}
+
+func (x *ListPortsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// ListPortsResponse is the sandbox's exposed ports.
+type ListPortsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Ports         []*ExposedPort         `protobuf:"bytes,1,rep,name=ports,proto3" json:"ports,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListPortsResponse) Reset() {
+	*x = ListPortsResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[58]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListPortsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListPortsResponse) ProtoMessage() {}
+
+func (x *ListPortsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[58]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListPortsResponse.ProtoReflect.Descriptor instead.
+func (*ListPortsResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{58}
+}
+
+func (x *ListPortsResponse) GetPorts() []*ExposedPort {
+	if x != nil {
+		return x.Ports
+	}
+	return nil
+}
+
 var File_bulkhead_harness_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
@@ -3980,7 +4350,33 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\x14OpenTerminalResponse\x12\x18\n" +
 	"\x06output\x18\x01 \x01(\fH\x00R\x06output\x12=\n" +
 	"\x06exited\x18\x02 \x01(\v2#.bulkhead.harness.v1.TerminalExitedH\x00R\x06exitedB\x06\n" +
-	"\x04kind*g\n" +
+	"\x04kind\"\xcc\x01\n" +
+	"\vExposedPort\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12\x10\n" +
+	"\x03url\x18\x03 \x01(\tR\x03url\x12;\n" +
+	"\vcreate_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12;\n" +
+	"\vexpire_time\x18\x05 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"expireTime\"s\n" +
+	"\x11ExposePortRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\x12+\n" +
+	"\x03ttl\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\"J\n" +
+	"\x12ExposePortResponse\x124\n" +
+	"\x04port\x18\x01 \x01(\v2 .bulkhead.harness.v1.ExposedPortR\x04port\"F\n" +
+	"\x11RevokePortRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\"\x14\n" +
+	"\x12RevokePortResponse\"1\n" +
+	"\x10ListPortsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"K\n" +
+	"\x11ListPortsResponse\x126\n" +
+	"\x05ports\x18\x01 \x03(\v2 .bulkhead.harness.v1.ExposedPortR\x05ports*g\n" +
 	"\rSandboxStatus\x12\x1e\n" +
 	"\x1aSANDBOX_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATUS_RUNNING\x10\x01\x12\x1a\n" +
@@ -4004,7 +4400,7 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\x19PATCH_CHANGE_KIND_CREATED\x10\x01\x12\x1d\n" +
 	"\x19PATCH_CHANGE_KIND_UPDATED\x10\x02\x12\x1b\n" +
 	"\x17PATCH_CHANGE_KIND_MOVED\x10\x03\x12\x1d\n" +
-	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042\xb3\x0f\n" +
+	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042\xcd\x11\n" +
 	"\x0eSandboxService\x12f\n" +
 	"\rCreateSandbox\x12).bulkhead.harness.v1.CreateSandboxRequest\x1a*.bulkhead.harness.v1.CreateSandboxResponse\x12]\n" +
 	"\n" +
@@ -4030,7 +4426,12 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\aMakeDir\x12#.bulkhead.harness.v1.MakeDirRequest\x1a$.bulkhead.harness.v1.MakeDirResponse\x12]\n" +
 	"\n" +
 	"ApplyPatch\x12&.bulkhead.harness.v1.ApplyPatchRequest\x1a'.bulkhead.harness.v1.ApplyPatchResponse\x12g\n" +
-	"\fOpenTerminal\x12(.bulkhead.harness.v1.OpenTerminalRequest\x1a).bulkhead.harness.v1.OpenTerminalResponse(\x010\x01BFZDgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1;harnessv1b\x06proto3"
+	"\fOpenTerminal\x12(.bulkhead.harness.v1.OpenTerminalRequest\x1a).bulkhead.harness.v1.OpenTerminalResponse(\x010\x01\x12]\n" +
+	"\n" +
+	"ExposePort\x12&.bulkhead.harness.v1.ExposePortRequest\x1a'.bulkhead.harness.v1.ExposePortResponse\x12]\n" +
+	"\n" +
+	"RevokePort\x12&.bulkhead.harness.v1.RevokePortRequest\x1a'.bulkhead.harness.v1.RevokePortResponse\x12Z\n" +
+	"\tListPorts\x12%.bulkhead.harness.v1.ListPortsRequest\x1a&.bulkhead.harness.v1.ListPortsResponseBFZDgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1;harnessv1b\x06proto3"
 
 var (
 	file_bulkhead_harness_v1_sandbox_proto_rawDescOnce sync.Once
@@ -4045,7 +4446,7 @@ func file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP() []byte {
 }
 
 var file_bulkhead_harness_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_bulkhead_harness_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 58)
+var file_bulkhead_harness_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
 var file_bulkhead_harness_v1_sandbox_proto_goTypes = []any{
 	(SandboxStatus)(0),                // 0: bulkhead.harness.v1.SandboxStatus
 	(OutputStream)(0),                 // 1: bulkhead.harness.v1.OutputStream
@@ -4104,52 +4505,59 @@ var file_bulkhead_harness_v1_sandbox_proto_goTypes = []any{
 	(*OpenTerminalRequest)(nil),       // 54: bulkhead.harness.v1.OpenTerminalRequest
 	(*TerminalExited)(nil),            // 55: bulkhead.harness.v1.TerminalExited
 	(*OpenTerminalResponse)(nil),      // 56: bulkhead.harness.v1.OpenTerminalResponse
-	nil,                               // 57: bulkhead.harness.v1.Sandbox.LabelsEntry
-	nil,                               // 58: bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
-	nil,                               // 59: bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
-	nil,                               // 60: bulkhead.harness.v1.RunCommandRequest.EnvEntry
-	nil,                               // 61: bulkhead.harness.v1.ExecRequest.EnvEntry
-	nil,                               // 62: bulkhead.harness.v1.StartProcessRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),     // 63: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 64: google.protobuf.Duration
+	(*ExposedPort)(nil),               // 57: bulkhead.harness.v1.ExposedPort
+	(*ExposePortRequest)(nil),         // 58: bulkhead.harness.v1.ExposePortRequest
+	(*ExposePortResponse)(nil),        // 59: bulkhead.harness.v1.ExposePortResponse
+	(*RevokePortRequest)(nil),         // 60: bulkhead.harness.v1.RevokePortRequest
+	(*RevokePortResponse)(nil),        // 61: bulkhead.harness.v1.RevokePortResponse
+	(*ListPortsRequest)(nil),          // 62: bulkhead.harness.v1.ListPortsRequest
+	(*ListPortsResponse)(nil),         // 63: bulkhead.harness.v1.ListPortsResponse
+	nil,                               // 64: bulkhead.harness.v1.Sandbox.LabelsEntry
+	nil,                               // 65: bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
+	nil,                               // 66: bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
+	nil,                               // 67: bulkhead.harness.v1.RunCommandRequest.EnvEntry
+	nil,                               // 68: bulkhead.harness.v1.ExecRequest.EnvEntry
+	nil,                               // 69: bulkhead.harness.v1.StartProcessRequest.EnvEntry
+	(*timestamppb.Timestamp)(nil),     // 70: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 71: google.protobuf.Duration
 }
 var file_bulkhead_harness_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: bulkhead.harness.v1.Sandbox.status:type_name -> bulkhead.harness.v1.SandboxStatus
-	63, // 1: bulkhead.harness.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
-	63, // 2: bulkhead.harness.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
-	57, // 3: bulkhead.harness.v1.Sandbox.labels:type_name -> bulkhead.harness.v1.Sandbox.LabelsEntry
-	64, // 4: bulkhead.harness.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	64, // 5: bulkhead.harness.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	64, // 6: bulkhead.harness.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	58, // 7: bulkhead.harness.v1.CreateSandboxRequest.labels:type_name -> bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
+	70, // 1: bulkhead.harness.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
+	70, // 2: bulkhead.harness.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
+	64, // 3: bulkhead.harness.v1.Sandbox.labels:type_name -> bulkhead.harness.v1.Sandbox.LabelsEntry
+	71, // 4: bulkhead.harness.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	71, // 5: bulkhead.harness.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	71, // 6: bulkhead.harness.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	65, // 7: bulkhead.harness.v1.CreateSandboxRequest.labels:type_name -> bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
 	5,  // 8: bulkhead.harness.v1.CreateSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
 	5,  // 9: bulkhead.harness.v1.GetSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
-	59, // 10: bulkhead.harness.v1.ListSandboxesRequest.labels:type_name -> bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
+	66, // 10: bulkhead.harness.v1.ListSandboxesRequest.labels:type_name -> bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
 	0,  // 11: bulkhead.harness.v1.ListSandboxesRequest.status:type_name -> bulkhead.harness.v1.SandboxStatus
 	5,  // 12: bulkhead.harness.v1.ListSandboxesResponse.sandboxes:type_name -> bulkhead.harness.v1.Sandbox
-	64, // 13: bulkhead.harness.v1.SetTimeoutRequest.ttl:type_name -> google.protobuf.Duration
-	64, // 14: bulkhead.harness.v1.SetTimeoutRequest.idle_timeout:type_name -> google.protobuf.Duration
+	71, // 13: bulkhead.harness.v1.SetTimeoutRequest.ttl:type_name -> google.protobuf.Duration
+	71, // 14: bulkhead.harness.v1.SetTimeoutRequest.idle_timeout:type_name -> google.protobuf.Duration
 	5,  // 15: bulkhead.harness.v1.SetTimeoutResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
-	60, // 16: bulkhead.harness.v1.RunCommandRequest.env:type_name -> bulkhead.harness.v1.RunCommandRequest.EnvEntry
-	64, // 17: bulkhead.harness.v1.RunCommandRequest.timeout:type_name -> google.protobuf.Duration
-	61, // 18: bulkhead.harness.v1.ExecRequest.env:type_name -> bulkhead.harness.v1.ExecRequest.EnvEntry
-	64, // 19: bulkhead.harness.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	67, // 16: bulkhead.harness.v1.RunCommandRequest.env:type_name -> bulkhead.harness.v1.RunCommandRequest.EnvEntry
+	71, // 17: bulkhead.harness.v1.RunCommandRequest.timeout:type_name -> google.protobuf.Duration
+	68, // 18: bulkhead.harness.v1.ExecRequest.env:type_name -> bulkhead.harness.v1.ExecRequest.EnvEntry
+	71, // 19: bulkhead.harness.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
 	1,  // 20: bulkhead.harness.v1.ExecOutput.stream:type_name -> bulkhead.harness.v1.OutputStream
 	19, // 21: bulkhead.harness.v1.ExecResponse.started:type_name -> bulkhead.harness.v1.ExecStarted
 	20, // 22: bulkhead.harness.v1.ExecResponse.output:type_name -> bulkhead.harness.v1.ExecOutput
 	21, // 23: bulkhead.harness.v1.ExecResponse.exited:type_name -> bulkhead.harness.v1.ExecExited
 	2,  // 24: bulkhead.harness.v1.Process.state:type_name -> bulkhead.harness.v1.ProcessState
-	63, // 25: bulkhead.harness.v1.Process.start_time:type_name -> google.protobuf.Timestamp
-	63, // 26: bulkhead.harness.v1.Process.exit_time:type_name -> google.protobuf.Timestamp
-	62, // 27: bulkhead.harness.v1.StartProcessRequest.env:type_name -> bulkhead.harness.v1.StartProcessRequest.EnvEntry
-	64, // 28: bulkhead.harness.v1.StartProcessRequest.timeout:type_name -> google.protobuf.Duration
+	70, // 25: bulkhead.harness.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	70, // 26: bulkhead.harness.v1.Process.exit_time:type_name -> google.protobuf.Timestamp
+	69, // 27: bulkhead.harness.v1.StartProcessRequest.env:type_name -> bulkhead.harness.v1.StartProcessRequest.EnvEntry
+	71, // 28: bulkhead.harness.v1.StartProcessRequest.timeout:type_name -> google.protobuf.Duration
 	23, // 29: bulkhead.harness.v1.StartProcessResponse.process:type_name -> bulkhead.harness.v1.Process
-	64, // 30: bulkhead.harness.v1.ReadProcessOutputRequest.wait:type_name -> google.protobuf.Duration
+	71, // 30: bulkhead.harness.v1.ReadProcessOutputRequest.wait:type_name -> google.protobuf.Duration
 	20, // 31: bulkhead.harness.v1.ReadProcessOutputResponse.output:type_name -> bulkhead.harness.v1.ExecOutput
 	21, // 32: bulkhead.harness.v1.ReadProcessOutputResponse.exited:type_name -> bulkhead.harness.v1.ExecExited
 	23, // 33: bulkhead.harness.v1.ListProcessesResponse.processes:type_name -> bulkhead.harness.v1.Process
 	3,  // 34: bulkhead.harness.v1.FileEntry.type:type_name -> bulkhead.harness.v1.FileType
-	63, // 35: bulkhead.harness.v1.FileEntry.modify_time:type_name -> google.protobuf.Timestamp
+	70, // 35: bulkhead.harness.v1.FileEntry.modify_time:type_name -> google.protobuf.Timestamp
 	34, // 36: bulkhead.harness.v1.ListSandboxDirResponse.entries:type_name -> bulkhead.harness.v1.FileEntry
 	39, // 37: bulkhead.harness.v1.WriteFileRequest.header:type_name -> bulkhead.harness.v1.WriteFileHeader
 	34, // 38: bulkhead.harness.v1.WriteFileResponse.file:type_name -> bulkhead.harness.v1.FileEntry
@@ -4161,51 +4569,62 @@ var file_bulkhead_harness_v1_sandbox_proto_depIdxs = []int32{
 	52, // 44: bulkhead.harness.v1.OpenTerminalRequest.start:type_name -> bulkhead.harness.v1.TerminalStart
 	53, // 45: bulkhead.harness.v1.OpenTerminalRequest.resize:type_name -> bulkhead.harness.v1.TerminalSize
 	55, // 46: bulkhead.harness.v1.OpenTerminalResponse.exited:type_name -> bulkhead.harness.v1.TerminalExited
-	6,  // 47: bulkhead.harness.v1.SandboxService.CreateSandbox:input_type -> bulkhead.harness.v1.CreateSandboxRequest
-	8,  // 48: bulkhead.harness.v1.SandboxService.GetSandbox:input_type -> bulkhead.harness.v1.GetSandboxRequest
-	10, // 49: bulkhead.harness.v1.SandboxService.ListSandboxes:input_type -> bulkhead.harness.v1.ListSandboxesRequest
-	12, // 50: bulkhead.harness.v1.SandboxService.DeleteSandbox:input_type -> bulkhead.harness.v1.DeleteSandboxRequest
-	14, // 51: bulkhead.harness.v1.SandboxService.SetTimeout:input_type -> bulkhead.harness.v1.SetTimeoutRequest
-	16, // 52: bulkhead.harness.v1.SandboxService.RunCommand:input_type -> bulkhead.harness.v1.RunCommandRequest
-	18, // 53: bulkhead.harness.v1.SandboxService.Exec:input_type -> bulkhead.harness.v1.ExecRequest
-	24, // 54: bulkhead.harness.v1.SandboxService.StartProcess:input_type -> bulkhead.harness.v1.StartProcessRequest
-	26, // 55: bulkhead.harness.v1.SandboxService.ReadProcessOutput:input_type -> bulkhead.harness.v1.ReadProcessOutputRequest
-	28, // 56: bulkhead.harness.v1.SandboxService.WriteStdin:input_type -> bulkhead.harness.v1.WriteStdinRequest
-	30, // 57: bulkhead.harness.v1.SandboxService.SignalProcess:input_type -> bulkhead.harness.v1.SignalProcessRequest
-	32, // 58: bulkhead.harness.v1.SandboxService.ListProcesses:input_type -> bulkhead.harness.v1.ListProcessesRequest
-	35, // 59: bulkhead.harness.v1.SandboxService.ListSandboxDir:input_type -> bulkhead.harness.v1.ListSandboxDirRequest
-	37, // 60: bulkhead.harness.v1.SandboxService.ReadSandboxFile:input_type -> bulkhead.harness.v1.ReadSandboxFileRequest
-	40, // 61: bulkhead.harness.v1.SandboxService.WriteFile:input_type -> bulkhead.harness.v1.WriteFileRequest
-	42, // 62: bulkhead.harness.v1.SandboxService.Stat:input_type -> bulkhead.harness.v1.StatRequest
-	44, // 63: bulkhead.harness.v1.SandboxService.Remove:input_type -> bulkhead.harness.v1.RemoveRequest
-	46, // 64: bulkhead.harness.v1.SandboxService.MakeDir:input_type -> bulkhead.harness.v1.MakeDirRequest
-	48, // 65: bulkhead.harness.v1.SandboxService.ApplyPatch:input_type -> bulkhead.harness.v1.ApplyPatchRequest
-	54, // 66: bulkhead.harness.v1.SandboxService.OpenTerminal:input_type -> bulkhead.harness.v1.OpenTerminalRequest
-	7,  // 67: bulkhead.harness.v1.SandboxService.CreateSandbox:output_type -> bulkhead.harness.v1.CreateSandboxResponse
-	9,  // 68: bulkhead.harness.v1.SandboxService.GetSandbox:output_type -> bulkhead.harness.v1.GetSandboxResponse
-	11, // 69: bulkhead.harness.v1.SandboxService.ListSandboxes:output_type -> bulkhead.harness.v1.ListSandboxesResponse
-	13, // 70: bulkhead.harness.v1.SandboxService.DeleteSandbox:output_type -> bulkhead.harness.v1.DeleteSandboxResponse
-	15, // 71: bulkhead.harness.v1.SandboxService.SetTimeout:output_type -> bulkhead.harness.v1.SetTimeoutResponse
-	17, // 72: bulkhead.harness.v1.SandboxService.RunCommand:output_type -> bulkhead.harness.v1.RunCommandResponse
-	22, // 73: bulkhead.harness.v1.SandboxService.Exec:output_type -> bulkhead.harness.v1.ExecResponse
-	25, // 74: bulkhead.harness.v1.SandboxService.StartProcess:output_type -> bulkhead.harness.v1.StartProcessResponse
-	27, // 75: bulkhead.harness.v1.SandboxService.ReadProcessOutput:output_type -> bulkhead.harness.v1.ReadProcessOutputResponse
-	29, // 76: bulkhead.harness.v1.SandboxService.WriteStdin:output_type -> bulkhead.harness.v1.WriteStdinResponse
-	31, // 77: bulkhead.harness.v1.SandboxService.SignalProcess:output_type -> bulkhead.harness.v1.SignalProcessResponse
-	33, // 78: bulkhead.harness.v1.SandboxService.ListProcesses:output_type -> bulkhead.harness.v1.ListProcessesResponse
-	36, // 79: bulkhead.harness.v1.SandboxService.ListSandboxDir:output_type -> bulkhead.harness.v1.ListSandboxDirResponse
-	38, // 80: bulkhead.harness.v1.SandboxService.ReadSandboxFile:output_type -> bulkhead.harness.v1.ReadSandboxFileResponse
-	41, // 81: bulkhead.harness.v1.SandboxService.WriteFile:output_type -> bulkhead.harness.v1.WriteFileResponse
-	43, // 82: bulkhead.harness.v1.SandboxService.Stat:output_type -> bulkhead.harness.v1.StatResponse
-	45, // 83: bulkhead.harness.v1.SandboxService.Remove:output_type -> bulkhead.harness.v1.RemoveResponse
-	47, // 84: bulkhead.harness.v1.SandboxService.MakeDir:output_type -> bulkhead.harness.v1.MakeDirResponse
-	51, // 85: bulkhead.harness.v1.SandboxService.ApplyPatch:output_type -> bulkhead.harness.v1.ApplyPatchResponse
-	56, // 86: bulkhead.harness.v1.SandboxService.OpenTerminal:output_type -> bulkhead.harness.v1.OpenTerminalResponse
-	67, // [67:87] is the sub-list for method output_type
-	47, // [47:67] is the sub-list for method input_type
-	47, // [47:47] is the sub-list for extension type_name
-	47, // [47:47] is the sub-list for extension extendee
-	0,  // [0:47] is the sub-list for field type_name
+	70, // 47: bulkhead.harness.v1.ExposedPort.create_time:type_name -> google.protobuf.Timestamp
+	70, // 48: bulkhead.harness.v1.ExposedPort.expire_time:type_name -> google.protobuf.Timestamp
+	71, // 49: bulkhead.harness.v1.ExposePortRequest.ttl:type_name -> google.protobuf.Duration
+	57, // 50: bulkhead.harness.v1.ExposePortResponse.port:type_name -> bulkhead.harness.v1.ExposedPort
+	57, // 51: bulkhead.harness.v1.ListPortsResponse.ports:type_name -> bulkhead.harness.v1.ExposedPort
+	6,  // 52: bulkhead.harness.v1.SandboxService.CreateSandbox:input_type -> bulkhead.harness.v1.CreateSandboxRequest
+	8,  // 53: bulkhead.harness.v1.SandboxService.GetSandbox:input_type -> bulkhead.harness.v1.GetSandboxRequest
+	10, // 54: bulkhead.harness.v1.SandboxService.ListSandboxes:input_type -> bulkhead.harness.v1.ListSandboxesRequest
+	12, // 55: bulkhead.harness.v1.SandboxService.DeleteSandbox:input_type -> bulkhead.harness.v1.DeleteSandboxRequest
+	14, // 56: bulkhead.harness.v1.SandboxService.SetTimeout:input_type -> bulkhead.harness.v1.SetTimeoutRequest
+	16, // 57: bulkhead.harness.v1.SandboxService.RunCommand:input_type -> bulkhead.harness.v1.RunCommandRequest
+	18, // 58: bulkhead.harness.v1.SandboxService.Exec:input_type -> bulkhead.harness.v1.ExecRequest
+	24, // 59: bulkhead.harness.v1.SandboxService.StartProcess:input_type -> bulkhead.harness.v1.StartProcessRequest
+	26, // 60: bulkhead.harness.v1.SandboxService.ReadProcessOutput:input_type -> bulkhead.harness.v1.ReadProcessOutputRequest
+	28, // 61: bulkhead.harness.v1.SandboxService.WriteStdin:input_type -> bulkhead.harness.v1.WriteStdinRequest
+	30, // 62: bulkhead.harness.v1.SandboxService.SignalProcess:input_type -> bulkhead.harness.v1.SignalProcessRequest
+	32, // 63: bulkhead.harness.v1.SandboxService.ListProcesses:input_type -> bulkhead.harness.v1.ListProcessesRequest
+	35, // 64: bulkhead.harness.v1.SandboxService.ListSandboxDir:input_type -> bulkhead.harness.v1.ListSandboxDirRequest
+	37, // 65: bulkhead.harness.v1.SandboxService.ReadSandboxFile:input_type -> bulkhead.harness.v1.ReadSandboxFileRequest
+	40, // 66: bulkhead.harness.v1.SandboxService.WriteFile:input_type -> bulkhead.harness.v1.WriteFileRequest
+	42, // 67: bulkhead.harness.v1.SandboxService.Stat:input_type -> bulkhead.harness.v1.StatRequest
+	44, // 68: bulkhead.harness.v1.SandboxService.Remove:input_type -> bulkhead.harness.v1.RemoveRequest
+	46, // 69: bulkhead.harness.v1.SandboxService.MakeDir:input_type -> bulkhead.harness.v1.MakeDirRequest
+	48, // 70: bulkhead.harness.v1.SandboxService.ApplyPatch:input_type -> bulkhead.harness.v1.ApplyPatchRequest
+	54, // 71: bulkhead.harness.v1.SandboxService.OpenTerminal:input_type -> bulkhead.harness.v1.OpenTerminalRequest
+	58, // 72: bulkhead.harness.v1.SandboxService.ExposePort:input_type -> bulkhead.harness.v1.ExposePortRequest
+	60, // 73: bulkhead.harness.v1.SandboxService.RevokePort:input_type -> bulkhead.harness.v1.RevokePortRequest
+	62, // 74: bulkhead.harness.v1.SandboxService.ListPorts:input_type -> bulkhead.harness.v1.ListPortsRequest
+	7,  // 75: bulkhead.harness.v1.SandboxService.CreateSandbox:output_type -> bulkhead.harness.v1.CreateSandboxResponse
+	9,  // 76: bulkhead.harness.v1.SandboxService.GetSandbox:output_type -> bulkhead.harness.v1.GetSandboxResponse
+	11, // 77: bulkhead.harness.v1.SandboxService.ListSandboxes:output_type -> bulkhead.harness.v1.ListSandboxesResponse
+	13, // 78: bulkhead.harness.v1.SandboxService.DeleteSandbox:output_type -> bulkhead.harness.v1.DeleteSandboxResponse
+	15, // 79: bulkhead.harness.v1.SandboxService.SetTimeout:output_type -> bulkhead.harness.v1.SetTimeoutResponse
+	17, // 80: bulkhead.harness.v1.SandboxService.RunCommand:output_type -> bulkhead.harness.v1.RunCommandResponse
+	22, // 81: bulkhead.harness.v1.SandboxService.Exec:output_type -> bulkhead.harness.v1.ExecResponse
+	25, // 82: bulkhead.harness.v1.SandboxService.StartProcess:output_type -> bulkhead.harness.v1.StartProcessResponse
+	27, // 83: bulkhead.harness.v1.SandboxService.ReadProcessOutput:output_type -> bulkhead.harness.v1.ReadProcessOutputResponse
+	29, // 84: bulkhead.harness.v1.SandboxService.WriteStdin:output_type -> bulkhead.harness.v1.WriteStdinResponse
+	31, // 85: bulkhead.harness.v1.SandboxService.SignalProcess:output_type -> bulkhead.harness.v1.SignalProcessResponse
+	33, // 86: bulkhead.harness.v1.SandboxService.ListProcesses:output_type -> bulkhead.harness.v1.ListProcessesResponse
+	36, // 87: bulkhead.harness.v1.SandboxService.ListSandboxDir:output_type -> bulkhead.harness.v1.ListSandboxDirResponse
+	38, // 88: bulkhead.harness.v1.SandboxService.ReadSandboxFile:output_type -> bulkhead.harness.v1.ReadSandboxFileResponse
+	41, // 89: bulkhead.harness.v1.SandboxService.WriteFile:output_type -> bulkhead.harness.v1.WriteFileResponse
+	43, // 90: bulkhead.harness.v1.SandboxService.Stat:output_type -> bulkhead.harness.v1.StatResponse
+	45, // 91: bulkhead.harness.v1.SandboxService.Remove:output_type -> bulkhead.harness.v1.RemoveResponse
+	47, // 92: bulkhead.harness.v1.SandboxService.MakeDir:output_type -> bulkhead.harness.v1.MakeDirResponse
+	51, // 93: bulkhead.harness.v1.SandboxService.ApplyPatch:output_type -> bulkhead.harness.v1.ApplyPatchResponse
+	56, // 94: bulkhead.harness.v1.SandboxService.OpenTerminal:output_type -> bulkhead.harness.v1.OpenTerminalResponse
+	59, // 95: bulkhead.harness.v1.SandboxService.ExposePort:output_type -> bulkhead.harness.v1.ExposePortResponse
+	61, // 96: bulkhead.harness.v1.SandboxService.RevokePort:output_type -> bulkhead.harness.v1.RevokePortResponse
+	63, // 97: bulkhead.harness.v1.SandboxService.ListPorts:output_type -> bulkhead.harness.v1.ListPortsResponse
+	75, // [75:98] is the sub-list for method output_type
+	52, // [52:75] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_harness_v1_sandbox_proto_init() }
@@ -4237,7 +4656,7 @@ func file_bulkhead_harness_v1_sandbox_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_harness_v1_sandbox_proto_rawDesc), len(file_bulkhead_harness_v1_sandbox_proto_rawDesc)),
 			NumEnums:      5,
-			NumMessages:   58,
+			NumMessages:   65,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -89,6 +89,15 @@ const (
 	// SandboxServiceOpenTerminalProcedure is the fully-qualified name of the SandboxService's
 	// OpenTerminal RPC.
 	SandboxServiceOpenTerminalProcedure = "/bulkhead.harness.v1.SandboxService/OpenTerminal"
+	// SandboxServiceExposePortProcedure is the fully-qualified name of the SandboxService's ExposePort
+	// RPC.
+	SandboxServiceExposePortProcedure = "/bulkhead.harness.v1.SandboxService/ExposePort"
+	// SandboxServiceRevokePortProcedure is the fully-qualified name of the SandboxService's RevokePort
+	// RPC.
+	SandboxServiceRevokePortProcedure = "/bulkhead.harness.v1.SandboxService/RevokePort"
+	// SandboxServiceListPortsProcedure is the fully-qualified name of the SandboxService's ListPorts
+	// RPC.
+	SandboxServiceListPortsProcedure = "/bulkhead.harness.v1.SandboxService/ListPorts"
 )
 
 // SandboxServiceClient is a client for the bulkhead.harness.v1.SandboxService service.
@@ -153,6 +162,20 @@ type SandboxServiceClient interface {
 	// bytes or a resize; responses carry output bytes, then the exit. Needs
 	// HTTP/2 (gRPC or Connect over h2c/TLS).
 	OpenTerminal(context.Context) *connect.BidiStreamForClient[v1.OpenTerminalRequest, v1.OpenTerminalResponse]
+	// ExposePort gives a TCP port of the sandbox (a server on 127.0.0.1:port
+	// inside it) a preview URL, served by this service: HTTP requests and
+	// WebSocket upgrades to the URL are proxied to the port, with no
+	// credential (the URL is the capability; the tenant's own credential is
+	// never passed to the sandbox). The URL ends at its ttl, at RevokePort,
+	// or with the sandbox. Exposing a port again gives it a new URL: the
+	// earlier one stops working at once.
+	ExposePort(context.Context, *connect.Request[v1.ExposePortRequest]) (*connect.Response[v1.ExposePortResponse], error)
+	// RevokePort ends a port's preview URL at once: new requests are refused
+	// and its open connections are closed (NotFound when the port is not
+	// exposed).
+	RevokePort(context.Context, *connect.Request[v1.RevokePortRequest]) (*connect.Response[v1.RevokePortResponse], error)
+	// ListPorts lists the sandbox's exposed ports, by port.
+	ListPorts(context.Context, *connect.Request[v1.ListPortsRequest]) (*connect.Response[v1.ListPortsResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the bulkhead.harness.v1.SandboxService service.
@@ -286,6 +309,24 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("OpenTerminal")),
 			connect.WithClientOptions(opts...),
 		),
+		exposePort: connect.NewClient[v1.ExposePortRequest, v1.ExposePortResponse](
+			httpClient,
+			baseURL+SandboxServiceExposePortProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ExposePort")),
+			connect.WithClientOptions(opts...),
+		),
+		revokePort: connect.NewClient[v1.RevokePortRequest, v1.RevokePortResponse](
+			httpClient,
+			baseURL+SandboxServiceRevokePortProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("RevokePort")),
+			connect.WithClientOptions(opts...),
+		),
+		listPorts: connect.NewClient[v1.ListPortsRequest, v1.ListPortsResponse](
+			httpClient,
+			baseURL+SandboxServiceListPortsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListPorts")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -311,6 +352,9 @@ type sandboxServiceClient struct {
 	makeDir           *connect.Client[v1.MakeDirRequest, v1.MakeDirResponse]
 	applyPatch        *connect.Client[v1.ApplyPatchRequest, v1.ApplyPatchResponse]
 	openTerminal      *connect.Client[v1.OpenTerminalRequest, v1.OpenTerminalResponse]
+	exposePort        *connect.Client[v1.ExposePortRequest, v1.ExposePortResponse]
+	revokePort        *connect.Client[v1.RevokePortRequest, v1.RevokePortResponse]
+	listPorts         *connect.Client[v1.ListPortsRequest, v1.ListPortsResponse]
 }
 
 // CreateSandbox calls bulkhead.harness.v1.SandboxService.CreateSandbox.
@@ -413,6 +457,21 @@ func (c *sandboxServiceClient) OpenTerminal(ctx context.Context) *connect.BidiSt
 	return c.openTerminal.CallBidiStream(ctx)
 }
 
+// ExposePort calls bulkhead.harness.v1.SandboxService.ExposePort.
+func (c *sandboxServiceClient) ExposePort(ctx context.Context, req *connect.Request[v1.ExposePortRequest]) (*connect.Response[v1.ExposePortResponse], error) {
+	return c.exposePort.CallUnary(ctx, req)
+}
+
+// RevokePort calls bulkhead.harness.v1.SandboxService.RevokePort.
+func (c *sandboxServiceClient) RevokePort(ctx context.Context, req *connect.Request[v1.RevokePortRequest]) (*connect.Response[v1.RevokePortResponse], error) {
+	return c.revokePort.CallUnary(ctx, req)
+}
+
+// ListPorts calls bulkhead.harness.v1.SandboxService.ListPorts.
+func (c *sandboxServiceClient) ListPorts(ctx context.Context, req *connect.Request[v1.ListPortsRequest]) (*connect.Response[v1.ListPortsResponse], error) {
+	return c.listPorts.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the bulkhead.harness.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// CreateSandbox makes a sandbox of the tenant from a manifest (checked
@@ -475,6 +534,20 @@ type SandboxServiceHandler interface {
 	// bytes or a resize; responses carry output bytes, then the exit. Needs
 	// HTTP/2 (gRPC or Connect over h2c/TLS).
 	OpenTerminal(context.Context, *connect.BidiStream[v1.OpenTerminalRequest, v1.OpenTerminalResponse]) error
+	// ExposePort gives a TCP port of the sandbox (a server on 127.0.0.1:port
+	// inside it) a preview URL, served by this service: HTTP requests and
+	// WebSocket upgrades to the URL are proxied to the port, with no
+	// credential (the URL is the capability; the tenant's own credential is
+	// never passed to the sandbox). The URL ends at its ttl, at RevokePort,
+	// or with the sandbox. Exposing a port again gives it a new URL: the
+	// earlier one stops working at once.
+	ExposePort(context.Context, *connect.Request[v1.ExposePortRequest]) (*connect.Response[v1.ExposePortResponse], error)
+	// RevokePort ends a port's preview URL at once: new requests are refused
+	// and its open connections are closed (NotFound when the port is not
+	// exposed).
+	RevokePort(context.Context, *connect.Request[v1.RevokePortRequest]) (*connect.Response[v1.RevokePortResponse], error)
+	// ListPorts lists the sandbox's exposed ports, by port.
+	ListPorts(context.Context, *connect.Request[v1.ListPortsRequest]) (*connect.Response[v1.ListPortsResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -604,6 +677,24 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("OpenTerminal")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServiceExposePortHandler := connect.NewUnaryHandler(
+		SandboxServiceExposePortProcedure,
+		svc.ExposePort,
+		connect.WithSchema(sandboxServiceMethods.ByName("ExposePort")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceRevokePortHandler := connect.NewUnaryHandler(
+		SandboxServiceRevokePortProcedure,
+		svc.RevokePort,
+		connect.WithSchema(sandboxServiceMethods.ByName("RevokePort")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListPortsHandler := connect.NewUnaryHandler(
+		SandboxServiceListPortsProcedure,
+		svc.ListPorts,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListPorts")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bulkhead.harness.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -646,6 +737,12 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceApplyPatchHandler.ServeHTTP(w, r)
 		case SandboxServiceOpenTerminalProcedure:
 			sandboxServiceOpenTerminalHandler.ServeHTTP(w, r)
+		case SandboxServiceExposePortProcedure:
+			sandboxServiceExposePortHandler.ServeHTTP(w, r)
+		case SandboxServiceRevokePortProcedure:
+			sandboxServiceRevokePortHandler.ServeHTTP(w, r)
+		case SandboxServiceListPortsProcedure:
+			sandboxServiceListPortsHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -733,4 +830,16 @@ func (UnimplementedSandboxServiceHandler) ApplyPatch(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) OpenTerminal(context.Context, *connect.BidiStream[v1.OpenTerminalRequest, v1.OpenTerminalResponse]) error {
 	return connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.OpenTerminal is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ExposePort(context.Context, *connect.Request[v1.ExposePortRequest]) (*connect.Response[v1.ExposePortResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ExposePort is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) RevokePort(context.Context, *connect.Request[v1.RevokePortRequest]) (*connect.Response[v1.RevokePortResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.RevokePort is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListPorts(context.Context, *connect.Request[v1.ListPortsRequest]) (*connect.Response[v1.ListPortsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ListPorts is not implemented"))
 }
