@@ -372,7 +372,11 @@ func TestSandboxAPITenantsApart(t *testing.T) {
 			for k, v := range req {
 				r[k] = v
 			}
-			bodies = append(bodies, sbxRefused(t, ctx, e, evilToken, method, r, 404, "not_found"))
+			out := sbxRefused(t, ctx, e, evilToken, method, r, 404, "not_found", "not found")
+			if msg, _ := out["message"].(string); strings.Contains(msg, "run") {
+				t.Errorf("%s: a sandbox id answers %q: it names a run", method, msg)
+			}
+			bodies = append(bodies, out)
 		}
 		if fmt.Sprint(bodies[0]) != fmt.Sprint(bodies[1]) {
 			t.Errorf("%s: another tenant's sandbox answers %v, an unknown one %v", method, bodies[0], bodies[1])

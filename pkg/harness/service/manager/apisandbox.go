@@ -197,7 +197,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, tenant string, spec Sandbox
 	}
 	if m.cfg.CheckManifest != nil {
 		if err := m.cfg.CheckManifest(man); err != nil {
-			return nil, fmt.Errorf("manifest: %w", err)
+			return nil, manifestErr(err)
 		}
 	}
 	m.mu.Lock()

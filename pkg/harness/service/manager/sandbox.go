@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
-	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
+	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
 
 // The sandboxes of a tenant: its runs', live or kept for finished runs,
@@ -20,8 +20,19 @@ import (
 // run's run_as, the manifest's) or a user its manifest declares, never as
 // root, and paths are workspace-relative.
 
-// errNoSandbox: the id names no live sandbox of the tenant.
-var errNoSandbox = fmt.Errorf("sandbox: %w", store.ErrNotFound)
+// errNoSandbox: the id names no live sandbox of the tenant (not found, as
+// another tenant's: the message says sandbox, not the run store's "run
+// not found").
+var errNoSandbox = withKind(errkind.ErrNotFound, errors.New("sandbox not found"))
+
+// manifestErr says an error is the request manifest's, once: the
+// operator's policy may name the manifest already.
+func manifestErr(err error) error {
+	if strings.HasPrefix(err.Error(), "manifest") {
+		return err
+	}
+	return fmt.Errorf("manifest: %w", err)
+}
 
 // sandbox returns the live session of a tenant's run's sandbox (open
 // finds API sandboxes too). Another tenant's sandbox and a deleted sandbox

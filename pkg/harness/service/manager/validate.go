@@ -368,7 +368,7 @@ func (m *Manager) validateSpec(spec *RunSpec, needInput bool) (*manifest.Manifes
 	}
 	if m.cfg.CheckManifest != nil {
 		if err := m.cfg.CheckManifest(man); err != nil {
-			return nil, fmt.Errorf("manifest: %w", err)
+			return nil, manifestErr(err)
 		}
 	}
 	return man, nil
