@@ -87,8 +87,8 @@ type globals struct {
 	// hostGrants are host directories absolute local_file/local_dir
 	// sources may be read from (materializer.Options.HostGrants).
 	hostGrants []string
-	// labels (KEY=VALUE) go on every docker sandbox made, and only docker
-	// sandboxes carrying all of them are listed or found.
+	// labels (KEY=VALUE) go on every docker or kubernetes sandbox made,
+	// and only sandboxes carrying all of them are listed or found.
 	labels []string
 	remote remoteFlags
 	kube   kubeFlags
@@ -195,7 +195,7 @@ func newRoot(s Streams) *cobra.Command {
 	pf.StringVar(&g.image, "image", "", "docker sandboxes: the image (default bulkhead/sandbox:dev)")
 	pf.StringVar(&g.dockerRuntime, "docker-runtime", "", "docker sandboxes: the engine's OCI runtime to use, e.g. runsc for gVisor (registered in the engine's daemon.json)")
 	pf.BoolVarP(&g.verbose, "verbose", "v", false, "log what the harness does on stderr")
-	pf.StringArrayVar(&g.labels, "label", nil, "docker sandboxes: KEY=VALUE label put on every container and volume made; only sandboxes with every --label are listed (repeatable)")
+	pf.StringArrayVar(&g.labels, "label", nil, "docker and kubernetes sandboxes: KEY=VALUE label put on every container, volume, Pod and object made; only sandboxes with every --label are listed or found (repeatable)")
 	pf.StringArrayVar(&g.hostGrants, "host-grant", nil, "host directory that absolute local_file/local_dir sources of a manifest may be read from (repeatable; relative sources come from the manifest's directory)")
 	pf.StringVar(&g.remote.address, "address", "", "remote sandboxes: the daemon's address (unix:///path.sock or tcp://host:port)")
 	pf.StringVar(&g.remote.tokenFile, "token-file", "", "remote sandboxes: file holding the daemon's token")

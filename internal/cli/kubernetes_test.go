@@ -35,6 +35,15 @@ func TestKubernetesProviderFlags(t *testing.T) {
 	if out := mustRun(t, run, "sandbox", "exec", "kube-cli", "--", "sh", "-c", "echo hi from $(hostname)"); !strings.Contains(out, "hi from sandbox") {
 		t.Errorf("exec: %q", out)
 	}
+	// The session remembers its provider, kubeconfig and namespace.
+	bare := func(args ...string) (int, string, string) {
+		var out, errb bytes.Buffer
+		code := Execute(ctx, append([]string{"--state-dir", state}, args...), Streams{In: strings.NewReader(""), Out: &out, Err: &errb})
+		return code, out.String(), errb.String()
+	}
+	if out := mustRun(t, bare, "sandbox", "exec", "kube-cli", "--", "echo", "remembered"); !strings.Contains(out, "remembered") {
+		t.Errorf("exec without the kubernetes flags: %q", out)
+	}
 	if out := mustRun(t, run, "sandbox", "ls"); !strings.Contains(out, "kube-cli") {
 		t.Errorf("ls: %q", out)
 	}

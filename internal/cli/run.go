@@ -239,7 +239,11 @@ func runTask(cmd *cobra.Command, g *globals, f *runFlags, task string) error {
 	}
 	if f.keep && res != nil && res.SessionState != nil {
 		st := res.SessionState
-		if path, err := saveState(g, st); err == nil {
+		path, err := saveState(g, st)
+		if err == nil {
+			err = saveSettings(g, st.SessionID, st.Provider)
+		}
+		if err == nil {
 			fmt.Fprintf(cmd.ErrOrStderr(), "sandbox kept: %s (state in %s), with its workspace snapshot %s in %s; `harness%s sandbox rm %s` removes both\n",
 				st.SessionID, path, snapshotOf(st), storeName(g), storeArgs(g), st.SessionID)
 		} else {

@@ -65,8 +65,9 @@ func statePath(g *globals, id string) (string, error) {
 	return filepath.Join(dir, id+".json"), nil
 }
 
-// loadState reads the saved state of session id. Unless --provider was
-// given, the session's own provider is used from here on.
+// loadState reads the saved state of session id. The session's own
+// provider and saved settings (see adoptSession) are used from here on,
+// where flags do not say otherwise.
 func loadState(cmd *cobra.Command, g *globals, id string) (*compute.State, error) {
 	p, err := statePath(g, id)
 	if err != nil {
@@ -86,7 +87,9 @@ func loadState(cmd *cobra.Command, g *globals, id string) (*compute.State, error
 	if st.SessionID != id {
 		return nil, usageErr(compute.ErrInvalidArgument, "%s holds session %q, not %q", p, st.SessionID, id)
 	}
-	adoptProvider(cmd, g, st.Provider)
+	if err := adoptSession(cmd, g, id, st.Provider); err != nil {
+		return nil, err
+	}
 	return st, nil
 }
 
@@ -98,8 +101,12 @@ func adoptProvider(cmd *cobra.Command, g *globals, provider string) {
 	}
 }
 
-// removeState deletes the saved state of session id (absent is fine).
+// removeState deletes the saved state of session id and its settings
+// (absent is fine).
 func removeState(g *globals, id string) error {
+	if err := removeSettings(g, id); err != nil {
+		return err
+	}
 	p, err := statePath(g, id)
 	if err != nil {
 		return err

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/kubernetes"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/materializer"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
@@ -67,7 +68,14 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		Short: "Create a sandbox from a manifest, save its session state and print its id",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return sandboxCreate(cmd, g, &mf, compute.CreateOptions{SessionID: id, TTL: ttl, IdleTimeout: idle})
+			opts := compute.CreateOptions{SessionID: id, TTL: ttl, IdleTimeout: idle}
+			if g.kube.pool != "" {
+				if g.provider != "kubernetes" {
+					return usageErr(compute.ErrInvalidArgument, "--pool: warm pools are kubernetes sandboxes' (--provider kubernetes), not %s", g.provider)
+				}
+				opts.ProviderOptions = &kubernetes.CreateOptions{Pool: g.kube.pool}
+			}
+			return sandboxCreate(cmd, g, &mf, opts)
 		},
 	}
 	mf.add(cmd)
@@ -75,6 +83,7 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 	g.addAllowDomainFlag(cmd)
 	cmd.Flags().DurationVar(&ttl, "ttl", 0, "most the sandbox may live, e.g. 1h (default: unbounded)")
 	cmd.Flags().DurationVar(&idle, "idle-timeout", 0, "most the sandbox may stay unused, e.g. 30m (default: unbounded)")
+	cmd.Flags().StringVar(&g.kube.pool, "pool", "", poolUsage)
 	return cmd
 }
 
@@ -114,6 +123,9 @@ func sandboxCreate(cmd *cobra.Command, g *globals, mf *manifestFlags, opts compu
 	}
 	if err := saveSession(g, s); err != nil {
 		return errors.Join(err, deleteQuietly(ctx, client, s))
+	}
+	if err := saveSettings(g, s.ID(), client.Provider()); err != nil {
+		return errors.Join(err, removeState(g, s.ID()), deleteQuietly(ctx, client, s))
 	}
 	if err := s.Release(); err != nil {
 		return fmt.Errorf("session %s: release: %w", s.ID(), err)
