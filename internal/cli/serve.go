@@ -29,6 +29,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/auth"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/console"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/manager"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store/bolt"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store/postgres"
@@ -59,6 +60,14 @@ type serveFlags struct {
 	maxTurns       int
 	retention      time.Duration
 	drain          time.Duration
+	policy         policyFlags
+}
+
+// policyFlags are the sandbox API's bounds (manager.SandboxPolicy).
+type policyFlags struct {
+	ttl, maxTTL, idle   time.Duration
+	command, maxCommand time.Duration
+	maxOutput, maxFile  string
 }
 
 // quotaFlags are serve's per-tenant quotas and per-sandbox caps (see
@@ -144,8 +153,57 @@ their turn, their sandboxes are persisted, and the next start continues them.`,
 	fl.IntVar(&f.maxTurns, "max-turns", 30, "most model calls of a run (a request may ask for fewer)")
 	fl.DurationVar(&f.retention, "sandbox-retention", 15*time.Minute, "keep a finished run's sandbox this long for its files (0: delete at once)")
 	fl.DurationVar(&f.drain, "drain-timeout", 30*time.Second, "on SIGTERM, how long running runs get to finish their turn")
+	fl.DurationVar(&f.policy.ttl, "sandbox-ttl", manager.DefaultSandboxTTL, "ttl of a sandbox made with CreateSandbox that asks for none")
+	fl.DurationVar(&f.policy.maxTTL, "sandbox-max-ttl", manager.DefaultMaxSandboxTTL, "longest ttl (and idle timeout) CreateSandbox and SetTimeout may ask for")
+	fl.DurationVar(&f.policy.idle, "sandbox-idle-timeout", manager.DefaultSandboxIdleTimeout, "delete a sandbox made with CreateSandbox once no call used it this long, unless it asks for another idle timeout")
+	fl.DurationVar(&f.policy.command, "command-timeout", manager.DefaultCommandTimeout, "timeout of a sandbox API command (RunCommand, Exec, StartProcess) that asks for none")
+	fl.DurationVar(&f.policy.maxCommand, "max-command-timeout", manager.DefaultMaxCommandTimeout, "longest timeout a sandbox API command may ask for")
+	fl.StringVar(&f.policy.maxOutput, "max-output-bytes", "1MiB", "most bytes of each output stream RunCommand returns (the rest is counted, not kept)")
+	fl.StringVar(&f.policy.maxFile, "max-file-bytes", "256MiB", "largest file written through the sandbox API (WriteFile, PUT /v1/sandboxes/{id}/files/...)")
 	g.addAllowDomainFlag(cmd)
 	return cmd
+}
+
+// sandboxPolicy checks the sandbox API's bounds and turns them into
+// manager.SandboxPolicy.
+func (p *policyFlags) sandboxPolicy() (manager.SandboxPolicy, error) {
+	out := manager.SandboxPolicy{DefaultTTL: p.ttl, MaxTTL: p.maxTTL, DefaultIdleTimeout: p.idle,
+		DefaultCommandTimeout: p.command, MaxCommandTimeout: p.maxCommand}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+		min  time.Duration
+	}{{"--sandbox-ttl", p.ttl, time.Second}, {"--sandbox-max-ttl", p.maxTTL, time.Second}, {"--sandbox-idle-timeout", p.idle, time.Second},
+		{"--command-timeout", p.command, 0}, {"--max-command-timeout", p.maxCommand, 0}} {
+		if d.v <= 0 {
+			return out, usageErr(compute.ErrInvalidArgument, "%s %s must be positive", d.name, d.v)
+		}
+		if d.v < d.min {
+			return out, usageErr(compute.ErrInvalidArgument, "%s %s: at least %s", d.name, d.v, d.min)
+		}
+	}
+	if p.ttl > p.maxTTL {
+		return out, usageErr(compute.ErrInvalidArgument, "--sandbox-ttl %s is over --sandbox-max-ttl %s", p.ttl, p.maxTTL)
+	}
+	if p.idle > p.maxTTL {
+		return out, usageErr(compute.ErrInvalidArgument, "--sandbox-idle-timeout %s is over --sandbox-max-ttl %s", p.idle, p.maxTTL)
+	}
+	if p.command > p.maxCommand {
+		return out, usageErr(compute.ErrInvalidArgument, "--command-timeout %s is over --max-command-timeout %s", p.command, p.maxCommand)
+	}
+	var err error
+	for _, b := range []struct {
+		name, v string
+		to      *int64
+	}{{"--max-output-bytes", p.maxOutput, &out.MaxOutputBytes}, {"--max-file-bytes", p.maxFile, &out.MaxFileBytes}} {
+		if *b.to, err = parseSize(b.name, b.v, false); err != nil {
+			return out, err
+		}
+		if *b.to <= 0 {
+			return out, usageErr(compute.ErrInvalidArgument, "%s must be positive", b.name)
+		}
+	}
+	return out, nil
 }
 
 // authenticator builds the request authentication the flags ask for.
@@ -370,6 +428,10 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	if err != nil {
 		return err
 	}
+	policy, err := f.policy.sandboxPolicy()
+	if err != nil {
+		return err
+	}
 	popts := sandboxOptions(g.provider)
 	if opts, err := popts(quotas.Sandbox); err != nil {
 		return err
@@ -453,7 +515,7 @@ func serve(cmd *cobra.Command, g *globals, f *serveFlags) error {
 	svc, err := service.New(ctx, service.Config{Store: st, Compute: client, Model: mdl, DefaultModel: modelName, Models: f.models, Auth: authn, Log: log,
 		DefaultInstructions: instructions, MaxTurns: f.maxTurns, SandboxRetention: f.retention, DrainTimeout: f.drain,
 		Console: console.Handler(), Observer: m, Runs: m, Quotas: quotas, ProviderOptions: popts, CheckManifest: gitPolicy.CheckManifest,
-		PreviewKey: previewKey, PreviewHost: f.previewHost})
+		PreviewKey: previewKey, PreviewHost: f.previewHost, Sandboxes: policy})
 	if err != nil {
 		return err
 	}

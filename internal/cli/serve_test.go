@@ -27,6 +27,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service"
+	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/manager"
 )
 
 // TestServeSandboxOptions: every sandbox of a service is capped: local
@@ -92,6 +93,17 @@ func TestServeBadFlags(t *testing.T) {
 		{[]string{"serve", "--tokens-file", tokens, "--sandbox-memory", "lots"}, "--sandbox-memory"},
 		{[]string{"serve", "--tokens-file", tokens, "--max-fetch-bytes-per-tenant", "0"}, "must be positive (or none)"},
 		{[]string{"serve", "--tokens-file", tokens, "--sandbox-cpus", "2000"}, "--sandbox-cpus 2000"},
+		// The sandbox API's policy: positive, defaults within their maximum.
+		{[]string{"serve", "--tokens-file", tokens, "--sandbox-ttl", "0s"}, "--sandbox-ttl 0s must be positive"},
+		{[]string{"serve", "--tokens-file", tokens, "--sandbox-ttl", "500ms"}, "--sandbox-ttl 500ms: at least 1s"},
+		{[]string{"serve", "--tokens-file", tokens, "--sandbox-ttl", "2h", "--sandbox-max-ttl", "1h"}, "--sandbox-ttl 2h0m0s is over --sandbox-max-ttl 1h0m0s"},
+		{[]string{"serve", "--tokens-file", tokens, "--sandbox-idle-timeout", "-1m"}, "--sandbox-idle-timeout -1m0s must be positive"},
+		{[]string{"serve", "--tokens-file", tokens, "--sandbox-idle-timeout", "48h"}, "--sandbox-idle-timeout 48h0m0s is over --sandbox-max-ttl"},
+		{[]string{"serve", "--tokens-file", tokens, "--command-timeout", "2h"}, "--command-timeout 2h0m0s is over --max-command-timeout 1h0m0s"},
+		{[]string{"serve", "--tokens-file", tokens, "--max-command-timeout", "0s"}, "--max-command-timeout 0s must be positive"},
+		{[]string{"serve", "--tokens-file", tokens, "--max-file-bytes", "0"}, "--max-file-bytes must be positive"},
+		{[]string{"serve", "--tokens-file", tokens, "--max-file-bytes", "lots"}, "--max-file-bytes"},
+		{[]string{"serve", "--tokens-file", tokens, "--max-output-bytes", "0"}, "--max-output-bytes must be positive"},
 		// Preview URLs' signing key: a file of at least 32 bytes.
 		{[]string{"serve", "--tokens-file", tokens, "--preview-key-file", filepath.Join(dir, "none")}, "--preview-key-file"},
 		{[]string{"serve", "--tokens-file", tokens, "--preview-key-file", tokens}, "--preview-key-file"},
@@ -367,4 +379,45 @@ func TestServeInsecureListenWarns(t *testing.T) {
 	if !strings.Contains(out, "WARNING: --insecure-listen") || !strings.Contains(out, "not a loopback address") {
 		t.Errorf("no warning:\n%s", out)
 	}
+}
+
+// TestServeSandboxPolicyFlags: the sandbox API's flags make the manager's
+// policy, and reach the running service: a file over --max-file-bytes is
+// refused.
+func TestServeSandboxPolicyFlags(t *testing.T) {
+	p := policyFlags{ttl: 2 * time.Hour, maxTTL: 48 * time.Hour, idle: time.Minute, command: time.Minute, maxCommand: 2 * time.Hour,
+		maxOutput: "4KiB", maxFile: "1MiB"}
+	got, err := p.sandboxPolicy()
+	want := manager.SandboxPolicy{DefaultTTL: 2 * time.Hour, MaxTTL: 48 * time.Hour, DefaultIdleTimeout: time.Minute,
+		DefaultCommandTimeout: time.Minute, MaxCommandTimeout: 2 * time.Hour, MaxOutputBytes: 4 << 10, MaxFileBytes: 1 << 20}
+	if err != nil || got != want {
+		t.Errorf("policy %+v, %v; want %+v", got, err, want)
+	}
+
+	s := launchServe(t, "--max-file-bytes", "16")
+	call := func(method, url, body string) (int, string) {
+		req, _ := http.NewRequestWithContext(s.ctx, method, s.url+url, strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+s.token)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	code, out := call(http.MethodPost, "/bulkhead.harness.v1.SandboxService/CreateSandbox", `{}`)
+	var created struct{ Sandbox struct{ SandboxID string } }
+	if err := json.Unmarshal([]byte(out), &created); code != http.StatusOK || err != nil || created.Sandbox.SandboxID == "" {
+		t.Fatalf("CreateSandbox: %d %s", code, out)
+	}
+	files := "/v1/sandboxes/" + created.Sandbox.SandboxID + "/files/"
+	if code, out := call(http.MethodPut, files+"small.txt", "sixteen bytes!!!"); code != http.StatusOK {
+		t.Errorf("16 bytes: %d %s", code, out)
+	}
+	if code, out := call(http.MethodPut, files+"big.txt", "seventeen bytes!!"); code != http.StatusTooManyRequests || !strings.Contains(out, "the limit is 16") {
+		t.Errorf("17 bytes with --max-file-bytes 16: %d %s", code, out)
+	}
+	s.shutdown()
 }

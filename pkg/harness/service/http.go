@@ -258,6 +258,53 @@ func (s *Service) serveUpload(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(data)
 }
 
+// serveTarDownload downloads a sandbox directory as one tar stream (its
+// regular files and directories, named relative to it; manager.DownloadTar).
+func (s *Service) serveTarDownload(w http.ResponseWriter, r *http.Request) {
+	tenant, _ := auth.Tenant(r.Context())
+	started := false
+	err := s.m.DownloadTar(r.Context(), tenant, r.PathValue("sandbox_id"), r.PathValue("path"), func(name string) io.Writer {
+		started = true
+		if name == "." || name == "/" {
+			name = "workspace"
+		}
+		w.Header().Set("Content-Type", "application/x-tar")
+		w.Header().Set("Content-Disposition", fmt.Sprintf("attachment; filename=%q", name+".tar"))
+		return w
+	})
+	switch {
+	case err == nil:
+	case !started:
+		httpError(w, err)
+	default:
+		// Headers are gone: the cut tar (no end marker) tells the client.
+		s.log.Debug("tar download cut")
+		panic(http.ErrAbortHandler)
+	}
+}
+
+// serveTarUpload extracts a POST's body, a tar stream, into a sandbox
+// directory (manager.UploadTar: regular files and directories only, no
+// path out of it, bounded; a bad member refuses the whole upload and
+// nothing under the directory changes). It answers
+// {"files":N,"directories":N,"bytes":N}.
+func (s *Service) serveTarUpload(w http.ResponseWriter, r *http.Request) {
+	tenant, _ := auth.Tenant(r.Context())
+	limit := s.m.MaxTarStreamBytes()
+	if r.ContentLength > limit {
+		httpError(w, connect.NewError(connect.CodeResourceExhausted,
+			fmt.Errorf("tar: %d bytes; the limit is %d", r.ContentLength, limit)))
+		return
+	}
+	res, err := s.m.UploadTar(r.Context(), tenant, r.PathValue("sandbox_id"), r.PathValue("path"), http.MaxBytesReader(w, r.Body, limit))
+	if err != nil {
+		httpError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(mustJSON(map[string]any{"files": res.Files, "directories": res.Dirs, "bytes": res.Bytes})))
+}
+
 // serveTerminalWS serves the terminal over a WebSocket: binary messages
 // both ways carry terminal bytes; the client's text messages are JSON
 // resizes {"cols":N,"rows":N}; the server's last text message is

@@ -238,6 +238,8 @@ func (s *Service) Handler() http.Handler {
 	mux.Handle("GET /v1/runs/{run_id}/events", s.httpAuth(http.HandlerFunc(s.serveSSE)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/files/{path...}", s.httpAuth(http.HandlerFunc(s.serveFile)))
 	mux.Handle("PUT /v1/sandboxes/{sandbox_id}/files/{path...}", s.httpAuth(http.HandlerFunc(s.serveUpload)))
+	mux.Handle("GET /v1/sandboxes/{sandbox_id}/tar/{path...}", s.httpAuth(http.HandlerFunc(s.serveTarDownload)))
+	mux.Handle("POST /v1/sandboxes/{sandbox_id}/tar/{path...}", s.httpAuth(http.HandlerFunc(s.serveTarUpload)))
 	mux.Handle("GET /v1/sandboxes/{sandbox_id}/terminal", s.wsAuth(http.HandlerFunc(s.serveTerminalWS)))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	s.preview.register(mux) // /v1/preview/{token}/..., no credential: the token is

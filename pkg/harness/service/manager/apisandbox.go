@@ -59,6 +59,12 @@ type SandboxPolicy struct {
 	MaxOutputBytes int64
 	// MaxFileBytes caps a file written through the API (WriteFile, PUT).
 	MaxFileBytes int64
+	// MaxTarBytes and MaxTarEntries bound a directory uploaded or
+	// downloaded as one tar stream (UploadTar, DownloadTar): the bytes of
+	// its files together, and its members (each file also within
+	// MaxFileBytes).
+	MaxTarBytes   int64
+	MaxTarEntries int
 }
 
 // Defaults of SandboxPolicy.
@@ -70,6 +76,8 @@ const (
 	DefaultMaxCommandTimeout  = time.Hour
 	DefaultMaxOutputBytes     = 1 << 20   // 1 MiB per stream
 	DefaultMaxFileBytes       = 256 << 20 // 256 MiB
+	DefaultMaxTarBytes        = 1 << 30   // 1 GiB
+	DefaultMaxTarEntries      = 10000
 	// minSandboxTimeout is the shortest ttl or idle timeout.
 	minSandboxTimeout = time.Second
 )
@@ -100,6 +108,12 @@ func (p SandboxPolicy) withDefaults() (SandboxPolicy, error) {
 	if p.MaxFileBytes == 0 {
 		p.MaxFileBytes = DefaultMaxFileBytes
 	}
+	if p.MaxTarBytes == 0 {
+		p.MaxTarBytes = DefaultMaxTarBytes
+	}
+	if p.MaxTarEntries == 0 {
+		p.MaxTarEntries = DefaultMaxTarEntries
+	}
 	switch {
 	case p.DefaultTTL < minSandboxTimeout || p.DefaultTTL > p.MaxTTL:
 		return p, fmt.Errorf("sandbox policy: the default ttl %s is not between %s and the maximum %s", p.DefaultTTL, minSandboxTimeout, p.MaxTTL)
@@ -107,7 +121,7 @@ func (p SandboxPolicy) withDefaults() (SandboxPolicy, error) {
 		return p, fmt.Errorf("sandbox policy: the default idle timeout %s is not between %s and the maximum %s", p.DefaultIdleTimeout, minSandboxTimeout, p.MaxIdleTimeout)
 	case p.DefaultCommandTimeout <= 0 || p.DefaultCommandTimeout > p.MaxCommandTimeout:
 		return p, fmt.Errorf("sandbox policy: the default command timeout %s is not between 0 and the maximum %s", p.DefaultCommandTimeout, p.MaxCommandTimeout)
-	case p.MaxOutputBytes < 0 || p.MaxFileBytes < 0:
+	case p.MaxOutputBytes < 0 || p.MaxFileBytes < 0 || p.MaxTarBytes < 0 || p.MaxTarEntries < 0:
 		return p, errors.New("sandbox policy: byte caps must be positive")
 	}
 	return p, nil
