@@ -28,7 +28,7 @@ import (
 )
 
 // rootFSHint says how to make a root file system.
-const rootFSHint = "write one with `make rootfs` (bin/rootfs) or `images/build.sh rootfs DIR` (needs busybox-static)"
+const rootFSHint = "write one with `make rootfs` (bin/rootfs) or `images/build.sh rootfs DIR` (needs busybox-static, git, wget and ca-certificates)"
 
 // checkRootFS validates Config.RootFS and returns its absolute, resolved
 // path: a directory owned by root (or by the harness's user) that neither
