@@ -122,7 +122,7 @@ func main() {
 	flag.StringVar(&cfg.pauseSizes, "pause-sizes", "64,512,2048", "pause: MiB of memory the sandbox's process touches, comma-separated")
 	flag.StringVar(&cfg.pauseRootFS, "pause-rootfs", "", "pause: the sandbox root file system (default: BIN/rootfs from `make rootfs`, else one built by images/build.sh rootfs)")
 	flag.BoolVar(&cfg.onlyPause, "only-pause", false, "measure only the pause figures (needs root, runsc, busybox-static)")
-	flag.IntVar(&cfg.kubeRounds, "kube-rounds", 5, "kubernetes: rounds of warm claim / cold Pod / docker create to first exec (0: skip the kubernetes figures)")
+	flag.IntVar(&cfg.kubeRounds, "kube-rounds", 20, "kubernetes: creates to first exec per figure: warm claims, cold Pods (and as many with the token Secret after the Pod, the order before issue #32), docker (0: skip the kubernetes figures)")
 	flag.IntVar(&cfg.kubeSandboxes, "kube-sandboxes", 200, "kubernetes: sandboxes created, used and deleted through the API server (0: skip)")
 	flag.BoolVar(&cfg.onlyKube, "only-kubernetes", false, "measure only the kubernetes figures")
 	flag.BoolVar(&cfg.onlyArchive, "only-archive", false, "measure only archive and restore of the -tree-files / -tree-bytes workspace beside tar --zstd")

@@ -14,7 +14,11 @@
 //
 // The token (32 random bytes, hex) lives in a Secret owned by the Pod, so
 // garbage collection removes it with the Pod (Destroy also deletes it
-// explicitly). The Secret is mounted, as a file, into an init container
+// explicitly). The Secret is created before the Pod, so the kubelet mounts
+// it at once (created after, it was missing when the kubelet first looked,
+// and the kubelet's retries at 0.5, 1, 2 s doubled the start-up), and made
+// the Pod's once the Pod exists, as the NetworkPolicy is; Reap adopts or
+// deletes one a crash left without an owner. The Secret is mounted, as a file, into an init container
 // only; that container copies it into a memory-backed emptyDir shared with
 // the daemon's container at /run/bulkhead, where sandbox-agentd reads and
 // removes it (--token-file), as it does everywhere else. The daemon's
@@ -61,8 +65,8 @@
 //	pods/portforward:           create get      (ConnectPortForward)
 //	pods/exec:                  create get      (ConnectExec)
 //	pods/log:                   get             (start-up failures; optional)
-//	secrets:                    get create delete patch (patch: warm pool claims)
-//	networkpolicies (networking.k8s.io): get create delete patch (unless NetworkPolicy is disabled)
+//	secrets:                    get list create delete patch (patch: owner, warm pool claims; list: Reap)
+//	networkpolicies (networking.k8s.io): get list create delete patch (unless NetworkPolicy is disabled; list: Reap)
 //	persistentvolumeclaims:     get create delete watch (volume-backed workspaces only)
 //
 // RequiredRules returns it as rbac/v1 PolicyRules. A missing permission
@@ -515,7 +519,7 @@ func (c Config) settings(opts any) (settings, error) {
 func (c Config) RequiredRules() []rbacv1.PolicyRule {
 	rules := []rbacv1.PolicyRule{
 		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "list", "watch", "create", "delete", "patch", "update"}},
-		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "create", "delete", "patch"}},
+		{APIGroups: []string{""}, Resources: []string{"secrets"}, Verbs: []string{"get", "list", "create", "delete", "patch"}},
 	}
 	switch c.Connect {
 	case ConnectPortForward, "":
@@ -524,7 +528,7 @@ func (c Config) RequiredRules() []rbacv1.PolicyRule {
 		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"pods/exec"}, Verbs: []string{"create", "get"}})
 	}
 	if boolOr(c.NetworkPolicy, true) {
-		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "create", "delete", "patch"}})
+		rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{"networking.k8s.io"}, Resources: []string{"networkpolicies"}, Verbs: []string{"get", "list", "create", "delete", "patch"}})
 	}
 	rules = append(rules, rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"persistentvolumeclaims"}, Verbs: []string{"get", "create", "delete", "watch"}})
 	return rules

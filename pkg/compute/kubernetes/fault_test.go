@@ -13,8 +13,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/watch"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
@@ -389,5 +391,78 @@ func TestVolumeWorkspace(t *testing.T) {
 	}
 	if left := e.leaked(t, "vol"); len(left) > 0 {
 		t.Fatalf("DeleteAll left %v", left)
+	}
+}
+
+// TestReapOrphansAsTheHarness: as the harness ServiceAccount (bound to
+// RequiredRules only), Reap deletes a token Secret and a NetworkPolicy
+// that a launch crashed before creating its Pod left, and gives a Secret a
+// crash between the Pod's create and the owner patches left unowned to its
+// Pod, whose sandbox keeps working.
+func TestReapOrphansAsTheHarness(t *testing.T) {
+	e := newKubeEnv(t, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cfg := e.config(ConnectPortForward)
+	p := e.provider(t, cfg)
+	c := e.client(t, p, nil)
+
+	// A launch that died before its Pod: its policy and Secret, unowned.
+	const gone = "0123456789abcdef"
+	lbl := map[string]string{LabelSandbox: "1", LabelKey: gone, runLabelKey: testRun.label}
+	if _, err := e.admin.CoreV1().Secrets(e.ns).Create(ctx, p.secretFor(gone, strings.Repeat("a", 64), lbl, false), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.NetworkingV1().NetworkPolicies(e.ns).Create(ctx, p.policyFor(gone, lbl), metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// A sandbox whose Secret lost its owner (as a crash before the owner
+	// patch leaves it).
+	s, err := c.Create(ctx, compute.CreateOptions{SessionID: "reap-adopt"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Delete(context.Background(), s) }()
+	raw, err := s.State()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := DecodeState(raw.ProviderState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.admin.CoreV1().Secrets(e.ns).Patch(ctx, secretName(st.Key), types.MergePatchType, []byte(`{"metadata":{"ownerReferences":null}}`), metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Too young: nothing is touched.
+	if err := p.ReapOrphans(ctx, time.Now()); err != nil {
+		t.Fatalf("reap as the harness: %v", err)
+	}
+	if _, err := e.admin.CoreV1().Secrets(e.ns).Get(ctx, secretName(gone), metav1.GetOptions{}); err != nil {
+		t.Fatalf("a young orphan Secret was reaped: %v", err)
+	}
+	// Past the grace period.
+	if err := p.ReapOrphans(ctx, time.Now().Add(orphanAge+time.Minute)); err != nil {
+		t.Fatalf("reap as the harness: %v", err)
+	}
+	if _, err := e.admin.CoreV1().Secrets(e.ns).Get(ctx, secretName(gone), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the orphan Secret: %v", err)
+	}
+	if _, err := e.admin.NetworkingV1().NetworkPolicies(e.ns).Get(ctx, policyName(gone), metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+		t.Errorf("the orphan NetworkPolicy: %v", err)
+	}
+	sec, err := e.admin.CoreV1().Secrets(e.ns).Get(ctx, secretName(st.Key), metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("the running sandbox's Secret: %v", err)
+	}
+	if len(sec.OwnerReferences) != 1 || string(sec.OwnerReferences[0].UID) != st.UID {
+		t.Errorf("the running sandbox's Secret was not given to its Pod: %+v", sec.OwnerReferences)
+	}
+	if err := s.Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := s.Exec(ctx, compute.ProcessSpec{Command: "echo alive"}, compute.ExecOptions{}, nil); err != nil || strings.TrimSpace(string(res.Stdout)) != "alive" {
+		t.Fatalf("the sandbox after the reap: %v %v", res, err)
 	}
 }

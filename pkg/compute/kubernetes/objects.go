@@ -178,13 +178,18 @@ func ownedBy(pod *corev1.Pod) []metav1.OwnerReference {
 	return []metav1.OwnerReference{{APIVersion: "v1", Kind: "Pod", Name: pod.Name, UID: pod.UID, BlockOwnerDeletion: &t}}
 }
 
-// secretFor is the token Secret, owned by the Pod. A cold sandbox's is
-// immutable; a warm pool Pod's stays mutable, because the claimer replaces
-// its token with the session's (rotateClaimed).
-func (p *Provider) secretFor(pod *corev1.Pod, key, token string, labels map[string]string, mutable bool) *corev1.Secret {
+// secretFor is the token Secret. It is created before its Pod (the
+// kubelet then mounts it at once, instead of retrying a missing Secret
+// at 0.5, 1, 2 s...), so it has no owner yet: the Pod becomes its owner
+// once it exists (adopt), and Reap adopts or deletes one a crash left
+// unowned (ReapOrphans; its labels are the Pod's, the provider's and
+// LabelKey). A cold sandbox's is immutable (its data: metadata such as
+// the owner can still change); a warm pool Pod's stays mutable, because
+// the claimer replaces its token with the session's (rotateClaimed).
+func (p *Provider) secretFor(key, token string, labels map[string]string, mutable bool) *corev1.Secret {
 	imm := !mutable
 	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: secretName(key), Namespace: p.cfg.Namespace, Labels: labels, OwnerReferences: ownedBy(pod)},
+		ObjectMeta: metav1.ObjectMeta{Name: secretName(key), Namespace: p.cfg.Namespace, Labels: labels},
 		Type:       corev1.SecretTypeOpaque,
 		Immutable:  &imm,
 		Data:       map[string][]byte{tokenKey: []byte(token)},

@@ -97,7 +97,21 @@ func (p *Provider) kickPool(name string) {
 
 // poolPods lists a pool's Pods not yet claimed, oldest first.
 func (p *Provider) poolPods(ctx context.Context, name string) ([]corev1.Pod, string, error) {
-	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: p.selector(map[string]string{LabelPool: name, LabelClaimed: "false"})})
+	return p.listPool(ctx, name, "")
+}
+
+// claimablePods is poolPods as the API server's cache has them
+// (resourceVersion 0: no read from etcd, nor a wait for the cache to
+// catch up with it, on a claim's path). A Pod the list shows that was
+// claimed or changed meanwhile fails the claim's update with a conflict,
+// as it would a moment after a fresh list.
+func (p *Provider) claimablePods(ctx context.Context, name string) ([]corev1.Pod, error) {
+	pods, _, err := p.listPool(ctx, name, "0")
+	return pods, err
+}
+
+func (p *Provider) listPool(ctx context.Context, name, rv string) ([]corev1.Pod, string, error) {
+	list, err := p.client.CoreV1().Pods(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: p.selector(map[string]string{LabelPool: name, LabelClaimed: "false"}), ResourceVersion: rv})
 	if err != nil {
 		return nil, "", p.apiErr("list", "pods", "", err)
 	}
@@ -150,7 +164,8 @@ func (p *Provider) FillPool(ctx context.Context, name string) (int, error) {
 }
 
 // createPoolPod creates one warm Pod of pool, with its own token Secret
-// and NetworkPolicy, like a cold sandbox without a session.
+// and NetworkPolicy, like a cold sandbox without a session (the policy,
+// the Secret, the Pod, then the Pod's ownership of both).
 func (p *Provider) createPoolPod(ctx context.Context, pool Pool) error {
 	set, err := p.cfg.settings(&pool.Template.Options)
 	if err != nil {
@@ -182,20 +197,18 @@ func (p *Provider) createPoolPod(ctx context.Context, pool Pool) error {
 			return fail(p.apiErr("create", "networkpolicies", np.Name, err))
 		}
 	}
+	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "secrets", secretName(key)) })
+	if _, err := p.createToken(ctx, key, objLabels, true); err != nil {
+		return fail(err)
+	}
 	pod := p.podFor(podParams{key: key, set: set, root: pool.Template.WorkspaceRoot, runAs: pool.Template.RunAs, labels: objLabels, annots: annots, readiness: true})
 	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "pods", pod.Name) })
 	created, err := p.client.CoreV1().Pods(p.cfg.Namespace).Create(ctx, pod, metav1.CreateOptions{})
 	if err != nil {
 		return fail(p.apiErr("create", "pods", pod.Name, err))
 	}
-	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "secrets", secretName(key)) })
-	if _, err := p.createToken(ctx, created, key, objLabels, true); err != nil {
+	if err := p.adopt(ctx, created, key); err != nil {
 		return fail(err)
-	}
-	if boolOr(p.cfg.NetworkPolicy, true) {
-		if err := p.adoptPolicy(ctx, created, key); err != nil {
-			return fail(err)
-		}
 	}
 	return nil
 }
@@ -343,6 +356,12 @@ func (p *Provider) DrainPool(ctx context.Context, name string) error {
 //  3. promote: one patch writes the new token under tokenKey, removes
 //     nextTokenKey and marks the Secret AnnotationTokenRotated.
 //
+// A claim hands the sandbox out after step 2 and promotes in the
+// background (promoteLater; the sandbox's Close waits for it): its path
+// is then the claim's update, the staging and RotateToken, while the
+// Secret read and the connection to the daemon with the pool token are
+// made during the update (preconnect).
+//
 // A crash after 1 leaves a staged token the daemon does not know yet
 // (Reattach connects with the current token and finishes 2 and 3); after
 // 2, a daemon that refuses the token in tokenKey and accepts the staged
@@ -451,11 +470,56 @@ func (p *Provider) promoteToken(ctx context.Context, key, token string) error {
 // rotateTo gives the daemon sb is connected to the staged token (steps 2
 // and 3). sb's client uses the new token from then on.
 func (p *Provider) rotateTo(ctx context.Context, sb *sandbox, token string) error {
+	if err := p.rotateDaemon(ctx, sb, token); err != nil {
+		return err
+	}
+	return p.promoteToken(ctx, sb.state.Key, token)
+}
+
+// rotateDaemon is step 2: the daemon takes the staged token and refuses
+// the one sb connected with.
+func (p *Provider) rotateDaemon(ctx context.Context, sb *sandbox, token string) error {
 	if err := sb.client.RotateToken(ctx, token); err != nil {
 		return fmt.Errorf("kubernetes: pod %s: giving the daemon the session's token: %w", sb.state.Pod, err)
 	}
 	runRotateHook(ctx, stepRotated, sb.state)
-	return p.promoteToken(ctx, sb.state.Key, token)
+	return nil
+}
+
+// promoteTimeout bounds a claim's promotion run after Launch returned
+// (promoteLater), retries included.
+const promoteTimeout = 30 * time.Second
+
+// promoteLater runs step 3 of a claim's rotation in the background, so
+// that the claim's path ends at the daemon taking the token: until it is
+// done the Secret is in the state a crash after step 2 leaves (the daemon
+// takes only the staged token), which any Reattach finishes (attach), as
+// it would the promotion of a claimer that died there. Transient errors
+// are retried; sb.Close waits for it.
+func (p *Provider) promoteLater(ctx context.Context, sb *sandbox, token string) {
+	done := make(chan struct{})
+	sb.promoted = done
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), promoteTimeout)
+	go func() {
+		defer close(done)
+		defer cancel()
+		for delay := 50 * time.Millisecond; ; delay = min(delay*2, 2*time.Second) {
+			err := p.promoteToken(ctx, sb.state.Key, token)
+			if err == nil {
+				return
+			}
+			if !compute.Retryable(err) || errors.Is(err, compute.ErrNotFound) {
+				p.log.Warn("recording the session's token in the claimed pod's Secret failed; a reattach finishes it", zap.String("pod", sb.state.Pod), zap.Error(err))
+				return
+			}
+			select {
+			case <-ctx.Done():
+				p.log.Warn("recording the session's token in the claimed pod's Secret gave up: the API server did not answer; a reattach finishes it", zap.String("pod", sb.state.Pod), zap.Error(err))
+				return
+			case <-time.After(delay):
+			}
+		}
+	}()
 }
 
 // rotate runs a whole rotation (steps 1 to 3) for a sandbox connected
@@ -472,10 +536,11 @@ func (p *Provider) rotate(ctx context.Context, sb *sandbox, cur tokenSecret) err
 	return p.rotateTo(ctx, sb, token)
 }
 
-// takeClaimed connects to a Pod this process has just claimed, with the
-// pool token read from its Secret (sec), and rotates the daemon to a
-// fresh session token. Staging the new token runs while the connection
-// is made, so the claim's path is no longer for it.
+// takeClaimed finishes the claim of a Pod this process has just claimed
+// (pod, as the claim's update returned it): it stages a fresh session
+// token in the Pod's Secret, as last read by pre, while pre's connection
+// to the daemon with the pool token (begun while the claim was written)
+// completes, and rotates the daemon to the staged token.
 //
 // From the claim's update on, the Pod is a listed sandbox of the session,
 // and a Reattach of its state (another harness process resuming the
@@ -487,21 +552,28 @@ func (p *Provider) rotate(ctx context.Context, sb *sandbox, cur tokenSecret) err
 // claim, not away from it: the claimer finishes the same way (attach)
 // and keeps the Pod, rather than deleting one that the other process has
 // just handed out.
-func (p *Provider) takeClaimed(ctx context.Context, st State, pod *corev1.Pod, sec tokenSecret) (*sandbox, error) {
+func (p *Provider) takeClaimed(ctx context.Context, st State, pod *corev1.Pod, pre *preconnect) (*sandbox, error) {
 	runRotateHook(ctx, stepClaimed, st)
-	token, err := randomHex(32)
+	sec, err := pre.secret()
 	if err != nil {
+		pre.abandon()
 		return nil, err
 	}
-	staged := make(chan error, 1)
-	go func() { staged <- p.stageToken(ctx, st.Key, sec.rv, token) }()
-	sb, err := p.connect(ctx, st, pod, sec.token, false)
-	if serr := <-staged; err == nil {
+	token, err := randomHex(32)
+	if err != nil {
+		pre.abandon()
+		return nil, err
+	}
+	serr := p.stageToken(ctx, st.Key, sec.rv, token)
+	sb, err := pre.sandbox()
+	if err == nil {
+		sb.state = st
 		err = serr
 	}
 	if err == nil {
 		runRotateHook(ctx, stepStaged, st)
-		if err = p.rotateTo(ctx, sb, token); err == nil {
+		if err = p.rotateDaemon(ctx, sb, token); err == nil {
+			p.promoteLater(ctx, sb, token)
 			return sb, nil
 		}
 	}
@@ -519,6 +591,73 @@ func (p *Provider) takeClaimed(ctx context.Context, st State, pod *corev1.Pod, s
 	}
 	sb.kept = false // a fresh claim: the session's workspace is not there yet
 	return sb, nil
+}
+
+// preconnect is the work a claim does on a candidate Pod while its
+// update is in flight, so that little of it is left on the claim's path
+// once the claim wins: it reads the Pod's Secret (the pool token, and the
+// resourceVersion that staging names) and connects to the daemon with the
+// pool token (connect: dial, readiness). Nothing is changed: a lost claim
+// abandons it (the connection is closed).
+type preconnect struct {
+	cancel context.CancelFunc
+	secc   chan tokenRead    // the Secret's read, put back after each look
+	sbc    chan sandboxOrErr // the connection, taken once
+}
+
+type tokenRead struct {
+	sec tokenSecret
+	err error
+}
+
+type sandboxOrErr struct {
+	sb  *sandbox
+	err error
+}
+
+// startPreconnect begins the reads and the connection for cand, as listed.
+func (p *Provider) startPreconnect(ctx context.Context, cand *corev1.Pod) *preconnect {
+	ctx, cancel := context.WithCancel(ctx)
+	pre := &preconnect{cancel: cancel, secc: make(chan tokenRead, 1), sbc: make(chan sandboxOrErr, 1)}
+	go func() {
+		key := cand.Labels[LabelKey]
+		got, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Get(ctx, secretName(key), metav1.GetOptions{})
+		if err != nil {
+			err = p.apiErr("get", "secrets", secretName(key), err)
+			pre.secc <- tokenRead{err: err}
+			pre.sbc <- sandboxOrErr{err: err}
+			return
+		}
+		sec := readTokenSecret(got)
+		pre.secc <- tokenRead{sec: sec}
+		sb, err := p.connect(ctx, stateOf(cand), cand, sec.token, false)
+		pre.sbc <- sandboxOrErr{sb, err}
+	}()
+	return pre
+}
+
+// secret waits for the Secret's read.
+func (pre *preconnect) secret() (tokenSecret, error) {
+	r := <-pre.secc
+	pre.secc <- r // for a second look
+	return r.sec, r.err
+}
+
+// sandbox waits for the connection; it is the caller's from then on.
+func (pre *preconnect) sandbox() (*sandbox, error) {
+	r := <-pre.sbc
+	pre.cancel()
+	return r.sb, r.err
+}
+
+// abandon stops the work and closes the connection if one is made.
+func (pre *preconnect) abandon() {
+	pre.cancel()
+	go func() {
+		if r := <-pre.sbc; r.sb != nil {
+			_ = r.sb.Close()
+		}
+	}()
 }
 
 // claim takes a ready Pod of the pool for the session: an optimistic
@@ -540,7 +679,7 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 	if set, err := p.cfg.settings(&pool.Template.Options); cooling && err == nil && set.image == cd.image {
 		return nil, fmt.Errorf("%w %s (held back until %s: the daemon of its image %s cannot rotate tokens)", errNoWarmPod, name, cd.until.UTC().Format(time.RFC3339), cd.image)
 	}
-	pods, _, err := p.poolPods(ctx, name)
+	pods, err := p.claimablePods(ctx, name)
 	if err != nil {
 		return nil, err
 	}
@@ -555,22 +694,11 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 		if !podReady(cand) || (cooling && stateOf(cand).Image == cd.image) {
 			continue
 		}
-		// The pool token is read while the claim is written (one round
-		// trip less on the claim's path); it is used only if the claim
-		// wins, and only to rotate it away (takeClaimed).
-		type tokenRead struct {
-			sec tokenSecret
-			err error
-		}
-		tokc := make(chan tokenRead, 1)
-		go func(key string) {
-			sec, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Get(ctx, secretName(key), metav1.GetOptions{})
-			if err != nil {
-				tokc <- tokenRead{err: p.apiErr("get", "secrets", secretName(key), err)}
-				return
-			}
-			tokc <- tokenRead{sec: readTokenSecret(sec)}
-		}(cand.Labels[LabelKey])
+		// The pool token is read, and the daemon connected to with it,
+		// while the claim is written (preconnect): they are used only if
+		// the claim wins, and then only to rotate the pool token away
+		// (takeClaimed).
+		pre := p.startPreconnect(ctx, cand)
 		upd := cand.DeepCopy()
 		for k, v := range p.ownerLabels(spec.Labels) {
 			if _, set := upd.Labels[k]; !set {
@@ -583,23 +711,22 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 			upd.Annotations = map[string]string{}
 		}
 		upd.Annotations[AnnotationSession] = spec.SessionID
-		upd.Annotations[AnnotationLastActive] = time.Now().UTC().Format(time.RFC3339Nano)
+		activeAt := time.Now()
+		upd.Annotations[AnnotationLastActive] = activeAt.UTC().Format(time.RFC3339Nano)
 		lifetimeAnnotations(lifetime, upd.Annotations)
 		got, err := p.client.CoreV1().Pods(p.cfg.Namespace).Update(ctx, upd, metav1.UpdateOptions{})
-		tr := <-tokc
 		if apierrors.IsConflict(err) || apierrors.IsNotFound(err) {
+			pre.abandon()
 			conflicts++
 			continue // someone else claimed it first
 		}
 		if err != nil {
+			pre.abandon()
 			return nil, p.apiErr("update", "pods", cand.Name, err)
 		}
 		st := stateOf(got)
-		err = tr.err
-		var sb *sandbox
-		if err == nil {
-			sb, err = p.takeClaimed(ctx, st, got, tr.sec)
-		}
+		_, tokenErr := pre.secret()
+		sb, err := p.takeClaimed(ctx, st, got, pre)
 		tooOld := errors.Is(err, compute.ErrUnimplemented)
 		if tooOld {
 			// The pool's image has a daemon from before RotateToken: none
@@ -623,12 +750,13 @@ func (p *Provider) claim(ctx context.Context, name string, spec compute.LaunchSp
 			p.log.Warn("a claimed warm pod does not answer; deleting it", zap.String("pod", got.Name), zap.Error(err))
 			_ = p.deleteSandbox(ctx, st, true)
 			what := "did not answer"
-			if tr.err != nil {
+			if tokenErr != nil {
 				what = "had no readable token"
 			}
 			failed = append(failed, fmt.Errorf("claimed pod %s %s: %w", got.Name, what, err))
 			continue
 		}
+		sb.recordedActive(activeAt)
 		p.log.Info("claimed a warm pod", zap.String("pool", name), zap.String("pod", got.Name), zap.String("session", spec.SessionID))
 		return sb, nil
 	}

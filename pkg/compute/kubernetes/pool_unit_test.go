@@ -447,6 +447,7 @@ func TestClaimRacingAReattach(t *testing.T) {
 					t.Errorf("the %s's sandbox: %v", who, err)
 				}
 			}
+			sb.waitPromoted() // a claim's promotion runs after it returned
 			got, err := cs.CoreV1().Secrets("ns").Get(ctx, secretName(key), metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)

@@ -208,7 +208,9 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	objLabels[LabelSandbox] = "1"
 	objLabels[LabelKey] = key
 	objLabels[LabelSession] = sessionLabel(spec.SessionID)
-	annots := map[string]string{AnnotationSession: spec.SessionID, AnnotationWorkspace: root}
+	activeAt := time.Now()
+	annots := map[string]string{AnnotationSession: spec.SessionID, AnnotationWorkspace: root,
+		AnnotationLastActive: activeAt.UTC().Format(time.RFC3339Nano)}
 	lifetimeAnnotations(lifetime, annots)
 
 	var cleanup []func(context.Context)
@@ -253,14 +255,20 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		annots[AnnotationVolume] = volName
 	}
 
-	// The NetworkPolicy comes first, so the Pod is never unprotected; it is
-	// owned by the Pod once the Pod exists.
+	// The NetworkPolicy comes first, so the Pod is never unprotected, then
+	// the token Secret, so the kubelet finds it when it mounts the Pod's
+	// volumes; the Pod becomes the owner of both once it exists (adopt).
 	if boolOr(p.cfg.NetworkPolicy, true) {
 		np := p.policyFor(key, objLabels)
 		cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "networkpolicies", policyName(key)) })
 		if _, err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Create(ctx, np, metav1.CreateOptions{}); err != nil {
 			return fail(p.apiErr("create", "networkpolicies", np.Name, err))
 		}
+	}
+	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "secrets", secretName(key)) })
+	token, err := p.createToken(ctx, key, objLabels, false)
+	if err != nil {
+		return fail(err)
 	}
 
 	pod := p.podFor(podParams{key: key, set: set, root: root, runAs: runAs, volume: volName, labels: objLabels, annots: annots})
@@ -269,44 +277,75 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	if err != nil {
 		return fail(p.apiErr("create", "pods", pod.Name, err))
 	}
-	cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "secrets", secretName(key)) })
-	token, err := p.createToken(ctx, created, key, objLabels, false)
-	if err != nil {
-		return fail(err)
-	}
-	if boolOr(p.cfg.NetworkPolicy, true) {
-		if err := p.adoptPolicy(ctx, created, key); err != nil {
-			return fail(err)
-		}
-	}
+	// The owner patches run while the Pod starts.
+	adopted := make(chan error, 1)
+	go func() { adopted <- p.adopt(ctx, created, key) }()
 	st := stateOf(created)
 	sb, err := p.connect(ctx, st, created, token, kept)
+	if aerr := <-adopted; err == nil && aerr != nil {
+		_ = sb.Close()
+		err = aerr
+	}
 	if err != nil {
 		return fail(err)
 	}
+	sb.recordedActive(activeAt)
 	log.Info("sandbox started", zap.String("pod", created.Name), zap.String("image", set.image), zap.Bool("workspace_kept", kept))
 	return sb, nil
 }
 
-// createToken makes a fresh token and its Secret, owned by pod (mutable
-// for a warm pool Pod, see secretFor).
-func (p *Provider) createToken(ctx context.Context, pod *corev1.Pod, key string, objLabels map[string]string, mutable bool) (string, error) {
+// createToken makes a fresh token and its Secret, without an owner yet
+// (mutable for a warm pool Pod, see secretFor).
+func (p *Provider) createToken(ctx context.Context, key string, objLabels map[string]string, mutable bool) (string, error) {
 	token, err := randomHex(32)
 	if err != nil {
 		return "", err
 	}
-	sec := p.secretFor(pod, key, token, objLabels, mutable)
+	sec := p.secretFor(key, token, objLabels, mutable)
 	if _, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Create(ctx, sec, metav1.CreateOptions{}); err != nil {
 		return "", p.apiErr("create", "secrets", sec.Name, err)
 	}
 	return token, nil
 }
 
-// adoptPolicy makes pod the owner of its NetworkPolicy.
-func (p *Provider) adoptPolicy(ctx context.Context, pod *corev1.Pod, key string) error {
+// adopt makes pod the owner of its token Secret and, unless disabled, its
+// NetworkPolicy (both patches at once), so garbage collection removes
+// them with it.
+func (p *Provider) adopt(ctx context.Context, pod *corev1.Pod, key string) error {
+	if !boolOr(p.cfg.NetworkPolicy, true) {
+		return p.adoptSecret(ctx, pod, key)
+	}
+	policy := make(chan error, 1)
+	go func() { policy <- p.adoptPolicy(ctx, pod, key) }()
+	return errors.Join(p.adoptSecret(ctx, pod, key), <-policy)
+}
+
+// ownerPatch is a merge patch making pod the owner of an object.
+func ownerPatch(pod *corev1.Pod) ([]byte, error) {
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"ownerReferences": ownedBy(pod)}})
 	if err != nil {
-		return fmt.Errorf("kubernetes: owner patch: %w", err)
+		return nil, fmt.Errorf("kubernetes: owner patch: %w", err)
+	}
+	return patch, nil
+}
+
+// adoptSecret makes pod the owner of its token Secret.
+func (p *Provider) adoptSecret(ctx context.Context, pod *corev1.Pod, key string) error {
+	patch, err := ownerPatch(pod)
+	if err != nil {
+		return err
+	}
+	if _, err := p.client.CoreV1().Secrets(p.cfg.Namespace).Patch(ctx, secretName(key), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		return p.apiErr("patch", "secrets", secretName(key), err)
+	}
+	return nil
+}
+
+// adoptPolicy makes pod the owner of its NetworkPolicy.
+func (p *Provider) adoptPolicy(ctx context.Context, pod *corev1.Pod, key string) error {
+	patch, err := ownerPatch(pod)
+	if err != nil {
+		return err
 	}
 	if _, err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Patch(ctx, policyName(key), types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		return p.apiErr("patch", "networkpolicies", policyName(key), err)
@@ -406,14 +445,14 @@ func lastLines(s string, n int) string {
 	return strings.Join(ls, "\n")
 }
 
-// waitRunning watches the Pod until it runs with an IP (returned), fails,
-// or disappears.
+// waitRunning watches the Pod until its daemon can be dialled (dialable:
+// the Pod is returned as then read), it fails, or it disappears.
 func (p *Provider) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Pod, error) {
 	check := func(cur *corev1.Pod) (*corev1.Pod, bool, error) {
 		if why := podDead(cur); why != "" {
 			return nil, true, compute.MarkRetryable(fmt.Errorf("kubernetes: pod %s: %w: %s", cur.Name, compute.ErrUnavailable, why))
 		}
-		if cur.Status.Phase == corev1.PodRunning && cur.Status.PodIP != "" {
+		if p.dialable(cur) {
 			return cur, true, nil
 		}
 		return nil, false, nil
@@ -493,6 +532,33 @@ func (p *Provider) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 			rv = cur.ResourceVersion
 		}
 	}
+}
+
+// dialable reports whether the daemon of pod can be dialled: the Pod runs
+// with an IP or, reaching it by its IP or by port-forward, it has an IP
+// and its init container completed. The kubelet starts the daemon's
+// container as soon as it sees the init container's exit, but reports
+// the Pod Running only once it sees that container run, at its next look
+// at the node's containers (generic PLEG: every second); the daemon
+// listens before then, and connect's readiness wait retries the dial
+// until it does. Through exec the relay runs in the daemon's container,
+// which must run first.
+func (p *Provider) dialable(pod *corev1.Pod) bool {
+	if pod.Status.PodIP == "" {
+		return false
+	}
+	if pod.Status.Phase == corev1.PodRunning {
+		return true
+	}
+	if p.cfg.Connect == ConnectExec || pod.Status.Phase != corev1.PodPending || len(pod.Status.InitContainerStatuses) != len(pod.Spec.InitContainers) {
+		return false
+	}
+	for _, cs := range pod.Status.InitContainerStatuses {
+		if t := cs.State.Terminated; t == nil || t.ExitCode != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // waitErr explains a start-up that ran out of time, with the Pod's
@@ -946,28 +1012,83 @@ func (p *Provider) List(ctx context.Context) ([]compute.SandboxInfo, error) {
 	return out, nil
 }
 
-// orphanAge is how old an object without its Pod must be before Reap
-// deletes it (a launch in progress creates the NetworkPolicy first).
+// orphanAge is how old an object without an owner must be before Reap
+// takes it for a crashed launch's (a launch in progress creates the
+// NetworkPolicy and the Secret before the Pod, and makes the Pod their
+// owner right after creating it).
 const orphanAge = 5 * time.Minute
 
-// ReapOrphans deletes the NetworkPolicies of this provider's sandboxes
-// whose Pod is gone (a crashed launch's), once they are orphanAge old
-// (compute.OrphanReaper: Client.Reap calls it).
+// ReapOrphans deals with the NetworkPolicies and token Secrets of this
+// provider's sandboxes (the selector of List) that still have no owner
+// orphanAge after their creation, which only a launch that crashed (or
+// lost the API server) between creating them and its Pod's owner patches
+// leaves (compute.OrphanReaper: Client.Reap calls it). One whose Pod
+// exists is given to it (adopt: garbage collection then removes it with
+// the Pod); any other is deleted. The two kinds are dealt with apart: a
+// Role without `list secrets` (before the Secret came first) still reaps
+// the policies, and the error names the missing verb.
 func (p *Provider) ReapOrphans(ctx context.Context, now time.Time) error {
-	if !boolOr(p.cfg.NetworkPolicy, true) {
-		return nil
+	opts := metav1.ListOptions{LabelSelector: p.selector(nil)}
+	var errs []error
+	if boolOr(p.cfg.NetworkPolicy, true) {
+		nps, err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).List(ctx, opts)
+		if err != nil {
+			errs = append(errs, p.apiErr("list", "networkpolicies", "", err))
+		} else {
+			for _, np := range nps.Items {
+				if key, ok := orphanKey(np.ObjectMeta, policyName, now); ok {
+					errs = append(errs, p.reapOrphan(ctx, "networkpolicies", np.Name, key))
+				}
+			}
+		}
 	}
-	nps, err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).List(ctx, metav1.ListOptions{LabelSelector: p.selector(nil)})
+	secs, err := p.client.CoreV1().Secrets(p.cfg.Namespace).List(ctx, opts)
 	if err != nil {
-		return p.apiErr("list", "networkpolicies", "", err)
+		errs = append(errs, p.apiErr("list", "secrets", "", err))
+	} else {
+		for _, sec := range secs.Items {
+			if key, ok := orphanKey(sec.ObjectMeta, secretName, now); ok {
+				errs = append(errs, p.reapOrphan(ctx, "secrets", sec.Name, key))
+			}
+		}
 	}
-	for _, np := range nps.Items {
-		if len(np.OwnerReferences) > 0 || now.Sub(np.CreationTimestamp.Time) < orphanAge {
-			continue
+	return errors.Join(errs...)
+}
+
+// orphanKey is the sandbox key of an object without an owner, older than
+// orphanAge at now, whose name is name(key) (an object of the provider's,
+// not one that merely carries its labels).
+func orphanKey(m metav1.ObjectMeta, name func(string) string, now time.Time) (string, bool) {
+	key := m.Labels[LabelKey]
+	if len(m.OwnerReferences) > 0 || now.Sub(m.CreationTimestamp.Time) < orphanAge || !keyRE.MatchString(key) || m.Name != name(key) {
+		return "", false
+	}
+	return key, true
+}
+
+// reapOrphan gives an unowned object (resource: secrets or
+// networkpolicies) to its sandbox's Pod, or deletes it when there is none.
+func (p *Provider) reapOrphan(ctx context.Context, resource, name, key string) error {
+	pod, err := p.client.CoreV1().Pods(p.cfg.Namespace).Get(ctx, podName(key), metav1.GetOptions{})
+	switch {
+	case err == nil && pod.Labels[LabelKey] == key:
+		p.log.Info("giving an unowned object of a sandbox to its pod", zap.String("resource", resource), zap.String("name", name), zap.String("pod", pod.Name))
+		if resource == "secrets" {
+			return p.adoptSecret(ctx, pod, key)
 		}
-		if err := p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Delete(ctx, np.Name, metav1.DeleteOptions{}); err != nil && !apierrors.IsNotFound(err) {
-			return p.apiErr("delete", "networkpolicies", np.Name, err)
-		}
+		return p.adoptPolicy(ctx, pod, key)
+	case err != nil && !apierrors.IsNotFound(err):
+		return p.apiErr("get", "pods", podName(key), err)
+	}
+	p.log.Info("deleting an object a crashed launch left without its pod", zap.String("resource", resource), zap.String("name", name))
+	switch resource {
+	case "secrets":
+		err = p.client.CoreV1().Secrets(p.cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	default:
+		err = p.client.NetworkingV1().NetworkPolicies(p.cfg.Namespace).Delete(ctx, name, metav1.DeleteOptions{})
+	}
+	if err != nil && !apierrors.IsNotFound(err) {
+		return p.apiErr("delete", resource, name, err)
 	}
 	return nil
 }

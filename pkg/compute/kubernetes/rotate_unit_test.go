@@ -28,12 +28,20 @@ import (
 // and returns the port of a loopback TCP relay to it.
 func tcpDaemon(t *testing.T, token string) int {
 	t.Helper()
-	d := agentdtest.Start(t, nil)
+	d, port := relayedDaemon(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := d.Client.RotateToken(ctx, token); err != nil {
 		t.Fatal(err)
 	}
+	return port
+}
+
+// relayedDaemon starts a test daemon and returns it and the port of a
+// loopback TCP relay to it.
+func relayedDaemon(t *testing.T) (*agentdtest.Daemon, int) {
+	t.Helper()
+	d := agentdtest.Start(t, nil)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +62,7 @@ func tcpDaemon(t *testing.T, token string) int {
 			go func() { _, _ = io.Copy(c, u); _ = c.Close() }()
 		}
 	}()
-	return l.Addr().(*net.TCPAddr).Port
+	return d, l.Addr().(*net.TCPAddr).Port
 }
 
 func mustHex(t *testing.T) string {

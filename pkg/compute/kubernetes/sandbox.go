@@ -25,6 +25,17 @@ type sandbox struct {
 	state  State
 	kept   bool
 
+	// activeAt is when this process last recorded activity in the Pod's
+	// last-active annotation (the create, the claim, a Touch); zero when
+	// it has not.
+	activeMu sync.Mutex
+	activeAt time.Time
+
+	// promoted, when not nil, is closed once the claim's promotion of its
+	// token in the Secret, run after Launch returned, has ended
+	// (promoteLater).
+	promoted chan struct{}
+
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -41,10 +52,25 @@ func (s *sandbox) State() (json.RawMessage, error) { return s.state.encode() }
 // workspace PVC was kept.
 func (s *sandbox) WorkspaceKept() bool { return s.kept }
 
-// Touch records activity now in the Pod's last-active annotation.
+// touchSkip is how recent the activity this process recorded on the Pod
+// may be for Touch to write nothing: the create and the claim record it,
+// and the session's start, right after, would write it again (one more
+// request to the API server on the way to the first command); idle
+// timeouts are minutes.
+const touchSkip = 5 * time.Second
+
+// Touch records activity now in the Pod's last-active annotation, unless
+// this process recorded it less than touchSkip ago.
 func (s *sandbox) Touch(ctx context.Context) error {
+	now := time.Now()
+	s.activeMu.Lock()
+	recent := !s.activeAt.IsZero() && now.Sub(s.activeAt) < touchSkip
+	s.activeMu.Unlock()
+	if recent {
+		return nil
+	}
 	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		AnnotationLastActive: time.Now().UTC().Format(time.RFC3339Nano),
+		AnnotationLastActive: now.UTC().Format(time.RFC3339Nano),
 	}}})
 	if err != nil {
 		return fmt.Errorf("kubernetes: activity patch: %w", err)
@@ -53,7 +79,17 @@ func (s *sandbox) Touch(ctx context.Context) error {
 	if err != nil {
 		return s.p.apiErr("patch", "pods", s.state.Pod, err)
 	}
+	s.recordedActive(now)
 	return nil
+}
+
+// recordedActive notes that the Pod's last-active annotation says at.
+func (s *sandbox) recordedActive(at time.Time) {
+	s.activeMu.Lock()
+	defer s.activeMu.Unlock()
+	if at.After(s.activeAt) {
+		s.activeAt = at
+	}
 }
 
 // Shutdown deletes the Pod (its processes end after the daemon drains; a
@@ -68,10 +104,21 @@ func (s *sandbox) Shutdown(ctx context.Context) error {
 	return nil
 }
 
-// Close closes the gRPC connection and leaves the Pod as it is.
+// Close waits for the claim's token promotion, if one is under way,
+// closes the gRPC connection and leaves the Pod as it is.
 func (s *sandbox) Close() error {
-	s.closeOnce.Do(func() { s.closeErr = s.client.Close() })
+	s.closeOnce.Do(func() {
+		s.waitPromoted()
+		s.closeErr = s.client.Close()
+	})
 	return s.closeErr
+}
+
+// waitPromoted waits until the claim's token promotion, if any, has ended.
+func (s *sandbox) waitPromoted() {
+	if s.promoted != nil {
+		<-s.promoted
+	}
 }
 
 // attachAttempts bounds how often attach reads the token Secret again
