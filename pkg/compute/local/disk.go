@@ -110,7 +110,7 @@ const (
 	loopControl     = "/dev/loop-control"
 	mkfsTimeout     = 2 * time.Minute
 	unmountTimeout  = 5 * time.Second  // for a busy mount to be let go
-	loopGoneTimeout = 10 * time.Second // for the kernel to detach a loop device
+	loopGoneTimeout = 60 * time.Second // for the kernel to detach a loop device (a sandbox's mount namespace goes after its last process, later on a loaded machine)
 )
 
 // findMkfs returns the mkfs.ext4 program.
