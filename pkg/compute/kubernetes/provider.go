@@ -461,6 +461,7 @@ func (p *Provider) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 		return got, err
 	}
 	rv := pod.ResourceVersion
+	var hiccup apiHiccup
 	for {
 		w, err := p.client.CoreV1().Pods(p.cfg.Namespace).Watch(ctx, metav1.ListOptions{
 			FieldSelector: fields.OneTermEqualSelector("metadata.name", pod.Name).String(), ResourceVersion: rv,
@@ -474,8 +475,15 @@ func (p *Provider) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 				rv = ""
 				continue
 			}
+			if hiccup.wait(ctx, err) {
+				continue
+			}
+			if ctx.Err() != nil {
+				return nil, p.waitErr(ctx, pod.Name)
+			}
 			return nil, p.apiErr("watch", "pods", pod.Name, err)
 		}
+		hiccup.reset()
 		got, done, err := func() (*corev1.Pod, bool, error) {
 			defer w.Stop()
 			for {
@@ -520,6 +528,9 @@ func (p *Provider) waitRunning(ctx context.Context, pod *corev1.Pod) (*corev1.Po
 			if err != nil {
 				if apierrors.IsNotFound(err) {
 					return nil, compute.MarkRetryable(fmt.Errorf("kubernetes: pod %s: %w: deleted before it ran", pod.Name, compute.ErrUnavailable))
+				}
+				if ctx.Err() == nil && hiccup.wait(ctx, err) {
+					continue // rv is still "": read again
 				}
 				if ctx.Err() != nil {
 					return nil, p.waitErr(ctx, pod.Name)
@@ -923,6 +934,42 @@ func (p *Provider) waitGone(ctx context.Context, ns string, pod *corev1.Pod) err
 		}
 	}
 }
+
+// apiHiccup rides out a restarting API server while a launch waits on a
+// Pod it has already created: the server is unreachable for a moment,
+// then refuses for a moment what the Role allows (its RBAC cache has not
+// synced). Either is retried with a growing pause for forbiddenGrace from
+// the first; a success resets it. Starting the launch over would cost a
+// new Pod.
+type apiHiccup struct {
+	since time.Time
+	delay time.Duration
+}
+
+// wait pauses and reports true if err is worth another try; false when
+// err is permanent, the grace has run out or ctx ended.
+func (h *apiHiccup) wait(ctx context.Context, err error) bool {
+	if !apierrors.IsForbidden(err) && !transient(err) {
+		return false
+	}
+	if h.since.IsZero() {
+		h.since, h.delay = time.Now(), 100*time.Millisecond
+	}
+	if time.Since(h.since) >= forbiddenGrace {
+		return false
+	}
+	t := time.NewTimer(h.delay)
+	defer t.Stop()
+	h.delay = min(h.delay*2, 2*time.Second)
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+func (h *apiHiccup) reset() { h.since = time.Time{} }
 
 // forbiddenGrace is how long a cleanup retries a Forbidden answer: an API
 // server that has just restarted answers before its RBAC cache has
