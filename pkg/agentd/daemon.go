@@ -20,6 +20,7 @@ import (
 	"go.uber.org/zap"
 	"golang.org/x/sys/unix"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd/activity"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/materialize"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/process"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/workspace"
@@ -35,7 +36,7 @@ func Features() []string {
 		"file.atomic_write", "file.run_as", "file.grants",
 		"workspace.apply_patch", "workspace.apply_patch.atomic",
 		"workspace.archive", "workspace.restore", "workspace.fingerprint", "workspace.materialize",
-		"port.forward", "system.prepare_checkpoint",
+		"port.forward", "system.prepare_checkpoint", "system.last_activity",
 	}
 }
 
@@ -48,6 +49,10 @@ type Daemon struct {
 	procs     *process.Manager
 	ws        *workspace.Workspace
 	startedAt time.Time
+	// activity is the last activity (see LastActivity); cpu samples the
+	// CPU time of the processes for it.
+	activity *activity.Clock
+	cpu      *cpuSampler
 	// relay is the egress relay (nil without Config.EgressRelay).
 	relay *relay
 	// restoreMu makes a Restore exclusive against other Restores, Archives
@@ -71,7 +76,8 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 		log.Warn("marking inherited descriptors close-on-exec", zap.Error(err))
 	}
 	users := userdb.New(cfg.EtcRoot)
-	d := &Daemon{cfg: cfg, log: log, users: users, startedAt: time.Now()}
+	d := &Daemon{cfg: cfg, log: log, users: users, startedAt: time.Now(), cpu: newCPUSampler("/proc")}
+	d.activity = activity.New(d.startedAt)
 	reaper, err := process.NewReaper(process.ReaperOptions{ReapAll: cfg.ReapAll, Subreaper: cfg.ReapAll && os.Getpid() != 1}, log)
 	if err != nil {
 		return nil, fmt.Errorf("start child reaper: %w", err)
@@ -92,6 +98,7 @@ func New(cfg Config, log *zap.Logger) (*Daemon, error) {
 		Users:                users,
 		Reaper:               reaper,
 		BaseEnv:              baseEnv,
+		Activity:             d.activity,
 	}, log)
 	if err != nil {
 		reaper.Close()

@@ -74,6 +74,7 @@ func (d *Daemon) ForwardPort(ctx context.Context, port int, t PortTunnel) error 
 				upErr <- err
 				return
 			}
+			d.activity.Touch()
 			if _, err := tcp.Write(b); err != nil {
 				_ = tcp.Close()
 				upErr <- errkind.Errorf(errkind.ErrUnavailable, "forward: write to %s: %v", addr, err)
@@ -88,6 +89,7 @@ func (d *Daemon) ForwardPort(ctx context.Context, port int, t PortTunnel) error 
 	for {
 		n, err := tcp.Read(buf)
 		if n > 0 {
+			d.activity.Touch()
 			if serr := t.Send(buf[:n]); serr != nil {
 				_ = tcp.Close()
 				downErr = serr

@@ -5,6 +5,7 @@ import (
 	"maps"
 	"time"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd/activity"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/userdb"
 )
@@ -75,6 +76,10 @@ type Config struct {
 	// code that uses os/exec). The daemon passes a shared ReapAll reaper,
 	// which must outlive every Manager using it (close it after Shutdown).
 	Reaper *Reaper
+	// Activity, when set, is touched when a process starts, when output
+	// of a process is read (whichever process of its group or tree wrote
+	// it) and when a process's exit is reported (see package activity).
+	Activity *activity.Clock
 }
 
 // withDefaults validates c and fills in defaults.

@@ -179,6 +179,7 @@ func (m *Manager) watch(p *proc) {
 	m.running--
 	m.mu.Unlock()
 	e := p.finish(time.Now())
+	m.cfg.Activity.TouchAt(e.ExitedAt) // CPU its tree used since the last sample is seen no more
 	m.log.Info("process exited", zap.String("id", p.id), zap.Int("pid", p.pid),
 		zap.Int("code", e.Code), zap.String("signal", e.Signal), zap.Bool("timed_out", e.TimedOut))
 

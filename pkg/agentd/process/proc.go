@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd/activity"
 )
 
 // outputReadSize bounds one read of an output pump: a full output pipe.
@@ -45,7 +47,8 @@ type proc struct {
 	leaderReaped chan struct{}
 	exited       chan struct{} // closed once exit is set and the Manager's bookkeeping done
 
-	stallTimeout time.Duration // Config.FollowerStallTimeout
+	stallTimeout time.Duration   // Config.FollowerStallTimeout
+	activity     *activity.Clock // Config.Activity; nil: not tracked
 
 	// landMu serializes the pumps' reads into the ring (stdout and stderr
 	// share it). It is held only around a non-blocking read, never while a
@@ -425,6 +428,7 @@ func (p *proc) readOnce(fd int, s Stream) (int, error) {
 		}
 		return 0, err
 	}
+	p.activity.Touch() // output written: lock-free, outside p.mu
 	p.mu.Lock()
 	var ok bool
 	if landed {

@@ -319,7 +319,7 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	o.Argv, o.Env = slices.Clone(o.Argv), maps.Clone(o.Env) // the caller may reuse them
 	p = &proc{
 		id: newID(), requestID: o.RequestID, opts: o, argv: pl.argv, dir: pl.dir, user: pl.user,
-		tty: o.TTY, out: newOutputLog(m.cfg.OutputBufferBytes), stallTimeout: m.cfg.FollowerStallTimeout,
+		tty: o.TTY, out: newOutputLog(m.cfg.OutputBufferBytes), stallTimeout: m.cfg.FollowerStallTimeout, activity: m.cfg.Activity,
 		drained: make(chan struct{}), leaderReaped: make(chan struct{}), exited: make(chan struct{}),
 	}
 	var ch *childIO
@@ -352,6 +352,7 @@ func (m *Manager) launch(pl *plan, o StartOptions) (p *proc, err error) {
 	attr.Sys.PidFD = &pidfd // exit notification through the poller, see watch
 
 	p.startedAt = time.Now()
+	m.cfg.Activity.TouchAt(p.startedAt)
 	pid, err := m.reaper.spawn(func() (int, bool, error) {
 		pid, err := syscall.ForkExec(pl.path, pl.argv, attr)
 		if err != nil {

@@ -24,6 +24,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/buildinfo"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
+	"github.com/bulkhead-dev/bulkhead/pkg/agentd/activity"
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd/metrics"
 	agentdv1 "github.com/bulkhead-dev/bulkhead/proto/bulkhead/agentd/v1"
 )
@@ -154,15 +155,21 @@ func New(d *agentd.Daemon, token []byte, insecureNoAuth bool, creds credentials.
 	gate := &drainGate{}
 	rec := newReclaimer(DefaultReclaimIdle, freeMemory, log)
 	recU, recS := rec.interceptors()
+	var clock *activity.Clock // nil without a daemon (tests)
+	if d != nil {
+		clock = d.Activity()
+	}
+	actU, actS := activityInterceptors(clock)
 	logU, logS := requestLog(log)
 	panicU, panicS := recovery(log)
 	// Order: log every call (including auth failures and recovered
 	// panics, which the recovery below turns into Internal), time it for
 	// the metrics (when on), then authenticate, then record activity for
-	// the reclaimer (a caller without the token makes it do nothing), then
-	// refuse new work while draining.
-	unary := []grpc.UnaryServerInterceptor{logU, panicU, auth.unary, recU, gate.unary}
-	stream := []grpc.StreamServerInterceptor{logS, panicS, auth.stream, recS, gate.stream}
+	// the sandbox's idle clock (Info's last_activity) and the reclaimer (a
+	// caller without the token makes neither do anything), then refuse new
+	// work while draining.
+	unary := []grpc.UnaryServerInterceptor{logU, panicU, auth.unary, actU, recU, gate.unary}
+	stream := []grpc.StreamServerInterceptor{logS, panicS, auth.stream, actS, recS, gate.stream}
 	if ms != nil {
 		mU, mS := rpcMetrics(ms)
 		unary = slices.Insert(unary, 1, mU)

@@ -44,6 +44,7 @@ func (s *systemService) RotateToken(ctx context.Context, req *agentdv1.RotateTok
 
 func (s *systemService) Info(context.Context, *agentdv1.InfoRequest) (*agentdv1.InfoResponse, error) {
 	cfg := s.d.Config()
+	last, running := s.d.LastActivity()
 	grants := make([]*agentdv1.PathGrant, 0, len(cfg.Grants))
 	for _, g := range s.d.Workspace().Grants() {
 		grants = append(grants, &agentdv1.PathGrant{Path: g.Path, ReadOnly: g.ReadOnly})
@@ -68,5 +69,8 @@ func (s *systemService) Info(context.Context, *agentdv1.InfoRequest) (*agentdv1.
 		StartedAt: timestamppb.New(s.d.StartedAt()),
 		Pid:       int32(os.Getpid()),
 		Platform:  agentd.Platform(),
+		// Never before started_at: the clock starts there.
+		LastActivity:     timestamppb.New(last),
+		RunningProcesses: int32(running),
 	}, nil
 }

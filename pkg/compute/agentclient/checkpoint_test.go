@@ -5,16 +5,11 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
-	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
-	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/agentclient"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 )
@@ -27,34 +22,9 @@ import (
 // the same address with the same token (the process's output read on from
 // its cursor), and comes back by itself when the lease runs out.
 func TestPrepareCheckpointRealDaemon(t *testing.T) {
-	testenv.Require(t, testenv.Linux)
-	bin := agentdtest.Binaries(t)
-	dir := t.TempDir()
-	ws := filepath.Join(dir, "ws")
-	if err := os.MkdirAll(ws, 0o755); err != nil {
-		t.Fatal(err)
-	}
 	tok := hexToken(t)
-	tokenFile := filepath.Join(dir, "token")
-	if err := os.WriteFile(tokenFile, []byte(tok), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	sock := filepath.Join(dir, "agentd.sock")
-	cmd := exec.Command(bin.Agentd, "--listen", "unix://"+sock, "--token-file", tokenFile, "--workspace", ws)
-	var stderr syncbuf.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		<-exited
-		if t.Failed() {
-			t.Logf("daemon stderr:\n%s", stderr.String())
-		}
-	})
+	d := startRealDaemon(t, tok)
+	cmd, sock, stderr := d.cmd, d.sock, d.stderr
 	ctx := testCtx(t)
 	c := dial(t, "unix://"+sock, tok)
 	if _, err := agentclient.WaitReady(ctx, c, agentclient.ReadyOptions{Timeout: 30 * time.Second}); err != nil {

@@ -327,6 +327,7 @@ func daemonInfoOf(r *agentdv1.InfoResponse) *DaemonInfo {
 		Limits: DaemonLimits{MaxProcesses: int(l.GetMaxProcesses()), OutputBufferBytes: l.GetOutputBufferBytes(),
 			MaxReadBytes: int(l.GetMaxReadBytes()), MaxFileBytes: l.GetMaxFileBytes(), MaxPatchBytes: l.GetMaxPatchBytes()},
 		StartedAt: timeOf(r.GetStartedAt()), PID: int(r.GetPid()), Platform: r.GetPlatform(),
+		LastActivity: timeOf(r.GetLastActivity()), RunningProcesses: int(r.GetRunningProcesses()),
 	}
 	for _, g := range r.GetGrants() {
 		out.Grants = append(out.Grants, PathGrant{Path: g.GetPath(), ReadOnly: g.GetReadOnly()})

@@ -636,6 +636,17 @@ type DaemonInfo struct {
 	PID int
 	// Platform is the daemon's GOOS/GOARCH.
 	Platform string
+	// LastActivity is the daemon's last sign of use of its sandbox: the
+	// latest call other than Info (health checks never count), process
+	// start, exit or output, byte carried by a port forward, or rise of
+	// its processes' CPU time, which the daemon samples at each Info (so
+	// CPU use is seen with the resolution of the Info calls). Never
+	// before StartedAt; Info itself does not move it. Zero from a daemon
+	// that does not report it (Features lacks "system.last_activity").
+	LastActivity time.Time
+	// RunningProcesses is how many processes the daemon started that have
+	// not exited yet.
+	RunningProcesses int
 }
 
 // DaemonLimits are the limits the daemon enforces.

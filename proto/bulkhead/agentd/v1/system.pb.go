@@ -256,9 +256,29 @@ type InfoResponse struct {
 	// The daemon's pid inside the sandbox (1 when it is a container's init).
 	Pid int32 `protobuf:"varint,12,opt,name=pid,proto3" json:"pid,omitempty"`
 	// GOOS/GOARCH of the daemon.
-	Platform      string `protobuf:"bytes,13,opt,name=platform,proto3" json:"platform,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Platform string `protobuf:"bytes,13,opt,name=platform,proto3" json:"platform,omitempty"`
+	// The daemon's last sign of use of its sandbox, as the daemon sees it:
+	// the latest of (a) the start and the end of an authenticated call other
+	// than Info (health checks, which need no token, never count, nor do
+	// calls refused for their token); (b) the start or the end of a process
+	// the daemon runs; (c) output written by such a process or any process
+	// of its group or tree, when the daemon reads it; (d) bytes carried
+	// either way by a port forward (PortService.Forward); (e) CPU time used
+	// by the processes the daemon runs and their descendants, which the
+	// daemon samples when Info is called: a rise since the previous Info
+	// counts as activity at the time of this one, so its resolution is the
+	// interval between Info calls. Never earlier than started_at (a daemon
+	// nobody used reports started_at). Calling Info does not move it (apart
+	// from the CPU time it finds), so a caller may poll Info to learn how
+	// long the sandbox has been idle. Unset from a daemon older than this
+	// field (its features lack "system.last_activity").
+	LastActivity *timestamppb.Timestamp `protobuf:"bytes,14,opt,name=last_activity,json=lastActivity,proto3" json:"last_activity,omitempty"`
+	// How many processes the daemon started that have not exited yet (what
+	// Limits.max_processes bounds). Descendants of those processes are not
+	// counted on their own.
+	RunningProcesses int32 `protobuf:"varint,15,opt,name=running_processes,json=runningProcesses,proto3" json:"running_processes,omitempty"`
+	unknownFields    protoimpl.UnknownFields
+	sizeCache        protoimpl.SizeCache
 }
 
 func (x *InfoResponse) Reset() {
@@ -380,6 +400,20 @@ func (x *InfoResponse) GetPlatform() string {
 		return x.Platform
 	}
 	return ""
+}
+
+func (x *InfoResponse) GetLastActivity() *timestamppb.Timestamp {
+	if x != nil {
+		return x.LastActivity
+	}
+	return nil
+}
+
+func (x *InfoResponse) GetRunningProcesses() int32 {
+	if x != nil {
+		return x.RunningProcesses
+	}
+	return 0
 }
 
 // Limits enforced by the daemon.
@@ -528,7 +562,7 @@ const file_bulkhead_agentd_v1_system_proto_rawDesc = "" +
 	"\x12RotateTokenRequest\x12\x1b\n" +
 	"\tnew_token\x18\x01 \x01(\tR\bnewToken\"\x15\n" +
 	"\x13RotateTokenResponse\"\r\n" +
-	"\vInfoRequest\"\xc6\x03\n" +
+	"\vInfoRequest\"\xb4\x04\n" +
 	"\fInfoResponse\x12\x18\n" +
 	"\aversion\x18\x01 \x01(\tR\aversion\x12\x16\n" +
 	"\x06commit\x18\x02 \x01(\tR\x06commit\x12%\n" +
@@ -544,7 +578,9 @@ const file_bulkhead_agentd_v1_system_proto_rawDesc = "" +
 	"\n" +
 	"started_at\x18\v \x01(\v2\x1a.google.protobuf.TimestampR\tstartedAt\x12\x10\n" +
 	"\x03pid\x18\f \x01(\x05R\x03pid\x12\x1a\n" +
-	"\bplatform\x18\r \x01(\tR\bplatform\"\xd1\x01\n" +
+	"\bplatform\x18\r \x01(\tR\bplatform\x12?\n" +
+	"\rlast_activity\x18\x0e \x01(\v2\x1a.google.protobuf.TimestampR\flastActivity\x12+\n" +
+	"\x11running_processes\x18\x0f \x01(\x05R\x10runningProcesses\"\xd1\x01\n" +
 	"\x06Limits\x12#\n" +
 	"\rmax_processes\x18\x01 \x01(\x05R\fmaxProcesses\x12.\n" +
 	"\x13output_buffer_bytes\x18\x02 \x01(\x03R\x11outputBufferBytes\x12$\n" +
@@ -589,17 +625,18 @@ var file_bulkhead_agentd_v1_system_proto_depIdxs = []int32{
 	6, // 1: bulkhead.agentd.v1.InfoResponse.limits:type_name -> bulkhead.agentd.v1.Limits
 	7, // 2: bulkhead.agentd.v1.InfoResponse.grants:type_name -> bulkhead.agentd.v1.PathGrant
 	9, // 3: bulkhead.agentd.v1.InfoResponse.started_at:type_name -> google.protobuf.Timestamp
-	4, // 4: bulkhead.agentd.v1.SystemService.Info:input_type -> bulkhead.agentd.v1.InfoRequest
-	2, // 5: bulkhead.agentd.v1.SystemService.RotateToken:input_type -> bulkhead.agentd.v1.RotateTokenRequest
-	0, // 6: bulkhead.agentd.v1.SystemService.PrepareCheckpoint:input_type -> bulkhead.agentd.v1.PrepareCheckpointRequest
-	5, // 7: bulkhead.agentd.v1.SystemService.Info:output_type -> bulkhead.agentd.v1.InfoResponse
-	3, // 8: bulkhead.agentd.v1.SystemService.RotateToken:output_type -> bulkhead.agentd.v1.RotateTokenResponse
-	1, // 9: bulkhead.agentd.v1.SystemService.PrepareCheckpoint:output_type -> bulkhead.agentd.v1.PrepareCheckpointResponse
-	7, // [7:10] is the sub-list for method output_type
-	4, // [4:7] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	9, // 4: bulkhead.agentd.v1.InfoResponse.last_activity:type_name -> google.protobuf.Timestamp
+	4, // 5: bulkhead.agentd.v1.SystemService.Info:input_type -> bulkhead.agentd.v1.InfoRequest
+	2, // 6: bulkhead.agentd.v1.SystemService.RotateToken:input_type -> bulkhead.agentd.v1.RotateTokenRequest
+	0, // 7: bulkhead.agentd.v1.SystemService.PrepareCheckpoint:input_type -> bulkhead.agentd.v1.PrepareCheckpointRequest
+	5, // 8: bulkhead.agentd.v1.SystemService.Info:output_type -> bulkhead.agentd.v1.InfoResponse
+	3, // 9: bulkhead.agentd.v1.SystemService.RotateToken:output_type -> bulkhead.agentd.v1.RotateTokenResponse
+	1, // 10: bulkhead.agentd.v1.SystemService.PrepareCheckpoint:output_type -> bulkhead.agentd.v1.PrepareCheckpointResponse
+	8, // [8:11] is the sub-list for method output_type
+	5, // [5:8] is the sub-list for method input_type
+	5, // [5:5] is the sub-list for extension type_name
+	5, // [5:5] is the sub-list for extension extendee
+	0, // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_agentd_v1_system_proto_init() }
