@@ -111,10 +111,14 @@ for finished runs (--max-sandboxes-per-tenant), bytes its git checkouts bring in
 tenant over --fetch-window); over a quota a request fails with ResourceExhausted naming it. Every
 sandbox gets --sandbox-cpus and --sandbox-memory (docker, kubernetes and local providers; local sandboxes
 also a cap of 512 processes, and need a root harness with the cgroup controllers) and --sandbox-disk, which
-bounds what a snapshot restore writes into any sandbox and, for local sandboxes, is a disk cap: their
+bounds what a snapshot restore writes into any sandbox and is a disk cap. Local sandboxes: their
 workspace, homes and other writable directories live on an ext4 file system of that size of their own (a
 loop-mounted image; needs a root harness, mkfs.ext4 and loop devices), where a write past it fails with
-"No space left on device".
+"No space left on device". Docker: the workspace volume is such a file system (the same needs, on the
+engine's host), and the container's writable layer is capped too where the storage driver has quotas
+(overlay2 over xfs with pquota, btrfs, zfs). Kubernetes: an ephemeral-storage limit on the sandbox
+container and a sizeLimit on its workspace emptyDir (or the size of its workspace claim); the kubelet
+evicts a Pod past them, and the command running then fails saying so.
 
 Runs are kept in --store (bolt:PATH, the default under the state directory, or postgres://...). A
 restarted service resumes runs that wait for approval; on SIGTERM running runs stop at the end of
@@ -135,7 +139,7 @@ their turn, their sandboxes are persisted, and the next start continues them.`,
 	fl.IntVar(&f.quotas.sandboxes, "max-sandboxes-per-tenant", service.DefaultSandboxes, "most live sandboxes of one tenant, those kept for finished runs included (-1: no limit)")
 	fl.Float64Var(&f.quotas.cpus, "sandbox-cpus", 0, "CPU limit of every sandbox, e.g. 0.5 (docker, kubernetes, local; default: one CPU)")
 	fl.StringVar(&f.quotas.memory, "sandbox-memory", "", "memory limit of every sandbox, e.g. 2GiB (docker, kubernetes, local; default: 1 GiB)")
-	fl.StringVar(&f.quotas.disk, "sandbox-disk", "", "disk of every sandbox, e.g. 10GiB: the most bytes a snapshot restore may write into it, and for local sandboxes a cap on what their processes write (a file system of that size of their own; default: no cap, restores bounded by the daemon's limit)")
+	fl.StringVar(&f.quotas.disk, "sandbox-disk", "", "disk cap of every sandbox, e.g. 10GiB, and the most bytes a snapshot restore may write into it: local, a file system of that size of its own; docker, the workspace volume on an ext4 file system of that size (and the container's layer where the storage driver has quotas); kubernetes, an ephemeral-storage limit and the workspace emptyDir's sizeLimit (the kubelet evicts the Pod past it); writes past it fail with ENOSPC on local and docker (default: no cap, restores bounded by the daemon's limit)")
 	fl.StringVar(&f.quotas.fetchPerSandbox, "max-fetch-bytes-per-sandbox", "1GiB", "most bytes the git checkouts of one sandbox bring in (none: no limit)")
 	fl.StringVar(&f.quotas.fetchPerTenant, "max-fetch-bytes-per-tenant", "10GiB", "most bytes one tenant's git checkouts bring in per --fetch-window (none: no limit)")
 	fl.DurationVar(&f.quotas.fetchWindow, "fetch-window", service.DefaultFetchWindow, "the window of --max-fetch-bytes-per-tenant (its budget refills evenly over it)")
@@ -381,14 +385,14 @@ func sandboxOptions(provider string) func(service.SandboxResources) (any, error)
 			return &local.CreateOptions{Resources: local.Resources{CPUs: float64(r.MilliCPU) / 1000, Memory: r.MemoryBytes,
 				MaxProcesses: service.DefaultSandboxProcesses, Disk: r.DiskBytes}}, nil
 		}
-		if r.MilliCPU == 0 && r.MemoryBytes == 0 {
+		if r.MilliCPU == 0 && r.MemoryBytes == 0 && r.DiskBytes == 0 {
 			return nil, nil
 		}
 		switch provider {
 		case "docker":
-			return &docker.CreateOptions{Memory: r.MemoryBytes, NanoCPUs: r.MilliCPU * 1_000_000}, nil
+			return &docker.CreateOptions{Memory: r.MemoryBytes, NanoCPUs: r.MilliCPU * 1_000_000, Disk: r.DiskBytes}, nil
 		case "kubernetes":
-			return &kubernetes.CreateOptions{Memory: r.MemoryBytes, MilliCPU: r.MilliCPU}, nil
+			return &kubernetes.CreateOptions{Memory: r.MemoryBytes, MilliCPU: r.MilliCPU, Disk: r.DiskBytes}, nil
 		}
 		return nil, usageErr(compute.ErrInvalidArgument, "--sandbox-cpus, --sandbox-memory: the %s provider cannot cap a sandbox's CPU or memory (docker, kubernetes and local can)", provider)
 	}

@@ -114,6 +114,14 @@ type Config struct {
 	NanoCPUs int64
 	// PidsLimit bounds the processes in the container (0: DefaultPidsLimit; <0: none).
 	PidsLimit int64
+	// Disk caps what a sandbox writes, in bytes (0 or <0: no cap; at least
+	// MinDisk): its workspace volume is an ext4 file system of that size
+	// of its own, and on a storage driver with quotas its writable layer
+	// is capped too (see disk.go). Past it a write fails with ENOSPC.
+	// Needs a root harness on the engine's host, mkfs.ext4 and loop
+	// devices; Launch refuses a cap it cannot apply
+	// (ErrFailedPrecondition), never drops it.
+	Disk int64
 	// Network is the container's network mode (default "none").
 	Network string
 	// PublishedPorts are container ports published on the host.
@@ -152,10 +160,12 @@ type Config struct {
 // CreateOptions are per-sandbox overrides, given as LaunchSpec.Options
 // (*CreateOptions or CreateOptions). Zero fields keep the Config's value.
 type CreateOptions struct {
-	Image          string
-	Memory         int64
-	NanoCPUs       int64
-	PidsLimit      int64
+	Image     string
+	Memory    int64
+	NanoCPUs  int64
+	PidsLimit int64
+	// Disk is the disk cap in bytes (see Config.Disk; 0: the Config's).
+	Disk           int64
 	Network        string
 	PublishedPorts []PortBinding
 	// AgentdArgs are appended to Config.AgentdArgs.
@@ -262,6 +272,7 @@ func checkPorts(network string, ports []PortBinding) error {
 type sandboxSettings struct {
 	image                     string
 	memory, nanoCPUs, pidsLim int64
+	disk                      int64 // bytes; 0: no cap
 	network                   string
 	ports                     []PortBinding
 	args                      []string
@@ -269,7 +280,7 @@ type sandboxSettings struct {
 
 func (c Config) settings(opts any) (sandboxSettings, error) {
 	s := sandboxSettings{
-		image: c.Image, memory: c.Memory, nanoCPUs: c.NanoCPUs, pidsLim: c.PidsLimit,
+		image: c.Image, memory: c.Memory, nanoCPUs: c.NanoCPUs, pidsLim: c.PidsLimit, disk: c.Disk,
 		network: c.Network, ports: c.PublishedPorts, args: append([]string(nil), c.AgentdArgs...),
 	}
 	o, err := compute.OptionsAs[CreateOptions]("docker", "*docker.CreateOptions", opts)
@@ -289,6 +300,9 @@ func (c Config) settings(opts any) (sandboxSettings, error) {
 		if o.PidsLimit != 0 {
 			s.pidsLim = o.PidsLimit
 		}
+		if o.Disk != 0 {
+			s.disk = o.Disk
+		}
 		if o.Network != "" {
 			s.network = o.Network
 		}
@@ -300,6 +314,10 @@ func (c Config) settings(opts any) (sandboxSettings, error) {
 	s.memory = limit(s.memory, DefaultMemory)
 	s.nanoCPUs = limit(s.nanoCPUs, DefaultNanoCPUs)
 	s.pidsLim = limit(s.pidsLim, DefaultPidsLimit)
+	s.disk = max(s.disk, 0)
+	if s.disk > 0 && s.disk < MinDisk {
+		return s, fmt.Errorf("docker: %w: disk cap of %d bytes: at least %d (16 MiB)", compute.ErrInvalidArgument, s.disk, int64(MinDisk))
+	}
 	if err := checkPorts(s.network, s.ports); err != nil {
 		return s, err
 	}

@@ -142,6 +142,12 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	if err := p.checkRuntime(ctx); err != nil {
 		return nil, err
 	}
+	var disk diskPlan
+	if set.disk > 0 {
+		if disk, err = p.planDisk(ctx, set.disk); err != nil {
+			return nil, err
+		}
+	}
 	root := manifest.DefaultRoot
 	if spec.Manifest != nil {
 		root = spec.Manifest.WorkspaceRoot()
@@ -188,7 +194,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		if prior != nil && prior.Volume != "" {
 			volName = prior.Volume
 		}
-		_, err := p.docker.VolumeInspect(ctx, volName, client.VolumeInspectOptions{})
+		vol, err := p.docker.VolumeInspect(ctx, volName, client.VolumeInspectOptions{})
 		switch {
 		case err == nil && prior == nil:
 			return nil, fmt.Errorf("docker: %w: workspace volume %s already exists (left by an earlier sandbox of session %s): launch with that sandbox's state as Prior to reuse it, or destroy it",
@@ -196,8 +202,18 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 		case err == nil:
 			kept = true
 			log.Info("reusing the preserved workspace volume", zap.String("volume", volName))
+			if err := p.reviveDiskVolume(ctx, volName, vol.Volume.Labels, vol.Volume.Options); err != nil {
+				return nil, err
+			}
 		case cerrdefs.IsNotFound(err):
 			labels := p.labels(map[string]string{LabelWorkspaceVolume: "1", LabelSession: spec.SessionID})
+			if disk.size > 0 {
+				if err := p.createDiskVolume(ctx, volName, disk.size, labels); err != nil {
+					return nil, err
+				}
+				cleanup = append(cleanup, func() { _ = p.removeDiskVolume(bg, volName) })
+				break
+			}
 			if _, err := p.docker.VolumeCreate(ctx, client.VolumeCreateOptions{Name: volName, Labels: labels}); err != nil {
 				return nil, p.apiErr("create volume "+volName, err)
 			}
@@ -246,6 +262,9 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 
 	name := containerName(spec.SessionID, key)
 	ccfg, hcfg := p.containerConfig(set, root, dir, volName, labels)
+	if disk.layerQuota {
+		hcfg.StorageOpt = map[string]string{"size": strconv.FormatInt(disk.size, 10)}
+	}
 	created, err := p.docker.ContainerCreate(ctx, client.ContainerCreateOptions{Config: ccfg, HostConfig: hcfg, Name: name})
 	if err != nil {
 		return fail(p.apiErr("create container "+name, err))
@@ -564,9 +583,7 @@ func (p *Provider) Destroy(ctx context.Context, prior json.RawMessage) error {
 	var errs []error
 	errs = append(errs, p.privateDir(st.Key).remove())
 	if p.cfg.DeletePolicy == DeleteAll && st.Volume != "" {
-		if _, err := p.docker.VolumeRemove(ctx, st.Volume, client.VolumeRemoveOptions{}); err != nil && !cerrdefs.IsNotFound(err) {
-			errs = append(errs, p.apiErr("remove volume "+st.Volume, err))
-		}
+		errs = append(errs, p.removeDiskVolume(ctx, st.Volume))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

@@ -192,6 +192,19 @@ type Config struct {
 	// MilliCPU is the CPU limit in thousandths of a CPU (0:
 	// DefaultMilliCPU; <0: none).
 	MilliCPU int64
+	// Disk caps what a sandbox writes to its node's disk, in bytes (0 or
+	// <0: no cap): the sandbox container's ephemeral-storage limit (its
+	// writable layer and logs, and with them the Pod's emptyDirs: the
+	// kubelet evicts a Pod whose total use passes the sum of its
+	// containers' limits), the workspace emptyDir's sizeLimit, and the
+	// storage request of a workspace PVC (VolumeWorkspace; the volume's
+	// provisioner decides whether that size is enforced). The kubelet
+	// enforces ephemeral storage by evicting the Pod, at its periodic
+	// measurement (every few seconds to a minute), not by failing a write:
+	// a session then finds its Pod gone, and its errors say it was evicted
+	// and why. A disk cap is never dropped: a cluster whose kubelets run
+	// without LocalStorageCapacityIsolation has none.
+	Disk int64
 	// RunAsUser, when set, runs the daemon as this non-root uid with
 	// runAsNonRoot and no capabilities at all. Such a daemon cannot create
 	// accounts or switch users: manifests must then name no run_as user
@@ -259,6 +272,8 @@ type CreateOptions struct {
 	Image    string
 	Memory   int64
 	MilliCPU int64
+	// Disk is the disk cap in bytes (see Config.Disk; 0: the Config's).
+	Disk int64
 	// AgentdArgs are appended to Config.AgentdArgs.
 	AgentdArgs []string
 	// VolumeWorkspace puts the workspace on a PersistentVolumeClaim
@@ -474,13 +489,14 @@ func limit(v, def int64) int64 {
 type settings struct {
 	image            string
 	memory, milliCPU int64
+	disk             int64 // bytes; 0: no cap
 	args             []string
 	volume           bool
 	pool             string
 }
 
 func (c Config) settings(opts any) (settings, error) {
-	s := settings{image: c.Image, memory: c.Memory, milliCPU: c.MilliCPU, args: append([]string(nil), c.AgentdArgs...)}
+	s := settings{image: c.Image, memory: c.Memory, milliCPU: c.MilliCPU, disk: c.Disk, args: append([]string(nil), c.AgentdArgs...)}
 	o, err := compute.OptionsAs[CreateOptions]("kubernetes", "*kubernetes.CreateOptions", opts)
 	if err != nil {
 		return s, err
@@ -495,12 +511,16 @@ func (c Config) settings(opts any) (settings, error) {
 		if o.MilliCPU != 0 {
 			s.milliCPU = o.MilliCPU
 		}
+		if o.Disk != 0 {
+			s.disk = o.Disk
+		}
 		s.args = append(s.args, o.AgentdArgs...)
 		s.volume = o.VolumeWorkspace
 		s.pool = o.Pool
 	}
 	s.memory = limit(s.memory, DefaultMemory)
 	s.milliCPU = limit(s.milliCPU, DefaultMilliCPU)
+	s.disk = max(s.disk, 0)
 	for _, a := range s.args {
 		if strings.Contains(a, "token") || strings.Contains(a, "listen") {
 			return s, fmt.Errorf("kubernetes: %w: AgentdArgs %q: the provider sets the token and the listen address itself", compute.ErrInvalidArgument, a)

@@ -168,8 +168,10 @@ func TestWarmPoolClaimsRace(t *testing.T) {
 }
 
 // TestPodDeletedUnderARunningCommand: the Pod deleted (by someone else)
-// while a command streams gives a clear, retryable error; a resume
-// rebuilds the sandbox from the snapshot.
+// while a command runs gives the caller an error saying the sandbox's Pod
+// was deleted (not only "killed by SIGKILL"), ErrUnavailable and not
+// retryable (the command ran); a resume rebuilds the sandbox from the
+// snapshot.
 func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	e := newKubeEnv(t, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
@@ -188,7 +190,7 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	if err := s.Start(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "echo kept > notes.txt"}, compute.ExecOptions{}, nil); err != nil {
+	if _, err := s.Exec(ctx, compute.ProcessSpec{Command: "echo kept > notes.txt"}, compute.ExecOptions{}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Stop(ctx); err != nil { // the snapshot
@@ -198,10 +200,7 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pst, err := DecodeState(st.ProviderState)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pst := sessionPod(t, s)
 	first := make(chan struct{})
 	var once sync.Once
 	type execResult struct {
@@ -210,7 +209,7 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	}
 	done := make(chan execResult, 1)
 	go func() {
-		res, err := s.Agent().Exec(ctx, compute.ProcessSpec{Command: "while true; do echo tick; sleep 0.05; done"}, compute.ExecOptions{},
+		res, err := s.Exec(ctx, compute.ProcessSpec{Command: "echo started; sleep 300"}, compute.ExecOptions{},
 			func(m *compute.ExecEvent) error {
 				if len(m.Chunks) > 0 {
 					once.Do(func() { close(first) })
@@ -224,8 +223,7 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	case r := <-done:
 		t.Fatalf("exec ended before the fault: %v", r.err)
 	}
-	zero := int64(0)
-	if err := e.admin.CoreV1().Pods(e.ns).Delete(ctx, pst.Pod, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+	if err := e.admin.CoreV1().Pods(e.ns).Delete(ctx, pst.Pod, metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	var r execResult
@@ -234,19 +232,15 @@ func TestPodDeletedUnderARunningCommand(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("exec did not end after its pod was deleted")
 	}
-	// The daemon drains on SIGTERM: the command is reported killed, or,
-	// when the stream is cut first, Exec fails with ErrUnavailable (not
-	// retryable: the command ran).
-	switch {
-	case r.err != nil:
-		t.Logf("exec after the pod was deleted: %v", r.err)
-		if !errors.Is(r.err, compute.ErrUnavailable) || compute.Retryable(r.err) {
-			t.Errorf("exec error %v: want ErrUnavailable, not retryable", r.err)
-		}
-	case r.exit.Signal == "":
-		t.Errorf("exec ended without an error or a signal: %v", r.exit)
-	default:
-		t.Logf("exec after the pod was deleted: killed by %s", r.exit.Signal)
+	// The daemon drains on SIGTERM and kills the command, or the stream
+	// is cut first: either way the caller is told the Pod was deleted.
+	if r.err == nil {
+		t.Fatalf("exec on a deleted pod ended with %+v and no error", r.exit)
+	}
+	t.Logf("exec after the pod was deleted: %v", r.err)
+	if !errors.Is(r.err, compute.ErrUnavailable) || compute.Retryable(r.err) ||
+		!strings.Contains(r.err.Error(), "Pod "+e.ns+"/"+pst.Pod+" was deleted") {
+		t.Errorf("exec error %v: want ErrUnavailable saying the Pod was deleted, not retryable", r.err)
 	}
 	// Later calls fail, retryable.
 	short, cancelShort := context.WithTimeout(ctx, 3*time.Second)

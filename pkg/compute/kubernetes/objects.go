@@ -90,6 +90,14 @@ func (p *Provider) podFor(pp podParams) *corev1.Pod {
 		res.Requests[corev1.ResourceCPU] = *resource.NewMilliQuantity(min(pp.set.milliCPU, 50), resource.DecimalSI)
 	}
 	ws := corev1.Volume{Name: workspaceVolume, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}}
+	if pp.set.disk > 0 {
+		// The kubelet evicts the Pod when its emptyDir passes sizeLimit, or
+		// when the container's layer and logs plus the emptyDirs pass the
+		// limit (Config.Disk).
+		res.Limits[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(pp.set.disk, resource.BinarySI)
+		res.Requests[corev1.ResourceEphemeralStorage] = *resource.NewQuantity(min(pp.set.disk, 64<<20), resource.BinarySI)
+		ws.EmptyDir.SizeLimit = resource.NewQuantity(pp.set.disk, resource.BinarySI)
+	}
 	if pp.volume != "" {
 		ws.VolumeSource = corev1.VolumeSource{PersistentVolumeClaim: &corev1.PersistentVolumeClaimVolumeSource{ClaimName: pp.volume}}
 	}
@@ -220,14 +228,19 @@ func (p *Provider) policyFor(key string, labels map[string]string) *networkingv1
 }
 
 // claimFor is a workspace PVC (its labels and annotations mark whose it
-// is: volumeFor).
-func (p *Provider) claimFor(name string, labels, annots map[string]string) *corev1.PersistentVolumeClaim {
+// is: volumeFor) of Config.VolumeSize, or of the disk cap when one is set
+// (disk > 0).
+func (p *Provider) claimFor(name string, labels, annots map[string]string, disk int64) *corev1.PersistentVolumeClaim {
+	size := p.cfg.VolumeSize
+	if disk > 0 {
+		size = *resource.NewQuantity(disk, resource.BinarySI)
+	}
 	return &corev1.PersistentVolumeClaim{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: p.cfg.Namespace, Labels: labels, Annotations: annots},
 		Spec: corev1.PersistentVolumeClaimSpec{
 			AccessModes:      []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce},
 			StorageClassName: p.cfg.StorageClassName,
-			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: p.cfg.VolumeSize}},
+			Resources:        corev1.VolumeResourceRequirements{Requests: corev1.ResourceList{corev1.ResourceStorage: size}},
 		},
 	}
 }

@@ -246,7 +246,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			// Each cleanup is registered before its create: a create whose
 			// answer was lost (the API server restarting) may have happened.
 			cleanup = append(cleanup, func(bg context.Context) { p.deleteRetrying(bg, "persistentvolumeclaims", volName) })
-			if _, err := p.client.CoreV1().PersistentVolumeClaims(p.cfg.Namespace).Create(ctx, p.claimFor(volName, vl, va), metav1.CreateOptions{}); err != nil {
+			if _, err := p.client.CoreV1().PersistentVolumeClaims(p.cfg.Namespace).Create(ctx, p.claimFor(volName, vl, va, set.disk), metav1.CreateOptions{}); err != nil {
 				return fail(p.apiErr("create", "persistentvolumeclaims", volName, err))
 			}
 		default:
@@ -366,6 +366,7 @@ func (p *Provider) connect(ctx context.Context, st State, pod *corev1.Pod, token
 	if err != nil {
 		return nil, err
 	}
+	dopts = append(dopts, p.podGoneOptions(st)...)
 	dopts = append(dopts, p.cfg.AgentDialOptions...)
 	ac, err := agentclient.Dial(agentclient.Options{Address: addr, Token: token, DialOptions: dopts, TracerProvider: compute.RPCTracing(ctx)})
 	if err != nil {
