@@ -151,6 +151,9 @@ func endSpan(span trace.Span, err error) {
 // Provider returns the provider's name.
 func (c *Client) Provider() string { return c.p.Name() }
 
+// Snapshots returns the client's snapshot store (nil when it has none).
+func (c *Client) Snapshots() snapshot.Store { return c.opts.Snapshots }
+
 // CreateOptions describes a new session.
 type CreateOptions struct {
 	// Manifest is the trusted manifest of the workspace (nil: empty).

@@ -137,11 +137,20 @@ func decisionOf(r *harnessv1.ApproveToolCallRequest) manager.Decision {
 func sandboxProto(sb manager.Sandbox) *harnessv1.Sandbox {
 	out := &harnessv1.Sandbox{SandboxId: sb.ID, RunId: sb.RunID, Provider: sb.Provider, CreateTime: timestamppb.New(sb.Created),
 		Status: harnessv1.SandboxStatus_SANDBOX_STATUS_STOPPED, ExpireTime: timeProto(sb.Expires), Labels: sb.Labels}
-	if sb.Status == manager.SandboxRunning {
+	switch sb.Status {
+	case manager.SandboxRunning:
 		out.Status = harnessv1.SandboxStatus_SANDBOX_STATUS_RUNNING
+	case manager.SandboxPaused:
+		out.Status, out.KeepMemory = harnessv1.SandboxStatus_SANDBOX_STATUS_PAUSED, sb.KeepMemory
 	}
 	if sb.IdleTimeout > 0 {
 		out.IdleTimeout = durationpb.New(sb.IdleTimeout)
+	}
+	switch sb.OnIdle {
+	case manager.OnIdleDelete:
+		out.OnIdle = harnessv1.OnIdle_ON_IDLE_DELETE
+	case manager.OnIdlePause:
+		out.OnIdle = harnessv1.OnIdle_ON_IDLE_PAUSE
 	}
 	return out
 }
@@ -167,7 +176,18 @@ func sandboxSpecOf(r *harnessv1.CreateSandboxRequest) (manager.SandboxSpec, erro
 	if err != nil {
 		return manager.SandboxSpec{}, err
 	}
-	return manager.SandboxSpec{Manifest: r.GetManifest(), TTL: ttl, IdleTimeout: idle, Labels: r.GetLabels()}, nil
+	var onIdle manager.OnIdle
+	switch r.GetOnIdle() {
+	case harnessv1.OnIdle_ON_IDLE_UNSPECIFIED:
+	case harnessv1.OnIdle_ON_IDLE_DELETE:
+		onIdle = manager.OnIdleDelete
+	case harnessv1.OnIdle_ON_IDLE_PAUSE:
+		onIdle = manager.OnIdlePause
+	default:
+		return manager.SandboxSpec{}, invalid("on_idle", "unknown idle policy %d", r.GetOnIdle())
+	}
+	return manager.SandboxSpec{Manifest: r.GetManifest(), TTL: ttl, IdleTimeout: idle, Labels: r.GetLabels(),
+		FromSnapshot: r.GetFromSnapshot(), OnIdle: onIdle}, nil
 }
 
 // sandboxStatusOf is a SandboxStatus filter ("" for unspecified).
@@ -179,6 +199,8 @@ func sandboxStatusOf(st harnessv1.SandboxStatus) (manager.SandboxStatus, error) 
 		return manager.SandboxRunning, nil
 	case harnessv1.SandboxStatus_SANDBOX_STATUS_STOPPED:
 		return manager.SandboxStopped, nil
+	case harnessv1.SandboxStatus_SANDBOX_STATUS_PAUSED:
+		return manager.SandboxPaused, nil
 	}
 	return "", invalid("status", "unknown sandbox status %d", st)
 }

@@ -98,6 +98,8 @@ type envOptions struct {
 	auth auth.Authenticator
 	// wrap, when set, wraps the local provider (to watch its launches).
 	wrap func(compute.Provider) compute.Provider
+	// local, when set, adjusts the local provider's config (isolation).
+	local func(*local.Config)
 }
 
 func newEnvWith(t *testing.T, o envOptions) *env {
@@ -119,7 +121,11 @@ func newEnvWith(t *testing.T, o envOptions) *env {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.prov, err = local.New(local.Config{StateDir: filepath.Join(dir, "sandboxes"), AgentdPath: agentdtest.Binaries(t).Agentd, Isolation: local.IsolationNone}, e.log)
+	lcfg := local.Config{StateDir: filepath.Join(dir, "sandboxes"), AgentdPath: agentdtest.Binaries(t).Agentd, Isolation: local.IsolationNone}
+	if o.local != nil {
+		o.local(&lcfg)
+	}
+	e.prov, err = local.New(lcfg, e.log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,10 +33,20 @@ import (
 // operator's caps (Config.ProviderOptions) like a run's.
 //
 // Deadlines. A sandbox is deleted at its ttl (from its creation, or from
-// the last SetTimeout), or once no call used it for its idle timeout,
+// the last SetTimeout), or once it was idle for its idle timeout,
 // whichever comes first; a call in progress (a command, a terminal, a
-// file transfer) is use until it ends. The ttl deadline is stored; the
-// idle clock is this process's: after a restart it starts again.
+// file transfer) is use until it ends. When the idle deadline comes, the
+// sandbox's daemon is asked for its own last activity (pause.go): a
+// sandbox busy on its own (a build left running) is not idle. A sandbox
+// whose OnIdle is OnIdlePause is paused then rather than deleted, and its
+// next call resumes it. A paused sandbox has no idle clock; its ttl
+// stands. The ttl deadline is stored; the idle clock is this process's:
+// after a restart it starts again.
+//
+// Snapshots (snapshots.go): SnapshotSandbox keeps a sandbox's workspace
+// under a name the tenant owns, ForkSandbox makes sandboxes from a
+// sandbox's current workspace, and CreateSandbox can start from a
+// snapshot.
 //
 // Every call of the sandbox API (commands, files, terminals; sandbox.go,
 // commands.go) works on these and on runs' sandboxes alike, through
@@ -65,6 +75,8 @@ type SandboxPolicy struct {
 	// MaxFileBytes).
 	MaxTarBytes   int64
 	MaxTarEntries int
+	// MaxForks bounds ForkSandbox's count.
+	MaxForks int
 }
 
 // Defaults of SandboxPolicy.
@@ -78,6 +90,7 @@ const (
 	DefaultMaxFileBytes       = 256 << 20 // 256 MiB
 	DefaultMaxTarBytes        = 1 << 30   // 1 GiB
 	DefaultMaxTarEntries      = 10000
+	DefaultMaxForks           = 16
 	// minSandboxTimeout is the shortest ttl or idle timeout.
 	minSandboxTimeout = time.Second
 )
@@ -114,6 +127,9 @@ func (p SandboxPolicy) withDefaults() (SandboxPolicy, error) {
 	if p.MaxTarEntries == 0 {
 		p.MaxTarEntries = DefaultMaxTarEntries
 	}
+	if p.MaxForks == 0 {
+		p.MaxForks = DefaultMaxForks
+	}
 	switch {
 	case p.DefaultTTL < minSandboxTimeout || p.DefaultTTL > p.MaxTTL:
 		return p, fmt.Errorf("sandbox policy: the default ttl %s is not between %s and the maximum %s", p.DefaultTTL, minSandboxTimeout, p.MaxTTL)
@@ -121,7 +137,7 @@ func (p SandboxPolicy) withDefaults() (SandboxPolicy, error) {
 		return p, fmt.Errorf("sandbox policy: the default idle timeout %s is not between %s and the maximum %s", p.DefaultIdleTimeout, minSandboxTimeout, p.MaxIdleTimeout)
 	case p.DefaultCommandTimeout <= 0 || p.DefaultCommandTimeout > p.MaxCommandTimeout:
 		return p, fmt.Errorf("sandbox policy: the default command timeout %s is not between 0 and the maximum %s", p.DefaultCommandTimeout, p.MaxCommandTimeout)
-	case p.MaxOutputBytes < 0 || p.MaxFileBytes < 0 || p.MaxTarBytes < 0 || p.MaxTarEntries < 0:
+	case p.MaxOutputBytes < 0 || p.MaxFileBytes < 0 || p.MaxTarBytes < 0 || p.MaxTarEntries < 0 || p.MaxForks < 0:
 		return p, errors.New("sandbox policy: byte caps must be positive")
 	}
 	return p, nil
@@ -132,6 +148,9 @@ type apiSandboxes struct {
 	policy SandboxPolicy
 	// boxes are the live ones, by id (under Manager.mu).
 	boxes map[string]*box
+	// snaps are the named snapshots' records, by id (under Manager.mu;
+	// replaced, never changed in place).
+	snaps map[string]*store.Sandbox
 }
 
 // box is a live sandbox made through the API. Its fields but id and
@@ -142,9 +161,11 @@ type box struct {
 	// sess is nil while the sandbox is not attached (after a restart).
 	sess *compute.Session
 	// busy counts the calls using it; lastUsed is when the last one
-	// started or ended (the idle clock).
+	// started or ended (the idle clock); activity is the daemon's last
+	// activity as last reported (pause.go).
 	busy     int
 	lastUsed time.Time
+	activity time.Time
 	timer    *time.Timer
 	// gone is set once its deletion started.
 	gone bool
@@ -153,12 +174,16 @@ type box struct {
 	attach, save sync.Mutex
 }
 
-// deadline is when b goes, as of now: its ttl, or its idle deadline
-// (counted from now while a call uses it).
+// deadline is when b goes (or pauses), as of now: its ttl, or its idle
+// deadline (counted from now while a call uses it; none while it is
+// paused).
 func (b *box) deadline(now time.Time) time.Time {
 	d := b.rec.Expires
-	if idle := b.rec.IdleTimeout; idle > 0 {
+	if idle := b.rec.IdleTimeout; idle > 0 && !b.rec.Paused {
 		last := b.lastUsed
+		if b.activity.After(last) {
+			last = b.activity
+		}
 		if b.busy > 0 {
 			last = now
 		}
@@ -172,8 +197,14 @@ func (b *box) deadline(now time.Time) time.Time {
 // view is b as a tenant sees it (m.mu held).
 func (b *box) view() Sandbox {
 	sb := Sandbox{ID: b.id, Provider: b.rec.Provider, Created: b.rec.Created, Expires: b.rec.Expires,
-		Labels: maps.Clone(b.rec.Labels), IdleTimeout: b.rec.IdleTimeout, Status: SandboxStopped}
-	if b.sess != nil {
+		Labels: maps.Clone(b.rec.Labels), IdleTimeout: b.rec.IdleTimeout, Status: SandboxStopped, OnIdle: OnIdleDelete}
+	if b.rec.OnIdle == string(OnIdlePause) {
+		sb.OnIdle = OnIdlePause
+	}
+	switch {
+	case b.rec.Paused:
+		sb.Status, sb.KeepMemory = SandboxPaused, b.rec.KeepMemory
+	case b.sess != nil:
 		sb.Status = SandboxRunning
 	}
 	return sb
@@ -205,7 +236,18 @@ func (m *Manager) CreateSandbox(ctx context.Context, tenant string, spec Sandbox
 	if err := checkLabels("labels", spec.Labels); err != nil {
 		return nil, err
 	}
-	man, err := parseManifest(spec.Manifest)
+	onIdle, err := checkOnIdle(spec.OnIdle)
+	if err != nil {
+		return nil, err
+	}
+	var seed *store.Sandbox
+	manText := spec.Manifest
+	if spec.FromSnapshot != "" {
+		if seed, manText, err = m.seedOf(tenant, spec); err != nil {
+			return nil, err
+		}
+	}
+	man, err := parseManifest(manText)
 	if err != nil {
 		return nil, err
 	}
@@ -213,6 +255,10 @@ func (m *Manager) CreateSandbox(ctx context.Context, tenant string, spec Sandbox
 		if err := m.cfg.CheckManifest(man); err != nil {
 			return nil, manifestErr(err)
 		}
+	}
+	seedID := ""
+	if seed != nil {
+		seedID, man = seed.ID, m.inheritAccount(man, seed.SessionState)
 	}
 	m.mu.Lock()
 	closing := m.closing
@@ -223,7 +269,7 @@ func (m *Manager) CreateSandbox(ctx context.Context, tenant string, spec Sandbox
 	if hasGit(man) && m.usage.fetchLeft(tenant) <= 0 {
 		return nil, m.usage.errFetchBudget()
 	}
-	specData, err := json.Marshal(sandboxSpecJSON{Manifest: spec.Manifest})
+	specData, err := json.Marshal(sandboxSpecJSON{Manifest: manText})
 	if err != nil {
 		return nil, err
 	}
@@ -233,7 +279,15 @@ func (m *Manager) CreateSandbox(ctx context.Context, tenant string, spec Sandbox
 	}
 	now := m.now()
 	rec := &store.Sandbox{ID: id, Tenant: tenant, Created: now, Updated: now, Spec: specData, Labels: maps.Clone(spec.Labels),
-		Expires: now.Add(ttl), IdleTimeout: idle}
+		Expires: now.Add(ttl), IdleTimeout: idle, OnIdle: onIdle}
+	return m.newBox(ctx, rec, man, seedID)
+}
+
+// newBox stores rec, a new API sandbox's record whose sandbox slot is
+// taken, and makes its sandbox from man, its workspace seeded from the
+// snapshot seed when it is not "". On failure the slot is given back.
+func (m *Manager) newBox(ctx context.Context, rec *store.Sandbox, man *manifest.Manifest, seed string) (*Sandbox, error) {
+	id, tenant, now := rec.ID, rec.Tenant, rec.Created
 	if err := m.cfg.Store.CreateSandbox(ctx, rec); err != nil {
 		m.usage.releaseSandbox(tenant, id)
 		return nil, err
@@ -247,6 +301,12 @@ func (m *Manager) CreateSandbox(ctx context.Context, tenant string, spec Sandbox
 	m.mu.Unlock()
 	bctx, cancel := m.bound(ctx)
 	defer cancel()
+	if seed != "" {
+		if _, err := m.copySnapshot(bctx, seed, id); err != nil {
+			_ = m.dropBox(b, "its creation failed")
+			return nil, err
+		}
+	}
 	if err := m.makeBox(bctx, b, man); err != nil {
 		_ = m.dropBox(b, "its creation failed")
 		return nil, err
@@ -306,7 +366,10 @@ func (m *Manager) saveBoxState(ctx context.Context, b *box, sess *compute.Sessio
 	if err != nil {
 		return err
 	}
-	return m.updateBox(ctx, b, func(r *store.Sandbox) { r.SessionState, r.Provider = data, sess.Provider() })
+	return m.updateBox(ctx, b, func(r *store.Sandbox) {
+		r.SessionState, r.Provider = data, sess.Provider()
+		r.Paused, r.KeepMemory, r.ResumeOnCall = false, false, false // running
+	})
 }
 
 // updateBox applies fn to b's record and saves it.
@@ -351,12 +414,13 @@ func (m *Manager) armBoxLocked(b *box) {
 			m.mu.Unlock()
 			return
 		}
-		reason := "its ttl passed"
 		if b.rec.Expires.After(now) {
-			reason = "it was idle for its idle timeout"
+			m.mu.Unlock()
+			m.tasks.goTracked(func() { m.idleBox(b) })
+			return
 		}
 		m.mu.Unlock()
-		m.tasks.goTracked(func() { _ = m.dropBox(b, reason) })
+		m.tasks.goTracked(func() { _ = m.dropBox(b, "its ttl passed") })
 	})
 	b.timer = t
 }
@@ -400,8 +464,23 @@ func (m *Manager) dropBox(b *box, reason string) error {
 	switch {
 	case sess != nil:
 		err = m.cfg.Compute.Delete(ctx, sess)
+	case len(rec.SessionState) > 0 && rec.Paused:
+		// Not restored only to be deleted (its checkpoint goes with it).
+		var st *compute.State
+		if st, err = m.cfg.Compute.DecodeState(rec.SessionState); err == nil {
+			err = m.cfg.Compute.DeleteState(ctx, st)
+		}
 	case len(rec.SessionState) > 0:
 		err = m.destroyState(ctx, rec.SessionState)
+	}
+	if err == nil {
+		// Its workspace snapshot (a pause's, a fork's or a snapshot's
+		// source) is nobody's any more.
+		if snaps := m.cfg.Compute.Snapshots(); snaps != nil {
+			if derr := snaps.Delete(ctx, b.id); derr != nil {
+				m.log.Warn("deleting an API sandbox's workspace snapshot", zap.String("sandbox", b.id), zap.Error(derr))
+			}
+		}
 	}
 	if err != nil && !errors.Is(err, errkind.ErrInvalidArgument) {
 		m.log.Warn("deleting an API sandbox", zap.String("sandbox", b.id), zap.String("why", reason), zap.Error(err))
@@ -447,6 +526,10 @@ func (m *Manager) open(ctx context.Context, tenant, id string) (*compute.Session
 		m.mu.Unlock()
 		return nil, nil, errNoSandbox
 	}
+	if b.rec.Paused && !b.rec.ResumeOnCall {
+		m.mu.Unlock()
+		return nil, nil, errPaused(id)
+	}
 	b.busy++
 	b.lastUsed = m.now()
 	sess := b.sess
@@ -472,6 +555,13 @@ func (m *Manager) open(ctx context.Context, tenant, id string) (*compute.Session
 func (m *Manager) attachBox(ctx context.Context, b *box) (*compute.Session, error) {
 	b.attach.Lock()
 	defer b.attach.Unlock()
+	return m.attachHeld(ctx, b)
+}
+
+// attachHeld is attachBox with b.attach held. A paused sandbox is resumed
+// (with its memory when its pause kept it; from its workspace when that
+// restore fails).
+func (m *Manager) attachHeld(ctx context.Context, b *box) (*compute.Session, error) {
 	m.mu.Lock()
 	gone, sess, rec := b.gone, b.sess, b.rec
 	m.mu.Unlock()
@@ -488,7 +578,12 @@ func (m *Manager) attachBox(ctx context.Context, b *box) (*compute.Session, erro
 		return nil, fmt.Errorf("sandbox state of %s: %w", b.id, err)
 	}
 	actx := withFetchAccount(ctx, m.usage.fetchAccount(b.tenant))
-	sess, err = m.cfg.Compute.Resume(actx, st, compute.WithLimits(m.limits), compute.WithProviderOptions(m.providerOpts))
+	opts := []compute.ResumeOption{compute.WithLimits(m.limits), compute.WithProviderOptions(m.providerOpts)}
+	sess, err = m.cfg.Compute.Resume(actx, st, opts...)
+	if err != nil && st.Paused && ctx.Err() == nil {
+		m.log.Warn("restoring a paused sandbox's memory failed; resuming it from its workspace", zap.String("sandbox", b.id), zap.Error(err))
+		sess, err = m.cfg.Compute.Resume(actx, st, append(opts, compute.DiscardMemory())...)
+	}
 	if err != nil {
 		return nil, quotaCause(actx, err)
 	}
@@ -507,6 +602,7 @@ func (m *Manager) attachBox(ctx context.Context, b *box) (*compute.Session, erro
 		return nil, errShuttingDown
 	}
 	b.sess = sess
+	m.armBoxLocked(b) // its idle clock runs again
 	return sess, nil
 }
 
@@ -793,6 +889,13 @@ func (m *Manager) recoverAPISandboxes(ctx context.Context) error {
 	now := m.now()
 	var kept, reaped int
 	for _, rec := range recs {
+		if rec.Kind == store.KindSnapshot {
+			m.mu.Lock()
+			m.usage.holdSnapshot(rec.Tenant, rec.ID)
+			m.api.snaps[rec.ID] = rec
+			m.mu.Unlock()
+			continue
+		}
 		b := &box{id: rec.ID, tenant: rec.Tenant, rec: rec, lastUsed: now}
 		m.mu.Lock()
 		m.usage.holdSandbox(rec.Tenant, rec.ID)

@@ -271,7 +271,7 @@ func New(ctx context.Context, cfg Config) (*Manager, error) {
 	if err := m.countRuns(ctx); err != nil {
 		return fail(err)
 	}
-	m.api = apiSandboxes{policy: pol, boxes: map[string]*box{}}
+	m.api = apiSandboxes{policy: pol, boxes: map[string]*box{}, snaps: map[string]*store.Sandbox{}}
 	if err := m.recoverAPISandboxes(ctx); err != nil {
 		return fail(err)
 	}

@@ -36,6 +36,9 @@ type Quotas struct {
 	// deleted, and the ones it made through the API (CreateSandbox) until
 	// they are deleted (default DefaultSandboxes).
 	Sandboxes int
+	// Snapshots bounds a tenant's named snapshots (SnapshotSandbox) until
+	// they are deleted (default DefaultSnapshots).
+	Snapshots int
 	// Sandbox caps every sandbox the service makes. Requests cannot ask
 	// for resources (neither StartRunRequest nor an untrusted manifest has
 	// a field for them): every sandbox gets these caps.
@@ -56,6 +59,7 @@ type Quotas struct {
 const (
 	DefaultRuns                 = 8
 	DefaultSandboxes            = 16
+	DefaultSnapshots            = 64
 	DefaultFetchBytesPerSandbox = 1 << 30  // 1 GiB
 	DefaultFetchBytes           = 10 << 30 // 10 GiB
 	DefaultFetchWindow          = 24 * time.Hour
@@ -114,6 +118,9 @@ func (q Quotas) withDefaults() (Quotas, error) {
 	if q.Sandboxes == 0 {
 		q.Sandboxes = DefaultSandboxes
 	}
+	if q.Snapshots == 0 {
+		q.Snapshots = DefaultSnapshots
+	}
 	if q.FetchBytesPerSandbox == 0 {
 		q.FetchBytesPerSandbox = DefaultFetchBytesPerSandbox
 	}
@@ -137,6 +144,7 @@ func (q Quotas) withDefaults() (Quotas, error) {
 const (
 	quotaRuns            = "runs per tenant"
 	quotaSandboxes       = "sandboxes per tenant"
+	quotaSnapshots       = "snapshots per tenant"
 	quotaFetchPerSandbox = "git fetch bytes per sandbox"
 	quotaFetchPerTenant  = "git fetch bytes per tenant"
 )
@@ -168,12 +176,13 @@ type usage struct {
 	mu        sync.Mutex
 	runs      map[string]map[string]struct{} // tenant -> active run ids
 	sandboxes map[string]map[string]struct{} // tenant -> run ids holding a sandbox, and API sandbox ids
+	snapshots map[string]map[string]struct{} // tenant -> snapshot ids
 	fetch     map[string]*bucket             // tenant -> git fetch budget
 }
 
 func newUsage(q Quotas, now func() time.Time) *usage {
 	return &usage{q: q, now: now, runs: map[string]map[string]struct{}{}, sandboxes: map[string]map[string]struct{}{},
-		fetch: map[string]*bucket{}}
+		snapshots: map[string]map[string]struct{}{}, fetch: map[string]*bucket{}}
 }
 
 // reserve takes a run slot for runID and, when sandbox is set, a sandbox
@@ -202,19 +211,64 @@ func (u *usage) reserve(tenant, runID string, sandbox bool) error {
 // reserveSandbox takes a sandbox slot for a sandbox made through the API
 // (by its id, which no run id equals).
 func (u *usage) reserveSandbox(tenant, id string) error {
+	return u.reserveSandboxes(tenant, id)
+}
+
+// reserveSandboxes takes a sandbox slot for each of ids (API sandboxes
+// about to be made: a fork's), all or none.
+func (u *usage) reserveSandboxes(tenant string, ids ...string) error {
 	u.mu.Lock()
 	defer u.mu.Unlock()
 	sbs := u.sandboxes[tenant]
-	if _, has := sbs[id]; has {
+	n := 0
+	for _, id := range ids {
+		if _, has := sbs[id]; !has {
+			n++
+		}
+	}
+	if n == 0 {
 		return nil
 	}
-	if u.q.Sandboxes > 0 && len(sbs) >= u.q.Sandboxes {
+	if u.q.Sandboxes > 0 && len(sbs)+n > u.q.Sandboxes {
 		return &quotaError{quota: quotaSandboxes, msg: fmt.Sprintf(
-			"the tenant holds %d sandboxes (of its active runs, of finished runs until their retention ends, and made with CreateSandbox) and the limit is %d; delete one",
-			len(sbs), u.q.Sandboxes)}
+			"the tenant holds %d sandboxes (of its active runs, of finished runs until their retention ends, and made with CreateSandbox or ForkSandbox), asks for %d more, and the limit is %d; delete some",
+			len(sbs), n, u.q.Sandboxes)}
 	}
-	add(u.sandboxes, tenant, id)
+	for _, id := range ids {
+		add(u.sandboxes, tenant, id)
+	}
 	return nil
+}
+
+// reserveSnapshot takes a snapshot slot for a named snapshot.
+func (u *usage) reserveSnapshot(tenant, id string) error {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	snaps := u.snapshots[tenant]
+	if _, has := snaps[id]; has {
+		return nil
+	}
+	if u.q.Snapshots > 0 && len(snaps) >= u.q.Snapshots {
+		return &quotaError{quota: quotaSnapshots, msg: fmt.Sprintf(
+			"the tenant holds %d snapshots and the limit is %d; delete one (DeleteSnapshot)", len(snaps), u.q.Snapshots)}
+	}
+	add(u.snapshots, tenant, id)
+	return nil
+}
+
+// holdSnapshot takes a snapshot slot unchecked (a snapshot an earlier
+// service took).
+func (u *usage) holdSnapshot(tenant, id string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	add(u.snapshots, tenant, id)
+}
+
+// releaseSnapshot gives a snapshot slot back.
+func (u *usage) releaseSnapshot(tenant, id string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	remove(u.snapshots, tenant, id)
 }
 
 // hold takes the slots without checking the quotas: runs an earlier

@@ -179,6 +179,21 @@ const (
 	// restart, a sandbox kept for a finished run of an earlier manager);
 	// using it reattaches it.
 	SandboxStopped SandboxStatus = "stopped"
+	// SandboxPaused: an API sandbox paused (PauseSandbox, or by its
+	// OnIdle policy): persisted and stopped until it is resumed.
+	SandboxPaused SandboxStatus = "paused"
+)
+
+// OnIdle is what happens to an API sandbox once it was idle for its idle
+// timeout.
+type OnIdle string
+
+// OnIdle policies.
+const (
+	// OnIdleDelete deletes it (the default, "").
+	OnIdleDelete OnIdle = "delete"
+	// OnIdlePause pauses it (PauseSandbox); its next call resumes it.
+	OnIdlePause OnIdle = "pause"
 )
 
 // Sandbox is a tenant's sandbox: a run's, or one made with CreateSandbox
@@ -193,8 +208,29 @@ type Sandbox struct {
 	Expires time.Time
 	// Labels are an API sandbox's labels (a run's has none).
 	Labels map[string]string
-	// IdleTimeout deletes an API sandbox once no call used it this long.
+	// IdleTimeout deletes (or pauses, see OnIdle) an API sandbox once it
+	// was idle this long.
 	IdleTimeout time.Duration
+	// OnIdle is an API sandbox's idle policy (OnIdleDelete or
+	// OnIdlePause).
+	OnIdle OnIdle
+	// KeepMemory: a paused sandbox's pause kept its memory and processes.
+	KeepMemory bool
+}
+
+// Snapshot is a tenant's named snapshot of a sandbox's workspace
+// (SnapshotSandbox), to make sandboxes from
+// (SandboxSpec.FromSnapshot).
+type Snapshot struct {
+	ID string
+	// SandboxID is the sandbox it was taken of (maybe gone since).
+	SandboxID string
+	Created   time.Time
+	// Size is the stored archive's size in bytes.
+	Size int64
+	// KeepMemory is false: snapshots hold the workspace only.
+	KeepMemory bool
+	Labels     map[string]string
 }
 
 // SandboxSpec is how a sandbox is asked for (CreateSandbox). Every field
@@ -214,6 +250,11 @@ type SandboxSpec struct {
 	// of 1 to 63 bytes of a-z, 0-9, '.', '_', '-', '/', starting and ending
 	// with a letter or digit; values at most 256 bytes of text.
 	Labels map[string]string `json:"-"`
+	// FromSnapshot starts the sandbox from one of the tenant's snapshots
+	// (its workspace and its manifest; Manifest must then be "").
+	FromSnapshot string `json:"-"`
+	// OnIdle is what happens once it is idle ("": OnIdleDelete).
+	OnIdle OnIdle `json:"-"`
 }
 
 // ListSandboxesOptions filter and page ListSandboxes.

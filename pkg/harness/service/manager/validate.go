@@ -125,6 +125,9 @@ func checkRunID(field, id string) error { return checkID(field, id, "run-") }
 // checkSandboxID checks a sandbox id field.
 func checkSandboxID(field, id string) error { return checkID(field, id, "sbx-") }
 
+// checkSnapshotID checks a snapshot id field.
+func checkSnapshotID(field, id string) error { return checkID(field, id, "snap-") }
+
 // clip shortens a value quoted in an error.
 func clip(s string) string {
 	if len(s) > 80 {
@@ -666,7 +669,7 @@ func checkSandboxListOptions(o ListSandboxesOptions) error {
 		return err
 	}
 	switch o.Status {
-	case "", SandboxRunning, SandboxStopped:
+	case "", SandboxRunning, SandboxStopped, SandboxPaused:
 	default:
 		return badField("status", "unknown sandbox status %q", clip(string(o.Status)))
 	}

@@ -101,7 +101,28 @@ type Sandbox struct {
 	Gone bool `json:"gone,omitempty"`
 	// Ports are the sandbox's exposed ports (see Port).
 	Ports []Port `json:"ports,omitempty"`
+	// OnIdle is what happens once it is idle: "" (deleted) or "pause".
+	OnIdle string `json:"on_idle,omitempty"`
+	// Paused is set while the sandbox is paused (SessionState is then
+	// the paused session's); KeepMemory says the pause kept its memory
+	// and processes, ResumeOnCall that its next call resumes it (paused
+	// by its on_idle policy).
+	Paused       bool `json:"paused,omitempty"`
+	KeepMemory   bool `json:"keep_memory,omitempty"`
+	ResumeOnCall bool `json:"resume_on_call,omitempty"`
+
+	// Kind is KindSnapshot for a named snapshot of a sandbox's workspace
+	// (SnapshotSandbox), kept as a record of this kind so that every
+	// store keeps it with no schema of its own: it has no session state
+	// and no deadline, Source names the sandbox it was taken of, Size is
+	// its archive's size, and it is Gone once deleted. "" is a sandbox.
+	Kind   string `json:"kind,omitempty"`
+	Source string `json:"source,omitempty"`
+	Size   int64  `json:"size,omitempty"`
 }
+
+// KindSnapshot is the Kind of a named snapshot's record.
+const KindSnapshot = "snapshot"
 
 // Port is an exposed port of a sandbox (its preview URL), kept with the
 // sandbox's record so a restarted service with the same preview key
@@ -174,9 +195,9 @@ type Store interface {
 	// GetSandbox returns a tenant's API sandbox, gone or not (ErrNotFound
 	// for another tenant's).
 	GetSandbox(ctx context.Context, tenant, id string) (*Sandbox, error)
-	// LiveSandboxes returns every tenant's API sandboxes that are not gone,
-	// through an index (gone ones are not read): a starting service takes
-	// them back.
+	// LiveSandboxes returns every tenant's API sandboxes (and named
+	// snapshots, Kind KindSnapshot) that are not gone, through an index
+	// (gone ones are not read): a starting service takes them back.
 	LiveSandboxes(ctx context.Context) ([]*Sandbox, error)
 	// Close releases the store.
 	Close() error

@@ -32,6 +32,10 @@ const (
 	SandboxStatus_SANDBOX_STATUS_RUNNING SandboxStatus = 1
 	// Persisted and released (its run is checkpointed); it is resumed with its run.
 	SandboxStatus_SANDBOX_STATUS_STOPPED SandboxStatus = 2
+	// Paused (PauseSandbox, or on_idle PAUSE): persisted and stopped; only
+	// ResumeSandbox, GetSandbox, ListSandboxes and DeleteSandbox apply (a
+	// sandbox its on_idle policy paused is resumed by its next call).
+	SandboxStatus_SANDBOX_STATUS_PAUSED SandboxStatus = 3
 )
 
 // Enum value maps for SandboxStatus.
@@ -40,11 +44,13 @@ var (
 		0: "SANDBOX_STATUS_UNSPECIFIED",
 		1: "SANDBOX_STATUS_RUNNING",
 		2: "SANDBOX_STATUS_STOPPED",
+		3: "SANDBOX_STATUS_PAUSED",
 	}
 	SandboxStatus_value = map[string]int32{
 		"SANDBOX_STATUS_UNSPECIFIED": 0,
 		"SANDBOX_STATUS_RUNNING":     1,
 		"SANDBOX_STATUS_STOPPED":     2,
+		"SANDBOX_STATUS_PAUSED":      3,
 	}
 )
 
@@ -73,6 +79,60 @@ func (x SandboxStatus) Number() protoreflect.EnumNumber {
 // Deprecated: Use SandboxStatus.Descriptor instead.
 func (SandboxStatus) EnumDescriptor() ([]byte, []int) {
 	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{0}
+}
+
+// OnIdle is what happens to a sandbox made with CreateSandbox once it was
+// idle for its idle timeout.
+type OnIdle int32
+
+const (
+	// The service's default: DELETE.
+	OnIdle_ON_IDLE_UNSPECIFIED OnIdle = 0
+	// It is deleted.
+	OnIdle_ON_IDLE_DELETE OnIdle = 1
+	// It is paused (see PauseSandbox) and resumed by its next call.
+	OnIdle_ON_IDLE_PAUSE OnIdle = 2
+)
+
+// Enum value maps for OnIdle.
+var (
+	OnIdle_name = map[int32]string{
+		0: "ON_IDLE_UNSPECIFIED",
+		1: "ON_IDLE_DELETE",
+		2: "ON_IDLE_PAUSE",
+	}
+	OnIdle_value = map[string]int32{
+		"ON_IDLE_UNSPECIFIED": 0,
+		"ON_IDLE_DELETE":      1,
+		"ON_IDLE_PAUSE":       2,
+	}
+)
+
+func (x OnIdle) Enum() *OnIdle {
+	p := new(OnIdle)
+	*p = x
+	return p
+}
+
+func (x OnIdle) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (OnIdle) Descriptor() protoreflect.EnumDescriptor {
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[1].Descriptor()
+}
+
+func (OnIdle) Type() protoreflect.EnumType {
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[1]
+}
+
+func (x OnIdle) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use OnIdle.Descriptor instead.
+func (OnIdle) EnumDescriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{1}
 }
 
 // OutputStream names where output came from.
@@ -109,11 +169,11 @@ func (x OutputStream) String() string {
 }
 
 func (OutputStream) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[1].Descriptor()
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[2].Descriptor()
 }
 
 func (OutputStream) Type() protoreflect.EnumType {
-	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[1]
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[2]
 }
 
 func (x OutputStream) Number() protoreflect.EnumNumber {
@@ -122,7 +182,7 @@ func (x OutputStream) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use OutputStream.Descriptor instead.
 func (OutputStream) EnumDescriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{1}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{2}
 }
 
 // ProcessState is whether a process still runs.
@@ -159,11 +219,11 @@ func (x ProcessState) String() string {
 }
 
 func (ProcessState) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[2].Descriptor()
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[3].Descriptor()
 }
 
 func (ProcessState) Type() protoreflect.EnumType {
-	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[2]
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[3]
 }
 
 func (x ProcessState) Number() protoreflect.EnumNumber {
@@ -172,7 +232,7 @@ func (x ProcessState) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ProcessState.Descriptor instead.
 func (ProcessState) EnumDescriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{2}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{3}
 }
 
 // FileType is the type of a directory entry.
@@ -215,11 +275,11 @@ func (x FileType) String() string {
 }
 
 func (FileType) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[3].Descriptor()
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[4].Descriptor()
 }
 
 func (FileType) Type() protoreflect.EnumType {
-	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[3]
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[4]
 }
 
 func (x FileType) Number() protoreflect.EnumNumber {
@@ -228,7 +288,7 @@ func (x FileType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FileType.Descriptor instead.
 func (FileType) EnumDescriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{3}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{4}
 }
 
 // PatchChangeKind is what a patch did to one file.
@@ -271,11 +331,11 @@ func (x PatchChangeKind) String() string {
 }
 
 func (PatchChangeKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[4].Descriptor()
+	return file_bulkhead_harness_v1_sandbox_proto_enumTypes[5].Descriptor()
 }
 
 func (PatchChangeKind) Type() protoreflect.EnumType {
-	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[4]
+	return &file_bulkhead_harness_v1_sandbox_proto_enumTypes[5]
 }
 
 func (x PatchChangeKind) Number() protoreflect.EnumNumber {
@@ -284,7 +344,7 @@ func (x PatchChangeKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use PatchChangeKind.Descriptor instead.
 func (PatchChangeKind) EnumDescriptor() ([]byte, []int) {
-	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{4}
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{5}
 }
 
 // Sandbox is one sandbox of the tenant: a run's, or one made with
@@ -303,8 +363,15 @@ type Sandbox struct {
 	ExpireTime *timestamppb.Timestamp `protobuf:"bytes,6,opt,name=expire_time,json=expireTime,proto3" json:"expire_time,omitempty"`
 	// The labels given to CreateSandbox.
 	Labels map[string]string `protobuf:"bytes,7,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	// An API sandbox is deleted once no call used it for this long.
-	IdleTimeout   *durationpb.Duration `protobuf:"bytes,8,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// An API sandbox is deleted (or paused, see on_idle) once it was idle
+	// for this long: no call of the service used it and its daemon saw no
+	// activity (an RPC, a process using CPU, output, a port tunnel carrying
+	// bytes).
+	IdleTimeout *durationpb.Duration `protobuf:"bytes,8,opt,name=idle_timeout,json=idleTimeout,proto3" json:"idle_timeout,omitempty"`
+	// What happens to an API sandbox once idle (DELETE or PAUSE).
+	OnIdle OnIdle `protobuf:"varint,9,opt,name=on_idle,json=onIdle,proto3,enum=bulkhead.harness.v1.OnIdle" json:"on_idle,omitempty"`
+	// A paused sandbox's pause kept its memory and processes.
+	KeepMemory    bool `protobuf:"varint,10,opt,name=keep_memory,json=keepMemory,proto3" json:"keep_memory,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -395,6 +462,20 @@ func (x *Sandbox) GetIdleTimeout() *durationpb.Duration {
 	return nil
 }
 
+func (x *Sandbox) GetOnIdle() OnIdle {
+	if x != nil {
+		return x.OnIdle
+	}
+	return OnIdle_ON_IDLE_UNSPECIFIED
+}
+
+func (x *Sandbox) GetKeepMemory() bool {
+	if x != nil {
+		return x.KeepMemory
+	}
+	return false
+}
+
 // CreateSandboxRequest makes a sandbox.
 type CreateSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -411,7 +492,12 @@ type CreateSandboxRequest struct {
 	// Labels to find it by (ListSandboxesRequest.labels): at most 32; keys
 	// are 1 to 63 bytes of a-z, 0-9, '.', '_', '-', '/' starting and ending
 	// with a letter or digit; values at most 256 bytes of text.
-	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Labels map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Start from this snapshot of the tenant (SnapshotSandbox): its workspace
+	// and its manifest ("" is none). The manifest field must then be empty.
+	FromSnapshot string `protobuf:"bytes,5,opt,name=from_snapshot,json=fromSnapshot,proto3" json:"from_snapshot,omitempty"`
+	// What happens once it is idle (UNSPECIFIED: DELETE).
+	OnIdle        OnIdle `protobuf:"varint,6,opt,name=on_idle,json=onIdle,proto3,enum=bulkhead.harness.v1.OnIdle" json:"on_idle,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -472,6 +558,20 @@ func (x *CreateSandboxRequest) GetLabels() map[string]string {
 		return x.Labels
 	}
 	return nil
+}
+
+func (x *CreateSandboxRequest) GetFromSnapshot() string {
+	if x != nil {
+		return x.FromSnapshot
+	}
+	return ""
+}
+
+func (x *CreateSandboxRequest) GetOnIdle() OnIdle {
+	if x != nil {
+		return x.OnIdle
+	}
+	return OnIdle_ON_IDLE_UNSPECIFIED
 }
 
 // CreateSandboxResponse is the sandbox made, running.
@@ -4079,11 +4179,684 @@ func (x *ListPortsResponse) GetPorts() []*ExposedPort {
 	return nil
 }
 
+// PauseSandboxRequest names the sandbox to pause.
+type PauseSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxRequest) Reset() {
+	*x = PauseSandboxRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[59]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxRequest) ProtoMessage() {}
+
+func (x *PauseSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[59]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxRequest.ProtoReflect.Descriptor instead.
+func (*PauseSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{59}
+}
+
+func (x *PauseSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// PauseSandboxResponse is the paused sandbox.
+type PauseSandboxResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The pause kept the sandbox's memory and processes (false: the
+	// workspace only; this provider cannot checkpoint a sandbox).
+	KeepMemory    bool `protobuf:"varint,2,opt,name=keep_memory,json=keepMemory,proto3" json:"keep_memory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PauseSandboxResponse) Reset() {
+	*x = PauseSandboxResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[60]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PauseSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PauseSandboxResponse) ProtoMessage() {}
+
+func (x *PauseSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[60]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PauseSandboxResponse.ProtoReflect.Descriptor instead.
+func (*PauseSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{60}
+}
+
+func (x *PauseSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *PauseSandboxResponse) GetKeepMemory() bool {
+	if x != nil {
+		return x.KeepMemory
+	}
+	return false
+}
+
+// ResumeSandboxRequest names the sandbox to resume.
+type ResumeSandboxRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId     string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxRequest) Reset() {
+	*x = ResumeSandboxRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[61]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxRequest) ProtoMessage() {}
+
+func (x *ResumeSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[61]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{61}
+}
+
+func (x *ResumeSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// ResumeSandboxResponse is the sandbox, running.
+type ResumeSandboxResponse struct {
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Sandbox *Sandbox               `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// Its memory and processes came back with it (false: its workspace
+	// only).
+	KeepMemory    bool `protobuf:"varint,2,opt,name=keep_memory,json=keepMemory,proto3" json:"keep_memory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResumeSandboxResponse) Reset() {
+	*x = ResumeSandboxResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[62]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResumeSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResumeSandboxResponse) ProtoMessage() {}
+
+func (x *ResumeSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[62]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResumeSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ResumeSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{62}
+}
+
+func (x *ResumeSandboxResponse) GetSandbox() *Sandbox {
+	if x != nil {
+		return x.Sandbox
+	}
+	return nil
+}
+
+func (x *ResumeSandboxResponse) GetKeepMemory() bool {
+	if x != nil {
+		return x.KeepMemory
+	}
+	return false
+}
+
+// Snapshot is a named snapshot of a sandbox's workspace, owned by the
+// tenant.
+type Snapshot struct {
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	// The sandbox it was taken of (which may be gone since).
+	SandboxId  string                 `protobuf:"bytes,2,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	CreateTime *timestamppb.Timestamp `protobuf:"bytes,3,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The size of the stored workspace archive.
+	SizeBytes int64 `protobuf:"varint,4,opt,name=size_bytes,json=sizeBytes,proto3" json:"size_bytes,omitempty"`
+	// It holds memory and processes (always false for now: workspace
+	// snapshots only).
+	KeepMemory bool `protobuf:"varint,5,opt,name=keep_memory,json=keepMemory,proto3" json:"keep_memory,omitempty"`
+	// The labels given to SnapshotSandbox.
+	Labels        map[string]string `protobuf:"bytes,6,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Snapshot) Reset() {
+	*x = Snapshot{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[63]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Snapshot) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Snapshot) ProtoMessage() {}
+
+func (x *Snapshot) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[63]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Snapshot.ProtoReflect.Descriptor instead.
+func (*Snapshot) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{63}
+}
+
+func (x *Snapshot) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+func (x *Snapshot) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *Snapshot) GetCreateTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.CreateTime
+	}
+	return nil
+}
+
+func (x *Snapshot) GetSizeBytes() int64 {
+	if x != nil {
+		return x.SizeBytes
+	}
+	return 0
+}
+
+func (x *Snapshot) GetKeepMemory() bool {
+	if x != nil {
+		return x.KeepMemory
+	}
+	return false
+}
+
+func (x *Snapshot) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+// SnapshotSandboxRequest names the sandbox to take a snapshot of.
+type SnapshotSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// Labels of the snapshot (the rules of CreateSandboxRequest.labels).
+	Labels        map[string]string `protobuf:"bytes,2,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSandboxRequest) Reset() {
+	*x = SnapshotSandboxRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[64]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSandboxRequest) ProtoMessage() {}
+
+func (x *SnapshotSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[64]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSandboxRequest.ProtoReflect.Descriptor instead.
+func (*SnapshotSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{64}
+}
+
+func (x *SnapshotSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SnapshotSandboxRequest) GetLabels() map[string]string {
+	if x != nil {
+		return x.Labels
+	}
+	return nil
+}
+
+// SnapshotSandboxResponse is the snapshot taken.
+type SnapshotSandboxResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshot      *Snapshot              `protobuf:"bytes,1,opt,name=snapshot,proto3" json:"snapshot,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SnapshotSandboxResponse) Reset() {
+	*x = SnapshotSandboxResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[65]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SnapshotSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SnapshotSandboxResponse) ProtoMessage() {}
+
+func (x *SnapshotSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[65]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SnapshotSandboxResponse.ProtoReflect.Descriptor instead.
+func (*SnapshotSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{65}
+}
+
+func (x *SnapshotSandboxResponse) GetSnapshot() *Snapshot {
+	if x != nil {
+		return x.Snapshot
+	}
+	return nil
+}
+
+// ForkSandboxRequest names the sandbox to fork and how many copies.
+type ForkSandboxRequest struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// How many sandboxes to make: 1 to the service's maximum (16 unless the
+	// operator says otherwise), within the tenant's sandbox quota.
+	Count         int32 `protobuf:"varint,2,opt,name=count,proto3" json:"count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkSandboxRequest) Reset() {
+	*x = ForkSandboxRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[66]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxRequest) ProtoMessage() {}
+
+func (x *ForkSandboxRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[66]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxRequest.ProtoReflect.Descriptor instead.
+func (*ForkSandboxRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{66}
+}
+
+func (x *ForkSandboxRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *ForkSandboxRequest) GetCount() int32 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+// ForkSandboxResponse is the new sandboxes, running.
+type ForkSandboxResponse struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	Sandboxes []*Sandbox             `protobuf:"bytes,1,rep,name=sandboxes,proto3" json:"sandboxes,omitempty"`
+	// The forks have their source's memory and processes (always false for
+	// now: its workspace only).
+	KeepMemory    bool `protobuf:"varint,2,opt,name=keep_memory,json=keepMemory,proto3" json:"keep_memory,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ForkSandboxResponse) Reset() {
+	*x = ForkSandboxResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[67]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ForkSandboxResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ForkSandboxResponse) ProtoMessage() {}
+
+func (x *ForkSandboxResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[67]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ForkSandboxResponse.ProtoReflect.Descriptor instead.
+func (*ForkSandboxResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{67}
+}
+
+func (x *ForkSandboxResponse) GetSandboxes() []*Sandbox {
+	if x != nil {
+		return x.Sandboxes
+	}
+	return nil
+}
+
+func (x *ForkSandboxResponse) GetKeepMemory() bool {
+	if x != nil {
+		return x.KeepMemory
+	}
+	return false
+}
+
+// ListSnapshotsRequest lists the tenant's snapshots.
+type ListSnapshotsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Only the snapshots of this sandbox ("" for all).
+	SandboxId     string `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsRequest) Reset() {
+	*x = ListSnapshotsRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[68]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsRequest) ProtoMessage() {}
+
+func (x *ListSnapshotsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[68]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsRequest.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{68}
+}
+
+func (x *ListSnapshotsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+// ListSnapshotsResponse is the tenant's snapshots, newest first.
+type ListSnapshotsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	Snapshots     []*Snapshot            `protobuf:"bytes,1,rep,name=snapshots,proto3" json:"snapshots,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListSnapshotsResponse) Reset() {
+	*x = ListSnapshotsResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[69]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListSnapshotsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListSnapshotsResponse) ProtoMessage() {}
+
+func (x *ListSnapshotsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[69]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListSnapshotsResponse.ProtoReflect.Descriptor instead.
+func (*ListSnapshotsResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{69}
+}
+
+func (x *ListSnapshotsResponse) GetSnapshots() []*Snapshot {
+	if x != nil {
+		return x.Snapshots
+	}
+	return nil
+}
+
+// DeleteSnapshotRequest names the snapshot to delete.
+type DeleteSnapshotRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	SnapshotId    string                 `protobuf:"bytes,1,opt,name=snapshot_id,json=snapshotId,proto3" json:"snapshot_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotRequest) Reset() {
+	*x = DeleteSnapshotRequest{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[70]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotRequest) ProtoMessage() {}
+
+func (x *DeleteSnapshotRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[70]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotRequest.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotRequest) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{70}
+}
+
+func (x *DeleteSnapshotRequest) GetSnapshotId() string {
+	if x != nil {
+		return x.SnapshotId
+	}
+	return ""
+}
+
+// DeleteSnapshotResponse: the snapshot is deleted.
+type DeleteSnapshotResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DeleteSnapshotResponse) Reset() {
+	*x = DeleteSnapshotResponse{}
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[71]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DeleteSnapshotResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DeleteSnapshotResponse) ProtoMessage() {}
+
+func (x *DeleteSnapshotResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_bulkhead_harness_v1_sandbox_proto_msgTypes[71]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DeleteSnapshotResponse.ProtoReflect.Descriptor instead.
+func (*DeleteSnapshotResponse) Descriptor() ([]byte, []int) {
+	return file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP(), []int{71}
+}
+
 var File_bulkhead_harness_v1_sandbox_proto protoreflect.FileDescriptor
 
 const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
-	"!bulkhead/harness/v1/sandbox.proto\x12\x13bulkhead.harness.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xcc\x03\n" +
+	"!bulkhead/harness/v1/sandbox.proto\x12\x13bulkhead.harness.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\"\xa3\x04\n" +
 	"\aSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x15\n" +
@@ -4095,15 +4868,21 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\vexpire_time\x18\x06 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"expireTime\x12@\n" +
 	"\x06labels\x18\a \x03(\v2(.bulkhead.harness.v1.Sandbox.LabelsEntryR\x06labels\x12<\n" +
-	"\fidle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x1a9\n" +
+	"\fidle_timeout\x18\b \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x124\n" +
+	"\aon_idle\x18\t \x01(\x0e2\x1b.bulkhead.harness.v1.OnIdleR\x06onIdle\x12\x1f\n" +
+	"\vkeep_memory\x18\n" +
+	" \x01(\bR\n" +
+	"keepMemory\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xa7\x02\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x82\x03\n" +
 	"\x14CreateSandboxRequest\x12\x1a\n" +
 	"\bmanifest\x18\x01 \x01(\tR\bmanifest\x12+\n" +
 	"\x03ttl\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\x03ttl\x12<\n" +
 	"\fidle_timeout\x18\x03 \x01(\v2\x19.google.protobuf.DurationR\vidleTimeout\x12M\n" +
-	"\x06labels\x18\x04 \x03(\v25.bulkhead.harness.v1.CreateSandboxRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\x06labels\x18\x04 \x03(\v25.bulkhead.harness.v1.CreateSandboxRequest.LabelsEntryR\x06labels\x12#\n" +
+	"\rfrom_snapshot\x18\x05 \x01(\tR\ffromSnapshot\x124\n" +
+	"\aon_idle\x18\x06 \x01(\x0e2\x1b.bulkhead.harness.v1.OnIdleR\x06onIdle\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"O\n" +
@@ -4376,11 +5155,71 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"K\n" +
 	"\x11ListPortsResponse\x126\n" +
-	"\x05ports\x18\x01 \x03(\v2 .bulkhead.harness.v1.ExposedPortR\x05ports*g\n" +
+	"\x05ports\x18\x01 \x03(\v2 .bulkhead.harness.v1.ExposedPortR\x05ports\"4\n" +
+	"\x13PauseSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"o\n" +
+	"\x14PauseSandboxResponse\x126\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.bulkhead.harness.v1.SandboxR\asandbox\x12\x1f\n" +
+	"\vkeep_memory\x18\x02 \x01(\bR\n" +
+	"keepMemory\"5\n" +
+	"\x14ResumeSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"p\n" +
+	"\x15ResumeSandboxResponse\x126\n" +
+	"\asandbox\x18\x01 \x01(\v2\x1c.bulkhead.harness.v1.SandboxR\asandbox\x12\x1f\n" +
+	"\vkeep_memory\x18\x02 \x01(\bR\n" +
+	"keepMemory\"\xc5\x02\n" +
+	"\bSnapshot\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x02 \x01(\tR\tsandboxId\x12;\n" +
+	"\vcreate_time\x18\x03 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
+	"createTime\x12\x1d\n" +
+	"\n" +
+	"size_bytes\x18\x04 \x01(\x03R\tsizeBytes\x12\x1f\n" +
+	"\vkeep_memory\x18\x05 \x01(\bR\n" +
+	"keepMemory\x12A\n" +
+	"\x06labels\x18\x06 \x03(\v2).bulkhead.harness.v1.Snapshot.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\xc3\x01\n" +
+	"\x16SnapshotSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12O\n" +
+	"\x06labels\x18\x02 \x03(\v27.bulkhead.harness.v1.SnapshotSandboxRequest.LabelsEntryR\x06labels\x1a9\n" +
+	"\vLabelsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"T\n" +
+	"\x17SnapshotSandboxResponse\x129\n" +
+	"\bsnapshot\x18\x01 \x01(\v2\x1d.bulkhead.harness.v1.SnapshotR\bsnapshot\"I\n" +
+	"\x12ForkSandboxRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05count\x18\x02 \x01(\x05R\x05count\"r\n" +
+	"\x13ForkSandboxResponse\x12:\n" +
+	"\tsandboxes\x18\x01 \x03(\v2\x1c.bulkhead.harness.v1.SandboxR\tsandboxes\x12\x1f\n" +
+	"\vkeep_memory\x18\x02 \x01(\bR\n" +
+	"keepMemory\"5\n" +
+	"\x14ListSnapshotsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\"T\n" +
+	"\x15ListSnapshotsResponse\x12;\n" +
+	"\tsnapshots\x18\x01 \x03(\v2\x1d.bulkhead.harness.v1.SnapshotR\tsnapshots\"8\n" +
+	"\x15DeleteSnapshotRequest\x12\x1f\n" +
+	"\vsnapshot_id\x18\x01 \x01(\tR\n" +
+	"snapshotId\"\x18\n" +
+	"\x16DeleteSnapshotResponse*\x82\x01\n" +
 	"\rSandboxStatus\x12\x1e\n" +
 	"\x1aSANDBOX_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16SANDBOX_STATUS_RUNNING\x10\x01\x12\x1a\n" +
-	"\x16SANDBOX_STATUS_STOPPED\x10\x02*a\n" +
+	"\x16SANDBOX_STATUS_STOPPED\x10\x02\x12\x19\n" +
+	"\x15SANDBOX_STATUS_PAUSED\x10\x03*H\n" +
+	"\x06OnIdle\x12\x17\n" +
+	"\x13ON_IDLE_UNSPECIFIED\x10\x00\x12\x12\n" +
+	"\x0eON_IDLE_DELETE\x10\x01\x12\x11\n" +
+	"\rON_IDLE_PAUSE\x10\x02*a\n" +
 	"\fOutputStream\x12\x1d\n" +
 	"\x19OUTPUT_STREAM_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14OUTPUT_STREAM_STDOUT\x10\x01\x12\x18\n" +
@@ -4400,7 +5239,7 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"\x19PATCH_CHANGE_KIND_CREATED\x10\x01\x12\x1d\n" +
 	"\x19PATCH_CHANGE_KIND_UPDATED\x10\x02\x12\x1b\n" +
 	"\x17PATCH_CHANGE_KIND_MOVED\x10\x03\x12\x1d\n" +
-	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042\xcd\x11\n" +
+	"\x19PATCH_CHANGE_KIND_DELETED\x10\x042\xbd\x16\n" +
 	"\x0eSandboxService\x12f\n" +
 	"\rCreateSandbox\x12).bulkhead.harness.v1.CreateSandboxRequest\x1a*.bulkhead.harness.v1.CreateSandboxResponse\x12]\n" +
 	"\n" +
@@ -4431,7 +5270,13 @@ const file_bulkhead_harness_v1_sandbox_proto_rawDesc = "" +
 	"ExposePort\x12&.bulkhead.harness.v1.ExposePortRequest\x1a'.bulkhead.harness.v1.ExposePortResponse\x12]\n" +
 	"\n" +
 	"RevokePort\x12&.bulkhead.harness.v1.RevokePortRequest\x1a'.bulkhead.harness.v1.RevokePortResponse\x12Z\n" +
-	"\tListPorts\x12%.bulkhead.harness.v1.ListPortsRequest\x1a&.bulkhead.harness.v1.ListPortsResponseBFZDgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1;harnessv1b\x06proto3"
+	"\tListPorts\x12%.bulkhead.harness.v1.ListPortsRequest\x1a&.bulkhead.harness.v1.ListPortsResponse\x12c\n" +
+	"\fPauseSandbox\x12(.bulkhead.harness.v1.PauseSandboxRequest\x1a).bulkhead.harness.v1.PauseSandboxResponse\x12f\n" +
+	"\rResumeSandbox\x12).bulkhead.harness.v1.ResumeSandboxRequest\x1a*.bulkhead.harness.v1.ResumeSandboxResponse\x12l\n" +
+	"\x0fSnapshotSandbox\x12+.bulkhead.harness.v1.SnapshotSandboxRequest\x1a,.bulkhead.harness.v1.SnapshotSandboxResponse\x12`\n" +
+	"\vForkSandbox\x12'.bulkhead.harness.v1.ForkSandboxRequest\x1a(.bulkhead.harness.v1.ForkSandboxResponse\x12f\n" +
+	"\rListSnapshots\x12).bulkhead.harness.v1.ListSnapshotsRequest\x1a*.bulkhead.harness.v1.ListSnapshotsResponse\x12i\n" +
+	"\x0eDeleteSnapshot\x12*.bulkhead.harness.v1.DeleteSnapshotRequest\x1a+.bulkhead.harness.v1.DeleteSnapshotResponseBFZDgithub.com/bulkhead-dev/bulkhead/proto/bulkhead/harness/v1;harnessv1b\x06proto3"
 
 var (
 	file_bulkhead_harness_v1_sandbox_proto_rawDescOnce sync.Once
@@ -4445,186 +5290,224 @@ func file_bulkhead_harness_v1_sandbox_proto_rawDescGZIP() []byte {
 	return file_bulkhead_harness_v1_sandbox_proto_rawDescData
 }
 
-var file_bulkhead_harness_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 5)
-var file_bulkhead_harness_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 65)
+var file_bulkhead_harness_v1_sandbox_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_bulkhead_harness_v1_sandbox_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_bulkhead_harness_v1_sandbox_proto_goTypes = []any{
 	(SandboxStatus)(0),                // 0: bulkhead.harness.v1.SandboxStatus
-	(OutputStream)(0),                 // 1: bulkhead.harness.v1.OutputStream
-	(ProcessState)(0),                 // 2: bulkhead.harness.v1.ProcessState
-	(FileType)(0),                     // 3: bulkhead.harness.v1.FileType
-	(PatchChangeKind)(0),              // 4: bulkhead.harness.v1.PatchChangeKind
-	(*Sandbox)(nil),                   // 5: bulkhead.harness.v1.Sandbox
-	(*CreateSandboxRequest)(nil),      // 6: bulkhead.harness.v1.CreateSandboxRequest
-	(*CreateSandboxResponse)(nil),     // 7: bulkhead.harness.v1.CreateSandboxResponse
-	(*GetSandboxRequest)(nil),         // 8: bulkhead.harness.v1.GetSandboxRequest
-	(*GetSandboxResponse)(nil),        // 9: bulkhead.harness.v1.GetSandboxResponse
-	(*ListSandboxesRequest)(nil),      // 10: bulkhead.harness.v1.ListSandboxesRequest
-	(*ListSandboxesResponse)(nil),     // 11: bulkhead.harness.v1.ListSandboxesResponse
-	(*DeleteSandboxRequest)(nil),      // 12: bulkhead.harness.v1.DeleteSandboxRequest
-	(*DeleteSandboxResponse)(nil),     // 13: bulkhead.harness.v1.DeleteSandboxResponse
-	(*SetTimeoutRequest)(nil),         // 14: bulkhead.harness.v1.SetTimeoutRequest
-	(*SetTimeoutResponse)(nil),        // 15: bulkhead.harness.v1.SetTimeoutResponse
-	(*RunCommandRequest)(nil),         // 16: bulkhead.harness.v1.RunCommandRequest
-	(*RunCommandResponse)(nil),        // 17: bulkhead.harness.v1.RunCommandResponse
-	(*ExecRequest)(nil),               // 18: bulkhead.harness.v1.ExecRequest
-	(*ExecStarted)(nil),               // 19: bulkhead.harness.v1.ExecStarted
-	(*ExecOutput)(nil),                // 20: bulkhead.harness.v1.ExecOutput
-	(*ExecExited)(nil),                // 21: bulkhead.harness.v1.ExecExited
-	(*ExecResponse)(nil),              // 22: bulkhead.harness.v1.ExecResponse
-	(*Process)(nil),                   // 23: bulkhead.harness.v1.Process
-	(*StartProcessRequest)(nil),       // 24: bulkhead.harness.v1.StartProcessRequest
-	(*StartProcessResponse)(nil),      // 25: bulkhead.harness.v1.StartProcessResponse
-	(*ReadProcessOutputRequest)(nil),  // 26: bulkhead.harness.v1.ReadProcessOutputRequest
-	(*ReadProcessOutputResponse)(nil), // 27: bulkhead.harness.v1.ReadProcessOutputResponse
-	(*WriteStdinRequest)(nil),         // 28: bulkhead.harness.v1.WriteStdinRequest
-	(*WriteStdinResponse)(nil),        // 29: bulkhead.harness.v1.WriteStdinResponse
-	(*SignalProcessRequest)(nil),      // 30: bulkhead.harness.v1.SignalProcessRequest
-	(*SignalProcessResponse)(nil),     // 31: bulkhead.harness.v1.SignalProcessResponse
-	(*ListProcessesRequest)(nil),      // 32: bulkhead.harness.v1.ListProcessesRequest
-	(*ListProcessesResponse)(nil),     // 33: bulkhead.harness.v1.ListProcessesResponse
-	(*FileEntry)(nil),                 // 34: bulkhead.harness.v1.FileEntry
-	(*ListSandboxDirRequest)(nil),     // 35: bulkhead.harness.v1.ListSandboxDirRequest
-	(*ListSandboxDirResponse)(nil),    // 36: bulkhead.harness.v1.ListSandboxDirResponse
-	(*ReadSandboxFileRequest)(nil),    // 37: bulkhead.harness.v1.ReadSandboxFileRequest
-	(*ReadSandboxFileResponse)(nil),   // 38: bulkhead.harness.v1.ReadSandboxFileResponse
-	(*WriteFileHeader)(nil),           // 39: bulkhead.harness.v1.WriteFileHeader
-	(*WriteFileRequest)(nil),          // 40: bulkhead.harness.v1.WriteFileRequest
-	(*WriteFileResponse)(nil),         // 41: bulkhead.harness.v1.WriteFileResponse
-	(*StatRequest)(nil),               // 42: bulkhead.harness.v1.StatRequest
-	(*StatResponse)(nil),              // 43: bulkhead.harness.v1.StatResponse
-	(*RemoveRequest)(nil),             // 44: bulkhead.harness.v1.RemoveRequest
-	(*RemoveResponse)(nil),            // 45: bulkhead.harness.v1.RemoveResponse
-	(*MakeDirRequest)(nil),            // 46: bulkhead.harness.v1.MakeDirRequest
-	(*MakeDirResponse)(nil),           // 47: bulkhead.harness.v1.MakeDirResponse
-	(*ApplyPatchRequest)(nil),         // 48: bulkhead.harness.v1.ApplyPatchRequest
-	(*PatchChange)(nil),               // 49: bulkhead.harness.v1.PatchChange
-	(*PatchRejection)(nil),            // 50: bulkhead.harness.v1.PatchRejection
-	(*ApplyPatchResponse)(nil),        // 51: bulkhead.harness.v1.ApplyPatchResponse
-	(*TerminalStart)(nil),             // 52: bulkhead.harness.v1.TerminalStart
-	(*TerminalSize)(nil),              // 53: bulkhead.harness.v1.TerminalSize
-	(*OpenTerminalRequest)(nil),       // 54: bulkhead.harness.v1.OpenTerminalRequest
-	(*TerminalExited)(nil),            // 55: bulkhead.harness.v1.TerminalExited
-	(*OpenTerminalResponse)(nil),      // 56: bulkhead.harness.v1.OpenTerminalResponse
-	(*ExposedPort)(nil),               // 57: bulkhead.harness.v1.ExposedPort
-	(*ExposePortRequest)(nil),         // 58: bulkhead.harness.v1.ExposePortRequest
-	(*ExposePortResponse)(nil),        // 59: bulkhead.harness.v1.ExposePortResponse
-	(*RevokePortRequest)(nil),         // 60: bulkhead.harness.v1.RevokePortRequest
-	(*RevokePortResponse)(nil),        // 61: bulkhead.harness.v1.RevokePortResponse
-	(*ListPortsRequest)(nil),          // 62: bulkhead.harness.v1.ListPortsRequest
-	(*ListPortsResponse)(nil),         // 63: bulkhead.harness.v1.ListPortsResponse
-	nil,                               // 64: bulkhead.harness.v1.Sandbox.LabelsEntry
-	nil,                               // 65: bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
-	nil,                               // 66: bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
-	nil,                               // 67: bulkhead.harness.v1.RunCommandRequest.EnvEntry
-	nil,                               // 68: bulkhead.harness.v1.ExecRequest.EnvEntry
-	nil,                               // 69: bulkhead.harness.v1.StartProcessRequest.EnvEntry
-	(*timestamppb.Timestamp)(nil),     // 70: google.protobuf.Timestamp
-	(*durationpb.Duration)(nil),       // 71: google.protobuf.Duration
+	(OnIdle)(0),                       // 1: bulkhead.harness.v1.OnIdle
+	(OutputStream)(0),                 // 2: bulkhead.harness.v1.OutputStream
+	(ProcessState)(0),                 // 3: bulkhead.harness.v1.ProcessState
+	(FileType)(0),                     // 4: bulkhead.harness.v1.FileType
+	(PatchChangeKind)(0),              // 5: bulkhead.harness.v1.PatchChangeKind
+	(*Sandbox)(nil),                   // 6: bulkhead.harness.v1.Sandbox
+	(*CreateSandboxRequest)(nil),      // 7: bulkhead.harness.v1.CreateSandboxRequest
+	(*CreateSandboxResponse)(nil),     // 8: bulkhead.harness.v1.CreateSandboxResponse
+	(*GetSandboxRequest)(nil),         // 9: bulkhead.harness.v1.GetSandboxRequest
+	(*GetSandboxResponse)(nil),        // 10: bulkhead.harness.v1.GetSandboxResponse
+	(*ListSandboxesRequest)(nil),      // 11: bulkhead.harness.v1.ListSandboxesRequest
+	(*ListSandboxesResponse)(nil),     // 12: bulkhead.harness.v1.ListSandboxesResponse
+	(*DeleteSandboxRequest)(nil),      // 13: bulkhead.harness.v1.DeleteSandboxRequest
+	(*DeleteSandboxResponse)(nil),     // 14: bulkhead.harness.v1.DeleteSandboxResponse
+	(*SetTimeoutRequest)(nil),         // 15: bulkhead.harness.v1.SetTimeoutRequest
+	(*SetTimeoutResponse)(nil),        // 16: bulkhead.harness.v1.SetTimeoutResponse
+	(*RunCommandRequest)(nil),         // 17: bulkhead.harness.v1.RunCommandRequest
+	(*RunCommandResponse)(nil),        // 18: bulkhead.harness.v1.RunCommandResponse
+	(*ExecRequest)(nil),               // 19: bulkhead.harness.v1.ExecRequest
+	(*ExecStarted)(nil),               // 20: bulkhead.harness.v1.ExecStarted
+	(*ExecOutput)(nil),                // 21: bulkhead.harness.v1.ExecOutput
+	(*ExecExited)(nil),                // 22: bulkhead.harness.v1.ExecExited
+	(*ExecResponse)(nil),              // 23: bulkhead.harness.v1.ExecResponse
+	(*Process)(nil),                   // 24: bulkhead.harness.v1.Process
+	(*StartProcessRequest)(nil),       // 25: bulkhead.harness.v1.StartProcessRequest
+	(*StartProcessResponse)(nil),      // 26: bulkhead.harness.v1.StartProcessResponse
+	(*ReadProcessOutputRequest)(nil),  // 27: bulkhead.harness.v1.ReadProcessOutputRequest
+	(*ReadProcessOutputResponse)(nil), // 28: bulkhead.harness.v1.ReadProcessOutputResponse
+	(*WriteStdinRequest)(nil),         // 29: bulkhead.harness.v1.WriteStdinRequest
+	(*WriteStdinResponse)(nil),        // 30: bulkhead.harness.v1.WriteStdinResponse
+	(*SignalProcessRequest)(nil),      // 31: bulkhead.harness.v1.SignalProcessRequest
+	(*SignalProcessResponse)(nil),     // 32: bulkhead.harness.v1.SignalProcessResponse
+	(*ListProcessesRequest)(nil),      // 33: bulkhead.harness.v1.ListProcessesRequest
+	(*ListProcessesResponse)(nil),     // 34: bulkhead.harness.v1.ListProcessesResponse
+	(*FileEntry)(nil),                 // 35: bulkhead.harness.v1.FileEntry
+	(*ListSandboxDirRequest)(nil),     // 36: bulkhead.harness.v1.ListSandboxDirRequest
+	(*ListSandboxDirResponse)(nil),    // 37: bulkhead.harness.v1.ListSandboxDirResponse
+	(*ReadSandboxFileRequest)(nil),    // 38: bulkhead.harness.v1.ReadSandboxFileRequest
+	(*ReadSandboxFileResponse)(nil),   // 39: bulkhead.harness.v1.ReadSandboxFileResponse
+	(*WriteFileHeader)(nil),           // 40: bulkhead.harness.v1.WriteFileHeader
+	(*WriteFileRequest)(nil),          // 41: bulkhead.harness.v1.WriteFileRequest
+	(*WriteFileResponse)(nil),         // 42: bulkhead.harness.v1.WriteFileResponse
+	(*StatRequest)(nil),               // 43: bulkhead.harness.v1.StatRequest
+	(*StatResponse)(nil),              // 44: bulkhead.harness.v1.StatResponse
+	(*RemoveRequest)(nil),             // 45: bulkhead.harness.v1.RemoveRequest
+	(*RemoveResponse)(nil),            // 46: bulkhead.harness.v1.RemoveResponse
+	(*MakeDirRequest)(nil),            // 47: bulkhead.harness.v1.MakeDirRequest
+	(*MakeDirResponse)(nil),           // 48: bulkhead.harness.v1.MakeDirResponse
+	(*ApplyPatchRequest)(nil),         // 49: bulkhead.harness.v1.ApplyPatchRequest
+	(*PatchChange)(nil),               // 50: bulkhead.harness.v1.PatchChange
+	(*PatchRejection)(nil),            // 51: bulkhead.harness.v1.PatchRejection
+	(*ApplyPatchResponse)(nil),        // 52: bulkhead.harness.v1.ApplyPatchResponse
+	(*TerminalStart)(nil),             // 53: bulkhead.harness.v1.TerminalStart
+	(*TerminalSize)(nil),              // 54: bulkhead.harness.v1.TerminalSize
+	(*OpenTerminalRequest)(nil),       // 55: bulkhead.harness.v1.OpenTerminalRequest
+	(*TerminalExited)(nil),            // 56: bulkhead.harness.v1.TerminalExited
+	(*OpenTerminalResponse)(nil),      // 57: bulkhead.harness.v1.OpenTerminalResponse
+	(*ExposedPort)(nil),               // 58: bulkhead.harness.v1.ExposedPort
+	(*ExposePortRequest)(nil),         // 59: bulkhead.harness.v1.ExposePortRequest
+	(*ExposePortResponse)(nil),        // 60: bulkhead.harness.v1.ExposePortResponse
+	(*RevokePortRequest)(nil),         // 61: bulkhead.harness.v1.RevokePortRequest
+	(*RevokePortResponse)(nil),        // 62: bulkhead.harness.v1.RevokePortResponse
+	(*ListPortsRequest)(nil),          // 63: bulkhead.harness.v1.ListPortsRequest
+	(*ListPortsResponse)(nil),         // 64: bulkhead.harness.v1.ListPortsResponse
+	(*PauseSandboxRequest)(nil),       // 65: bulkhead.harness.v1.PauseSandboxRequest
+	(*PauseSandboxResponse)(nil),      // 66: bulkhead.harness.v1.PauseSandboxResponse
+	(*ResumeSandboxRequest)(nil),      // 67: bulkhead.harness.v1.ResumeSandboxRequest
+	(*ResumeSandboxResponse)(nil),     // 68: bulkhead.harness.v1.ResumeSandboxResponse
+	(*Snapshot)(nil),                  // 69: bulkhead.harness.v1.Snapshot
+	(*SnapshotSandboxRequest)(nil),    // 70: bulkhead.harness.v1.SnapshotSandboxRequest
+	(*SnapshotSandboxResponse)(nil),   // 71: bulkhead.harness.v1.SnapshotSandboxResponse
+	(*ForkSandboxRequest)(nil),        // 72: bulkhead.harness.v1.ForkSandboxRequest
+	(*ForkSandboxResponse)(nil),       // 73: bulkhead.harness.v1.ForkSandboxResponse
+	(*ListSnapshotsRequest)(nil),      // 74: bulkhead.harness.v1.ListSnapshotsRequest
+	(*ListSnapshotsResponse)(nil),     // 75: bulkhead.harness.v1.ListSnapshotsResponse
+	(*DeleteSnapshotRequest)(nil),     // 76: bulkhead.harness.v1.DeleteSnapshotRequest
+	(*DeleteSnapshotResponse)(nil),    // 77: bulkhead.harness.v1.DeleteSnapshotResponse
+	nil,                               // 78: bulkhead.harness.v1.Sandbox.LabelsEntry
+	nil,                               // 79: bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
+	nil,                               // 80: bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
+	nil,                               // 81: bulkhead.harness.v1.RunCommandRequest.EnvEntry
+	nil,                               // 82: bulkhead.harness.v1.ExecRequest.EnvEntry
+	nil,                               // 83: bulkhead.harness.v1.StartProcessRequest.EnvEntry
+	nil,                               // 84: bulkhead.harness.v1.Snapshot.LabelsEntry
+	nil,                               // 85: bulkhead.harness.v1.SnapshotSandboxRequest.LabelsEntry
+	(*timestamppb.Timestamp)(nil),     // 86: google.protobuf.Timestamp
+	(*durationpb.Duration)(nil),       // 87: google.protobuf.Duration
 }
 var file_bulkhead_harness_v1_sandbox_proto_depIdxs = []int32{
 	0,  // 0: bulkhead.harness.v1.Sandbox.status:type_name -> bulkhead.harness.v1.SandboxStatus
-	70, // 1: bulkhead.harness.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
-	70, // 2: bulkhead.harness.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
-	64, // 3: bulkhead.harness.v1.Sandbox.labels:type_name -> bulkhead.harness.v1.Sandbox.LabelsEntry
-	71, // 4: bulkhead.harness.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
-	71, // 5: bulkhead.harness.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
-	71, // 6: bulkhead.harness.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
-	65, // 7: bulkhead.harness.v1.CreateSandboxRequest.labels:type_name -> bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
-	5,  // 8: bulkhead.harness.v1.CreateSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
-	5,  // 9: bulkhead.harness.v1.GetSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
-	66, // 10: bulkhead.harness.v1.ListSandboxesRequest.labels:type_name -> bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
-	0,  // 11: bulkhead.harness.v1.ListSandboxesRequest.status:type_name -> bulkhead.harness.v1.SandboxStatus
-	5,  // 12: bulkhead.harness.v1.ListSandboxesResponse.sandboxes:type_name -> bulkhead.harness.v1.Sandbox
-	71, // 13: bulkhead.harness.v1.SetTimeoutRequest.ttl:type_name -> google.protobuf.Duration
-	71, // 14: bulkhead.harness.v1.SetTimeoutRequest.idle_timeout:type_name -> google.protobuf.Duration
-	5,  // 15: bulkhead.harness.v1.SetTimeoutResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
-	67, // 16: bulkhead.harness.v1.RunCommandRequest.env:type_name -> bulkhead.harness.v1.RunCommandRequest.EnvEntry
-	71, // 17: bulkhead.harness.v1.RunCommandRequest.timeout:type_name -> google.protobuf.Duration
-	68, // 18: bulkhead.harness.v1.ExecRequest.env:type_name -> bulkhead.harness.v1.ExecRequest.EnvEntry
-	71, // 19: bulkhead.harness.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
-	1,  // 20: bulkhead.harness.v1.ExecOutput.stream:type_name -> bulkhead.harness.v1.OutputStream
-	19, // 21: bulkhead.harness.v1.ExecResponse.started:type_name -> bulkhead.harness.v1.ExecStarted
-	20, // 22: bulkhead.harness.v1.ExecResponse.output:type_name -> bulkhead.harness.v1.ExecOutput
-	21, // 23: bulkhead.harness.v1.ExecResponse.exited:type_name -> bulkhead.harness.v1.ExecExited
-	2,  // 24: bulkhead.harness.v1.Process.state:type_name -> bulkhead.harness.v1.ProcessState
-	70, // 25: bulkhead.harness.v1.Process.start_time:type_name -> google.protobuf.Timestamp
-	70, // 26: bulkhead.harness.v1.Process.exit_time:type_name -> google.protobuf.Timestamp
-	69, // 27: bulkhead.harness.v1.StartProcessRequest.env:type_name -> bulkhead.harness.v1.StartProcessRequest.EnvEntry
-	71, // 28: bulkhead.harness.v1.StartProcessRequest.timeout:type_name -> google.protobuf.Duration
-	23, // 29: bulkhead.harness.v1.StartProcessResponse.process:type_name -> bulkhead.harness.v1.Process
-	71, // 30: bulkhead.harness.v1.ReadProcessOutputRequest.wait:type_name -> google.protobuf.Duration
-	20, // 31: bulkhead.harness.v1.ReadProcessOutputResponse.output:type_name -> bulkhead.harness.v1.ExecOutput
-	21, // 32: bulkhead.harness.v1.ReadProcessOutputResponse.exited:type_name -> bulkhead.harness.v1.ExecExited
-	23, // 33: bulkhead.harness.v1.ListProcessesResponse.processes:type_name -> bulkhead.harness.v1.Process
-	3,  // 34: bulkhead.harness.v1.FileEntry.type:type_name -> bulkhead.harness.v1.FileType
-	70, // 35: bulkhead.harness.v1.FileEntry.modify_time:type_name -> google.protobuf.Timestamp
-	34, // 36: bulkhead.harness.v1.ListSandboxDirResponse.entries:type_name -> bulkhead.harness.v1.FileEntry
-	39, // 37: bulkhead.harness.v1.WriteFileRequest.header:type_name -> bulkhead.harness.v1.WriteFileHeader
-	34, // 38: bulkhead.harness.v1.WriteFileResponse.file:type_name -> bulkhead.harness.v1.FileEntry
-	34, // 39: bulkhead.harness.v1.StatResponse.file:type_name -> bulkhead.harness.v1.FileEntry
-	34, // 40: bulkhead.harness.v1.MakeDirResponse.file:type_name -> bulkhead.harness.v1.FileEntry
-	4,  // 41: bulkhead.harness.v1.PatchChange.kind:type_name -> bulkhead.harness.v1.PatchChangeKind
-	49, // 42: bulkhead.harness.v1.ApplyPatchResponse.changes:type_name -> bulkhead.harness.v1.PatchChange
-	50, // 43: bulkhead.harness.v1.ApplyPatchResponse.rejection:type_name -> bulkhead.harness.v1.PatchRejection
-	52, // 44: bulkhead.harness.v1.OpenTerminalRequest.start:type_name -> bulkhead.harness.v1.TerminalStart
-	53, // 45: bulkhead.harness.v1.OpenTerminalRequest.resize:type_name -> bulkhead.harness.v1.TerminalSize
-	55, // 46: bulkhead.harness.v1.OpenTerminalResponse.exited:type_name -> bulkhead.harness.v1.TerminalExited
-	70, // 47: bulkhead.harness.v1.ExposedPort.create_time:type_name -> google.protobuf.Timestamp
-	70, // 48: bulkhead.harness.v1.ExposedPort.expire_time:type_name -> google.protobuf.Timestamp
-	71, // 49: bulkhead.harness.v1.ExposePortRequest.ttl:type_name -> google.protobuf.Duration
-	57, // 50: bulkhead.harness.v1.ExposePortResponse.port:type_name -> bulkhead.harness.v1.ExposedPort
-	57, // 51: bulkhead.harness.v1.ListPortsResponse.ports:type_name -> bulkhead.harness.v1.ExposedPort
-	6,  // 52: bulkhead.harness.v1.SandboxService.CreateSandbox:input_type -> bulkhead.harness.v1.CreateSandboxRequest
-	8,  // 53: bulkhead.harness.v1.SandboxService.GetSandbox:input_type -> bulkhead.harness.v1.GetSandboxRequest
-	10, // 54: bulkhead.harness.v1.SandboxService.ListSandboxes:input_type -> bulkhead.harness.v1.ListSandboxesRequest
-	12, // 55: bulkhead.harness.v1.SandboxService.DeleteSandbox:input_type -> bulkhead.harness.v1.DeleteSandboxRequest
-	14, // 56: bulkhead.harness.v1.SandboxService.SetTimeout:input_type -> bulkhead.harness.v1.SetTimeoutRequest
-	16, // 57: bulkhead.harness.v1.SandboxService.RunCommand:input_type -> bulkhead.harness.v1.RunCommandRequest
-	18, // 58: bulkhead.harness.v1.SandboxService.Exec:input_type -> bulkhead.harness.v1.ExecRequest
-	24, // 59: bulkhead.harness.v1.SandboxService.StartProcess:input_type -> bulkhead.harness.v1.StartProcessRequest
-	26, // 60: bulkhead.harness.v1.SandboxService.ReadProcessOutput:input_type -> bulkhead.harness.v1.ReadProcessOutputRequest
-	28, // 61: bulkhead.harness.v1.SandboxService.WriteStdin:input_type -> bulkhead.harness.v1.WriteStdinRequest
-	30, // 62: bulkhead.harness.v1.SandboxService.SignalProcess:input_type -> bulkhead.harness.v1.SignalProcessRequest
-	32, // 63: bulkhead.harness.v1.SandboxService.ListProcesses:input_type -> bulkhead.harness.v1.ListProcessesRequest
-	35, // 64: bulkhead.harness.v1.SandboxService.ListSandboxDir:input_type -> bulkhead.harness.v1.ListSandboxDirRequest
-	37, // 65: bulkhead.harness.v1.SandboxService.ReadSandboxFile:input_type -> bulkhead.harness.v1.ReadSandboxFileRequest
-	40, // 66: bulkhead.harness.v1.SandboxService.WriteFile:input_type -> bulkhead.harness.v1.WriteFileRequest
-	42, // 67: bulkhead.harness.v1.SandboxService.Stat:input_type -> bulkhead.harness.v1.StatRequest
-	44, // 68: bulkhead.harness.v1.SandboxService.Remove:input_type -> bulkhead.harness.v1.RemoveRequest
-	46, // 69: bulkhead.harness.v1.SandboxService.MakeDir:input_type -> bulkhead.harness.v1.MakeDirRequest
-	48, // 70: bulkhead.harness.v1.SandboxService.ApplyPatch:input_type -> bulkhead.harness.v1.ApplyPatchRequest
-	54, // 71: bulkhead.harness.v1.SandboxService.OpenTerminal:input_type -> bulkhead.harness.v1.OpenTerminalRequest
-	58, // 72: bulkhead.harness.v1.SandboxService.ExposePort:input_type -> bulkhead.harness.v1.ExposePortRequest
-	60, // 73: bulkhead.harness.v1.SandboxService.RevokePort:input_type -> bulkhead.harness.v1.RevokePortRequest
-	62, // 74: bulkhead.harness.v1.SandboxService.ListPorts:input_type -> bulkhead.harness.v1.ListPortsRequest
-	7,  // 75: bulkhead.harness.v1.SandboxService.CreateSandbox:output_type -> bulkhead.harness.v1.CreateSandboxResponse
-	9,  // 76: bulkhead.harness.v1.SandboxService.GetSandbox:output_type -> bulkhead.harness.v1.GetSandboxResponse
-	11, // 77: bulkhead.harness.v1.SandboxService.ListSandboxes:output_type -> bulkhead.harness.v1.ListSandboxesResponse
-	13, // 78: bulkhead.harness.v1.SandboxService.DeleteSandbox:output_type -> bulkhead.harness.v1.DeleteSandboxResponse
-	15, // 79: bulkhead.harness.v1.SandboxService.SetTimeout:output_type -> bulkhead.harness.v1.SetTimeoutResponse
-	17, // 80: bulkhead.harness.v1.SandboxService.RunCommand:output_type -> bulkhead.harness.v1.RunCommandResponse
-	22, // 81: bulkhead.harness.v1.SandboxService.Exec:output_type -> bulkhead.harness.v1.ExecResponse
-	25, // 82: bulkhead.harness.v1.SandboxService.StartProcess:output_type -> bulkhead.harness.v1.StartProcessResponse
-	27, // 83: bulkhead.harness.v1.SandboxService.ReadProcessOutput:output_type -> bulkhead.harness.v1.ReadProcessOutputResponse
-	29, // 84: bulkhead.harness.v1.SandboxService.WriteStdin:output_type -> bulkhead.harness.v1.WriteStdinResponse
-	31, // 85: bulkhead.harness.v1.SandboxService.SignalProcess:output_type -> bulkhead.harness.v1.SignalProcessResponse
-	33, // 86: bulkhead.harness.v1.SandboxService.ListProcesses:output_type -> bulkhead.harness.v1.ListProcessesResponse
-	36, // 87: bulkhead.harness.v1.SandboxService.ListSandboxDir:output_type -> bulkhead.harness.v1.ListSandboxDirResponse
-	38, // 88: bulkhead.harness.v1.SandboxService.ReadSandboxFile:output_type -> bulkhead.harness.v1.ReadSandboxFileResponse
-	41, // 89: bulkhead.harness.v1.SandboxService.WriteFile:output_type -> bulkhead.harness.v1.WriteFileResponse
-	43, // 90: bulkhead.harness.v1.SandboxService.Stat:output_type -> bulkhead.harness.v1.StatResponse
-	45, // 91: bulkhead.harness.v1.SandboxService.Remove:output_type -> bulkhead.harness.v1.RemoveResponse
-	47, // 92: bulkhead.harness.v1.SandboxService.MakeDir:output_type -> bulkhead.harness.v1.MakeDirResponse
-	51, // 93: bulkhead.harness.v1.SandboxService.ApplyPatch:output_type -> bulkhead.harness.v1.ApplyPatchResponse
-	56, // 94: bulkhead.harness.v1.SandboxService.OpenTerminal:output_type -> bulkhead.harness.v1.OpenTerminalResponse
-	59, // 95: bulkhead.harness.v1.SandboxService.ExposePort:output_type -> bulkhead.harness.v1.ExposePortResponse
-	61, // 96: bulkhead.harness.v1.SandboxService.RevokePort:output_type -> bulkhead.harness.v1.RevokePortResponse
-	63, // 97: bulkhead.harness.v1.SandboxService.ListPorts:output_type -> bulkhead.harness.v1.ListPortsResponse
-	75, // [75:98] is the sub-list for method output_type
-	52, // [52:75] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	86, // 1: bulkhead.harness.v1.Sandbox.create_time:type_name -> google.protobuf.Timestamp
+	86, // 2: bulkhead.harness.v1.Sandbox.expire_time:type_name -> google.protobuf.Timestamp
+	78, // 3: bulkhead.harness.v1.Sandbox.labels:type_name -> bulkhead.harness.v1.Sandbox.LabelsEntry
+	87, // 4: bulkhead.harness.v1.Sandbox.idle_timeout:type_name -> google.protobuf.Duration
+	1,  // 5: bulkhead.harness.v1.Sandbox.on_idle:type_name -> bulkhead.harness.v1.OnIdle
+	87, // 6: bulkhead.harness.v1.CreateSandboxRequest.ttl:type_name -> google.protobuf.Duration
+	87, // 7: bulkhead.harness.v1.CreateSandboxRequest.idle_timeout:type_name -> google.protobuf.Duration
+	79, // 8: bulkhead.harness.v1.CreateSandboxRequest.labels:type_name -> bulkhead.harness.v1.CreateSandboxRequest.LabelsEntry
+	1,  // 9: bulkhead.harness.v1.CreateSandboxRequest.on_idle:type_name -> bulkhead.harness.v1.OnIdle
+	6,  // 10: bulkhead.harness.v1.CreateSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
+	6,  // 11: bulkhead.harness.v1.GetSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
+	80, // 12: bulkhead.harness.v1.ListSandboxesRequest.labels:type_name -> bulkhead.harness.v1.ListSandboxesRequest.LabelsEntry
+	0,  // 13: bulkhead.harness.v1.ListSandboxesRequest.status:type_name -> bulkhead.harness.v1.SandboxStatus
+	6,  // 14: bulkhead.harness.v1.ListSandboxesResponse.sandboxes:type_name -> bulkhead.harness.v1.Sandbox
+	87, // 15: bulkhead.harness.v1.SetTimeoutRequest.ttl:type_name -> google.protobuf.Duration
+	87, // 16: bulkhead.harness.v1.SetTimeoutRequest.idle_timeout:type_name -> google.protobuf.Duration
+	6,  // 17: bulkhead.harness.v1.SetTimeoutResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
+	81, // 18: bulkhead.harness.v1.RunCommandRequest.env:type_name -> bulkhead.harness.v1.RunCommandRequest.EnvEntry
+	87, // 19: bulkhead.harness.v1.RunCommandRequest.timeout:type_name -> google.protobuf.Duration
+	82, // 20: bulkhead.harness.v1.ExecRequest.env:type_name -> bulkhead.harness.v1.ExecRequest.EnvEntry
+	87, // 21: bulkhead.harness.v1.ExecRequest.timeout:type_name -> google.protobuf.Duration
+	2,  // 22: bulkhead.harness.v1.ExecOutput.stream:type_name -> bulkhead.harness.v1.OutputStream
+	20, // 23: bulkhead.harness.v1.ExecResponse.started:type_name -> bulkhead.harness.v1.ExecStarted
+	21, // 24: bulkhead.harness.v1.ExecResponse.output:type_name -> bulkhead.harness.v1.ExecOutput
+	22, // 25: bulkhead.harness.v1.ExecResponse.exited:type_name -> bulkhead.harness.v1.ExecExited
+	3,  // 26: bulkhead.harness.v1.Process.state:type_name -> bulkhead.harness.v1.ProcessState
+	86, // 27: bulkhead.harness.v1.Process.start_time:type_name -> google.protobuf.Timestamp
+	86, // 28: bulkhead.harness.v1.Process.exit_time:type_name -> google.protobuf.Timestamp
+	83, // 29: bulkhead.harness.v1.StartProcessRequest.env:type_name -> bulkhead.harness.v1.StartProcessRequest.EnvEntry
+	87, // 30: bulkhead.harness.v1.StartProcessRequest.timeout:type_name -> google.protobuf.Duration
+	24, // 31: bulkhead.harness.v1.StartProcessResponse.process:type_name -> bulkhead.harness.v1.Process
+	87, // 32: bulkhead.harness.v1.ReadProcessOutputRequest.wait:type_name -> google.protobuf.Duration
+	21, // 33: bulkhead.harness.v1.ReadProcessOutputResponse.output:type_name -> bulkhead.harness.v1.ExecOutput
+	22, // 34: bulkhead.harness.v1.ReadProcessOutputResponse.exited:type_name -> bulkhead.harness.v1.ExecExited
+	24, // 35: bulkhead.harness.v1.ListProcessesResponse.processes:type_name -> bulkhead.harness.v1.Process
+	4,  // 36: bulkhead.harness.v1.FileEntry.type:type_name -> bulkhead.harness.v1.FileType
+	86, // 37: bulkhead.harness.v1.FileEntry.modify_time:type_name -> google.protobuf.Timestamp
+	35, // 38: bulkhead.harness.v1.ListSandboxDirResponse.entries:type_name -> bulkhead.harness.v1.FileEntry
+	40, // 39: bulkhead.harness.v1.WriteFileRequest.header:type_name -> bulkhead.harness.v1.WriteFileHeader
+	35, // 40: bulkhead.harness.v1.WriteFileResponse.file:type_name -> bulkhead.harness.v1.FileEntry
+	35, // 41: bulkhead.harness.v1.StatResponse.file:type_name -> bulkhead.harness.v1.FileEntry
+	35, // 42: bulkhead.harness.v1.MakeDirResponse.file:type_name -> bulkhead.harness.v1.FileEntry
+	5,  // 43: bulkhead.harness.v1.PatchChange.kind:type_name -> bulkhead.harness.v1.PatchChangeKind
+	50, // 44: bulkhead.harness.v1.ApplyPatchResponse.changes:type_name -> bulkhead.harness.v1.PatchChange
+	51, // 45: bulkhead.harness.v1.ApplyPatchResponse.rejection:type_name -> bulkhead.harness.v1.PatchRejection
+	53, // 46: bulkhead.harness.v1.OpenTerminalRequest.start:type_name -> bulkhead.harness.v1.TerminalStart
+	54, // 47: bulkhead.harness.v1.OpenTerminalRequest.resize:type_name -> bulkhead.harness.v1.TerminalSize
+	56, // 48: bulkhead.harness.v1.OpenTerminalResponse.exited:type_name -> bulkhead.harness.v1.TerminalExited
+	86, // 49: bulkhead.harness.v1.ExposedPort.create_time:type_name -> google.protobuf.Timestamp
+	86, // 50: bulkhead.harness.v1.ExposedPort.expire_time:type_name -> google.protobuf.Timestamp
+	87, // 51: bulkhead.harness.v1.ExposePortRequest.ttl:type_name -> google.protobuf.Duration
+	58, // 52: bulkhead.harness.v1.ExposePortResponse.port:type_name -> bulkhead.harness.v1.ExposedPort
+	58, // 53: bulkhead.harness.v1.ListPortsResponse.ports:type_name -> bulkhead.harness.v1.ExposedPort
+	6,  // 54: bulkhead.harness.v1.PauseSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
+	6,  // 55: bulkhead.harness.v1.ResumeSandboxResponse.sandbox:type_name -> bulkhead.harness.v1.Sandbox
+	86, // 56: bulkhead.harness.v1.Snapshot.create_time:type_name -> google.protobuf.Timestamp
+	84, // 57: bulkhead.harness.v1.Snapshot.labels:type_name -> bulkhead.harness.v1.Snapshot.LabelsEntry
+	85, // 58: bulkhead.harness.v1.SnapshotSandboxRequest.labels:type_name -> bulkhead.harness.v1.SnapshotSandboxRequest.LabelsEntry
+	69, // 59: bulkhead.harness.v1.SnapshotSandboxResponse.snapshot:type_name -> bulkhead.harness.v1.Snapshot
+	6,  // 60: bulkhead.harness.v1.ForkSandboxResponse.sandboxes:type_name -> bulkhead.harness.v1.Sandbox
+	69, // 61: bulkhead.harness.v1.ListSnapshotsResponse.snapshots:type_name -> bulkhead.harness.v1.Snapshot
+	7,  // 62: bulkhead.harness.v1.SandboxService.CreateSandbox:input_type -> bulkhead.harness.v1.CreateSandboxRequest
+	9,  // 63: bulkhead.harness.v1.SandboxService.GetSandbox:input_type -> bulkhead.harness.v1.GetSandboxRequest
+	11, // 64: bulkhead.harness.v1.SandboxService.ListSandboxes:input_type -> bulkhead.harness.v1.ListSandboxesRequest
+	13, // 65: bulkhead.harness.v1.SandboxService.DeleteSandbox:input_type -> bulkhead.harness.v1.DeleteSandboxRequest
+	15, // 66: bulkhead.harness.v1.SandboxService.SetTimeout:input_type -> bulkhead.harness.v1.SetTimeoutRequest
+	17, // 67: bulkhead.harness.v1.SandboxService.RunCommand:input_type -> bulkhead.harness.v1.RunCommandRequest
+	19, // 68: bulkhead.harness.v1.SandboxService.Exec:input_type -> bulkhead.harness.v1.ExecRequest
+	25, // 69: bulkhead.harness.v1.SandboxService.StartProcess:input_type -> bulkhead.harness.v1.StartProcessRequest
+	27, // 70: bulkhead.harness.v1.SandboxService.ReadProcessOutput:input_type -> bulkhead.harness.v1.ReadProcessOutputRequest
+	29, // 71: bulkhead.harness.v1.SandboxService.WriteStdin:input_type -> bulkhead.harness.v1.WriteStdinRequest
+	31, // 72: bulkhead.harness.v1.SandboxService.SignalProcess:input_type -> bulkhead.harness.v1.SignalProcessRequest
+	33, // 73: bulkhead.harness.v1.SandboxService.ListProcesses:input_type -> bulkhead.harness.v1.ListProcessesRequest
+	36, // 74: bulkhead.harness.v1.SandboxService.ListSandboxDir:input_type -> bulkhead.harness.v1.ListSandboxDirRequest
+	38, // 75: bulkhead.harness.v1.SandboxService.ReadSandboxFile:input_type -> bulkhead.harness.v1.ReadSandboxFileRequest
+	41, // 76: bulkhead.harness.v1.SandboxService.WriteFile:input_type -> bulkhead.harness.v1.WriteFileRequest
+	43, // 77: bulkhead.harness.v1.SandboxService.Stat:input_type -> bulkhead.harness.v1.StatRequest
+	45, // 78: bulkhead.harness.v1.SandboxService.Remove:input_type -> bulkhead.harness.v1.RemoveRequest
+	47, // 79: bulkhead.harness.v1.SandboxService.MakeDir:input_type -> bulkhead.harness.v1.MakeDirRequest
+	49, // 80: bulkhead.harness.v1.SandboxService.ApplyPatch:input_type -> bulkhead.harness.v1.ApplyPatchRequest
+	55, // 81: bulkhead.harness.v1.SandboxService.OpenTerminal:input_type -> bulkhead.harness.v1.OpenTerminalRequest
+	59, // 82: bulkhead.harness.v1.SandboxService.ExposePort:input_type -> bulkhead.harness.v1.ExposePortRequest
+	61, // 83: bulkhead.harness.v1.SandboxService.RevokePort:input_type -> bulkhead.harness.v1.RevokePortRequest
+	63, // 84: bulkhead.harness.v1.SandboxService.ListPorts:input_type -> bulkhead.harness.v1.ListPortsRequest
+	65, // 85: bulkhead.harness.v1.SandboxService.PauseSandbox:input_type -> bulkhead.harness.v1.PauseSandboxRequest
+	67, // 86: bulkhead.harness.v1.SandboxService.ResumeSandbox:input_type -> bulkhead.harness.v1.ResumeSandboxRequest
+	70, // 87: bulkhead.harness.v1.SandboxService.SnapshotSandbox:input_type -> bulkhead.harness.v1.SnapshotSandboxRequest
+	72, // 88: bulkhead.harness.v1.SandboxService.ForkSandbox:input_type -> bulkhead.harness.v1.ForkSandboxRequest
+	74, // 89: bulkhead.harness.v1.SandboxService.ListSnapshots:input_type -> bulkhead.harness.v1.ListSnapshotsRequest
+	76, // 90: bulkhead.harness.v1.SandboxService.DeleteSnapshot:input_type -> bulkhead.harness.v1.DeleteSnapshotRequest
+	8,  // 91: bulkhead.harness.v1.SandboxService.CreateSandbox:output_type -> bulkhead.harness.v1.CreateSandboxResponse
+	10, // 92: bulkhead.harness.v1.SandboxService.GetSandbox:output_type -> bulkhead.harness.v1.GetSandboxResponse
+	12, // 93: bulkhead.harness.v1.SandboxService.ListSandboxes:output_type -> bulkhead.harness.v1.ListSandboxesResponse
+	14, // 94: bulkhead.harness.v1.SandboxService.DeleteSandbox:output_type -> bulkhead.harness.v1.DeleteSandboxResponse
+	16, // 95: bulkhead.harness.v1.SandboxService.SetTimeout:output_type -> bulkhead.harness.v1.SetTimeoutResponse
+	18, // 96: bulkhead.harness.v1.SandboxService.RunCommand:output_type -> bulkhead.harness.v1.RunCommandResponse
+	23, // 97: bulkhead.harness.v1.SandboxService.Exec:output_type -> bulkhead.harness.v1.ExecResponse
+	26, // 98: bulkhead.harness.v1.SandboxService.StartProcess:output_type -> bulkhead.harness.v1.StartProcessResponse
+	28, // 99: bulkhead.harness.v1.SandboxService.ReadProcessOutput:output_type -> bulkhead.harness.v1.ReadProcessOutputResponse
+	30, // 100: bulkhead.harness.v1.SandboxService.WriteStdin:output_type -> bulkhead.harness.v1.WriteStdinResponse
+	32, // 101: bulkhead.harness.v1.SandboxService.SignalProcess:output_type -> bulkhead.harness.v1.SignalProcessResponse
+	34, // 102: bulkhead.harness.v1.SandboxService.ListProcesses:output_type -> bulkhead.harness.v1.ListProcessesResponse
+	37, // 103: bulkhead.harness.v1.SandboxService.ListSandboxDir:output_type -> bulkhead.harness.v1.ListSandboxDirResponse
+	39, // 104: bulkhead.harness.v1.SandboxService.ReadSandboxFile:output_type -> bulkhead.harness.v1.ReadSandboxFileResponse
+	42, // 105: bulkhead.harness.v1.SandboxService.WriteFile:output_type -> bulkhead.harness.v1.WriteFileResponse
+	44, // 106: bulkhead.harness.v1.SandboxService.Stat:output_type -> bulkhead.harness.v1.StatResponse
+	46, // 107: bulkhead.harness.v1.SandboxService.Remove:output_type -> bulkhead.harness.v1.RemoveResponse
+	48, // 108: bulkhead.harness.v1.SandboxService.MakeDir:output_type -> bulkhead.harness.v1.MakeDirResponse
+	52, // 109: bulkhead.harness.v1.SandboxService.ApplyPatch:output_type -> bulkhead.harness.v1.ApplyPatchResponse
+	57, // 110: bulkhead.harness.v1.SandboxService.OpenTerminal:output_type -> bulkhead.harness.v1.OpenTerminalResponse
+	60, // 111: bulkhead.harness.v1.SandboxService.ExposePort:output_type -> bulkhead.harness.v1.ExposePortResponse
+	62, // 112: bulkhead.harness.v1.SandboxService.RevokePort:output_type -> bulkhead.harness.v1.RevokePortResponse
+	64, // 113: bulkhead.harness.v1.SandboxService.ListPorts:output_type -> bulkhead.harness.v1.ListPortsResponse
+	66, // 114: bulkhead.harness.v1.SandboxService.PauseSandbox:output_type -> bulkhead.harness.v1.PauseSandboxResponse
+	68, // 115: bulkhead.harness.v1.SandboxService.ResumeSandbox:output_type -> bulkhead.harness.v1.ResumeSandboxResponse
+	71, // 116: bulkhead.harness.v1.SandboxService.SnapshotSandbox:output_type -> bulkhead.harness.v1.SnapshotSandboxResponse
+	73, // 117: bulkhead.harness.v1.SandboxService.ForkSandbox:output_type -> bulkhead.harness.v1.ForkSandboxResponse
+	75, // 118: bulkhead.harness.v1.SandboxService.ListSnapshots:output_type -> bulkhead.harness.v1.ListSnapshotsResponse
+	77, // 119: bulkhead.harness.v1.SandboxService.DeleteSnapshot:output_type -> bulkhead.harness.v1.DeleteSnapshotResponse
+	91, // [91:120] is the sub-list for method output_type
+	62, // [62:91] is the sub-list for method input_type
+	62, // [62:62] is the sub-list for extension type_name
+	62, // [62:62] is the sub-list for extension extendee
+	0,  // [0:62] is the sub-list for field type_name
 }
 
 func init() { file_bulkhead_harness_v1_sandbox_proto_init() }
@@ -4655,8 +5538,8 @@ func file_bulkhead_harness_v1_sandbox_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_bulkhead_harness_v1_sandbox_proto_rawDesc), len(file_bulkhead_harness_v1_sandbox_proto_rawDesc)),
-			NumEnums:      5,
-			NumMessages:   65,
+			NumEnums:      6,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

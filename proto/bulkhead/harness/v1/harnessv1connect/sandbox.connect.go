@@ -98,6 +98,24 @@ const (
 	// SandboxServiceListPortsProcedure is the fully-qualified name of the SandboxService's ListPorts
 	// RPC.
 	SandboxServiceListPortsProcedure = "/bulkhead.harness.v1.SandboxService/ListPorts"
+	// SandboxServicePauseSandboxProcedure is the fully-qualified name of the SandboxService's
+	// PauseSandbox RPC.
+	SandboxServicePauseSandboxProcedure = "/bulkhead.harness.v1.SandboxService/PauseSandbox"
+	// SandboxServiceResumeSandboxProcedure is the fully-qualified name of the SandboxService's
+	// ResumeSandbox RPC.
+	SandboxServiceResumeSandboxProcedure = "/bulkhead.harness.v1.SandboxService/ResumeSandbox"
+	// SandboxServiceSnapshotSandboxProcedure is the fully-qualified name of the SandboxService's
+	// SnapshotSandbox RPC.
+	SandboxServiceSnapshotSandboxProcedure = "/bulkhead.harness.v1.SandboxService/SnapshotSandbox"
+	// SandboxServiceForkSandboxProcedure is the fully-qualified name of the SandboxService's
+	// ForkSandbox RPC.
+	SandboxServiceForkSandboxProcedure = "/bulkhead.harness.v1.SandboxService/ForkSandbox"
+	// SandboxServiceListSnapshotsProcedure is the fully-qualified name of the SandboxService's
+	// ListSnapshots RPC.
+	SandboxServiceListSnapshotsProcedure = "/bulkhead.harness.v1.SandboxService/ListSnapshots"
+	// SandboxServiceDeleteSnapshotProcedure is the fully-qualified name of the SandboxService's
+	// DeleteSnapshot RPC.
+	SandboxServiceDeleteSnapshotProcedure = "/bulkhead.harness.v1.SandboxService/DeleteSnapshot"
 )
 
 // SandboxServiceClient is a client for the bulkhead.harness.v1.SandboxService service.
@@ -176,6 +194,41 @@ type SandboxServiceClient interface {
 	RevokePort(context.Context, *connect.Request[v1.RevokePortRequest]) (*connect.Response[v1.RevokePortResponse], error)
 	// ListPorts lists the sandbox's exposed ports, by port.
 	ListPorts(context.Context, *connect.Request[v1.ListPortsRequest]) (*connect.Response[v1.ListPortsResponse], error)
+	// PauseSandbox pauses a sandbox made with CreateSandbox: its workspace is
+	// persisted and the sandbox stops, releasing its CPU and memory. Where the
+	// provider can checkpoint a sandbox (local with gVisor) its memory and
+	// processes are kept too (keep_memory true) and run on after
+	// ResumeSandbox; elsewhere only the workspace is kept (keep_memory
+	// false) and its processes end. A paused sandbox still counts against
+	// the sandbox quota, is not idle (its idle clock stops) and is still
+	// deleted at its ttl. Every call but GetSandbox, ListSandboxes,
+	// ResumeSandbox and DeleteSandbox answers FailedPrecondition while it is
+	// paused, but a sandbox paused by its on_idle policy, which the next
+	// call resumes. Pausing a paused sandbox changes nothing.
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	// ResumeSandbox brings a paused sandbox back (with its memory and
+	// processes when the pause kept them). Resuming a running sandbox
+	// changes nothing.
+	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// SnapshotSandbox saves a running sandbox's workspace as a named snapshot
+	// the tenant owns (the workspace only: keep_memory is false), to start
+	// new sandboxes from (CreateSandboxRequest.from_snapshot). Snapshots
+	// count against the tenant's snapshot quota (ResourceExhausted when
+	// full) and live until DeleteSnapshot.
+	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// ForkSandbox makes count new sandboxes from a running sandbox's current
+	// workspace (the workspace only: keep_memory is false), each independent
+	// of the others and of its source, with the source's manifest, labels,
+	// idle timeout and on_idle, and the service's default ttl. The count is
+	// checked against the tenant's sandbox quota before anything is made:
+	// all or none.
+	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
+	// ListSnapshots lists the tenant's snapshots, newest first (at most the
+	// snapshot quota's worth).
+	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
+	// DeleteSnapshot deletes one of the tenant's snapshots; sandboxes made
+	// from it are not affected.
+	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
 }
 
 // NewSandboxServiceClient constructs a client for the bulkhead.harness.v1.SandboxService service.
@@ -327,6 +380,42 @@ func NewSandboxServiceClient(httpClient connect.HTTPClient, baseURL string, opts
 			connect.WithSchema(sandboxServiceMethods.ByName("ListPorts")),
 			connect.WithClientOptions(opts...),
 		),
+		pauseSandbox: connect.NewClient[v1.PauseSandboxRequest, v1.PauseSandboxResponse](
+			httpClient,
+			baseURL+SandboxServicePauseSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("PauseSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		resumeSandbox: connect.NewClient[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceResumeSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		snapshotSandbox: connect.NewClient[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceSnapshotSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("SnapshotSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		forkSandbox: connect.NewClient[v1.ForkSandboxRequest, v1.ForkSandboxResponse](
+			httpClient,
+			baseURL+SandboxServiceForkSandboxProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ForkSandbox")),
+			connect.WithClientOptions(opts...),
+		),
+		listSnapshots: connect.NewClient[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse](
+			httpClient,
+			baseURL+SandboxServiceListSnapshotsProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("ListSnapshots")),
+			connect.WithClientOptions(opts...),
+		),
+		deleteSnapshot: connect.NewClient[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse](
+			httpClient,
+			baseURL+SandboxServiceDeleteSnapshotProcedure,
+			connect.WithSchema(sandboxServiceMethods.ByName("DeleteSnapshot")),
+			connect.WithClientOptions(opts...),
+		),
 	}
 }
 
@@ -355,6 +444,12 @@ type sandboxServiceClient struct {
 	exposePort        *connect.Client[v1.ExposePortRequest, v1.ExposePortResponse]
 	revokePort        *connect.Client[v1.RevokePortRequest, v1.RevokePortResponse]
 	listPorts         *connect.Client[v1.ListPortsRequest, v1.ListPortsResponse]
+	pauseSandbox      *connect.Client[v1.PauseSandboxRequest, v1.PauseSandboxResponse]
+	resumeSandbox     *connect.Client[v1.ResumeSandboxRequest, v1.ResumeSandboxResponse]
+	snapshotSandbox   *connect.Client[v1.SnapshotSandboxRequest, v1.SnapshotSandboxResponse]
+	forkSandbox       *connect.Client[v1.ForkSandboxRequest, v1.ForkSandboxResponse]
+	listSnapshots     *connect.Client[v1.ListSnapshotsRequest, v1.ListSnapshotsResponse]
+	deleteSnapshot    *connect.Client[v1.DeleteSnapshotRequest, v1.DeleteSnapshotResponse]
 }
 
 // CreateSandbox calls bulkhead.harness.v1.SandboxService.CreateSandbox.
@@ -472,6 +567,36 @@ func (c *sandboxServiceClient) ListPorts(ctx context.Context, req *connect.Reque
 	return c.listPorts.CallUnary(ctx, req)
 }
 
+// PauseSandbox calls bulkhead.harness.v1.SandboxService.PauseSandbox.
+func (c *sandboxServiceClient) PauseSandbox(ctx context.Context, req *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return c.pauseSandbox.CallUnary(ctx, req)
+}
+
+// ResumeSandbox calls bulkhead.harness.v1.SandboxService.ResumeSandbox.
+func (c *sandboxServiceClient) ResumeSandbox(ctx context.Context, req *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
+	return c.resumeSandbox.CallUnary(ctx, req)
+}
+
+// SnapshotSandbox calls bulkhead.harness.v1.SandboxService.SnapshotSandbox.
+func (c *sandboxServiceClient) SnapshotSandbox(ctx context.Context, req *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
+	return c.snapshotSandbox.CallUnary(ctx, req)
+}
+
+// ForkSandbox calls bulkhead.harness.v1.SandboxService.ForkSandbox.
+func (c *sandboxServiceClient) ForkSandbox(ctx context.Context, req *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
+	return c.forkSandbox.CallUnary(ctx, req)
+}
+
+// ListSnapshots calls bulkhead.harness.v1.SandboxService.ListSnapshots.
+func (c *sandboxServiceClient) ListSnapshots(ctx context.Context, req *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
+	return c.listSnapshots.CallUnary(ctx, req)
+}
+
+// DeleteSnapshot calls bulkhead.harness.v1.SandboxService.DeleteSnapshot.
+func (c *sandboxServiceClient) DeleteSnapshot(ctx context.Context, req *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error) {
+	return c.deleteSnapshot.CallUnary(ctx, req)
+}
+
 // SandboxServiceHandler is an implementation of the bulkhead.harness.v1.SandboxService service.
 type SandboxServiceHandler interface {
 	// CreateSandbox makes a sandbox of the tenant from a manifest (checked
@@ -548,6 +673,41 @@ type SandboxServiceHandler interface {
 	RevokePort(context.Context, *connect.Request[v1.RevokePortRequest]) (*connect.Response[v1.RevokePortResponse], error)
 	// ListPorts lists the sandbox's exposed ports, by port.
 	ListPorts(context.Context, *connect.Request[v1.ListPortsRequest]) (*connect.Response[v1.ListPortsResponse], error)
+	// PauseSandbox pauses a sandbox made with CreateSandbox: its workspace is
+	// persisted and the sandbox stops, releasing its CPU and memory. Where the
+	// provider can checkpoint a sandbox (local with gVisor) its memory and
+	// processes are kept too (keep_memory true) and run on after
+	// ResumeSandbox; elsewhere only the workspace is kept (keep_memory
+	// false) and its processes end. A paused sandbox still counts against
+	// the sandbox quota, is not idle (its idle clock stops) and is still
+	// deleted at its ttl. Every call but GetSandbox, ListSandboxes,
+	// ResumeSandbox and DeleteSandbox answers FailedPrecondition while it is
+	// paused, but a sandbox paused by its on_idle policy, which the next
+	// call resumes. Pausing a paused sandbox changes nothing.
+	PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error)
+	// ResumeSandbox brings a paused sandbox back (with its memory and
+	// processes when the pause kept them). Resuming a running sandbox
+	// changes nothing.
+	ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error)
+	// SnapshotSandbox saves a running sandbox's workspace as a named snapshot
+	// the tenant owns (the workspace only: keep_memory is false), to start
+	// new sandboxes from (CreateSandboxRequest.from_snapshot). Snapshots
+	// count against the tenant's snapshot quota (ResourceExhausted when
+	// full) and live until DeleteSnapshot.
+	SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error)
+	// ForkSandbox makes count new sandboxes from a running sandbox's current
+	// workspace (the workspace only: keep_memory is false), each independent
+	// of the others and of its source, with the source's manifest, labels,
+	// idle timeout and on_idle, and the service's default ttl. The count is
+	// checked against the tenant's sandbox quota before anything is made:
+	// all or none.
+	ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error)
+	// ListSnapshots lists the tenant's snapshots, newest first (at most the
+	// snapshot quota's worth).
+	ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error)
+	// DeleteSnapshot deletes one of the tenant's snapshots; sandboxes made
+	// from it are not affected.
+	DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error)
 }
 
 // NewSandboxServiceHandler builds an HTTP handler from the service implementation. It returns the
@@ -695,6 +855,42 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 		connect.WithSchema(sandboxServiceMethods.ByName("ListPorts")),
 		connect.WithHandlerOptions(opts...),
 	)
+	sandboxServicePauseSandboxHandler := connect.NewUnaryHandler(
+		SandboxServicePauseSandboxProcedure,
+		svc.PauseSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("PauseSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceResumeSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceResumeSandboxProcedure,
+		svc.ResumeSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("ResumeSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceSnapshotSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceSnapshotSandboxProcedure,
+		svc.SnapshotSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("SnapshotSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceForkSandboxHandler := connect.NewUnaryHandler(
+		SandboxServiceForkSandboxProcedure,
+		svc.ForkSandbox,
+		connect.WithSchema(sandboxServiceMethods.ByName("ForkSandbox")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceListSnapshotsHandler := connect.NewUnaryHandler(
+		SandboxServiceListSnapshotsProcedure,
+		svc.ListSnapshots,
+		connect.WithSchema(sandboxServiceMethods.ByName("ListSnapshots")),
+		connect.WithHandlerOptions(opts...),
+	)
+	sandboxServiceDeleteSnapshotHandler := connect.NewUnaryHandler(
+		SandboxServiceDeleteSnapshotProcedure,
+		svc.DeleteSnapshot,
+		connect.WithSchema(sandboxServiceMethods.ByName("DeleteSnapshot")),
+		connect.WithHandlerOptions(opts...),
+	)
 	return "/bulkhead.harness.v1.SandboxService/", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		switch r.URL.Path {
 		case SandboxServiceCreateSandboxProcedure:
@@ -743,6 +939,18 @@ func NewSandboxServiceHandler(svc SandboxServiceHandler, opts ...connect.Handler
 			sandboxServiceRevokePortHandler.ServeHTTP(w, r)
 		case SandboxServiceListPortsProcedure:
 			sandboxServiceListPortsHandler.ServeHTTP(w, r)
+		case SandboxServicePauseSandboxProcedure:
+			sandboxServicePauseSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceResumeSandboxProcedure:
+			sandboxServiceResumeSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceSnapshotSandboxProcedure:
+			sandboxServiceSnapshotSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceForkSandboxProcedure:
+			sandboxServiceForkSandboxHandler.ServeHTTP(w, r)
+		case SandboxServiceListSnapshotsProcedure:
+			sandboxServiceListSnapshotsHandler.ServeHTTP(w, r)
+		case SandboxServiceDeleteSnapshotProcedure:
+			sandboxServiceDeleteSnapshotHandler.ServeHTTP(w, r)
 		default:
 			http.NotFound(w, r)
 		}
@@ -842,4 +1050,28 @@ func (UnimplementedSandboxServiceHandler) RevokePort(context.Context, *connect.R
 
 func (UnimplementedSandboxServiceHandler) ListPorts(context.Context, *connect.Request[v1.ListPortsRequest]) (*connect.Response[v1.ListPortsResponse], error) {
 	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ListPorts is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) PauseSandbox(context.Context, *connect.Request[v1.PauseSandboxRequest]) (*connect.Response[v1.PauseSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.PauseSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ResumeSandbox(context.Context, *connect.Request[v1.ResumeSandboxRequest]) (*connect.Response[v1.ResumeSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ResumeSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) SnapshotSandbox(context.Context, *connect.Request[v1.SnapshotSandboxRequest]) (*connect.Response[v1.SnapshotSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.SnapshotSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ForkSandbox(context.Context, *connect.Request[v1.ForkSandboxRequest]) (*connect.Response[v1.ForkSandboxResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ForkSandbox is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) ListSnapshots(context.Context, *connect.Request[v1.ListSnapshotsRequest]) (*connect.Response[v1.ListSnapshotsResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.ListSnapshots is not implemented"))
+}
+
+func (UnimplementedSandboxServiceHandler) DeleteSnapshot(context.Context, *connect.Request[v1.DeleteSnapshotRequest]) (*connect.Response[v1.DeleteSnapshotResponse], error) {
+	return nil, connect.NewError(connect.CodeUnimplemented, errors.New("bulkhead.harness.v1.SandboxService.DeleteSnapshot is not implemented"))
 }
