@@ -116,6 +116,13 @@ type globals struct {
 	// sandboxRootFS (--sandbox-rootfs) is the local sandboxes' own root
 	// file system (local.Config.RootFS).
 	sandboxRootFS string
+	// serverFlags name the service the sandbox commands drive (--server).
+	serverFlags serverFlags
+	// config (--config) and contextName (--context) choose the config
+	// file and its context; ctxDefaults is the chosen context, its paths
+	// resolved (see applyContext).
+	config, contextName string
+	ctxDefaults         namedContext
 }
 
 // allowDomainUsage documents --allow-domain.
@@ -207,7 +214,13 @@ func newRoot(s Streams) *cobra.Command {
 	pf.Int64Var(&g.mountMaxBytes, "mount-max-bytes", 0, "most bytes one s3_mount/r2_mount/gcs_mount entry may bring in (default 10 GiB); a larger bucket prefix is refused before anything is written")
 	pf.StringArrayVar(&g.s3FileSystems, "s3-file-system", nil, s3FileSystemUsage)
 	pf.StringVar(&g.trace, "trace", "none", "export OpenTelemetry traces: none, otlp (OTEL_EXPORTER_OTLP_* honoured) or stdout (to stderr)")
-	root.AddCommand(newRunCmd(g), newServeCmd(g), newDemoCmd(g), newSandboxCmd(g), &cobra.Command{
+	g.serverFlags.add(pf)
+	pf.StringVar(&g.config, "config", "", "the config file of named contexts (default: $"+configEnv+", else $XDG_CONFIG_HOME/bulkhead/config.yaml, else ~/.config/bulkhead/config.yaml)")
+	pf.StringVar(&g.contextName, "context", "", "the named context to take defaults from (default: the config file's current context; see harness context --help)")
+	groupFlags(pf)
+	root.PersistentPreRunE = func(cmd *cobra.Command, _ []string) error { return g.applyContext(cmd) }
+	root.SetUsageFunc(groupedUsage)
+	root.AddCommand(newRunCmd(g), newServeCmd(g), newDemoCmd(g), newSandboxCmd(g), newContextCmd(g), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Run: func(cmd *cobra.Command, _ []string) {

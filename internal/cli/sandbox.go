@@ -48,6 +48,7 @@ sandbox again. The sandbox keeps running between commands until it is removed.`,
 		newSandboxPauseCmd(g),
 		newSandboxRmCmd(g),
 		newSandboxSyncCmd(g),
+		newSandboxForkCmd(g),
 	)
 	return cmd
 }

@@ -68,6 +68,15 @@ new or empty local directory (symbolic links leading out of it are left out). Tr
 				return usageErr(compute.ErrInvalidArgument, "both %s and %s are sandbox paths; copy through a local path", args[0], args[1])
 			case !src.remote && !dst.remote:
 				return usageErr(compute.ErrInvalidArgument, "neither %s nor %s is a sandbox path (ID:PATH)", args[0], args[1])
+			}
+			c, err := g.server()
+			switch {
+			case err != nil:
+				return err
+			case c != nil && dst.remote:
+				return serverCopyIn(cmd, c, src.path, dst)
+			case c != nil:
+				return serverCopyOut(cmd, c, src, dst.path)
 			case dst.remote:
 				return copyIn(cmd, g, src.path, dst, user)
 			}
@@ -120,11 +129,7 @@ func copyIn(cmd *cobra.Command, g *globals, local string, dst cpPath, user strin
 	if err != nil {
 		return err
 	}
-	var total int64
-	for _, e := range tree {
-		total += e.size
-	}
-	prog := newProgress(stderr, "cp "+filepath.Base(local), total)
+	prog := newProgress(stderr, "cp "+filepath.Base(local), treeSize(tree))
 	for _, e := range tree {
 		p := path.Join(target, e.rel)
 		if e.dir {
@@ -175,6 +180,15 @@ func walkLocal(root string) ([]localEntry, int, error) {
 		return nil, 0, err
 	}
 	return tree, skipped, nil
+}
+
+// treeSize is the bytes of a tree's files.
+func treeSize(tree []localEntry) int64 {
+	var total int64
+	for _, e := range tree {
+		total += e.size
+	}
+	return total
 }
 
 // localBase is the name a local source is copied under.
@@ -268,7 +282,25 @@ func copyOut(cmd *cobra.Command, g *globals, src cpPath, local string) error {
 
 // readRemote streams a sandbox file into a local file, written to a
 // temporary file beside it and renamed into place when complete.
-func readRemote(ctx context.Context, agent *agentclient.Client, remote, target string, info *compute.FileInfo, prog *progress) (err error) {
+func readRemote(ctx context.Context, agent *agentclient.Client, remote, target string, info *compute.FileInfo, prog *progress) error {
+	return writeLocalFile(target, fs.FileMode(info.Mode&0o777), func(w io.Writer) error {
+		cw := &countingWriter{w: progressWriter{w: w, p: prog}}
+		got, err := agent.ReadFile(ctx, remote, compute.ReadFileOptions{}, cw)
+		if err != nil {
+			return err
+		}
+		prog.finish()
+		if want := got.Size; cw.n < want {
+			return fmt.Errorf("%s: read %d of its %d bytes (the daemon's read limit?)", remote, cw.n, want)
+		}
+		return nil
+	})
+}
+
+// writeLocalFile writes a local file through fill: into a temporary file
+// beside target, given mode and renamed over target once fill succeeded
+// (removed otherwise). A directory at target is refused.
+func writeLocalFile(target string, mode fs.FileMode, fill func(io.Writer) error) (err error) {
 	if fi, serr := os.Stat(target); serr == nil && fi.IsDir() {
 		return usageErr(compute.ErrIsDirectory, "%s is a directory", target)
 	}
@@ -282,25 +314,16 @@ func readRemote(ctx context.Context, agent *agentclient.Client, remote, target s
 			os.Remove(tmp.Name())
 		}
 	}()
-	cw := &countingWriter{w: progressWriter{w: tmp, p: prog}}
-	got, err := agent.ReadFile(ctx, remote, compute.ReadFileOptions{}, cw)
-	if err != nil {
+	if err := fill(tmp); err != nil {
 		return err
 	}
-	prog.finish()
-	if want := got.Size; cw.n < want {
-		return fmt.Errorf("%s: read %d of its %d bytes (the daemon's read limit?)", remote, cw.n, want)
-	}
-	if err := tmp.Chmod(fs.FileMode(info.Mode & 0o777)); err != nil {
+	if err := tmp.Chmod(mode); err != nil {
 		return err
 	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), target); err != nil {
-		return err
-	}
-	return nil
+	return os.Rename(tmp.Name(), target)
 }
 
 // countingWriter counts the bytes written through it.

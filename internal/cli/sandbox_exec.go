@@ -52,7 +52,12 @@ the command's.`,
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error { return sandboxExec(cmd, g, f, args[0], args[1:]) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error { return serverExec(cmd, c, f, args[0], args[1:]) })
+			}
+			return sandboxExec(cmd, g, f, args[0], args[1:])
+		},
 	}
 	cmd.Flags().StringVarP(&f.user, "user", "u", "", "sandbox user to run as (default: the manifest's run_as user)")
 	cmd.Flags().StringVarP(&f.workdir, "workdir", "w", "", "working directory, relative to the workspace root")
@@ -141,7 +146,17 @@ func newSandboxShellCmd(g *globals) *cobra.Command {
 The local terminal is put in raw mode (and restored on exit), window resizes are forwarded, and
 the exit status is the shell's. Stdin must be a terminal.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return sandboxShell(cmd, g, args[0], user) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error {
+					if err := refuseWithServer(cmd, "the shell runs as the sandbox's own account", "user"); err != nil {
+						return err
+					}
+					return serverTerminal(cmd, c, args[0], nil, true)
+				})
+			}
+			return sandboxShell(cmd, g, args[0], user)
+		},
 	}
 	cmd.Flags().StringVarP(&user, "user", "u", "", "sandbox user to run as (default: the manifest's run_as user)")
 	return cmd

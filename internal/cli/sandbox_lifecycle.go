@@ -69,6 +69,9 @@ func newSandboxCreateCmd(g *globals) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			opts := compute.CreateOptions{SessionID: id, TTL: ttl, IdleTimeout: idle}
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error { return serverCreate(cmd, g, c, &mf, opts) })
+			}
 			if g.kube.pool != "" {
 				if g.provider != "kubernetes" {
 					return usageErr(compute.ErrInvalidArgument, "--pool: warm pools are kubernetes sandboxes' (--provider kubernetes), not %s", g.provider)
@@ -154,6 +157,9 @@ func newSandboxSnapshotCmd(g *globals) *cobra.Command {
 The subcommands ls, rm and gc list, delete and garbage-collect the store's snapshots.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error { return serverSnapshot(cmd, c, args[0]) })
+			}
 			ctx := cmd.Context()
 			r, err := reconnect(cmd, g, args[0], materializer.Options{})
 			if err != nil {
@@ -206,6 +212,9 @@ snapshot). --discard-memory rebuilds a paused sandbox from its workspace instead
 again, for host sources the saved state leaves out.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error { return serverResume(cmd, c, args[0]) })
+			}
 			m, base, err := mf.load()
 			if err != nil {
 				return err
@@ -256,7 +265,12 @@ A running sandbox's writable mounts are synced first, as closing a session does 
 fails or reports a conflict, nothing is removed and the command exits non-zero; --no-sync removes
 the sandbox without uploading, discarding those changes.`,
 		Args: cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error { return sandboxRm(cmd, g, args[0], keep, noSync) },
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error { return serverRm(cmd, c, args[0]) })
+			}
+			return sandboxRm(cmd, g, args[0], keep, noSync)
+		},
 	}
 	cmd.Flags().BoolVar(&keep, "keep-snapshot", false, "keep the snapshot and the saved state, to resume the session from the snapshot later")
 	cmd.Flags().BoolVar(&noSync, "no-sync", false, "do not sync the writable mounts first: their changes not yet uploaded are discarded")

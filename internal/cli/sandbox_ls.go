@@ -34,6 +34,9 @@ type lsEntry struct {
 	SnapshotID string `json:"snapshot_id,omitempty"`
 	// Snapshot reports whether the snapshot exists in the store.
 	Snapshot bool `json:"snapshot"`
+	// Server is the service that keeps the sandbox (--server); empty for
+	// this machine's sandboxes.
+	Server string `json:"server,omitempty"`
 	// OtherProvider is set for a saved session of another provider than
 	// the one listed, whose sandbox was not looked up.
 	OtherProvider bool `json:"other_provider,omitempty"`
@@ -47,7 +50,16 @@ func newSandboxLsCmd(g *globals) *cobra.Command {
 		Short: "List the provider's sandboxes and the saved sessions",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			entries, err := sandboxList(cmd, g)
+			var entries []lsEntry
+			c, err := g.server()
+			switch {
+			case err != nil:
+				return err
+			case c != nil:
+				entries, err = serverList(cmd, c)
+			default:
+				entries, err = sandboxList(cmd, g)
+			}
 			if err != nil {
 				return err
 			}
@@ -71,7 +83,7 @@ func newSandboxLsCmd(g *globals) *cobra.Command {
 					created = e.CreatedAt.Local().Format(time.DateTime)
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", e.SessionID, e.Provider, e.sandboxColumn(),
-					yesNo(e.Expired), yesNo(e.StateFile != ""), e.snapshotColumn(), created)
+					yesNo(e.Expired), yesNo(e.StateFile != "" || e.Server != ""), e.snapshotColumn(), created)
 			}
 			return tw.Flush()
 		},

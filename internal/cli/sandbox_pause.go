@@ -26,6 +26,9 @@ Local sandboxes under gVisor (--isolation gvisor, a root harness) can be paused;
 and isolations refuse, saying what they would need, and leave the sandbox untouched.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error { return serverPause(cmd, c, args[0]) })
+			}
 			ctx := cmd.Context()
 			id := args[0]
 			st, err := loadState(cmd, g, id)

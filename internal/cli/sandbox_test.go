@@ -22,7 +22,20 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 )
 
-func TestMain(m *testing.M) { os.Exit(agentdtest.Run(m)) }
+// TestMain points the config file of contexts at an empty directory of
+// its own, so no test reads the user's own contexts.
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "harness-cli-config-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	os.Setenv("XDG_CONFIG_HOME", dir)
+	os.Unsetenv(configEnv)
+	code := agentdtest.Run(m)
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
 
 // cliRun runs the harness command line with a state directory and the
 // local provider, and returns the exit code, stdout and stderr.
