@@ -21,6 +21,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/runsc"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
 // ---- unit tests: parsing, planning, options ----
@@ -214,7 +215,7 @@ func TestGVisorProcessCap(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range []int64{0, 77} {
-		if err := p.gvisorPrepare(dir, []string{"/bin/true"}, n); err != nil {
+		if err := p.gvisorPrepare(dir, manifest.DefaultRoot, []string{"/bin/true"}, n); err != nil {
 			t.Fatal(err)
 		}
 		data, err := os.ReadFile(filepath.Join(gvisorPathsOf(dir).bundle, "config.json"))

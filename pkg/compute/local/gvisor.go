@@ -129,11 +129,11 @@ func gvisorOwner(dir string) (int, bool) {
 }
 
 // gvisorPrepare writes the OCI bundle that runs daemonArgv in the sandbox
-// in dir, with a fresh /etc view, and drops the state a dead runsc left
+// in dir, its workspace at root (see wsroot.go), with a fresh /etc view, and drops the state a dead runsc left
 // (the caller made sure no daemon of dir runs). With maxProcs, the
 // sandbox's processes are capped at that many per uid inside gVisor
 // (RLIMIT_NPROC, which the sentry enforces; see caps.go).
-func (p *Provider) gvisorPrepare(dir string, daemonArgv []string, maxProcs int64) error {
+func (p *Provider) gvisorPrepare(dir, root string, daemonArgv []string, maxProcs int64) error {
 	g := gvisorPathsOf(dir)
 	unmountNullNetNS(g.root)
 	if err := os.RemoveAll(g.root); err != nil {
@@ -150,14 +150,16 @@ func (p *Provider) gvisorPrepare(dir string, daemonArgv []string, maxProcs int64
 	baseEtc := "/etc"
 	if p.rootFS != "" {
 		baseEtc = filepath.Join(p.rootFS, "etc")
-		if err := p.gvisorRoot(dir, daemonArgv[0]); err != nil {
+	}
+	if base := p.layoutBase(root); base != "" {
+		if err := p.gvisorRoot(dir, root, base, daemonArgv[0]); err != nil {
 			return err
 		}
 	}
 	if err := gvisorEtc(g.etcView, dir, baseEtc); err != nil {
 		return err
 	}
-	spec, err := p.gvisorSpec(dir, daemonArgv)
+	spec, err := p.gvisorSpec(dir, root, daemonArgv)
 	if err != nil {
 		return err
 	}
@@ -277,8 +279,8 @@ type ociNamespace struct {
 
 // gvisorSpec is the sandbox in dir as an OCI spec running daemonArgv as
 // root of the sandbox (inside gVisor) with the capabilities the daemon
-// needs and no more.
-func (p *Provider) gvisorSpec(dir string, daemonArgv []string) (ociSpec, error) {
+// needs and no more, its workspace at root.
+func (p *Provider) gvisorSpec(dir, root string, daemonArgv []string) (ociSpec, error) {
 	g := gvisorPathsOf(dir)
 	bind := func(src, dst string, rw bool) ociMount {
 		mode := "ro"
@@ -292,14 +294,15 @@ func (p *Provider) gvisorSpec(dir string, daemonArgv []string) (ociSpec, error) 
 	}
 	// The host's file system read-only, bound over an empty root (runsc
 	// mishandles later binds below a root path of / itself: they come out
-	// read-only), or the sandbox root file system's entries bound on a root
-	// holding their mount points (see gvisorRoot); then gVisor's own
-	// /proc, /dev and /sys.
+	// read-only), or the entries of the sandbox root file system (or of
+	// the host's, when the workspace root has no mount point there) bound
+	// on a root holding their mount points (see gvisorRoot); then gVisor's
+	// own /proc, /dev and /sys.
 	var mounts []ociMount
-	if p.rootFS == "" {
+	if base := p.layoutBase(root); base == "" {
 		mounts = append(mounts, bind("/", "/", false))
 	} else {
-		layout, err := rootLayout(p.rootFS, gvisorKeep(dir, daemonArgv[0]))
+		layout, err := rootLayout(base, p.layoutKeep(dir, daemonArgv[0], root))
 		if err != nil {
 			return ociSpec{}, err
 		}
@@ -323,7 +326,7 @@ func (p *Provider) gvisorSpec(dir string, daemonArgv []string) (ociSpec, error) 
 		mounts = append(mounts, tmpfs(top, "0711"))
 	}
 	home := filepath.Join(dir, homeDir)
-	for _, d := range []string{filepath.Join(dir, "workspace"), filepath.Join(dir, runDir), filepath.Join(dir, "etc"), home} {
+	for _, d := range []string{filepath.Join(dir, runDir), filepath.Join(dir, "etc"), home} {
 		mounts = append(mounts, bind(d, d, true))
 	}
 	baseEtc := "/etc"
@@ -334,6 +337,9 @@ func (p *Provider) gvisorSpec(dir string, daemonArgv []string) (ociSpec, error) 
 		mounts = append(mounts, bind(home, "/home", true))
 	}
 	mounts = append(mounts, bind(g.etcView, "/etc", false), bind(baseEtc, "/etc/"+hostEtc, false),
+		// The workspace at its sandbox path, after every tmpfs (a root
+		// may lie below /tmp).
+		bind(filepath.Join(dir, "workspace"), root, true),
 		// Last, after every tmpfs: the daemon binary may live below /tmp
 		// or below the hidden directory.
 		bind(daemonArgv[0], daemonArgv[0], false))
@@ -395,23 +401,24 @@ func dropShadowedMounts(mounts []ociMount) []ociMount {
 	return out
 }
 
-// gvisorKeep are the paths a gVisor sandbox on a root file system of its
-// own needs at their host paths (see rootLayout): the private directory
-// in dir and the daemon binary.
-func gvisorKeep(dir, agentd string) []string { return []string{dir, agentd} }
-
-// gvisorRoot makes the OCI root of the gVisor sandbox in dir on a root
-// file system of its own: an empty tree holding the mount points of the
-// root file system's entries (see rootLayout), of the sandbox's own
-// parts, of the daemon binary agentd and of gVisor's /proc, /dev, /sys,
-// /tmp, /run, /etc and /home, which gvisorSpec mounts there.
-func (p *Provider) gvisorRoot(dir, agentd string) error {
+// gvisorRoot makes the OCI root of the gVisor sandbox in dir laid out
+// from the tree at base (the sandbox root file system, or the host's /:
+// see layoutBase): an empty tree holding the mount points of the tree's
+// entries (see rootLayout), of the sandbox's own parts, its workspace at
+// wsRoot included, of the daemon binary agentd and of gVisor's /proc,
+// /dev, /sys, /tmp, /run, /etc and /home, which gvisorSpec mounts there.
+func (p *Provider) gvisorRoot(dir, wsRoot, base, agentd string) error {
 	root := gvisorPathsOf(dir).rootfs
-	layout, err := rootLayout(p.rootFS, gvisorKeep(dir, agentd))
+	layout, err := rootLayout(base, p.layoutKeep(dir, agentd, wsRoot))
 	if err != nil {
 		return err
 	}
 	fail := func(err error) error { return fmt.Errorf("gvisor: sandbox root: %w", err) }
+	// The sandbox's /: every account passes through it (its host
+	// directory, below the private gvisor directory, is made 0700).
+	if err := os.Chmod(root, 0o755); err != nil {
+		return fail(err)
+	}
 	mkdir := func(path string, perm fs.FileMode) error {
 		if err := os.MkdirAll(filepath.Join(root, path), 0o755); err != nil {
 			return err
@@ -434,14 +441,24 @@ func (p *Provider) gvisorRoot(dir, agentd string) error {
 			return fail(err)
 		}
 	}
-	for _, d := range []string{"/proc", "/dev", "/sys", "/tmp", "/run", "/etc", "/home",
-		filepath.Join(dir, "workspace"), filepath.Join(dir, runDir), filepath.Join(dir, "etc"), filepath.Join(dir, homeDir)} {
+	for _, d := range []string{"/proc", "/dev", "/sys", "/tmp", "/run", "/etc", "/home", wsRoot} {
+		if _, err := os.Lstat(filepath.Join(root, d)); err == nil {
+			continue // laid out already (never follow a link of the tree's)
+		}
 		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
 			return fail(err)
 		}
 	}
-	if err := os.MkdirAll(filepath.Join(root, filepath.Dir(agentd)), 0o755); err != nil {
-		return fail(err)
+	if p.rootFS == "" {
+		// Laid out from the host's /: the private directory and the
+		// daemon binary are on the host's trees bound there (or on a
+		// tmpfs above them, where gVisor makes their mount points).
+		return nil
+	}
+	for _, d := range []string{filepath.Join(dir, runDir), filepath.Join(dir, "etc"), filepath.Join(dir, homeDir), filepath.Dir(agentd)} {
+		if err := os.MkdirAll(filepath.Join(root, d), 0o755); err != nil {
+			return fail(err)
+		}
 	}
 	if err := os.WriteFile(filepath.Join(root, agentd), nil, 0o755); err != nil {
 		return fail(err)

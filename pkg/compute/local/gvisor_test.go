@@ -58,9 +58,10 @@ func TestGVisorNeedsRunsc(t *testing.T) {
 }
 
 // TestGVisorSpec checks the OCI bundle a gVisor sandbox runs: the host
-// read-only, the sandbox's own directories writable, /run (the host's
-// daemons' sockets) and the rest of the state directory hidden, no
-// network, the daemon's capabilities only; and runsc's flags.
+// read-only, the sandbox's own directories writable, the workspace at its
+// sandbox path only (see wsroot.go), /run (the host's daemons' sockets)
+// and the rest of the state directory hidden, no network, the daemon's
+// capabilities only; and runsc's flags.
 func TestGVisorSpec(t *testing.T) {
 	state := filepath.Join(t.TempDir(), "state")
 	fake := filepath.Join(t.TempDir(), "runsc")
@@ -76,7 +77,10 @@ func TestGVisorSpec(t *testing.T) {
 	}
 	dir := filepath.Join(state, "sess-1")
 	argv := []string{"/opt/bin/sandbox-agentd", "--listen", "unix://" + filepath.Join(dir, runDir, socketName)}
-	spec, err := p.gvisorSpec(dir, argv)
+	// A root whose directories all exist on the host: the host's / is
+	// bound whole, the workspace over the root.
+	hostRoot := t.TempDir()
+	spec, err := p.gvisorSpec(dir, hostRoot, argv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,10 +106,16 @@ func TestGVisorSpec(t *testing.T) {
 		}
 	}
 	rw := func(dst string) bool { return slices.Contains(mounts[dst].Options, "rw") }
-	for _, d := range []string{filepath.Join(dir, "workspace"), filepath.Join(dir, runDir), filepath.Join(dir, "etc"), filepath.Join(dir, homeDir)} {
+	for _, d := range []string{filepath.Join(dir, runDir), filepath.Join(dir, "etc"), filepath.Join(dir, homeDir)} {
 		if m, ok := mounts[d]; !ok || m.Source != d || !rw(d) {
 			t.Errorf("%s: %+v, want a writable bind of itself", d, m)
 		}
+	}
+	if m, ok := mounts[hostRoot]; !ok || m.Source != filepath.Join(dir, "workspace") || !rw(hostRoot) {
+		t.Errorf("workspace root %s: %+v, want a writable bind of the workspace", hostRoot, m)
+	}
+	if m, ok := mounts[filepath.Join(dir, "workspace")]; ok {
+		t.Errorf("the workspace is mounted at its host path too: %+v", m)
 	}
 	for _, d := range []string{"/run", "/tmp"} {
 		if mounts[d].Type != "tmpfs" {
@@ -132,6 +142,31 @@ func TestGVisorSpec(t *testing.T) {
 	}
 	if id := gvisorContainerID(filepath.Join(state, "a b/c")); strings.ContainsAny(id, " /") {
 		t.Errorf("container id %q", id)
+	}
+
+	// A root the host lacks (the usual /workspace): the host's top-level
+	// entries bound read-only on an empty root, which holds the mount
+	// point.
+	missing := "/bulkhead-no-such-dir/app"
+	if hostMountPoint(missing) {
+		t.Fatalf("%s exists on this host", missing)
+	}
+	spec, err = p.gvisorSpec(dir, missing, argv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts = map[string]ociMount{}
+	for _, m := range spec.Mounts {
+		if m.Destination == "/" {
+			t.Errorf("the host's / is bound whole: %+v", m)
+		}
+		mounts[m.Destination] = m
+	}
+	if m := mounts["/usr"]; m.Source != "/usr" || !slices.Contains(m.Options, "ro") {
+		t.Errorf("/usr: %+v, want the host's, read-only", m)
+	}
+	if m := mounts[missing]; m.Source != filepath.Join(dir, "workspace") || !rw(missing) {
+		t.Errorf("workspace root %s: %+v, want a writable bind of the workspace", missing, m)
 	}
 }
 

@@ -37,6 +37,11 @@ type Options struct {
 	// Workspace is the workspace directory; empty means a fresh directory
 	// inside the sandbox's private directory.
 	Workspace string
+	// WorkspaceRoot is the path the daemon is told the workspace is at
+	// (--workspace): where an isolating Wrap or Prepare mounts Workspace
+	// in the sandbox (see wsroot.go); empty means Workspace itself (a
+	// plain process sees the host's paths).
+	WorkspaceRoot string
 	// Args are extra daemon flags (limits, --default-user, --grant ...).
 	Args []string
 	// Stderr receives the daemon's log (nil: discarded once it serves).
@@ -96,7 +101,7 @@ type Options struct {
 type Sandbox struct {
 	Client    *agentclient.Client
 	Dir       string // private directory: socket, and workspace when not given
-	Workspace string
+	Workspace string // the workspace's host path (Options.WorkspaceRoot is the sandbox's)
 	Socket    string
 	// Cgroup is the cgroup the daemon was started in (Options.Cgroup), or
 	// "" when it runs outside one.
@@ -193,7 +198,11 @@ func Start(ctx context.Context, opts Options, log *zap.Logger) (*Sandbox, error)
 		return fail(err)
 	}
 	s.output = output
-	argv := append([]string{bin, "--listen", "unix://" + s.Socket, "--token-fd", "3", "--workspace", s.Workspace}, opts.Args...)
+	wsRoot := opts.WorkspaceRoot
+	if wsRoot == "" {
+		wsRoot = s.Workspace
+	}
+	argv := append([]string{bin, "--listen", "unix://" + s.Socket, "--token-fd", "3", "--workspace", wsRoot}, opts.Args...)
 	if opts.Prepare != nil {
 		if err := opts.Prepare(argv); err != nil {
 			tokenR.Close()

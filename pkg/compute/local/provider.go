@@ -469,6 +469,10 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	if err != nil {
 		return nil, err
 	}
+	root, err := p.sandboxRoot(spec.Manifest)
+	if err != nil {
+		return nil, err
+	}
 	if pid, alive := p.running(dir); alive {
 		return nil, fmt.Errorf("%w: a sandbox of session %s is running (pid %d)", compute.ErrAlreadyExists, spec.SessionID, pid)
 	}
@@ -591,7 +595,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 	} else {
 		p.forgetEgress(dir) // a replaced sandbox's policy does not carry over
 	}
-	opts := Options{AgentdPath: p.cfg.AgentdPath, Dir: run, Workspace: ws, Token: token, Args: args,
+	opts := Options{AgentdPath: p.cfg.AgentdPath, Dir: run, Workspace: ws, WorkspaceRoot: root, Token: token, Args: args,
 		Stderr: p.cfg.Stderr, ReadyTimeout: p.cfg.ReadyTimeout}
 	var rewound []*os.File // what a restart must rewind (see rewind)
 	if p.bwrap != "" {
@@ -603,7 +607,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			defer filter.Close() // bwrap holds its own copy once started
 			rewound = append(rewound, filter)
 		}
-		bw, err := p.bubblewrap(dir, filter)
+		bw, err := p.bubblewrap(dir, root, filter)
 		if err != nil {
 			if !kept {
 				_ = removeTree(dir)
@@ -618,7 +622,7 @@ func (p *Provider) Launch(ctx context.Context, spec compute.LaunchSpec) (compute
 			opts.UserNS = &UserNS{HostID: idBase, Size: idBlockSize}
 		}
 	} else if p.runsc != "" {
-		opts.Prepare = func(argv []string) error { return p.gvisorPrepare(dir, argv, res.MaxProcesses) }
+		opts.Prepare = func(argv []string) error { return p.gvisorPrepare(dir, root, argv, res.MaxProcesses) }
 		opts.Wrap = func([]string) []string { return p.gvisorArgv(dir) }
 	} else if m := spec.Manifest; m != nil && m.RunAs != "" && m.RunAs != "root" {
 		if blocked := unsearchableAncestor(ws); blocked != "" {
@@ -1165,18 +1169,22 @@ const bwrapStartAttempts = 3
 // userns.go), which bwrap does not make itself; otherwise bwrap makes one
 // mapping the harness user. With filter set, bwrap reads the seccomp
 // filter (package seccomp) from it and installs it on the daemon, and so
-// on everything the sandbox runs.
-func (p *Provider) bubblewrap(dir string, filter *os.File) (*bwrapArgs, error) {
+// on everything the sandbox runs. The workspace is bound at root, the
+// path the sandbox sees it at (see wsroot.go).
+func (p *Provider) bubblewrap(dir, root string, filter *os.File) (*bwrapArgs, error) {
 	b := &bwrapArgs{}
 	// The daemon is the pid namespace's init (it reaps like one): when
 	// it dies, for whatever reason, the kernel ends everything inside.
 	b.add("--unshare-pid", "--as-pid-1", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
 	agentd := p.cfg.AgentdPath
-	if p.rootFS != "" {
-		// bwrap's own tmpfs root, with the root file system on it; the
-		// private directory and the daemon binary are made at their host
-		// paths.
-		if err := b.rootFS(p.rootFS, []string{dir, agentd}); err != nil {
+	base := p.layoutBase(root)
+	if base != "" {
+		// bwrap's own tmpfs root, with the root file system (or the
+		// host's top-level entries) on it; what the sandbox needs that
+		// the tree lacks (the workspace root's mount point; on a root
+		// file system, the private directory and the daemon binary at
+		// their host paths) is made there.
+		if err := b.rootFS(base, p.layoutKeep(dir, agentd, root)); err != nil {
 			return nil, err
 		}
 	} else {
@@ -1214,16 +1222,19 @@ func (p *Provider) bubblewrap(dir string, filter *os.File) (*bwrapArgs, error) {
 		b.add("--perms", "0711", "--dir", a)
 	}
 	home := filepath.Join(dir, homeDir)
-	for _, d := range []string{filepath.Join(dir, "workspace"), filepath.Join(dir, runDir), filepath.Join(dir, "etc"), home} {
+	for _, d := range []string{filepath.Join(dir, runDir), filepath.Join(dir, "etc"), home} {
 		b.bind(d, d, false)
 	}
 	// Homes: where the daemon creates them (below its etc root) and where
 	// the accounts say they are; the host's /home is hidden.
 	b.bind(home, "/home", false)
+	// The workspace at its sandbox path, after every tmpfs (a root may lie
+	// below /tmp).
+	b.bind(filepath.Join(dir, "workspace"), root, false)
 	// Last, after every tmpfs: the daemon binary may live below /tmp
 	// or below the hidden directory (a root harness's ~/go/bin).
 	b.bind(agentd, agentd, true)
-	if p.rootFS != "" {
+	if base != "" {
 		b.add("--remount-ro", "/")
 	}
 	// No --die-with-parent: the sandbox outlives the harness process so

@@ -190,14 +190,7 @@ func TestResumeAfterDaemonKilled(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	_ = s.Release()
-	s2, err := env.NewClient(t, store).Resume(ctx, st)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Delete(context.Background(), s2) })
-	if err := s2.Start(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s2 := resumeStarted(ctx, t, env.NewClient(t, store), st)
 	var b strings.Builder
 	if _, err := s2.Agent().ReadFile(ctx, "kept.txt", compute.ReadFileOptions{}, &b); err != nil || b.String() != "kept" {
 		t.Fatalf("kept.txt: %q %v", b.String(), err)

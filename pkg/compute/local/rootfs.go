@@ -6,14 +6,17 @@ package local
 // host's /. Under bubblewrap the sandbox's / is bwrap's own tmpfs (made
 // read-only once set up) with every top-level entry of the tree bound
 // read-only on it, except along the few paths the sandbox needs at their
-// host paths (its private directory's parts, the daemon binary): there the
-// tree's directories are recreated on the tmpfs and their other entries
-// bound one by one (see bwrapArgs.rootFS). So every path the harness and
-// the daemon share (socket, workspace, accounts, egress socket) is the
-// same inside and out, and nothing of the host is reachable: not its
-// files, not the state directory's other sandboxes, not the harness's own
-// files. Under gVisor the same layout is bound on an OCI root holding the
-// mount points (see gvisorRoot and gvisorSpec).
+// host paths (its private directory's parts, the daemon binary) and along
+// the workspace root (see wsroot.go): there the tree's directories are
+// recreated on the tmpfs and their other entries bound one by one (see
+// bwrapArgs.rootFS). So every path the harness and the daemon share
+// (socket, accounts, egress socket) is the same inside and out, the
+// workspace is where the manifest says, and nothing of the host is
+// reachable: not its files, not the state directory's other sandboxes,
+// not the harness's own files. Under gVisor the same layout is bound on an
+// OCI root holding the mount points (see gvisorRoot and gvisorSpec). A
+// sandbox on the host's files whose workspace root has no mount point on
+// the host is laid out the same way from the host's /.
 
 import (
 	"errors"

@@ -149,9 +149,9 @@ func TestRootFSSandbox(t *testing.T) {
 		}
 	}
 	// Root inside sees of the state directory only its own sandbox's
-	// directory, and that only what the sandbox needs; the account's home
-	// is its own.
-	if out, errOut, _ := run(ctx, t, s, "root", "ls -A "+state+" "+dir); out != state+":\n"+s.ID()+"\n\n"+dir+":\netc\nhome\nrun\nworkspace\n" {
+	// directory, and that only what the sandbox needs (its workspace is
+	// at /workspace only); the account's home is its own.
+	if out, errOut, _ := run(ctx, t, s, "root", "ls -A "+state+" "+dir+"; pwd; cat ws-root"); out != state+":\n"+s.ID()+"\n\n"+dir+":\netc\nhome\nrun\n"+manifest.DefaultRoot+"\nws\n" {
 		t.Errorf("as root inside, the state directory shows %q (stderr %q)", out, errOut)
 	}
 	if out, errOut, _ := run(ctx, t, s, "", `echo "$HOME"; echo h > "$HOME/h" && echo home-ok`); out != "/home/mate\nhome-ok\n" {
@@ -185,10 +185,10 @@ func TestGVisorSpecRootFS(t *testing.T) {
 		}
 	}
 	argv := []string{agentdBin, "--listen", "unix://" + filepath.Join(dir, runDir, socketName)}
-	if err := p.gvisorPrepare(dir, argv, 0); err != nil {
+	if err := p.gvisorPrepare(dir, "/srv/app", argv, 0); err != nil {
 		t.Fatal(err)
 	}
-	spec, err := p.gvisorSpec(dir, argv)
+	spec, err := p.gvisorSpec(dir, "/srv/app", argv)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -204,6 +204,12 @@ func TestGVisorSpecRootFS(t *testing.T) {
 				t.Errorf("no mount point for %s on the OCI root: %v", m.Destination, err)
 			}
 		}
+	}
+	if m := mounts["/srv/app"]; m.Source != filepath.Join(dir, "workspace") || !slices.Contains(m.Options, "rw") {
+		t.Errorf("/srv/app: %+v, want the workspace, writable", m)
+	}
+	if m, ok := mounts[filepath.Join(dir, "workspace")]; ok {
+		t.Errorf("the workspace is mounted at its host path too: %+v", m)
 	}
 	if m := mounts["/bin"]; m.Source != filepath.Join(rootfs, "bin") || !slices.Contains(m.Options, "ro") {
 		t.Errorf("/bin: %+v, want the root file system's, read-only", m)
@@ -270,7 +276,7 @@ func hostMarker(t *testing.T) string {
 // checkRootListing checks that / in sandbox s (whose private directory is
 // dir) holds the entries of the root file system rootfs, and besides them
 // only the first directories of the paths the sandbox needs at their host
-// paths (private directory, daemon binary) and /home.
+// paths (private directory, daemon binary), /home and the workspace root.
 func checkRootListing(ctx context.Context, t *testing.T, s *compute.Session, rootfs, dir string) {
 	t.Helper()
 	out, errOut, code := run(ctx, t, s, "root", "ls -A /")
@@ -287,7 +293,7 @@ func checkRootListing(ctx context.Context, t *testing.T, s *compute.Session, roo
 			t.Errorf("/ inside lacks the root file system's %s: %q", e.Name(), out)
 		}
 	}
-	allowed := []string{"home", strings.Split(dir, "/")[1], strings.Split(agentdBin, "/")[1]}
+	allowed := []string{"home", strings.Split(dir, "/")[1], strings.Split(agentdBin, "/")[1], strings.Split(manifest.DefaultRoot, "/")[1]}
 	for _, name := range inside {
 		if !slices.ContainsFunc(entries, func(e os.DirEntry) bool { return e.Name() == name }) && !slices.Contains(allowed, name) {
 			t.Errorf("/ inside holds %s, which is neither the root file system's nor needed: %q", name, out)

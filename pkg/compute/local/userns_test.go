@@ -40,7 +40,21 @@ func rootBwrapClient(t *testing.T, stateDir string, store snapshot.Store, cfg Co
 // createStarted creates and starts a session, deleted when the test ends.
 func createStarted(ctx context.Context, t *testing.T, c *compute.Client, m *manifest.Manifest) *compute.Session {
 	t.Helper()
-	s, err := c.Create(ctx, compute.CreateOptions{Manifest: m})
+	return started(ctx, t, c, func() (*compute.Session, error) { return c.Create(ctx, compute.CreateOptions{Manifest: m}) })
+}
+
+// resumeStarted resumes the session of st with c and starts it; it is
+// deleted when the test ends.
+func resumeStarted(ctx context.Context, t *testing.T, c *compute.Client, st *compute.State) *compute.Session {
+	t.Helper()
+	return started(ctx, t, c, func() (*compute.Session, error) { return c.Resume(ctx, st) })
+}
+
+// started starts the session open makes with c, deleted when the test
+// ends.
+func started(ctx context.Context, t *testing.T, c *compute.Client, open func() (*compute.Session, error)) *compute.Session {
+	t.Helper()
+	s, err := open()
 	if err != nil {
 		t.Fatal(err)
 	}
