@@ -30,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 isolation=""
 command -v bwrap >/dev/null 2>&1 || isolation="--isolation none"
-echo "$block" | while IFS= read -r line; do
+printf '%s\n' "$block" | while IFS= read -r line; do
 	case "$line" in
 	"bin/harness sandbox create"*) [ -z "$isolation" ] || line="bin/harness $isolation ${line#bin/harness }" ;;
 	esac
@@ -40,4 +40,36 @@ echo "$block" | while IFS= read -r line; do
 		exit 1
 	fi
 done
+
+# The service block runs as one script (it starts `harness serve` in the
+# background and stops it at its end), on a free port instead of 8080, in
+# a directory of its own so that its files (tokens.txt, sandbox.json)
+# never touch the clone's or the user's.
+serve=$(awk '/<!-- quickstart-serve:begin/ {on=1; next} /<!-- quickstart-serve:end/ {on=0} on' README.md |
+	sed -e '/^```/d' -e '/^[[:space:]]*$/d')
+if [ -z "$serve" ]; then
+	echo "quickstart: no service block between the quickstart-serve markers in README.md" >&2
+	exit 1
+fi
+port=""
+for p in $(seq 20000 137 29999); do
+	if ! (command -v ss >/dev/null && ss -Hltn "sport = :$p" | grep -q .); then
+		port=$p
+		break
+	fi
+done
+[ -n "$port" ] || { echo "quickstart: no free port for the service" >&2; exit 1; }
+repo=$(pwd)
+work="$state/serve-work"
+mkdir -p "$work"
+serve=$(printf '%s\n' "$serve" | sed -e "s/127\.0\.0\.1:8080/127.0.0.1:$port/g" -e "s#bin/harness#$repo/bin/harness#g" \
+	-e "s#^make #make -C $repo #")
+[ -z "$isolation" ] || serve=$(printf '%s\n' "$serve" | sed "s#harness serve#harness $isolation serve#")
+echo "quickstart: the service block, as one script (port $port):"
+printf '%s\n' "$serve" | sed 's/^/quickstart$ /'
+if ! (cd "$work" && sh -e -c "trap '[ -z \"\$!\" ] || kill \$! 2>/dev/null; wait' EXIT
+$serve"); then
+	echo "quickstart: the README's service block failed" >&2
+	exit 1
+fi
 echo "quickstart: every line of the README's quick start worked"

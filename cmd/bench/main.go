@@ -66,6 +66,9 @@ type config struct {
 	// Service figures (serve.go); zero runs skip them.
 	serveRuns int
 	onlyServe bool
+	// serveCalls is how many RunCommand round trips the service
+	// figures time (and as many Session.Exec calls beside them).
+	serveCalls int
 	// Exec over a unix socket and TCP beside grpcfloor (execpath.go).
 	onlyExec bool
 	// exec_command's round trips beside the old ReadOutput loop
@@ -138,6 +141,7 @@ func main() {
 	flag.StringVar(&cfg.memoryEnv, "memory-env", "", "extra environment for the burst's daemon, space-separated, whose log then goes to stderr (diagnostics: GODEBUG=gctrace=1,scavtrace=1 GOMEMLIMIT=32MiB)")
 	flag.IntVar(&cfg.serveRuns, "serve-runs", 100, "harness serve: concurrent runs followed over SSE (0: skip)")
 	flag.BoolVar(&cfg.onlyServe, "only-serve", false, "measure only the harness serve figures")
+	flag.IntVar(&cfg.serveCalls, "serve-calls", 200, "harness serve: RunCommand round trips timed beside as many Session.Exec calls through the library")
 	flag.DurationVar(&cfg.soak, "soak", 5*time.Minute, "soak: how long the sandboxes run their load (0: skip)")
 	flag.IntVar(&cfg.soakSandboxes, "soak-sandboxes", 100, "soak: local sandboxes, each running an Exec a second and a 1 MiB WriteFile every 10 s")
 	flag.BoolVar(&cfg.onlySoak, "only-soak", false, "measure only the soak")
@@ -240,11 +244,18 @@ func run(ctx context.Context, cfg config) error {
 		return report(cfg, r)
 	}
 	if cfg.onlyServe {
-		r, err := benchServe(ctx, cfg.binDir, cfg.serveRuns)
+		var r []row
+		if cfg.serveRuns > 0 {
+			var err error
+			if r, err = benchServe(ctx, cfg.binDir, cfg.serveRuns); err != nil {
+				return err
+			}
+		}
+		s, err := benchServeSandboxes(ctx, cfg.binDir, cfg.startupRounds, cfg.serveCalls)
 		if err != nil {
 			return err
 		}
-		return report(cfg, r)
+		return report(cfg, append(r, s...))
 	}
 	if cfg.onlySoak {
 		r, err := benchSoak(ctx, soakConfig{agentd: agentd, sandboxes: cfg.soakSandboxes, duration: cfg.soak})
@@ -406,6 +417,11 @@ func run(ctx context.Context, cfg config) error {
 	if cfg.serveRuns > 0 {
 		fmt.Fprintln(os.Stderr, "harness serve ...")
 		r, err = benchServe(ctx, cfg.binDir, cfg.serveRuns)
+		if err != nil {
+			return err
+		}
+		add(r...)
+		r, err = benchServeSandboxes(ctx, cfg.binDir, cfg.startupRounds, cfg.serveCalls)
 		if err != nil {
 			return err
 		}
