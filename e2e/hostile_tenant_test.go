@@ -43,6 +43,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 )
 
@@ -138,6 +139,9 @@ func startHostile(t *testing.T, extra ...string) *hostileService {
 	t.Cleanup(func() {
 		cancel()
 		<-done
+		// A service keeps its sandboxes when it stops (a restart finds
+		// them again); this one does not come back.
+		reapAll(t, local.Config{StateDir: filepath.Join(s.state, "local"), AgentdPath: bins.Agentd, Isolation: local.IsolationBubblewrap, RootFS: rootfs})
 	})
 	addr := regexp.MustCompile(`serving on (https?://\S+)`)
 	deadline := time.After(2 * time.Minute)

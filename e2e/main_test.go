@@ -203,3 +203,27 @@ func ctxT(t *testing.T) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// reapAll deletes every sandbox left in a local provider's state
+// directory (those of a service the test stopped, which keeps them for
+// its next start).
+func reapAll(t *testing.T, cfg local.Config) {
+	t.Helper()
+	p, err := local.New(cfg, zap.NewNop())
+	if err != nil {
+		t.Errorf("reap the sandboxes left in %s: %v", cfg.StateDir, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	left, err := p.List(ctx)
+	if err != nil {
+		t.Errorf("list the sandboxes left in %s: %v", cfg.StateDir, err)
+	}
+	t.Logf("deleting the %d sandboxes the service left in %s", len(left), cfg.StateDir)
+	for _, info := range left {
+		if err := p.Destroy(ctx, info.State); err != nil {
+			t.Errorf("delete sandbox %s left by the service: %v", info.ID, err)
+		}
+	}
+}
