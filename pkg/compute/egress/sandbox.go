@@ -11,6 +11,11 @@ package egress
 // its processes' HTTP(S)_PROXY there.
 const RelayAddr = "127.0.0.1:3128"
 
+// RelayPort is RelayAddr's port: a port of the sandbox's that is never
+// exposed to the outside (a preview URL of it would be an open door to
+// the tenant's egress proxy).
+const RelayPort = 3128
+
 const (
 	// SocketName is the proxy's unix socket, in the sandbox's run
 	// directory.

@@ -1,6 +1,8 @@
 package egress_test
 
 import (
+	"net"
+	"strconv"
 	"testing"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/agentd"
@@ -20,5 +22,14 @@ func TestRelayArgsParsedByTheDaemon(t *testing.T) {
 	}
 	if r.Listen != egress.RelayAddr || r.Socket != "/run/bulkhead/egress.sock" {
 		t.Errorf("the daemon reads %+v", r)
+	}
+}
+
+// TestRelayPortIsRelayAddrs: the port the service never exposes is the
+// one the relay listens on.
+func TestRelayPortIsRelayAddrs(t *testing.T) {
+	_, port, err := net.SplitHostPort(egress.RelayAddr)
+	if err != nil || port != strconv.Itoa(egress.RelayPort) {
+		t.Fatalf("RelayAddr %q, RelayPort %d", egress.RelayAddr, egress.RelayPort)
 	}
 }

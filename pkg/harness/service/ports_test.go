@@ -20,6 +20,7 @@ import (
 
 	"github.com/coder/websocket"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/manager"
 )
@@ -349,6 +350,7 @@ func TestPortsAreTheTenants(t *testing.T) {
 	for _, req := range []obj{
 		{"sandboxId": id, "port": 0},
 		{"sandboxId": id, "port": 70000},
+		{"sandboxId": id, "port": egress.RelayPort}, // an open door to the tenant's egress proxy
 		{"sandboxId": id, "port": port, "ttl": "172800s"},
 		{"sandboxId": "not-a-sandbox", "port": port},
 	} {

@@ -20,6 +20,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/egress"
 	"github.com/bulkhead-dev/bulkhead/pkg/errkind"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service/store"
 )
@@ -355,6 +356,11 @@ func (m *Manager) savePorts(ctx context.Context, tenant, id string, list []store
 func checkPort(port int) error {
 	if port < 1 || port > 65535 {
 		return badField("port", "%d is not a TCP port (1-65535)", port)
+	}
+	if port == egress.RelayPort {
+		// The sandbox's egress relay: exposed, anyone holding the preview
+		// URL could send traffic out through the tenant's egress proxy.
+		return badField("port", "%d is the sandbox's egress relay (%s), which is never exposed", port, egress.RelayAddr)
 	}
 	return nil
 }
