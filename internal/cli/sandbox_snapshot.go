@@ -95,6 +95,9 @@ one small object per snapshot in an S3 store.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := cmd.Context()
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error { return serverSnapshotLs(cmd, c, asJSON) })
+			}
 			store, err := g.snapshots()
 			if err != nil {
 				return err
@@ -163,6 +166,9 @@ used are freed by ` + "`harness sandbox snapshot gc`" + `.`,
 		Args: cobra.MinimumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx := cmd.Context()
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error { return serverSnapshotRm(cmd, c, args) })
+			}
 			store, err := g.snapshots()
 			if err != nil {
 				return err
@@ -223,6 +229,11 @@ whole files and has no chunks to collect.`,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if maxCount < 0 || maxAge < 0 {
 				return usageErr(compute.ErrInvalidArgument, "--max-age and --max-count must not be negative (0 turns a limit off)")
+			}
+			if c, err := g.server(); err != nil || c != nil {
+				return orServer(err, func() error {
+					return usageErr(compute.ErrUnimplemented, "gc works on a snapshot store, not through a server: %s keeps its tenants' snapshots under a quota; remove them with `harness sandbox snapshot rm`", c.base)
+				})
 			}
 			store, err := g.snapshots()
 			if err != nil {

@@ -5,10 +5,12 @@ package cli
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"sort"
 	"strings"
+	"text/tabwriter"
 	"time"
 
 	"connectrpc.com/connect"
@@ -203,6 +205,52 @@ func serverSnapshot(cmd *cobra.Command, c *serverConn, id string) error {
 		return serverUnsupported(c, id, "snapshot", err)
 	}
 	fmt.Fprintln(cmd.OutOrStdout(), resp.Msg.GetSnapshot().GetSnapshotId())
+	return nil
+}
+
+// serverSnapshotLs lists the tenant's snapshots on the service, in the
+// columns of the local listing.
+func serverSnapshotLs(cmd *cobra.Command, c *serverConn, asJSON bool) error {
+	resp, err := c.sandboxes.ListSnapshots(cmd.Context(), connect.NewRequest(&harnessv1.ListSnapshotsRequest{}))
+	if err != nil {
+		return serverUnsupported(c, "", "snapshots", err)
+	}
+	entries := []snapshotEntry{}
+	for _, s := range resp.Msg.GetSnapshots() {
+		e := snapshotEntry{ID: s.GetSnapshotId(), Size: s.GetSizeBytes()}
+		if s.GetCreateTime() != nil {
+			e.Modified = s.GetCreateTime().AsTime().UTC()
+		}
+		entries = append(entries, e)
+	}
+	out := cmd.OutOrStdout()
+	if asJSON {
+		b, err := json.MarshalIndent(entries, "", "  ")
+		if err != nil {
+			return err
+		}
+		fmt.Fprintln(out, string(b))
+		return nil
+	}
+	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SNAPSHOT\tSIZE\tCHUNKS\tMODIFIED")
+	for _, e := range entries {
+		fmt.Fprintf(tw, "%s\t%s\t-\t%s\n", e.ID, dash(e.Size), e.Modified.Local().Format(time.DateTime))
+	}
+	return tw.Flush()
+}
+
+// serverSnapshotRm deletes the tenant's snapshots ids on the service.
+func serverSnapshotRm(cmd *cobra.Command, c *serverConn, ids []string) error {
+	for _, id := range ids {
+		if _, err := c.sandboxes.DeleteSnapshot(cmd.Context(), connect.NewRequest(&harnessv1.DeleteSnapshotRequest{SnapshotId: id})); err != nil {
+			if connect.CodeOf(err) == connect.CodeNotFound {
+				return usageErr(compute.ErrNotFound, "no snapshot %s on %s", id, c.base)
+			}
+			return serverUnsupported(c, "", "snapshots", err)
+		}
+		fmt.Fprintf(cmd.OutOrStdout(), "removed snapshot %s\n", id)
+	}
 	return nil
 }
 

@@ -182,8 +182,26 @@ func TestSandboxServerPauseSnapshotFork(t *testing.T) {
 	run := serverRun(s.ctx, s.url, writeToken(t, s.token, 0o600))
 	id := strings.TrimSpace(mustRun(t, run, "sandbox", "create"))
 	mustRun(t, run, "sandbox", "exec", id, "--", "sh", "-c", "echo kept > kept.txt")
-	if snap := strings.TrimSpace(mustRun(t, run, "sandbox", "snapshot", id)); snap == "" || strings.Contains(snap, " ") {
+	snap := strings.TrimSpace(mustRun(t, run, "sandbox", "snapshot", id))
+	if snap == "" || strings.Contains(snap, " ") {
 		t.Errorf("snapshot printed %q", snap)
+	}
+	// The service's snapshots, not a local store's: listed, removed, gc
+	// refused (the service keeps them under a quota).
+	if out := mustRun(t, run, "sandbox", "snapshot", "ls"); !strings.Contains(out, "SNAPSHOT") || !strings.Contains(out, snap) {
+		t.Errorf("snapshot ls through the server: %q, want %s", out, snap)
+	}
+	if out := mustRun(t, run, "sandbox", "snapshot", "rm", snap); out != "removed snapshot "+snap+"\n" {
+		t.Errorf("snapshot rm through the server: %q", out)
+	}
+	if out := mustRun(t, run, "sandbox", "snapshot", "ls", "--json"); strings.TrimSpace(out) != "[]" {
+		t.Errorf("snapshot ls --json after rm: %q", out)
+	}
+	if code, _, errs := run("sandbox", "snapshot", "rm", snap); code != 1 || !strings.Contains(errs, "no snapshot "+snap) {
+		t.Errorf("rm of a removed snapshot: exit %d, %q", code, errs)
+	}
+	if code, _, errs := run("sandbox", "snapshot", "gc"); code == 0 || !strings.Contains(errs, "not through a server") {
+		t.Errorf("gc through a server: exit %d, %q", code, errs)
 	}
 	forks := strings.Fields(mustRun(t, run, "sandbox", "fork", id, "--count", "2"))
 	if len(forks) != 2 || forks[0] == forks[1] {
