@@ -44,9 +44,9 @@ import (
 	cerrdefs "github.com/containerd/errdefs"
 	"github.com/moby/moby/client"
 	"go.uber.org/zap"
-	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/loopdev"
 )
 
 // MinDisk is the smallest disk cap: room for ext4's metadata and journal
@@ -62,9 +62,8 @@ const (
 )
 
 const (
-	disksDir    = "disks"
-	loopControl = "/dev/loop-control"
-	mkfsTimeout = 2 * time.Minute
+	disksDir       = "disks"
+	debugfsTimeout = 2 * time.Minute
 )
 
 // quotaDrivers are the storage drivers whose containers take
@@ -132,29 +131,11 @@ func checkLoopDisk() error {
 	if os.Geteuid() != 0 {
 		missing = append(missing, "the harness is not root (only root attaches loop devices)")
 	}
-	if _, err := findMkfs(); err != nil {
-		missing = append(missing, err.Error())
-	}
-	if _, err := os.Stat(loopControl); err != nil {
-		missing = append(missing, fmt.Sprintf("no loop devices (%v; `modprobe loop`)", err))
-	}
+	missing = append(missing, loopdev.Missing(nil)...)
 	if len(missing) > 0 {
 		return errors.New(strings.Join(missing, "; "))
 	}
 	return nil
-}
-
-// findMkfs returns the mkfs.ext4 program.
-func findMkfs() (string, error) {
-	if p, err := exec.LookPath("mkfs.ext4"); err == nil {
-		return p, nil
-	}
-	for _, p := range []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"} {
-		if _, err := os.Stat(p); err == nil {
-			return p, nil
-		}
-	}
-	return "", errors.New("mkfs.ext4 is not on PATH nor in /usr/sbin or /sbin (install e2fsprogs)")
 }
 
 // diskImage is where the image of a capped workspace volume lives.
@@ -208,7 +189,7 @@ func (p *Provider) reviveDiskVolume(ctx context.Context, volName string, labels,
 	if image == "" {
 		return nil // not a capped volume
 	}
-	if loopBacking(opts["device"]) == image {
+	if loopdev.Backing(opts["device"]) == image {
 		return nil
 	}
 	size, _ := strconv.ParseInt(labels[LabelDiskBytes], 10, 64)
@@ -262,28 +243,11 @@ func makeDiskImage(ctx context.Context, image string, size int64) error {
 	if err := os.MkdirAll(filepath.Dir(image), 0o700); err != nil {
 		return fmt.Errorf("docker: sandbox disk: %w", err)
 	}
-	f, err := os.OpenFile(image, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return fmt.Errorf("docker: sandbox disk image: %w", err)
+	if err := loopdev.MakeExt4(ctx, image, size, nil); err != nil {
+		return fmt.Errorf("docker: %w", err)
 	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("docker: sandbox disk image of %d bytes: %w", size, err)
-	}
-	mkfs, err := findMkfs()
-	if err != nil {
-		return fmt.Errorf("docker: %w: %w", compute.ErrFailedPrecondition, err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, mkfsTimeout)
+	ctx, cancel := context.WithTimeout(ctx, debugfsTimeout)
 	defer cancel()
-	// -m 0: no blocks reserved for root (the sandbox's root is not the
-	// host's administrator). debugfs drops lost+found.
-	if out, err := exec.CommandContext(ctx, mkfs, "-q", "-F", "-m", "0", image).CombinedOutput(); err != nil {
-		return fmt.Errorf("docker: sandbox disk: %s: %w: %s", mkfs, err, strings.TrimSpace(string(out)))
-	}
 	if debugfs, err := exec.LookPath("debugfs"); err == nil {
 		_ = exec.CommandContext(ctx, debugfs, "-w", "-R", "rmdir lost+found", image).Run()
 	} else if _, err := os.Stat("/usr/sbin/debugfs"); err == nil {
@@ -295,37 +259,12 @@ func makeDiskImage(ctx context.Context, image string, size int64) error {
 // attachLoop attaches image to a free loop device (no AUTOCLEAR: see the
 // file's comment) and returns the device.
 func attachLoop(image string) (string, error) {
-	ctl, err := os.OpenFile(loopControl, os.O_RDWR|unix.O_CLOEXEC, 0)
+	dev, f, err := loopdev.Attach(image, false)
 	if err != nil {
-		return "", fmt.Errorf("docker: %w: sandbox disk: %w", compute.ErrFailedPrecondition, err)
+		return "", fmt.Errorf("docker: %w", err)
 	}
-	defer ctl.Close()
-	img, err := os.OpenFile(image, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", fmt.Errorf("docker: sandbox disk: %w", err)
-	}
-	defer img.Close()
-	for range 32 { // another process may take the free device first
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return "", fmt.Errorf("docker: %w: sandbox disk: no free loop device: %w", compute.ErrFailedPrecondition, err)
-		}
-		dev := "/dev/loop" + strconv.Itoa(n)
-		f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return "", fmt.Errorf("docker: %w: sandbox disk: loop device %s: %w", compute.ErrFailedPrecondition, dev, err)
-		}
-		err = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_FD, int(img.Fd()))
-		f.Close()
-		switch {
-		case errors.Is(err, unix.EBUSY):
-			continue
-		case err != nil:
-			return "", fmt.Errorf("docker: sandbox disk: attach %s to %s: %w", image, dev, err)
-		}
-		return dev, nil
-	}
-	return "", fmt.Errorf("docker: %w: sandbox disk: every free loop device was taken before it could be used", compute.ErrFailedPrecondition)
+	f.Close()
+	return dev, nil
 }
 
 // releaseImage detaches the loop devices backed by image and removes it.
@@ -344,41 +283,10 @@ func releaseImage(image string) error {
 // something else's mount) is marked to go when it is unmounted.
 func detachLoops(image string) error {
 	var errs []error
-	for _, dev := range loopsBackedBy(image) {
-		f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("docker: sandbox disk: %w", err))
-			continue
+	for _, dev := range loopdev.BackedBy(image) {
+		if err := loopdev.Detach(dev); err != nil {
+			errs = append(errs, fmt.Errorf("docker: %w", err))
 		}
-		if err := unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0); err != nil && !errors.Is(err, unix.ENXIO) {
-			errs = append(errs, fmt.Errorf("docker: sandbox disk: detach %s: %w", dev, err))
-		}
-		f.Close()
 	}
 	return errors.Join(errs...)
-}
-
-// loopsBackedBy lists the loop devices whose backing file is image.
-func loopsBackedBy(image string) []string {
-	var out []string
-	ents, _ := filepath.Glob("/sys/block/loop*")
-	for _, e := range ents {
-		if dev := "/dev/" + filepath.Base(e); loopBacking(dev) == image {
-			out = append(out, dev)
-		}
-	}
-	return out
-}
-
-// loopBacking returns the backing file of /dev/loopN ("" when none).
-func loopBacking(dev string) string {
-	name, ok := strings.CutPrefix(dev, "/dev/")
-	if !ok || !strings.HasPrefix(name, "loop") || strings.Contains(name, "/") {
-		return ""
-	}
-	data, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)")
 }

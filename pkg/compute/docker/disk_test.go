@@ -11,6 +11,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/loopdev"
 )
 
 // needLoopDisk skips (or fails under CI=true) a test that needs what a
@@ -54,7 +55,7 @@ func TestDiskCapWorkspaceVolume(t *testing.T) {
 		t.Fatal(err)
 	}
 	image := vol.Volume.Labels[LabelDiskImage]
-	if vol.Volume.Options["type"] != "ext4" || image == "" || loopBacking(vol.Volume.Options["device"]) != image {
+	if vol.Volume.Options["type"] != "ext4" || image == "" || loopdev.Backing(vol.Volume.Options["device"]) != image {
 		t.Fatalf("workspace volume of a capped sandbox: options %v, labels %v", vol.Volume.Options, vol.Volume.Labels)
 	}
 	if ls := run(t, first.Agent(), "", "ls -A ."); strings.TrimSpace(ls) != "" {
@@ -91,7 +92,7 @@ func TestDiskCapWorkspaceVolume(t *testing.T) {
 	if _, err := all.API().VolumeInspect(testCtx(t), st.Volume, client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Fatalf("volume after Destroy: %v", err)
 	}
-	if devs := loopsBackedBy(image); len(devs) > 0 {
+	if devs := loopdev.BackedBy(image); len(devs) > 0 {
 		t.Fatalf("loop devices left after Destroy: %v", devs)
 	}
 	if _, err := os.Stat(image); !errors.Is(err, os.ErrNotExist) {
@@ -111,7 +112,7 @@ func TestDiskCapFailedLaunchLeavesNothing(t *testing.T) {
 	if _, err := p.API().VolumeInspect(testCtx(t), VolumeName(session), client.VolumeInspectOptions{}); !cerrdefs.IsNotFound(err) {
 		t.Fatalf("volume after a failed Launch: %v", err)
 	}
-	if devs := loopsBackedBy(image); len(devs) > 0 {
+	if devs := loopdev.BackedBy(image); len(devs) > 0 {
 		t.Fatalf("loop devices after a failed Launch: %v", devs)
 	}
 	if _, err := os.Stat(image); !errors.Is(err, os.ErrNotExist) {

@@ -58,7 +58,6 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -68,6 +67,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/loopdev"
 )
 
 // MinDisk is the smallest disk cap: room for ext4's metadata and journal
@@ -100,31 +100,16 @@ type diskRecord struct {
 }
 
 // Seams for the tests: the effective uid and where mkfs.ext4 is looked
-// for besides PATH.
+// for besides PATH (nil: /usr/sbin and /sbin).
 var (
 	diskEUID      = os.Geteuid
-	mkfsFallbacks = []string{"/usr/sbin/mkfs.ext4", "/sbin/mkfs.ext4"}
+	mkfsFallbacks []string
 )
 
 const (
-	loopControl     = "/dev/loop-control"
-	mkfsTimeout     = 2 * time.Minute
 	unmountTimeout  = 5 * time.Second  // for a busy mount to be let go
 	loopGoneTimeout = 60 * time.Second // for the kernel to detach a loop device (a sandbox's mount namespace goes after its last process, later on a loaded machine)
 )
-
-// findMkfs returns the mkfs.ext4 program.
-func findMkfs() (string, error) {
-	if p, err := exec.LookPath("mkfs.ext4"); err == nil {
-		return p, nil
-	}
-	for _, p := range mkfsFallbacks {
-		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() && fi.Mode().Perm()&0o111 != 0 {
-			return p, nil
-		}
-	}
-	return "", errors.New("mkfs.ext4 is neither on PATH nor in /usr/sbin or /sbin (install e2fsprogs)")
-}
 
 // checkDiskCap reports whether this process can give sandboxes disks of
 // their own: nil, or compute.ErrFailedPrecondition naming what is missing.
@@ -133,12 +118,7 @@ func checkDiskCap() error {
 	if diskEUID() != 0 {
 		missing = append(missing, "it mounts a file system of the sandbox's own on a loop device, which only a root harness may")
 	}
-	if _, err := findMkfs(); err != nil {
-		missing = append(missing, err.Error())
-	}
-	if _, err := os.Stat(loopControl); err != nil {
-		missing = append(missing, fmt.Sprintf("no loop devices (%v; `modprobe loop`, or a container given /dev/loop-control and /dev/loop*)", err))
-	}
+	missing = append(missing, loopdev.Missing(mkfsFallbacks)...)
 	if len(missing) > 0 {
 		return fmt.Errorf("%w: the local sandbox disk cap cannot be applied here: %s", compute.ErrFailedPrecondition, strings.Join(missing, "; "))
 	}
@@ -228,28 +208,8 @@ func makeDisk(dir string, size int64) error {
 	if err := writeFileAtomic(filepath.Join(dir, diskRecordFile), data, 0o600); err != nil {
 		return fmt.Errorf("record the sandbox's disk: %w", err)
 	}
-	image := filepath.Join(dir, diskImageFile)
-	f, err := os.OpenFile(image, os.O_RDWR|os.O_CREATE|os.O_EXCL|unix.O_CLOEXEC, 0o600)
-	if err != nil {
-		return fmt.Errorf("sandbox disk image: %w", err)
-	}
-	err = f.Truncate(size)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		return fmt.Errorf("sandbox disk image of %d bytes: %w", size, err)
-	}
-	mkfs, err := findMkfs()
-	if err != nil {
-		return fmt.Errorf("%w: %w", compute.ErrFailedPrecondition, err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), mkfsTimeout)
-	defer cancel()
-	// -m 0: root of the sandbox is no root of the host, for whom ext4
-	// keeps its reserved blocks.
-	if out, err := exec.CommandContext(ctx, mkfs, "-q", "-F", "-m", "0", image).CombinedOutput(); err != nil {
-		return fmt.Errorf("sandbox disk: %s: %w: %s", mkfs, err, bytes.TrimSpace(out))
+	if err := loopdev.MakeExt4(context.Background(), filepath.Join(dir, diskImageFile), size, mkfsFallbacks); err != nil {
+		return err
 	}
 	return mountDisk(dir)
 }
@@ -278,7 +238,7 @@ func mountDisk(dir string) error {
 		if disk = lastMountAt(mounts, at); disk == nil {
 			return fmt.Errorf("sandbox disk: %s is not in the mount table after mounting it", at)
 		}
-	case disk.fstype != "ext4" || loopBacking(disk.source) != image:
+	case disk.fstype != "ext4" || loopdev.Backing(disk.source) != image:
 		return fmt.Errorf("sandbox disk: %s is mounted (%s %s), but not from %s", at, disk.fstype, disk.source, image)
 	}
 	// The file system's root is the harness's alone: the sandbox sees
@@ -315,7 +275,7 @@ func mountDisk(dir string) error {
 // mounts its ext4 file system at at (nosuid, nodev; discard, so that the
 // host gets back the blocks of files the sandbox removes).
 func mountImage(image, at string) error {
-	dev, f, err := attachLoop(image)
+	dev, f, err := loopdev.Attach(image, true)
 	if err != nil {
 		return err
 	}
@@ -326,56 +286,6 @@ func mountImage(image, at string) error {
 		return fmt.Errorf("sandbox disk: mount %s (%s) at %s: %w", image, dev, at, err)
 	}
 	return nil
-}
-
-// attachLoop attaches image to a free loop device with AUTOCLEAR and
-// returns the device and an open descriptor of it.
-func attachLoop(image string) (string, *os.File, error) {
-	ctl, err := os.OpenFile(loopControl, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", nil, fmt.Errorf("%w: sandbox disk: %w", compute.ErrFailedPrecondition, err)
-	}
-	defer ctl.Close()
-	img, err := os.OpenFile(image, os.O_RDWR|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return "", nil, fmt.Errorf("sandbox disk: %w", err)
-	}
-	defer img.Close()
-	var info unix.LoopInfo64
-	info.Flags = unix.LO_FLAGS_AUTOCLEAR
-	copy(info.File_name[:len(info.File_name)-1], image)
-	// Another process may take the free device between the two calls:
-	// then ask again.
-	for range 32 {
-		n, err := unix.IoctlRetInt(int(ctl.Fd()), unix.LOOP_CTL_GET_FREE)
-		if err != nil {
-			return "", nil, fmt.Errorf("%w: sandbox disk: no free loop device: %w", compute.ErrFailedPrecondition, err)
-		}
-		dev := fmt.Sprintf("/dev/loop%d", n)
-		f, err := os.OpenFile(dev, os.O_RDWR|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return "", nil, fmt.Errorf("%w: sandbox disk: loop device %s: %w (its device node must exist: devtmpfs, or mknod in a container)", compute.ErrFailedPrecondition, dev, err)
-		}
-		err = unix.IoctlLoopConfigure(int(f.Fd()), &unix.LoopConfig{Fd: uint32(img.Fd()), Info: info})
-		if errors.Is(err, unix.EINVAL) || errors.Is(err, unix.ENOTTY) {
-			// Before Linux 5.8: attach, then set the flags.
-			if err = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_SET_FD, int(img.Fd())); err == nil {
-				if err = unix.IoctlLoopSetStatus64(int(f.Fd()), &info); err != nil {
-					_ = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
-				}
-			}
-		}
-		if errors.Is(err, unix.EBUSY) {
-			f.Close()
-			continue
-		}
-		if err != nil {
-			f.Close()
-			return "", nil, fmt.Errorf("sandbox disk: attach %s to %s: %w", image, dev, err)
-		}
-		return dev, f, nil
-	}
-	return "", nil, fmt.Errorf("%w: sandbox disk: every free loop device was taken before it could be used", compute.ErrFailedPrecondition)
 }
 
 // releaseDisk removes the disk of the sandbox in dir, if it has one: it
@@ -459,7 +369,7 @@ func waitLoopsGone(image string) error {
 	deadline := time.Now().Add(loopGoneTimeout)
 	cleared := false
 	for {
-		devs := loopsBackedBy(image)
+		devs := loopdev.BackedBy(image)
 		if len(devs) == 0 {
 			return nil
 		}
@@ -469,48 +379,12 @@ func waitLoopsGone(image string) error {
 		}
 		if !cleared && time.Now().After(deadline.Add(-loopGoneTimeout/2)) {
 			for _, dev := range devs {
-				if f, err := os.OpenFile(dev, os.O_RDONLY|unix.O_CLOEXEC, 0); err == nil {
-					// Detaches it, or, while it is in use, marks it to
-					// be detached when its last user lets go.
-					_ = unix.IoctlSetInt(int(f.Fd()), unix.LOOP_CLR_FD, 0)
-					f.Close()
-				}
+				_ = loopdev.Detach(dev)
 			}
 			cleared = true
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-}
-
-// loopsBackedBy lists the loop devices whose backing file is image.
-func loopsBackedBy(image string) []string {
-	var out []string
-	ents, _ := filepath.Glob("/sys/block/loop*/loop/backing_file")
-	for _, e := range ents {
-		data, err := os.ReadFile(e)
-		if err != nil {
-			continue
-		}
-		if strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)") == image {
-			out = append(out, "/dev/"+filepath.Base(filepath.Dir(filepath.Dir(e))))
-		}
-	}
-	slices.Sort(out)
-	return out
-}
-
-// loopBacking returns the backing file of a loop device (/dev/loopN), ""
-// when it is none or has none.
-func loopBacking(dev string) string {
-	name, ok := strings.CutPrefix(dev, "/dev/")
-	if !ok || !strings.HasPrefix(name, "loop") || strings.Contains(name, "/") {
-		return ""
-	}
-	data, err := os.ReadFile(filepath.Join("/sys/block", name, "loop", "backing_file"))
-	if err != nil {
-		return ""
-	}
-	return strings.TrimSuffix(strings.TrimSpace(string(data)), " (deleted)")
 }
 
 // mountEntry is a line of /proc/self/mountinfo.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/internal/loopdev"
 	"github.com/bulkhead-dev/bulkhead/pkg/manifest"
 )
 
@@ -247,7 +248,7 @@ func diskMounted(t *testing.T, dir string) string {
 	}
 	mounts := mountsBelow(t, dir)
 	disk := lastMountAt(mounts, filepath.Join(dir, diskMountDir))
-	if disk == nil || disk.fstype != "ext4" || loopBacking(disk.source) != image {
+	if disk == nil || disk.fstype != "ext4" || loopdev.Backing(disk.source) != image {
 		t.Fatalf("the sandbox's disk is not mounted: %+v", mounts)
 	}
 	for _, d := range diskDirs {
