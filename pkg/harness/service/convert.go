@@ -36,7 +36,7 @@ func approvalsOf(p *harnessv1.ApprovalPolicy) manager.ApprovalPolicy {
 // runSpecOf is a StartRunRequest's spec.
 func runSpecOf(r *harnessv1.StartRunRequest) manager.RunSpec {
 	return manager.RunSpec{Agent: agentSpecOf(r.GetAgent()), Manifest: r.GetManifest(), Approvals: approvalsOf(r.GetApprovals()),
-		Input: r.GetInput(), MaxTurns: int(r.GetMaxTurns()), Workdir: r.GetWorkdir()}
+		Input: r.GetInput(), MaxTurns: int(r.GetMaxTurns()), Workdir: r.GetWorkdir(), Sandbox: r.GetSandboxId()}
 }
 
 // resumeSpecOf is the spec of a ResumeRunRequest with a run state.

@@ -30,11 +30,18 @@ type obj = map[string]any
 // answer (a Connect error is {"code","message"}).
 func sbxCall(t *testing.T, ctx context.Context, e *env, token, method string, req any) (int, obj) {
 	t.Helper()
+	return jsonCall(t, ctx, e, token, "SandboxService/"+method, req)
+}
+
+// jsonCall POSTs a JSON request to a method ("Service/Method") of the
+// service and decodes the answer.
+func jsonCall(t *testing.T, ctx context.Context, e *env, token, method string, req any) (int, obj) {
+	t.Helper()
 	body, err := json.Marshal(req)
 	if err != nil {
 		t.Fatal(err)
 	}
-	code, text := rawPost(t, ctx, e.url+"/bulkhead.harness.v1.SandboxService/"+method, token, string(body))
+	code, text := rawPost(t, ctx, e.url+"/bulkhead.harness.v1."+method, token, string(body))
 	out := obj{}
 	if err := json.Unmarshal([]byte(text), &out); err != nil {
 		t.Fatalf("%s: %d %q: %v", method, code, text, err)

@@ -18,7 +18,9 @@ import (
 
 // StartRun stores a new run of tenant and starts driving it; the run holds
 // one of the tenant's run slots and one of its sandbox slots (resource
-// exhausted when either quota is full). Without a model: ErrNoModel.
+// exhausted when either quota is full), or, with spec.Sandbox, claims
+// that API sandbox of the tenant's instead (callerbox.go). Without a
+// model: ErrNoModel.
 func (m *Manager) StartRun(ctx context.Context, tenant string, spec RunSpec) (*Run, error) {
 	if err := m.enter(tenant); err != nil {
 		return nil, err
@@ -286,6 +288,9 @@ func (m *Manager) runOf(r *store.Run, st *harness.RunState, lastSeq uint64) *Run
 	}
 	if spec, err := specOf(r.Spec); err == nil {
 		out.Agent, out.Model, out.Input = agentName(spec), spec.Agent.Model, spec.Input
+		if spec.Sandbox != "" {
+			out.SandboxID = spec.Sandbox // the caller's, named from the start
+		}
 	}
 	if out.Model == "" {
 		out.Model = m.cfg.DefaultModel
@@ -366,10 +371,26 @@ func (m *Manager) newRun(ctx context.Context, tenant string, spec *RunSpec, man 
 	if hasGit(man) && m.usage.fetchLeft(tenant) <= 0 {
 		return nil, m.usage.errFetchBudget()
 	}
-	if err := m.usage.reserve(tenant, rec.ID, true); err != nil {
+	// A run in the caller's sandbox claims it and takes no sandbox slot
+	// (the sandbox holds its own).
+	var b *box
+	m.mu.Lock()
+	if spec.Sandbox != "" {
+		if b, err = m.claimBoxLocked(tenant, spec.Sandbox, rec.ID); err != nil {
+			m.mu.Unlock()
+			return nil, err
+		}
+	}
+	if err := m.usage.reserve(tenant, rec.ID, b == nil); err != nil {
+		m.unclaimLocked(b, rec.ID)
+		m.mu.Unlock()
 		return nil, err
 	}
+	m.mu.Unlock()
 	if err := m.cfg.Store.CreateRun(ctx, rec); err != nil {
+		m.mu.Lock()
+		m.unclaimLocked(b, rec.ID)
+		m.mu.Unlock()
 		m.usage.releaseRun(tenant, rec.ID)
 		m.usage.releaseSandbox(tenant, rec.ID)
 		return nil, err
@@ -377,6 +398,7 @@ func (m *Manager) newRun(ctx context.Context, tenant string, spec *RunSpec, man 
 	m.moved("", rec.Status)
 	lr := m.newLiveRun(rec, spec, 0)
 	m.mu.Lock()
+	lr.box = b
 	m.runs[rec.ID] = lr
 	m.mu.Unlock()
 	lr.mu.Lock()
@@ -423,10 +445,18 @@ func (m *Manager) resumeStored(ctx context.Context, tenant, id string) (*Run, er
 		return nil, failedPrecondition("run %s is being resumed", id)
 	}
 	// The run is active again: a run slot, and a sandbox slot unless its
-	// kept sandbox is still held (it keeps that one).
+	// kept sandbox is still held (it keeps that one) or it works in the
+	// caller's sandbox (claimed again: it may be gone, or busy).
 	_, heldSandbox := m.sessions[id]
 	_, kept := m.retained[id]
-	if err := m.usage.reserve(tenant, id, !heldSandbox && !kept); err != nil {
+	if spec.Sandbox != "" {
+		if lr.box, err = m.claimBoxLocked(tenant, spec.Sandbox, id); err != nil {
+			m.mu.Unlock()
+			return nil, err
+		}
+	}
+	if err := m.usage.reserve(tenant, id, lr.box == nil && !heldSandbox && !kept); err != nil {
+		m.unclaimLocked(lr.box, id)
 		m.mu.Unlock()
 		return nil, err
 	}

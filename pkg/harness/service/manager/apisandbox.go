@@ -167,6 +167,8 @@ type box struct {
 	lastUsed time.Time
 	activity time.Time
 	timer    *time.Timer
+	// run is the active run working in it ("": none; callerbox.go).
+	run string
 	// gone is set once its deletion started.
 	gone bool
 	// attach serializes attaching and deleting; save serializes record
@@ -436,9 +438,19 @@ func (m *Manager) doneLocked(b *box) {
 // deleted keeps its record, for the next manager to try again.
 func (m *Manager) dropBox(b *box, reason string) error {
 	m.mu.Lock()
-	if b.gone {
-		m.mu.Unlock()
+	first := m.markGoneLocked(b)
+	m.mu.Unlock()
+	if !first {
 		return nil
+	}
+	return m.deleteBox(b, reason)
+}
+
+// markGoneLocked starts b's deletion (m.mu held): it is no longer
+// listed, timed or counted. False when its deletion started already.
+func (m *Manager) markGoneLocked(b *box) bool {
+	if b.gone {
+		return false
 	}
 	b.gone = true
 	if b.timer != nil {
@@ -449,7 +461,12 @@ func (m *Manager) dropBox(b *box, reason string) error {
 		delete(m.api.boxes, b.id)
 	}
 	m.usage.releaseSandbox(b.tenant, b.id)
-	m.mu.Unlock()
+	return true
+}
+
+// deleteBox deletes the sandbox of b, marked gone (markGoneLocked), and
+// records it gone (see dropBox).
+func (m *Manager) deleteBox(b *box, reason string) error {
 	m.ports.dropSandbox(b.id)
 	// An attach in progress ends first; none starts any more (gone).
 	b.attach.Lock()
@@ -668,7 +685,8 @@ func (m *Manager) GetSandbox(ctx context.Context, tenant, id string) (*Sandbox, 
 
 // DeleteSandbox deletes a tenant's sandbox: one made through the API, or
 // the one kept for a finished run (failed precondition while its run is
-// active: cancel the run).
+// active, or while a run started in the API sandbox uses it: cancel the
+// run).
 func (m *Manager) DeleteSandbox(ctx context.Context, tenant, id string) error {
 	if err := m.enter(tenant); err != nil {
 		return err
@@ -678,7 +696,19 @@ func (m *Manager) DeleteSandbox(ctx context.Context, tenant, id string) error {
 		return err
 	}
 	if b := m.tenantBox(tenant, id); b != nil {
-		return m.dropBox(b, "DeleteSandbox")
+		// Refused while a run uses it (callerbox.go), atomically with
+		// the start of its deletion.
+		m.mu.Lock()
+		if run := b.run; run != "" {
+			m.mu.Unlock()
+			return errUsedByRun(id, run, "deleted")
+		}
+		first := m.markGoneLocked(b)
+		m.mu.Unlock()
+		if !first {
+			return nil
+		}
+		return m.deleteBox(b, "DeleteSandbox")
 	}
 	runID := runIDOf(id)
 	if runID == "" {

@@ -128,9 +128,13 @@ func (m *Manager) idleBox(b *box) {
 // with whether the pause kept its memory and processes. Pausing a paused
 // sandbox changes nothing (but a pause by its OnIdle policy becomes an
 // explicit one: the next call no longer resumes it). A run's sandbox
-// follows its run: failed precondition.
+// follows its run, and a sandbox a run was started in is not paused while
+// the run is active: failed precondition.
 func (m *Manager) PauseSandbox(ctx context.Context, tenant, id string) (*Sandbox, bool, error) {
 	return m.onBox(ctx, tenant, id, "paused", func(ctx context.Context, b *box) (bool, error) {
+		if run := m.usedBy(b); run != "" {
+			return false, errUsedByRun(id, run, "paused")
+		}
 		return m.pauseBox(ctx, b, false)
 	})
 }

@@ -42,8 +42,19 @@ func (m *Manager) recover(ctx context.Context) error {
 		lr := m.newLiveRun(rec, spec, seq)
 		m.mu.Lock()
 		m.runs[rec.ID] = lr
-		m.usage.hold(rec.Tenant, rec.ID, true)
+		m.usage.hold(rec.Tenant, rec.ID, spec.Sandbox == "")
+		var claimErr error
+		if spec.Sandbox != "" {
+			// The caller's sandbox (recovered before the runs): claimed
+			// again, never reaped with the run.
+			lr.box, claimErr = m.claimBoxLocked(rec.Tenant, spec.Sandbox, rec.ID)
+		}
 		m.mu.Unlock()
+		if claimErr != nil {
+			m.log.Warn("run's sandbox is gone after a restart; the run fails", zap.String("run", rec.ID), zap.String("sandbox", spec.Sandbox))
+			m.endRun(lr, statusFailed, nil, fmt.Errorf("recover: the run's sandbox %s: %w", spec.Sandbox, claimErr))
+			continue
+		}
 		var st *harness.RunState
 		if len(rec.RunState) > 0 {
 			if st, err = harness.DecodeRunState(rec.RunState); err != nil {
@@ -91,7 +102,7 @@ func (m *Manager) recover(ctx context.Context) error {
 		default:
 			m.log.Warn("run lost in a turn by the previous service", zap.String("run", rec.ID))
 			m.endRun(lr, statusFailed, nil, errors.New(errLost))
-			if len(rec.SessionState) > 0 && !rec.SandboxGone {
+			if spec.Sandbox == "" && len(rec.SessionState) > 0 && !rec.SandboxGone {
 				m.usage.holdSandbox(rec.Tenant, rec.ID) // until it is reaped
 				if !m.tasks.goTracked(func() { m.reapSandbox(rec) }) {
 					m.usage.releaseSandbox(rec.Tenant, rec.ID)

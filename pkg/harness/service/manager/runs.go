@@ -87,6 +87,9 @@ type liveRun struct {
 	// checkpoint holds the calls held because of draining.
 	checkpoint map[string]bool
 	ended      chan struct{}
+	// box is the caller's sandbox the run claimed (RunSpec.Sandbox; nil
+	// for a run with a sandbox of its own), under Manager.mu.
+	box *box
 }
 
 func (m *Manager) newLiveRun(rec *store.Run, spec *RunSpec, seq uint64) *liveRun {
@@ -295,6 +298,10 @@ func sandboxManifest(spec *RunSpec) (*manifest.Manifest, error) {
 // its tenant's sandbox slot already (newRun, resumeStored, recover,
 // recoverRetained).
 func (m *Manager) acquireSession(ctx context.Context, tenant string, rec *store.Run, spec *RunSpec) (_ *compute.Session, err error) {
+	if spec != nil && spec.Sandbox != "" {
+		// The caller's sandbox, which the run only uses (callerbox.go).
+		return m.claimedSession(ctx, tenant, rec.ID, spec.Sandbox)
+	}
 	ctx = withFetchAccount(ctx, m.usage.fetchAccount(tenant))
 	defer func() { err = quotaCause(ctx, err) }()
 	m.mu.Lock()
@@ -565,13 +572,15 @@ func (m *Manager) endRun(lr *liveRun, status string, res *harness.Result, runErr
 	m.letSandboxGo(rec)
 }
 
-// forget drops an ended (or cut) run from the active set and gives its
-// run slot back.
+// forget drops an ended (or cut) run from the active set, gives its run
+// slot back and ends its claim of a caller's sandbox (which stays).
 func (m *Manager) forget(lr *liveRun) {
 	m.mu.Lock()
 	if m.runs[lr.id] == lr {
 		delete(m.runs, lr.id)
 		m.usage.releaseRun(lr.tenant, lr.id)
+		m.unclaimLocked(lr.box, lr.id)
+		lr.box = nil
 	}
 	m.mu.Unlock()
 }

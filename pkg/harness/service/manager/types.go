@@ -22,6 +22,11 @@ type RunSpec struct {
 	MaxTurns int `json:"maxTurns,omitempty"`
 	// Workdir is the workspace-relative directory the agent works in.
 	Workdir string `json:"workdir,omitempty"`
+	// Sandbox, when set, is an API sandbox of the tenant's (CreateSandbox)
+	// the run works in as a caller-owned session: the run never deletes,
+	// pauses or keeps it (see callerbox.go). Manifest and Agent.RunAs are
+	// then empty.
+	Sandbox string `json:"sandbox,omitempty"`
 }
 
 // AgentSpec is a run's agent.

@@ -238,6 +238,25 @@ func resolveRunAs(m *manifest.Manifest, runAs string) (*manifest.Manifest, error
 	return nil, badField(field, "user %q is not declared in the manifest's users; declare it there, or leave run_as empty for the sandbox's own account", clip(runAs))
 }
 
+// checkCallerSandbox checks a spec naming the caller's sandbox (Sandbox):
+// a sandbox id, with no manifest (the sandbox has its workspace already)
+// and no agent.run_as (the run works as the sandbox's account).
+func checkCallerSandbox(spec *RunSpec) error {
+	if spec.Sandbox == "" {
+		return nil
+	}
+	if err := checkSandboxID("sandbox_id", spec.Sandbox); err != nil {
+		return err
+	}
+	if spec.Manifest != "" {
+		return badField("manifest", "must be empty with sandbox_id: the sandbox has its workspace already")
+	}
+	if spec.Agent.RunAs != "" {
+		return badField("agent.run_as", "must be empty with sandbox_id: the run works as the sandbox's account")
+	}
+	return nil
+}
+
 // checkWorkdir checks a workspace-relative directory.
 func checkWorkdir(field, wd string) error {
 	if err := checkText(field, wd, maxWorkdirBytes); err != nil {
@@ -363,6 +382,9 @@ func (m *Manager) validateSpec(spec *RunSpec, needInput bool) (*manifest.Manifes
 		return nil, err
 	}
 	if err := checkWorkdir("workdir", spec.Workdir); err != nil {
+		return nil, err
+	}
+	if err := checkCallerSandbox(spec); err != nil {
 		return nil, err
 	}
 	man, err := sandboxManifest(spec)

@@ -244,7 +244,20 @@ type StartRunRequest struct {
 	// The most model calls in the run (0: the service's default).
 	MaxTurns int32 `protobuf:"varint,5,opt,name=max_turns,json=maxTurns,proto3" json:"max_turns,omitempty"`
 	// The run's working directory, relative to the workspace root.
-	Workdir       string `protobuf:"bytes,6,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	Workdir string `protobuf:"bytes,6,opt,name=workdir,proto3" json:"workdir,omitempty"`
+	// An existing sandbox of the caller's (made with
+	// SandboxService.CreateSandbox) to run in, instead of a fresh one. The
+	// run uses it as a caller-owned session: it never deletes, pauses or
+	// keeps it, whatever way the run ends; the sandbox stays the caller's,
+	// with its own ttl. manifest must then be empty (the sandbox has its
+	// workspace already) and agent.run_as too (the run works as the
+	// sandbox's account). One run at a time per sandbox: a sandbox another
+	// active run uses answers FailedPrecondition, as does one paused by a
+	// client (one paused by its on_idle policy is resumed). While the run is
+	// active the sandbox is busy (never idle), and DeleteSandbox and
+	// PauseSandbox refuse it (FailedPrecondition: cancel the run first).
+	// Another tenant's sandbox, or none, answers NotFound.
+	SandboxId     string `protobuf:"bytes,7,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -317,6 +330,13 @@ func (x *StartRunRequest) GetMaxTurns() int32 {
 func (x *StartRunRequest) GetWorkdir() string {
 	if x != nil {
 		return x.Workdir
+	}
+	return ""
+}
+
+func (x *StartRunRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
 	}
 	return ""
 }
@@ -511,7 +531,8 @@ type Run struct {
 	Error string `protobuf:"bytes,11,opt,name=error,proto3" json:"error,omitempty"`
 	// Set when status is WAITING_APPROVAL.
 	PendingApprovals []*PendingApproval `protobuf:"bytes,12,rep,name=pending_approvals,json=pendingApprovals,proto3" json:"pending_approvals,omitempty"`
-	// The run's sandbox ("" before it is made).
+	// The run's sandbox ("" before it is made): a fresh one, or the
+	// caller's own it was started in (StartRunRequest.sandbox_id).
 	SandboxId string `protobuf:"bytes,13,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	// Sequence number of the run's last event so far.
 	LastSequence  uint64 `protobuf:"varint,14,opt,name=last_sequence,json=lastSequence,proto3" json:"last_sequence,omitempty"`
@@ -2210,14 +2231,16 @@ const file_bulkhead_harness_v1_run_proto_rawDesc = "" +
 	"\x06run_as\x18\x05 \x01(\tR\x05runAs\"f\n" +
 	"\x0eApprovalPolicy\x12)\n" +
 	"\x10require_approval\x18\x01 \x03(\tR\x0frequireApproval\x12)\n" +
-	"\x10allowed_commands\x18\x02 \x03(\tR\x0fallowedCommands\"\xf3\x01\n" +
+	"\x10allowed_commands\x18\x02 \x03(\tR\x0fallowedCommands\"\x92\x02\n" +
 	"\x0fStartRunRequest\x124\n" +
 	"\x05agent\x18\x01 \x01(\v2\x1e.bulkhead.harness.v1.AgentSpecR\x05agent\x12\x1a\n" +
 	"\bmanifest\x18\x02 \x01(\tR\bmanifest\x12A\n" +
 	"\tapprovals\x18\x03 \x01(\v2#.bulkhead.harness.v1.ApprovalPolicyR\tapprovals\x12\x14\n" +
 	"\x05input\x18\x04 \x01(\tR\x05input\x12\x1b\n" +
 	"\tmax_turns\x18\x05 \x01(\x05R\bmaxTurns\x12\x18\n" +
-	"\aworkdir\x18\x06 \x01(\tR\aworkdir\">\n" +
+	"\aworkdir\x18\x06 \x01(\tR\aworkdir\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\a \x01(\tR\tsandboxId\">\n" +
 	"\x10StartRunResponse\x12*\n" +
 	"\x03run\x18\x01 \x01(\v2\x18.bulkhead.harness.v1.RunR\x03run\"O\n" +
 	"\x05Usage\x12!\n" +

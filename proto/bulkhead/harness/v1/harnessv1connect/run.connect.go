@@ -53,7 +53,8 @@ const (
 
 // RunServiceClient is a client for the bulkhead.harness.v1.RunService service.
 type RunServiceClient interface {
-	// StartRun starts an agent on an input in a fresh sandbox.
+	// StartRun starts an agent on an input in a fresh sandbox, or in an
+	// existing one of the caller's (StartRunRequest.sandbox_id).
 	StartRun(context.Context, *connect.Request[v1.StartRunRequest]) (*connect.Response[v1.StartRunResponse], error)
 	// GetRun returns one run.
 	GetRun(context.Context, *connect.Request[v1.GetRunRequest]) (*connect.Response[v1.GetRunResponse], error)
@@ -180,7 +181,8 @@ func (c *runServiceClient) ResumeRun(ctx context.Context, req *connect.Request[v
 
 // RunServiceHandler is an implementation of the bulkhead.harness.v1.RunService service.
 type RunServiceHandler interface {
-	// StartRun starts an agent on an input in a fresh sandbox.
+	// StartRun starts an agent on an input in a fresh sandbox, or in an
+	// existing one of the caller's (StartRunRequest.sandbox_id).
 	StartRun(context.Context, *connect.Request[v1.StartRunRequest]) (*connect.Response[v1.StartRunResponse], error)
 	// GetRun returns one run.
 	GetRun(context.Context, *connect.Request[v1.GetRunRequest]) (*connect.Response[v1.GetRunResponse], error)
