@@ -5,8 +5,11 @@
 // is built at run time and nothing is loaded from another origin.
 //
 // Pages (hash routes of one document, so the console works under any mount
-// path): #/sandboxes, #/runs, #/runs/{id} (the run's timeline with its
-// approvals), #/sandboxes/{id}/terminal (xterm.js over a WebSocket) and
+// path): #/sandboxes (create, pause/resume, fork, snapshot and delete
+// sandboxes; the snapshots), #/sandboxes/{id} (a sandbox's exposed ports
+// with their preview links), #/runs, #/runs/{id} (the run's timeline with
+// its approvals; apply_patch calls as coloured diffs),
+// #/sandboxes/{id}/terminal (xterm.js over a WebSocket) and
 // #/sandboxes/{id}/files (a file browser with download).
 package console
 

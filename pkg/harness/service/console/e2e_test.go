@@ -3,9 +3,11 @@ package console_test
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -20,6 +22,7 @@ import (
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testservers/browser"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute"
 	"github.com/bulkhead-dev/bulkhead/pkg/compute/local"
+	"github.com/bulkhead-dev/bulkhead/pkg/compute/snapshot"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/model"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/replay"
 	"github.com/bulkhead-dev/bulkhead/pkg/harness/service"
@@ -72,6 +75,10 @@ func realService(t *testing.T, token string) string {
 		}
 		_ = prov.Close()
 	})
+	snaps, err := snapshot.NewLocal(filepath.Join(dir, "snapshots"))
+	if err != nil {
+		t.Fatal(err)
+	}
 	st, err := bolt.Open(filepath.Join(dir, "runs.db"))
 	if err != nil {
 		t.Fatal(err)
@@ -85,8 +92,9 @@ func realService(t *testing.T, token string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	svc, err := service.New(context.Background(), service.Config{Store: st, Compute: compute.NewClient(prov, compute.ClientOptions{Log: log}),
-		Model: mdl, DefaultModel: "scripted", Auth: tokens, Log: log, SandboxRetention: 10 * time.Minute, Console: console.Handler()})
+	svc, err := service.New(context.Background(), service.Config{Store: st, Compute: compute.NewClient(prov, compute.ClientOptions{Log: log, Snapshots: snaps}),
+		Model: mdl, DefaultModel: "scripted", Auth: tokens, Log: log, SandboxRetention: 10 * time.Minute, Console: console.Handler(),
+		PreviewKey: []byte(strings.Repeat("preview-key-", 4))})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -223,6 +231,85 @@ func TestConsoleApprovesARealRun(t *testing.T) {
 		t.Errorf("the run started from the form: %v (summary shows %q)", fromForm, formRun)
 	}
 
+	if ex := p.tab.Exceptions(); len(ex) > 0 {
+		t.Errorf("uncaught exceptions in the console's pages:\n%s", strings.Join(ex, "\n"))
+	}
+}
+
+// TestConsoleManagesARealSandbox drives the sandbox buttons against the
+// real service with local sandboxes: New sandbox, a command in its
+// terminal (which also starts a web server in it), Pause and Resume, the
+// server's port exposed and its preview link answering, Delete.
+func TestConsoleManagesARealSandbox(t *testing.T) {
+	const token = "tok-console-sandbox-0123456789"
+	base := realService(t, token)
+	p := signedIn(t, base, token, "#/sandboxes")
+	p.present("#new-sandbox")
+	p.do(chromedp.Click("#new-sandbox"))
+	p.waitFor("the sandbox created", `document.querySelector("#status").textContent.startsWith("Created sandbox ")`)
+	id := strings.TrimPrefix(p.text("#status"), "Created sandbox ")
+	row := `#sandboxes-table tr[data-sandbox-id="` + id + `"]`
+	p.present(row + " [data-action=pause]")
+	p.tab.Screenshot(t, "real-sandbox-created")
+
+	p.route("#/sandboxes/" + id + "/terminal")
+	p.waitFor("the terminal connected", `document.querySelector("#terminal-state").textContent === "connected"`)
+	p.do(chromedp.SendKeys("#terminal .xterm-helper-textarea", "echo made-$((6*7)) > index.html && cat index.html\r"))
+	p.waitFor("the shell's answer", `document.querySelector("#terminal .xterm-rows").textContent.includes("made-42")`)
+
+	p.route("#/sandboxes")
+	p.present(row + " [data-action=pause]")
+	p.do(chromedp.Click(row + " [data-action=pause]"))
+	p.present(row + " [data-action=resume]")
+	if got := p.text(row + " .status"); got != "paused" {
+		t.Errorf("status after Pause = %q", got)
+	}
+	p.do(chromedp.Click(row + " [data-action=resume]"))
+	p.present(row + " [data-action=pause]")
+	if got := p.text(row + " .status"); got != "running" {
+		t.Errorf("status after Resume = %q", got)
+	}
+
+	// A web server in the sandbox (a local one runs this host's python3),
+	// in a session of its own so that it outlives the terminal.
+	_, noPython := exec.LookPath("python3")
+	if noPython == nil {
+		p.route("#/sandboxes/" + id + "/terminal")
+		p.waitFor("the terminal connected", `document.querySelector("#terminal-state").textContent === "connected"`)
+		p.do(chromedp.SendKeys("#terminal .xterm-helper-textarea",
+			"setsid nohup python3 -m http.server 18431 --bind 127.0.0.1 >/dev/null 2>&1 < /dev/null & sleep 1; echo serving\r"))
+		p.waitFor("the server started", `document.querySelector("#terminal .xterm-rows").textContent.includes("serving")`)
+	}
+	p.route("#/sandboxes/" + id)
+	p.present("#expose-form")
+	p.do(chromedp.SendKeys("#expose-port", "18431"), chromedp.Click("#expose-submit"))
+	link := `#ports-table tr[data-port="18431"] a.preview`
+	p.present(link)
+	href := p.text(link)
+	if !strings.HasPrefix(href, base+"/v1/preview/") || !p.bool(`document.querySelector('`+link+`').relList.contains("noopener")`) {
+		t.Errorf("preview link %q, want one below %s/v1/preview/ opening without an opener", href, base)
+	}
+	p.tab.Screenshot(t, "real-sandbox-port")
+	if noPython == nil {
+		body := ""
+		for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline) && !strings.Contains(body, "made-42"); time.Sleep(200 * time.Millisecond) {
+			if res, err := http.Get(href + "index.html"); err == nil {
+				b, _ := io.ReadAll(res.Body)
+				res.Body.Close()
+				body = string(b)
+			}
+		}
+		if !strings.Contains(body, "made-42") {
+			t.Errorf("the preview answered %q, want the sandbox's index.html", body)
+		}
+	} else {
+		t.Log("no python3 here: the preview link is not followed")
+	}
+
+	p.route("#/sandboxes")
+	p.present(row + " [data-action=delete]")
+	p.do(chromedp.Click(row+" [data-action=delete]"), chromedp.Click(row+" [data-action=confirm]"))
+	p.waitFor("the sandbox gone", `document.querySelector('`+row+`') === null && document.querySelector("#status").textContent === "Deleted `+id+`"`)
 	if ex := p.tab.Exceptions(); len(ex) > 0 {
 		t.Errorf("uncaught exceptions in the console's pages:\n%s", strings.Join(ex, "\n"))
 	}

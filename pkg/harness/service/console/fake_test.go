@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -33,7 +34,30 @@ type fakeService struct {
 	approvals []string         // "call-1=true" for each ApproveToolCall
 	resumed   []int            // the after= of event streams that resumed
 	starts    []map[string]any // StartRun requests that started a run
+
+	// Sandboxes made with CreateSandbox or ForkSandbox (after sb-1 and
+	// sb-2, a run's each), their exposed ports, the snapshots, and the
+	// sandbox calls made ("PauseSandbox sb-new-1").
+	made      []map[string]any
+	ports     map[string][]map[string]any
+	snapshots []map[string]any
+	calls     []string
 }
+
+// sandboxQuota is how many sandboxes the fake's tenant may have: ForkSandbox
+// beyond it is refused, to show a refusal in the page.
+const sandboxQuota = 4
+
+// patchXSS is an apply_patch call's input (the V4A text, as the freeform
+// tool sends it) whose added lines carry markup: the diff must show them
+// as text.
+const patchXSS = "*** Begin Patch\n*** Update File: web/index.html\n@@ <body>\n <h1>Hi</h1>\n-<p>old</p>\n" +
+	"+<img src=x onerror=alert(1)>\n+<img src=y onerror=\"window.__xss = 4\"><script>window.__xss = 5</script>\n" +
+	"*** Add File: notes.md\n+# Notes\n*** End Patch\n"
+
+// patchOps is the same tool's JSON form: file operations.
+const patchOps = `{"operations":[{"type":"update_file","path":"a.go","diff":"@@ func a() {\n-\treturn 1\n+\treturn 2\n }\n","move_to":"b.go"},` +
+	`{"type":"delete_file","path":"<b>gone</b>.txt"}]}`
 
 // xssOutput is a tool output that must show as text, never as markup.
 const xssOutput = `<script>window.__xss = 1</script><img src=x onerror="window.__xss = 2"><b>bold?</b>`
@@ -65,6 +89,17 @@ func newFakeService(token string) *fakeService {
 	f.add("run-2", "toolResult", map[string]any{"callId": "x-1", "tool": "exec_command", "output": xssOutput})
 	f.add("run-2", "modelText", map[string]any{"text": "<script>window.__xss = 3</script>"})
 	f.add("run-2", "runFinished", map[string]any{"finalOutput": "done: <i>not italic</i>", "turns": 2})
+	f.runs["run-3"] = map[string]any{
+		"runId": "run-3", "status": "RUN_STATUS_SUCCEEDED", "agent": "coder", "model": "gpt-test",
+		"input": "Edit the page", "createTime": created, "updateTime": created, "turns": 1, "finalOutput": "Edited.",
+	}
+	f.add("run-3", "turnStarted", map[string]any{"turn": 1})
+	f.add("run-3", "toolCall", map[string]any{"callId": "p-1", "tool": "apply_patch", "input": patchXSS})
+	f.add("run-3", "toolResult", map[string]any{"callId": "p-1", "tool": "apply_patch", "output": "Updated web/index.html\nCreated notes.md"})
+	f.add("run-3", "toolCall", map[string]any{"callId": "p-2", "tool": "apply_patch", "input": patchOps})
+	f.add("run-3", "toolResult", map[string]any{"callId": "p-2", "tool": "apply_patch", "output": "Updated a.go\nMoved a.go to b.go\nDeleted <b>gone</b>.txt"})
+	f.add("run-3", "runFinished", map[string]any{"finalOutput": "Edited.", "turns": 1})
+	f.ports = map[string][]map[string]any{}
 	return f
 }
 
@@ -168,14 +203,9 @@ func (f *fakeService) handler() http.Handler {
 		return map[string]any{"run": f.runs[id]}, 0, ""
 	})
 	rpc("SandboxService/ListSandboxes", func(map[string]any) (any, int, string) {
-		now := time.Now().UTC()
-		return map[string]any{"sandboxes": []any{
-			map[string]any{"sandboxId": "sb-1", "runId": "run-1", "provider": "local", "status": "SANDBOX_STATUS_RUNNING",
-				"createTime": now.Add(-3 * time.Minute).Format(time.RFC3339Nano)},
-			map[string]any{"sandboxId": "sb-2", "runId": "run-2", "provider": "docker", "status": "SANDBOX_STATUS_STOPPED",
-				"createTime": now.Add(-2 * time.Hour).Format(time.RFC3339Nano), "expireTime": now.Add(30 * time.Minute).Format(time.RFC3339Nano)},
-		}}, 0, ""
+		return map[string]any{"sandboxes": f.sandboxes()}, 0, ""
 	})
+	f.sandboxRPCs(rpc)
 	rpc("SandboxService/ListSandboxDir", func(req map[string]any) (any, int, string) {
 		if req["sandboxId"] != "sb-1" {
 			return "sandbox not found", http.StatusNotFound, "not_found"
@@ -208,6 +238,128 @@ func (f *fakeService) handler() http.Handler {
 	})
 	mux.HandleFunc("GET /v1/sandboxes/{id}/terminal", f.serveTerminal)
 	return mux
+}
+
+// sandboxes is every sandbox of the fake (callers hold mu): the two runs'
+// and the ones made since.
+func (f *fakeService) sandboxes() []any {
+	now := time.Now().UTC()
+	out := []any{
+		map[string]any{"sandboxId": "sb-1", "runId": "run-1", "provider": "local", "status": "SANDBOX_STATUS_RUNNING",
+			"createTime": now.Add(-3 * time.Minute).Format(time.RFC3339Nano)},
+		map[string]any{"sandboxId": "sb-2", "runId": "run-2", "provider": "docker", "status": "SANDBOX_STATUS_STOPPED",
+			"createTime": now.Add(-2 * time.Hour).Format(time.RFC3339Nano), "expireTime": now.Add(30 * time.Minute).Format(time.RFC3339Nano)},
+	}
+	for _, sb := range f.made {
+		out = append(out, sb)
+	}
+	return out
+}
+
+// sandboxRPCs registers the sandbox lifecycle, snapshot and port calls,
+// which act on the sandboxes made through the API (f.made).
+func (f *fakeService) sandboxRPCs(rpc func(string, func(map[string]any) (any, int, string))) {
+	find := func(req map[string]any) map[string]any {
+		for _, sb := range f.made {
+			if sb["sandboxId"] == req["sandboxId"] {
+				return sb
+			}
+		}
+		return nil
+	}
+	newSandbox := func() map[string]any {
+		now := time.Now().UTC()
+		sb := map[string]any{"sandboxId": fmt.Sprintf("sb-new-%d", len(f.calls)), "provider": "local", "status": "SANDBOX_STATUS_RUNNING",
+			"createTime": now.Format(time.RFC3339Nano), "expireTime": now.Add(time.Hour).Format(time.RFC3339Nano)}
+		f.made = append(f.made, sb)
+		return sb
+	}
+	// lifecycle registers a call on a sandbox made through the API: it is
+	// logged, and NotFound for any other sandbox.
+	lifecycle := func(name string, fn func(sb, req map[string]any) (any, int, string)) {
+		rpc("SandboxService/"+name, func(req map[string]any) (any, int, string) {
+			f.calls = append(f.calls, fmt.Sprint(name, " ", req["sandboxId"]))
+			sb := find(req)
+			if sb == nil {
+				return fmt.Sprintf("sandbox %v not found", req["sandboxId"]), http.StatusNotFound, "not_found"
+			}
+			return fn(sb, req)
+		})
+	}
+	rpc("SandboxService/CreateSandbox", func(req map[string]any) (any, int, string) {
+		if len(req) != 0 {
+			return fmt.Sprintf("want an empty request, got %v", req), http.StatusBadRequest, "invalid_argument"
+		}
+		f.calls = append(f.calls, "CreateSandbox")
+		return map[string]any{"sandbox": newSandbox()}, 0, ""
+	})
+	rpc("SandboxService/GetSandbox", func(req map[string]any) (any, int, string) {
+		for _, sb := range f.sandboxes() {
+			if sb := sb.(map[string]any); sb["sandboxId"] == req["sandboxId"] {
+				return map[string]any{"sandbox": sb}, 0, ""
+			}
+		}
+		return "sandbox not found", http.StatusNotFound, "not_found"
+	})
+	lifecycle("DeleteSandbox", func(sb, _ map[string]any) (any, int, string) {
+		f.made = slices.DeleteFunc(f.made, func(m map[string]any) bool { return m["sandboxId"] == sb["sandboxId"] })
+		return map[string]any{}, 0, ""
+	})
+	lifecycle("PauseSandbox", func(sb, _ map[string]any) (any, int, string) {
+		sb["status"] = "SANDBOX_STATUS_PAUSED"
+		return map[string]any{"sandbox": sb}, 0, ""
+	})
+	lifecycle("ResumeSandbox", func(sb, _ map[string]any) (any, int, string) {
+		sb["status"] = "SANDBOX_STATUS_RUNNING"
+		return map[string]any{"sandbox": sb}, 0, ""
+	})
+	lifecycle("ForkSandbox", func(sb, req map[string]any) (any, int, string) {
+		if req["count"] != 1.0 {
+			return fmt.Sprintf("count %v, want 1", req["count"]), http.StatusBadRequest, "invalid_argument"
+		}
+		if n := len(f.sandboxes()); n >= sandboxQuota {
+			return fmt.Sprintf("sandbox quota: %d of %d sandboxes in use", n, sandboxQuota), http.StatusTooManyRequests, "resource_exhausted"
+		}
+		return map[string]any{"sandboxes": []any{newSandbox()}}, 0, ""
+	})
+	lifecycle("SnapshotSandbox", func(sb, _ map[string]any) (any, int, string) {
+		snap := map[string]any{"snapshotId": fmt.Sprintf("snap-%d", len(f.calls)), "sandboxId": sb["sandboxId"],
+			"createTime": time.Now().UTC().Format(time.RFC3339Nano), "sizeBytes": "2048"}
+		f.snapshots = append([]map[string]any{snap}, f.snapshots...)
+		return map[string]any{"snapshot": snap}, 0, ""
+	})
+	rpc("SandboxService/ListSnapshots", func(map[string]any) (any, int, string) {
+		return map[string]any{"snapshots": f.snapshots}, 0, ""
+	})
+	rpc("SandboxService/DeleteSnapshot", func(req map[string]any) (any, int, string) {
+		f.calls = append(f.calls, fmt.Sprint("DeleteSnapshot ", req["snapshotId"]))
+		n := len(f.snapshots)
+		f.snapshots = slices.DeleteFunc(f.snapshots, func(m map[string]any) bool { return m["snapshotId"] == req["snapshotId"] })
+		if len(f.snapshots) == n {
+			return "snapshot not found", http.StatusNotFound, "not_found"
+		}
+		return map[string]any{}, 0, ""
+	})
+	lifecycle("ExposePort", func(sb, req map[string]any) (any, int, string) {
+		port, _ := req["port"].(float64)
+		if port == 22 {
+			return "port 22: the operator does not allow exposing it", http.StatusForbidden, "permission_denied"
+		}
+		id := fmt.Sprint(sb["sandboxId"])
+		now := time.Now().UTC()
+		p := map[string]any{"sandboxId": id, "port": port, "url": fmt.Sprintf("/v1/preview/tok-%s-%d/", id, int(port)),
+			"createTime": now.Format(time.RFC3339Nano), "expireTime": now.Add(time.Hour).Format(time.RFC3339Nano)}
+		f.ports[id] = append(f.ports[id], p)
+		return map[string]any{"port": p}, 0, ""
+	})
+	lifecycle("RevokePort", func(sb, req map[string]any) (any, int, string) {
+		id := fmt.Sprint(sb["sandboxId"])
+		f.ports[id] = slices.DeleteFunc(f.ports[id], func(p map[string]any) bool { return p["port"] == req["port"] })
+		return map[string]any{}, 0, ""
+	})
+	rpc("SandboxService/ListPorts", func(req map[string]any) (any, int, string) {
+		return map[string]any{"ports": f.ports[fmt.Sprint(req["sandboxId"])]}, 0, ""
+	})
 }
 
 func (f *fakeService) authorized(w http.ResponseWriter, r *http.Request) bool {

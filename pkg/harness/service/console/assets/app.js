@@ -2,7 +2,9 @@
 //   #/runs                        runs, newest first
 //   #/runs/new                    start a run (agent, input, manifest, approvals)
 //   #/runs/{id}                   a run: summary, approvals waiting, timeline
-//   #/sandboxes                   sandboxes: provider, state, age, TTL
+//   #/sandboxes                   sandboxes: provider, state, age, TTL; create,
+//                                 pause/resume, fork, snapshot, delete; snapshots
+//   #/sandboxes/{id}              a sandbox: its buttons, its exposed ports
 //   #/sandboxes/{id}/files/{path} a sandbox's files, with download
 //   #/sandboxes/{id}/terminal     a live terminal (xterm.js over a WebSocket)
 // Everything shown is built with h() below, which puts strings in text
@@ -161,16 +163,122 @@
     ];
   }
 
+  // act runs the call behind a button: the button is disabled meanwhile
+  // and a refusal is told to report with the service's words ("" clears
+  // it; a refused token goes to the sign-in page instead). It resolves to
+  // the call's answer, or undefined when the call failed.
+  async function act(btn, report, call) {
+    btn.disabled = true;
+    report('');
+    try {
+      return await call();
+    } catch (err) {
+      if (err.code === 'unauthenticated') { showError(err); } else { report(err.message || String(err)); }
+      return undefined;
+    } finally {
+      btn.disabled = false;
+    }
+  }
+
+  // into is a report function for act that writes into el.
+  const into = (el) => (t) => { el.textContent = t; };
+
+  // confirmButton is a button that asks before doing: a first click shows
+  // "Confirm" and "Cancel" in its place; hold(true/false) is told while
+  // the question is open so that a timed refresh does not take it away.
+  function confirmButton(label, question, ariaLabel, onConfirm, hold) {
+    const wrap = h('span', { class: 'confirm' });
+    const first = h('button', { type: 'button', class: 'danger', 'aria-label': ariaLabel, 'data-action': 'delete' }, label);
+    const ask = () => {
+      hold(true);
+      const yes = h('button', { type: 'button', class: 'danger', 'data-action': 'confirm' }, 'Confirm');
+      const no = h('button', { type: 'button', 'data-action': 'cancel' }, 'Cancel');
+      no.addEventListener('click', () => { hold(false); wrap.replaceChildren(first); first.focus(); });
+      yes.addEventListener('click', async () => {
+        no.disabled = true;
+        await onConfirm(yes);
+        hold(false);
+        wrap.replaceChildren(first);
+      });
+      wrap.replaceChildren(h('span', null, question + ' '), yes, ' ', no);
+      yes.focus();
+    };
+    first.addEventListener('click', ask);
+    wrap.append(first);
+    return wrap;
+  }
+
+  // sandboxActions are the buttons of one sandbox: Pause or Resume (by its
+  // status), Fork and Snapshot (of a running one), all for a sandbox made
+  // with CreateSandbox only (the service refuses them for a run's), and
+  // Delete (asked first). Refusals go to report; changed(text, action) is
+  // called after a call that changed something.
+  function sandboxActions(s, report, changed, hold) {
+    const sandboxId = s.sandboxId;
+    const button = (action, label, f) => {
+      const b = h('button', { type: 'button', 'data-action': action, 'aria-label': label + ' sandbox ' + sandboxId }, label);
+      b.addEventListener('click', async () => {
+        const text = await act(b, report, f);
+        if (text !== undefined) { changed(text, action); }
+      });
+      return b;
+    };
+    const own = !s.runId;
+    const running = own && s.status === 'SANDBOX_STATUS_RUNNING';
+    const paused = own && s.status === 'SANDBOX_STATUS_PAUSED';
+    const out = [];
+    if (paused) {
+      out.push(button('resume', 'Resume', async () => {
+        const res = await api.call('SandboxService', 'ResumeSandbox', { sandboxId });
+        return 'Resumed ' + sandboxId + (res.keepMemory ? ' with its memory' : ' (its workspace)');
+      }));
+    } else if (running) {
+      out.push(button('pause', 'Pause', async () => {
+        const res = await api.call('SandboxService', 'PauseSandbox', { sandboxId });
+        return 'Paused ' + sandboxId + (res.keepMemory ? ' with its memory' : ' (its workspace only)');
+      }));
+    }
+    if (running) {
+      out.push(button('fork', 'Fork', async () => {
+        const res = await api.call('SandboxService', 'ForkSandbox', { sandboxId, count: 1 });
+        return 'Forked ' + sandboxId + ' into ' + (res.sandboxes || []).map((f) => f.sandboxId).join(', ');
+      }));
+      out.push(button('snapshot', 'Snapshot', async () => {
+        const res = await api.call('SandboxService', 'SnapshotSandbox', { sandboxId });
+        return 'Snapshot ' + ((res.snapshot || {}).snapshotId || '') + ' taken of ' + sandboxId;
+      }));
+    }
+    out.push(confirmButton('Delete', 'Delete ' + sandboxId + '?', 'Delete sandbox ' + sandboxId, async (yes) => {
+      const done = await act(yes, report, () => api.call('SandboxService', 'DeleteSandbox', { sandboxId }));
+      if (done !== undefined) { changed('Deleted ' + sandboxId, 'delete'); }
+    }, hold));
+    return h('span', { class: 'actions' }, out.flatMap((b) => [b, ' ']));
+  }
+
   async function sandboxesPage() {
     const body = h('tbody');
+    const snapBody = h('tbody');
+    const snapError = h('div', { class: 'inline-error', id: 'snapshots-error', role: 'alert' });
+    const createError = h('div', { class: 'inline-error', id: 'sandboxes-error', role: 'alert' });
+    // Refusals by sandbox, kept across the timed refreshes that rebuild
+    // the rows; held counts open questions and calls, during which the
+    // timed refresh waits.
+    const errors = new Map();
+    let held = 0;
+    const hold = (on) => { held = Math.max(0, held + (on ? 1 : -1)); };
+    const changed = (text) => { announce(text); refresh(); };
     async function load() {
-      const res = await api.call('SandboxService', 'ListSandboxes', {});
+      const [res, snaps] = await Promise.all([
+        api.call('SandboxService', 'ListSandboxes', {}),
+        api.call('SandboxService', 'ListSnapshots', {}).catch((err) => ({ error: err })),
+      ]);
       body.replaceChildren();
       for (const s of res.sandboxes || []) {
         const id = encodeURIComponent(s.sandboxId);
         const live = s.status === 'SANDBOX_STATUS_RUNNING';
+        const errBox = h('div', { class: 'inline-error', role: 'alert' }, errors.get(s.sandboxId) || '');
         body.append(h('tr', { 'data-sandbox-id': s.sandboxId },
-          h('td', { class: 'mono' }, s.sandboxId),
+          h('td', null, h('a', { href: '#/sandboxes/' + id, class: 'mono' }, s.sandboxId)),
           h('td', null, s.runId ? runLink(s.runId) : '–'),
           h('td', null, s.provider || ''),
           h('td', null, statusBadge(s.status, 'SANDBOX_STATUS_', live ? ' running-sandbox' : '')),
@@ -178,22 +286,134 @@
           h('td', null, ttl(s.expireTime)),
           h('td', null, live ? [
             h('a', { href: '#/sandboxes/' + id + '/files/' }, 'Files'), ' · ',
-            h('a', { href: '#/sandboxes/' + id + '/terminal' }, 'Terminal'),
-          ] : h('span', { class: 'muted' }, 'stopped'))));
+            h('a', { href: '#/sandboxes/' + id + '/terminal' }, 'Terminal'), ' · ',
+            h('a', { href: '#/sandboxes/' + id }, 'Ports'),
+          ] : h('span', { class: 'muted' }, enumName(s.status, 'SANDBOX_STATUS_'))),
+          h('td', null, sandboxActions(s, (msg) => { errBox.textContent = msg; errors.set(s.sandboxId, msg); }, changed, hold), errBox)));
       }
       if (!body.children.length) {
-        body.append(h('tr', null, h('td', { colspan: 7, class: 'muted' }, 'No sandboxes.')));
+        body.append(h('tr', null, h('td', { colspan: 8, class: 'muted' }, 'No sandboxes.')));
+      }
+      snapError.textContent = snaps.error ? snaps.error.message || String(snaps.error) : '';
+      snapBody.replaceChildren(...(snaps.snapshots || []).map((sn) => h('tr', { 'data-snapshot-id': sn.snapshotId },
+        h('td', { class: 'mono' }, sn.snapshotId),
+        h('td', { class: 'mono' }, sn.sandboxId || ''),
+        h('td', null, age(sn.createTime)),
+        h('td', { class: 'num' }, size(sn.sizeBytes)),
+        h('td', null, confirmButton('Delete', 'Delete snapshot ' + sn.snapshotId + '?', 'Delete snapshot ' + sn.snapshotId, async (yes) => {
+          const done = await act(yes, into(snapError), () => api.call('SandboxService', 'DeleteSnapshot', { snapshotId: sn.snapshotId }));
+          if (done !== undefined) { changed('Deleted snapshot ' + sn.snapshotId); }
+        }, hold)))));
+      if (!snapBody.children.length) {
+        snapBody.append(h('tr', null, h('td', { colspan: 5, class: 'muted' }, 'No snapshots.')));
       }
     }
     const refresh = () => load().catch(showError);
+    const create = h('button', { type: 'button', id: 'new-sandbox' }, 'New sandbox');
+    create.addEventListener('click', async () => {
+      const res = await act(create, into(createError), () => api.call('SandboxService', 'CreateSandbox', {}));
+      if (res) { changed('Created sandbox ' + ((res.sandbox || {}).sandboxId || '')); }
+    });
     await load();
-    every(5000, refresh);
+    every(5000, () => { if (!held) { refresh(); } });
     return [
       h('h1', null, 'Sandboxes'),
-      h('div', { class: 'toolbar' }, h('button', { type: 'button', onclick: refresh }, 'Refresh')),
+      h('div', { class: 'toolbar' }, create, h('button', { type: 'button', onclick: refresh }, 'Refresh')),
+      createError,
       h('table', { id: 'sandboxes-table' },
-        h('thead', null, h('tr', null, ['Sandbox', 'Run', 'Provider', 'State', 'Age', 'TTL', ''].map((c) => h('th', { scope: 'col' }, c)))),
+        h('thead', null, h('tr', null, ['Sandbox', 'Run', 'Provider', 'State', 'Age', 'TTL', '', 'Actions'].map((c) => h('th', { scope: 'col' }, c)))),
         body),
+      h('section', { 'aria-labelledby': 'snapshots-h' }, h('h2', { id: 'snapshots-h' }, 'Snapshots'), snapError,
+        h('table', { id: 'snapshots-table' },
+          h('thead', null, h('tr', null, ['Snapshot', 'Of sandbox', 'Taken', 'Size', ''].map((c) => h('th', { scope: 'col' }, c)))),
+          snapBody)),
+    ];
+  }
+
+  // previewHref is where a port's preview link goes: an absolute http(s)
+  // URL as it is; a path (a preview on the service's own address) below the
+  // service's base; anything else is no link at all.
+  function previewHref(u) {
+    try {
+      const s = String(u || '');
+      const url = /^[a-z][a-z0-9+.-]*:/i.test(s) ? new URL(s) : new URL(s.replace(/^\/+/, ''), api.base);
+      return url.protocol === 'http:' || url.protocol === 'https:' ? url.href : '';
+    } catch (e) {
+      return '';
+    }
+  }
+
+  // sandboxPage is one sandbox: its state and buttons, and its exposed
+  // ports with their preview links (expose a port, revoke one).
+  async function sandboxPage(sandboxId) {
+    const sb = encodeURIComponent(sandboxId);
+    const summary = h('dl', { class: 'summary', id: 'sandbox-summary' });
+    const actions = h('div', { class: 'toolbar', id: 'sandbox-actions' });
+    const actError = h('div', { class: 'inline-error', id: 'sandbox-error', role: 'alert' });
+    const portBody = h('tbody');
+    const portError = h('div', { class: 'inline-error', id: 'ports-error', role: 'alert' });
+    const portInput = h('input', { type: 'number', id: 'expose-port', name: 'port', min: 1, max: 65535, required: true, inputmode: 'numeric' });
+    const expose = h('button', { type: 'submit', id: 'expose-submit' }, 'Expose port');
+    async function load() {
+      const [got, ports] = await Promise.all([
+        api.call('SandboxService', 'GetSandbox', { sandboxId }),
+        api.call('SandboxService', 'ListPorts', { sandboxId }).catch((err) => ({ error: err })),
+      ]);
+      const s = got.sandbox || {};
+      const live = s.status === 'SANDBOX_STATUS_RUNNING';
+      summary.replaceChildren(...[
+        ['Status', h('span', { id: 'sandbox-status' }, statusBadge(s.status, 'SANDBOX_STATUS_', live ? ' running-sandbox' : ''))],
+        ['Run', s.runId ? runLink(s.runId) : '–'], ['Provider', s.provider || ''],
+        ['Created', age(s.createTime)], ['TTL', ttl(s.expireTime)],
+        ['Open', live ? [h('a', { href: '#/sandboxes/' + sb + '/files/' }, 'Files'), ' · ',
+          h('a', { href: '#/sandboxes/' + sb + '/terminal', id: 'sandbox-terminal' }, 'Terminal')] : h('span', { class: 'muted' }, 'not running')],
+      ].flatMap(([k, v]) => [h('dt', null, k), h('dd', null, v)]));
+      actions.replaceChildren(sandboxActions(s, into(actError), (text, action) => {
+        announce(text);
+        if (action === 'delete') { location.hash = '#/sandboxes'; } else { load().catch(showError); }
+      }, () => {}));
+      if (ports.error) { portError.textContent = ports.error.message || String(ports.error); }
+      portBody.replaceChildren(...(ports.ports || []).map((p) => {
+        const href = previewHref(p.url);
+        const revoke = h('button', { type: 'button', class: 'danger', 'data-action': 'revoke', 'aria-label': 'Revoke port ' + p.port }, 'Revoke');
+        revoke.addEventListener('click', async () => {
+          const done = await act(revoke, into(portError), () => api.call('SandboxService', 'RevokePort', { sandboxId, port: p.port }));
+          if (done !== undefined) { announce('Revoked port ' + p.port); load().catch(showError); }
+        });
+        return h('tr', { 'data-port': p.port },
+          h('td', { class: 'num' }, String(p.port)),
+          h('td', null, href ? h('a', { href, target: '_blank', rel: 'noopener noreferrer', class: 'preview mono' }, href) : h('span', { class: 'mono' }, p.url || '')),
+          h('td', null, age(p.createTime)),
+          h('td', null, ttl(p.expireTime)),
+          h('td', null, revoke));
+      }));
+      if (!portBody.children.length) {
+        portBody.append(h('tr', null, h('td', { colspan: 5, class: 'muted' }, 'No exposed ports.')));
+      }
+    }
+    const form = h('form', {
+      class: 'toolbar', id: 'expose-form',
+      onsubmit: async (e) => {
+        e.preventDefault();
+        const port = Number(portInput.value);
+        const res = await act(expose, into(portError), () => api.call('SandboxService', 'ExposePort', { sandboxId, port }));
+        if (res) {
+          portInput.value = '';
+          announce('Exposed port ' + port);
+          load().catch(showError);
+        }
+      },
+    }, h('label', { for: 'expose-port' }, 'Port'), portInput, expose);
+    await load();
+    return [
+      h('h1', null, 'Sandbox ', h('span', { class: 'mono' }, sandboxId)),
+      summary, actions, actError,
+      h('section', { 'aria-labelledby': 'ports-h' }, h('h2', { id: 'ports-h' }, 'Exposed ports'),
+        h('p', { class: 'muted' }, 'Anyone holding a preview link reaches the port until it expires or is revoked.'),
+        form, portError,
+        h('table', { id: 'ports-table' },
+          h('thead', null, h('tr', null, ['Port', 'Preview', 'Exposed', 'Expires', ''].map((c) => h('th', { scope: 'col' }, c)))),
+          portBody)),
     ];
   }
 
@@ -297,6 +517,48 @@
     })();
   }
 
+  // patchLines are the lines of an apply_patch call's input: the V4A patch
+  // text as the model sent it (the freeform tool), or the file operations
+  // of the JSON form ({"operations": [...]}), each under a header line
+  // written as the V4A text would.
+  function patchLines(input) {
+    const raw = String(input || '');
+    const t = raw.trim();
+    if (t.startsWith('{') || t.startsWith('[')) {
+      let v = null;
+      try { v = JSON.parse(t); } catch (e) { /* not JSON: shown as text */ }
+      if (v && typeof v === 'object') {
+        const ops = Array.isArray(v) ? v : v.operations || (v.operation ? [v.operation] : [v]);
+        const verbs = { create_file: 'Add File', update_file: 'Update File', delete_file: 'Delete File' };
+        return [ops].flat().flatMap((op) => {
+          op = op || {};
+          const lines = ['*** ' + (verbs[op.type] || String(op.type || '?')) + ': ' + String(op.path || '')];
+          if (op.move_to) { lines.push('*** Move to: ' + String(op.move_to)); }
+          if (op.diff) { lines.push(...String(op.diff).replace(/\n$/, '').split('\n')); }
+          return lines;
+        });
+      }
+    }
+    return raw.replace(/\n$/, '').split('\n');
+  }
+
+  // diffClass is how a patch line is coloured: file headers, hunk
+  // headers, added, removed and context lines.
+  function diffClass(line) {
+    if (line.startsWith('***')) { return 'diff-file'; }
+    if (line.startsWith('@@')) { return 'diff-hunk'; }
+    if (line.startsWith('+')) { return 'diff-add'; }
+    if (line.startsWith('-')) { return 'diff-del'; }
+    return 'diff-ctx';
+  }
+
+  // showDiff renders a patch into pre as coloured lines. The patch is the
+  // model's (untrusted): every line is a text node.
+  function showDiff(pre, input) {
+    pre.classList.add('diff');
+    pre.replaceChildren(...patchLines(input).map((l) => h('span', { class: diffClass(l) }, l)));
+  }
+
   // Timeline renders run events as an ordered list: turns, model text,
   // tool calls with their output and result, approvals, the end.
   class Timeline {
@@ -340,7 +602,11 @@
       } else if (ev.toolCall) {
         this.text = null;
         const c = this.call(ev, ev.toolCall.callId, ev.toolCall.tool);
-        c.input.textContent = pretty(ev.toolCall.input);
+        if (ev.toolCall.tool === 'apply_patch') {
+          showDiff(c.input, ev.toolCall.input);
+        } else {
+          c.input.textContent = pretty(ev.toolCall.input);
+        }
         c.input.hidden = false;
       } else if (ev.toolOutput) {
         const c = this.call(ev, ev.toolOutput.callId, '');
@@ -523,6 +789,7 @@
     [/^#\/runs\/([^/]+)$/, (m) => runPage(decodeURIComponent(m[1])), 'runs'],
     [/^#\/runs$/, () => runsPage(), 'runs'],
     [/^#\/sandboxes$/, () => sandboxesPage(), 'sandboxes'],
+    [/^#\/sandboxes\/([^/]+)$/, (m) => sandboxPage(decodeURIComponent(m[1])), 'sandboxes'],
     [/^#\/sandboxes\/([^/]+)\/terminal$/, (m) => terminalPage(decodeURIComponent(m[1])), 'sandboxes'],
     [/^#\/sandboxes\/([^/]+)\/files(?:\/(.*))?$/, (m) => filesPage(decodeURIComponent(m[1]),
       (m[2] || '').split('/').map(decodeURIComponent).join('/')), 'sandboxes'],
