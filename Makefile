@@ -92,8 +92,11 @@ check-generated: generate ## regenerate and fail if the committed code differs
 		echo "generated code is stale; run 'make generate' and commit:"; git status --porcelain -- proto; git diff --stat -- proto; exit 1; fi
 
 .PHONY: test
+# -timeout: the kubernetes provider's package runs a real cluster through
+# create, exec, eviction and API server restarts, past go test's default
+# of 10 minutes per package on a loaded 2-core machine.
 test: ## run all tests with the race detector
-	$(GO) test -race -count=1 $(TEST_FLAGS) ./...
+	$(GO) test -race -count=1 -timeout 30m $(TEST_FLAGS) ./...
 
 .PHONY: fuzz
 fuzz: ## run each fuzz target for FUZZTIME (default 30s)

@@ -87,13 +87,26 @@ func TestDiskCapEvictsThePod(t *testing.T) {
 		t.Fatalf("the command on an evicted Pod ended with exit %+v and no error", res.Exit)
 	}
 	t.Logf("the caller sees: %v", err)
-	if !errors.Is(err, compute.ErrUnavailable) || !strings.Contains(err.Error(), "Evicted") ||
-		(!strings.Contains(err.Error(), "EmptyDir") && !strings.Contains(err.Error(), "ephemeral")) {
-		t.Fatalf("the command's error %v: want ErrUnavailable saying the Pod was evicted for its ephemeral storage", err)
+	// The kubelet's eviction is in an event (Evicted: "Usage of EmptyDir
+	// volume ... exceeds the limit"); the Pod itself may say only that it
+	// stopped (phase Succeeded, no reason, for 20 s and more here).
+	// Reading events would need another permission in the provider's
+	// Role: the error names the Pod and that it stopped.
+	msg := err.Error()
+	if !errors.Is(err, compute.ErrUnavailable) || !strings.Contains(msg, pst.Pod) ||
+		(!strings.Contains(msg, "Evicted") && !strings.Contains(msg, "was stopped")) {
+		t.Fatalf("the command's error %v: want ErrUnavailable saying the sandbox's Pod was evicted or stopped", err)
 	}
-	pod, err = e.admin.CoreV1().Pods(e.ns).Get(ctx, pst.Pod, metav1.GetOptions{})
-	if err == nil && pod.Status.Reason != "Evicted" {
-		t.Errorf("the Pod's status: %s %s: %s", pod.Status.Phase, pod.Status.Reason, pod.Status.Message)
+	evicted := false
+	events, err := e.admin.CoreV1().Events(e.ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + pst.Pod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ev := range events.Items {
+		evicted = evicted || (ev.Reason == "Evicted" && strings.Contains(ev.Message, "EmptyDir"))
+	}
+	if !evicted {
+		t.Errorf("no Evicted event for the Pod's emptyDir: the kubelet did not enforce the cap")
 	}
 }
 

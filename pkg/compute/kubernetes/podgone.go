@@ -29,6 +29,7 @@ import (
 
 	"go.uber.org/zap"
 	"google.golang.org/grpc"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	corev1 "k8s.io/api/core/v1"
@@ -48,11 +49,23 @@ const (
 
 const (
 	// podGoneChecks and podGoneGap: how often and how far apart the Pod
-	// is looked at after a killed exit (the kubelet records an eviction
-	// just after it killed the containers).
+	// is looked at after a killed exit while its daemon may still answer.
 	podGoneChecks = 3
 	podGoneGap    = 300 * time.Millisecond
 	podGoneLookup = 5 * time.Second
+	// daemonProbe bounds asking the daemon whether it is still there
+	// after a killed exit the Pod does not explain yet.
+	daemonProbe = 2 * time.Second
+	// podGoneWait is how long the Pod is watched for its deletion or
+	// eviction to show once its daemon is gone with the command: the
+	// kubelet kills the containers first and records the eviction in the
+	// Pod's status after, seconds later on a busy node.
+	podGoneWait = 20 * time.Second
+	// stoppedChecks: how many more looks a Pod that has stopped without
+	// saying why gets (the kubelet may record its reason later, or not
+	// at all: an eviction for an emptyDir's size on Kubernetes 1.34 left
+	// only phase Succeeded for 20 s).
+	stoppedChecks = 10
 )
 
 // podGoneOptions are the dial options that explain a killed command or a
@@ -74,10 +87,10 @@ func (g podGone) unary(ctx context.Context, method string, req, reply any, cc *g
 		return err
 	}
 	if err != nil {
-		return g.explain(ctx, "", err)
+		return g.explain(ctx, cc, "", err)
 	}
 	if sig := killedBy(reply); sig != "" {
-		return g.explain(ctx, sig, nil)
+		return g.explain(ctx, cc, sig, nil)
 	}
 	return nil
 }
@@ -87,7 +100,7 @@ func (g podGone) stream(ctx context.Context, desc *grpc.StreamDesc, cc *grpc.Cli
 	if err != nil || (method != methodExec && method != methodAttach) {
 		return cs, err
 	}
-	return &podGoneStream{ClientStream: cs, g: g, ctx: ctx}, nil
+	return &podGoneStream{ClientStream: cs, g: g, ctx: ctx, cc: cc}, nil
 }
 
 // podGoneStream is an Exec or Attach stream whose end is explained.
@@ -95,6 +108,7 @@ type podGoneStream struct {
 	grpc.ClientStream
 	g        podGone
 	ctx      context.Context
+	cc       *grpc.ClientConn
 	received bool
 }
 
@@ -104,20 +118,43 @@ func (s *podGoneStream) RecvMsg(m any) error {
 	case err == nil:
 		s.received = true
 		if sig := killedBy(m); sig != "" {
-			return s.g.explain(s.ctx, sig, nil)
+			return s.g.explain(s.ctx, s.cc, sig, nil)
 		}
 		return nil
 	case errors.Is(err, io.EOF) || !s.received:
 		return err
 	}
-	return s.g.explain(s.ctx, "", err)
+	return s.g.explain(s.ctx, s.cc, "", err)
 }
 
 // explain returns an error saying the sandbox's Pod is gone when it is
 // (the command was killed by signal sig, or its call failed with err),
 // else err unchanged (nil for a killed exit: the caller gets the exit).
-func (g podGone) explain(ctx context.Context, sig string, err error) error {
-	why := g.whyGone(context.WithoutCancel(ctx))
+//
+// A killed exit the Pod does not explain at once is looked at further
+// only when the daemon is gone too (it does not answer a health check):
+// then the command died with its sandbox, and the Pod is watched for up
+// to podGoneWait for the kubelet to record why. A daemon that answers
+// means the kill came from inside the sandbox (the command's own kill,
+// the OOM killer, a timeout), and the exit is returned at once.
+func (g podGone) explain(ctx context.Context, cc *grpc.ClientConn, sig string, err error) error {
+	ctx = context.WithoutCancel(ctx)
+	why, complete := g.whyGone(ctx, podGoneChecks)
+	// Stopped without saying why yet, or not stopped but its daemon gone
+	// with the command: wait for the kubelet's word.
+	switch {
+	case complete:
+	case why != "":
+		// Stopped: a little longer for the reason, the answer is good
+		// already.
+		if later, _ := g.whyGone(ctx, stoppedChecks); later != "" {
+			why = later
+		}
+	case sig != "" && !g.daemonAnswers(ctx, cc):
+		if later, _ := g.whyGone(ctx, int(podGoneWait/podGoneGap)); later != "" {
+			why = later
+		}
+	}
 	if why == "" {
 		return err
 	}
@@ -127,32 +164,66 @@ func (g podGone) explain(ctx context.Context, sig string, err error) error {
 	return fmt.Errorf("kubernetes: sandbox %s: %w: %s; the command was killed with it (%s)", g.st.Pod, compute.ErrUnavailable, why, sig)
 }
 
-// whyGone looks at the sandbox's Pod a few times and says why it is gone,
-// "" when it is not (or cannot be looked at).
-func (g podGone) whyGone(ctx context.Context) string {
-	ctx, cancel := context.WithTimeout(ctx, podGoneLookup)
+// daemonAnswers reports whether the sandbox's daemon answers a health
+// check on cc within daemonProbe.
+func (g podGone) daemonAnswers(ctx context.Context, cc *grpc.ClientConn) bool {
+	if cc == nil {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(ctx, daemonProbe)
 	defer cancel()
-	for i := range podGoneChecks {
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{})
+	return err == nil && resp.GetStatus() == healthpb.HealthCheckResponse_SERVING
+}
+
+// whyGone looks at the sandbox's Pod up to checks times, podGoneGap
+// apart, and says why it is gone, "" when it is not (or cannot be looked
+// at). A Pod that has stopped without saying why yet (its phase is set
+// before the kubelet records an eviction) is looked at again, and what
+// it said last is the answer; complete reports that it said why (or is
+// deleted).
+func (g podGone) whyGone(ctx context.Context, checks int) (why string, complete bool) {
+	ctx, cancel := context.WithTimeout(ctx, time.Duration(checks)*podGoneGap+podGoneLookup)
+	defer cancel()
+	last := ""
+	for i := range checks {
 		if i > 0 {
 			select {
 			case <-ctx.Done():
-				return ""
+				return last, false
 			case <-time.After(podGoneGap):
 			}
 		}
 		pod, err := g.p.client.CoreV1().Pods(g.st.Namespace).Get(ctx, g.st.Pod, metav1.GetOptions{})
 		switch {
 		case apierrors.IsNotFound(err):
-			return fmt.Sprintf("its Pod %s/%s was deleted", g.st.Namespace, g.st.Pod)
+			return fmt.Sprintf("its Pod %s/%s was deleted", g.st.Namespace, g.st.Pod), true
 		case err != nil:
 			g.p.log.Debug("cannot look at the sandbox's Pod after its command was killed", zap.String("pod", g.st.Pod), zap.Error(err))
-			return ""
+			return last, false
 		}
 		if why := podGoneReason(pod); why != "" {
-			return why
+			last = why
+			if pod.DeletionTimestamp != nil || podSaysWhy(pod) {
+				return why, true
+			}
 		}
 	}
-	return ""
+	return last, false
+}
+
+// podSaysWhy reports whether a stopped pod says why it stopped: the
+// kubelet's reason or a DisruptionTarget condition.
+func podSaysWhy(pod *corev1.Pod) bool {
+	if pod.Status.Reason != "" {
+		return true
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.DisruptionTarget && c.Status == corev1.ConditionTrue {
+			return true
+		}
+	}
+	return false
 }
 
 // podGoneReason says how pod went away: deleted, evicted or stopped; ""
