@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/bulkhead-dev/bulkhead/internal/testing/agentdtest"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/syncbuf"
 	"github.com/bulkhead-dev/bulkhead/internal/testing/testenv"
@@ -127,6 +129,7 @@ type served struct {
 	client     *http.Client // trusts the service's certificate, if any
 	errb       *syncbuf.Buffer
 	done       chan int
+	exited     chan struct{} // closed once serve returned
 	stop       context.CancelFunc
 }
 
@@ -159,7 +162,7 @@ func launchServe(t *testing.T, extra ...string) *served {
 	bin := agentdtest.Binaries(t).Agentd
 	state := testenv.SearchableTempDir(t)
 	s := &served{t: t, token: "tok-" + strings.ToLower(t.Name()) + "-0123456789", errb: &syncbuf.Buffer{}, done: make(chan int, 1),
-		client: http.DefaultClient}
+		exited: make(chan struct{}), client: http.DefaultClient}
 	tokens := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte(s.token+" acme\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -170,10 +173,22 @@ func launchServe(t *testing.T, extra ...string) *served {
 	sctx, stop := context.WithCancel(ctx)
 	s.stop = stop
 	go func() {
+		defer close(s.exited)
 		s.done <- Execute(sctx, append([]string{"--state-dir", state, "--agentd", bin, "--isolation", "none", "serve",
 			"--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--tokens-file", tokens, "--model", "scripted", "--sandbox-retention", "0"},
 			extra...), Streams{In: strings.NewReader(""), Out: io.Discard, Err: s.errb})
 	}()
+	// A service keeps its sandboxes when it stops, for its next start;
+	// this one does not come back: stop it and delete what it left.
+	t.Cleanup(func() {
+		stop()
+		select {
+		case <-s.exited:
+		case <-time.After(time.Minute):
+			t.Errorf("serve did not stop within a minute")
+		}
+		reapLocalSandboxes(t, filepath.Join(state, "local"), bin)
+	})
 	addr := regexp.MustCompile(`serving on (https?://\S+)`)
 	metrics := regexp.MustCompile(`metrics on (http://\S+)`)
 	for {
@@ -420,4 +435,26 @@ func TestServeSandboxPolicyFlags(t *testing.T) {
 		t.Errorf("17 bytes with --max-file-bytes 16: %d %s", code, out)
 	}
 	s.shutdown()
+}
+
+// reapLocalSandboxes deletes every local sandbox left in dir, a local
+// provider's state directory.
+func reapLocalSandboxes(t *testing.T, dir, agentd string) {
+	t.Helper()
+	p, err := local.New(local.Config{StateDir: dir, AgentdPath: agentd, Isolation: local.IsolationNone}, zap.NewNop())
+	if err != nil {
+		t.Errorf("reap the sandboxes left in %s: %v", dir, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	left, err := p.List(ctx)
+	if err != nil {
+		t.Errorf("list the sandboxes left in %s: %v", dir, err)
+	}
+	for _, info := range left {
+		if err := p.Destroy(ctx, info.State); err != nil {
+			t.Errorf("delete sandbox %s left by the service: %v", info.ID, err)
+		}
+	}
 }
