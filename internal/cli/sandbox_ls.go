@@ -5,6 +5,7 @@ package cli
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"sort"
 	"text/tabwriter"
 	"time"
@@ -68,12 +69,7 @@ func newSandboxLsCmd(g *globals) *cobra.Command {
 				if entries == nil {
 					entries = []lsEntry{}
 				}
-				b, err := json.MarshalIndent(entries, "", "  ")
-				if err != nil {
-					return err
-				}
-				fmt.Fprintln(out, string(b))
-				return nil
+				return printJSON(out, entries)
 			}
 			tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "SESSION\tPROVIDER\tSANDBOX\tEXPIRED\tSAVED\tSNAPSHOT\tCREATED")
@@ -180,4 +176,14 @@ func yesNo(b bool) string {
 		return "yes"
 	}
 	return "no"
+}
+
+// printJSON writes v to out as indented JSON, a listing's --json form.
+func printJSON(out io.Writer, v any) error {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintln(out, string(b))
+	return err
 }

@@ -4,7 +4,6 @@ package cli
 // `harness sandbox snapshot ls|rm|gc` subcommands that manage it.
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -134,12 +133,7 @@ one small object per snapshot in an S3 store.`,
 				if entries == nil {
 					entries = []snapshotEntry{}
 				}
-				b, err := json.MarshalIndent(entries, "", "  ")
-				if err != nil {
-					return err
-				}
-				fmt.Fprintln(out, string(b))
-				return nil
+				return printJSON(out, entries)
 			}
 			return tw.Flush()
 		},

@@ -5,7 +5,6 @@ package cli
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
 	"sort"
@@ -225,12 +224,7 @@ func serverSnapshotLs(cmd *cobra.Command, c *serverConn, asJSON bool) error {
 	}
 	out := cmd.OutOrStdout()
 	if asJSON {
-		b, err := json.MarshalIndent(entries, "", "  ")
-		if err != nil {
-			return err
-		}
-		fmt.Fprintln(out, string(b))
-		return nil
+		return printJSON(out, entries)
 	}
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SNAPSHOT\tSIZE\tCHUNKS\tMODIFIED")
